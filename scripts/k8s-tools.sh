@@ -134,13 +134,14 @@ build_kube_apiserver() {
     log "kube-apiserver wrapper: $(wc -w <<<"$staging") staging modules replaced"
 
     gobuild mod tidy || die "go mod tidy failed for kube-apiserver wrapper"
-    local x="-X 'k8s.io/component-base/version.%s=%s' -X 'k8s.io/client-go/pkg/version.%s=%s' "
-    local ldflags="-s -w"
-    ldflags+=" $(printf "$x" gitVersion "$ver" gitVersion "$ver")"
-    ldflags+=" $(printf "$x" gitMajor 1 gitMajor 1)"
-    ldflags+=" $(printf "$x" gitMinor "$minor" gitMinor "$minor")"
-    ldflags+=" $(printf "$x" gitTreeState clean gitTreeState clean)"
-    ldflags+=" $(printf "$x" buildDate 1970-01-01T00:00:00Z buildDate 1970-01-01T00:00:00Z)"
+    # Version stamping as in upstream's hack/lib/version.sh.
+    local ldflags="-s -w" kv pkg
+    for kv in "gitVersion=$ver" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
+              buildDate=1970-01-01T00:00:00Z; do
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $pkg.$kv"
+      done
+    done
     gobuild build -trimpath -ldflags="$ldflags" -o "$dir/kube-apiserver" \
       k8s.io/kubernetes/cmd/kube-apiserver || die "go build kube-apiserver failed"
   )

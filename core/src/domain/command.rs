@@ -1,0 +1,573 @@
+//! The state machine: [`decide`] turns a [`Command`] on a [`Task`] at `now`
+//! into a [`Decision`] (new task, events, issue changes) or a [`Refusal`].
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{Actor, Due, EventType, Issue, IssueAction, IssueKind, IssueStatus, NewEvent, Task, TaskState};
+use crate::Policy;
+
+/// Something an agent, a worker or the controller wants done to one task.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Agent: draft → open.
+    Publish,
+    /// Agent: any non-terminal state → cancelled.
+    Cancel { reason: Option<String> },
+    /// Agent: answer the worker issue whose event id is `issue_event_id`.
+    RespondToIssue {
+        issue_event_id: i64,
+        action: IssueAction,
+        text: Option<String>,
+    },
+    /// Worker: open → assigned.
+    Claim { worker: Uuid },
+    /// Assigned worker: assigned → active.
+    Start { worker: Uuid },
+    /// Assigned worker: a text message.
+    Message { worker: Uuid, text: String },
+    /// Assigned worker: a photo, already decoded and re-encoded.
+    Photo { worker: Uuid, photo: NewPhoto },
+    /// Assigned worker: a typed issue for the agent.
+    RaiseIssue { worker: Uuid, kind: IssueKind, text: String },
+    /// Assigned worker: active → completed.
+    Complete { worker: Uuid, note: Option<String> },
+    /// Assigned worker: assigned or active → stopped. Always allowed.
+    Stop { worker: Uuid, reason: Option<String> },
+    /// Controller: apply whatever deadline has passed.
+    Reconcile,
+}
+
+impl Command {
+    /// Verb for messages and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Publish => "publish",
+            Command::Cancel { .. } => "cancel",
+            Command::RespondToIssue { .. } => "respond to an issue on",
+            Command::Claim { .. } => "claim",
+            Command::Start { .. } => "start",
+            Command::Message { .. } => "send a message on",
+            Command::Photo { .. } => "send a photo on",
+            Command::RaiseIssue { .. } => "raise an issue on",
+            Command::Complete { .. } => "complete",
+            Command::Stop { .. } => "stop",
+            Command::Reconcile => "reconcile",
+        }
+    }
+
+    /// The worker a worker command acts for, if any (claim excluded: the
+    /// claimant is not yet assigned).
+    fn acting_worker(&self) -> Option<Uuid> {
+        match self {
+            Command::Start { worker }
+            | Command::Message { worker, .. }
+            | Command::Photo { worker, .. }
+            | Command::RaiseIssue { worker, .. }
+            | Command::Complete { worker, .. }
+            | Command::Stop { worker, .. } => Some(*worker),
+            _ => None,
+        }
+    }
+}
+
+/// A photo ready to store: the bytes are the re-encoded image, with all
+/// metadata of the upload gone.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NewPhoto {
+    pub id: Uuid,
+    pub content_type: String,
+    pub width: u32,
+    pub height: u32,
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for NewPhoto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewPhoto")
+            .field("id", &self.id)
+            .field("content_type", &self.content_type)
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// Rows other than the task that [`decide`] needs, read under the same lock.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// The issue a `RespondToIssue` command refers to, if it exists on this task.
+    pub issue: Option<Issue>,
+}
+
+/// Changes to the issues table that go with a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IssueChange {
+    /// The `worker.issue` event being appended opens an issue.
+    Open { kind: IssueKind },
+    /// The agent answered this issue.
+    Resolve { event_id: i64, resolution: String },
+    /// The task ended: close every open issue with this resolution.
+    CloseAll { resolution: String },
+}
+
+/// What the store must write, in one transaction.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// The task after the command (the store sets `last_event_id`).
+    pub task: Task,
+    /// Events to append, in order.
+    pub events: Vec<NewEvent>,
+    pub issue_changes: Vec<IssueChange>,
+    /// The photo to store, for photo commands.
+    pub photo: Option<NewPhoto>,
+    /// What the controller applied, for `Reconcile`.
+    pub applied: Option<Due>,
+}
+
+/// Why a command is not allowed. Every variant is the client's or the
+/// moment's fault, never the server's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the task is {state}, which is terminal: it cannot change any more")]
+    Terminal { state: TaskState },
+    #[error("cannot {action} a task that is {state}")]
+    WrongState { action: &'static str, state: TaskState },
+    #[error("the task is not assigned to this worker")]
+    NotYourTask,
+    #[error("the task's deadline has passed; it is being expired or reopened")]
+    DeadlinePassed,
+    #[error("no worker.issue event with id {0} exists on this task")]
+    IssueNotFound(i64),
+    #[error("issue {0} is already {status}", status = .1.as_str())]
+    IssueNotOpen(i64, IssueStatus),
+    #[error("nothing is due")]
+    NothingDue,
+}
+
+/// Decides the effect of `command` on `task` at `now`.
+pub fn decide(
+    task: &Task,
+    ctx: &Context,
+    command: Command,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Result<Decision, Refusal> {
+    use TaskState::*;
+
+    if let Some(worker) = command.acting_worker()
+        && task.worker_id != Some(worker)
+    {
+        return Err(Refusal::NotYourTask);
+    }
+    if task.state.is_terminal() {
+        return Err(Refusal::Terminal { state: task.state });
+    }
+    let action = command.name();
+    let wrong_state = || Refusal::WrongState { action, state: task.state };
+    // Stop, cancel and the controller act whatever the deadlines say; every
+    // other command waits for the controller to apply a passed deadline.
+    let deadline_exempt = matches!(
+        command,
+        Command::Stop { .. } | Command::Cancel { .. } | Command::Reconcile
+    );
+    if !deadline_exempt && task.due(now).is_some() {
+        return Err(Refusal::DeadlinePassed);
+    }
+
+    let mut next = task.clone();
+    next.updated_at = now;
+    let mut d = Decision {
+        task: next,
+        events: Vec::new(),
+        issue_changes: Vec::new(),
+        photo: None,
+        applied: None,
+    };
+    let worker_id = task.worker_id;
+
+    match command {
+        Command::Publish => {
+            if task.state != Draft {
+                return Err(wrong_state());
+            }
+            d.task.state = Open;
+            d.task.published_at = Some(now);
+            d.push(EventType::TaskPublished, Actor::Agent, json!({}));
+        }
+        Command::Claim { worker } => {
+            if task.state != Open {
+                return Err(wrong_state());
+            }
+            let start_by = now + policy.start_timeout;
+            d.task.state = Assigned;
+            d.task.worker_id = Some(worker);
+            d.task.assigned_at = Some(now);
+            d.task.start_by = Some(start_by);
+            d.push(
+                EventType::TaskAssigned,
+                Actor::Worker,
+                json!({ "worker_id": worker, "start_by": start_by }),
+            );
+        }
+        Command::Start { worker } => {
+            if task.state != Assigned {
+                return Err(wrong_state());
+            }
+            let active_until = now + policy.active_time_limit;
+            d.task.state = Active;
+            d.task.started_at = Some(now);
+            d.task.active_until = Some(active_until);
+            d.push(
+                EventType::TaskStarted,
+                Actor::Worker,
+                json!({ "worker_id": worker, "active_until": active_until }),
+            );
+        }
+        Command::Message { text, .. } => {
+            if !matches!(task.state, Assigned | Active) {
+                return Err(wrong_state());
+            }
+            d.push(EventType::WorkerMessage, Actor::Worker, json!({ "text": text }));
+        }
+        Command::Photo { photo, .. } => {
+            if !matches!(task.state, Assigned | Active) {
+                return Err(wrong_state());
+            }
+            d.push(
+                EventType::WorkerPhoto,
+                Actor::Worker,
+                json!({
+                    "photo_id": photo.id,
+                    "content_type": photo.content_type,
+                    "width": photo.width,
+                    "height": photo.height,
+                    "size_bytes": photo.bytes.len(),
+                    "path": format!("/api/v1/tasks/{}/photos/{}", task.id, photo.id),
+                }),
+            );
+            d.photo = Some(photo);
+        }
+        Command::RaiseIssue { kind, text, .. } => {
+            if !matches!(task.state, Assigned | Active) {
+                return Err(wrong_state());
+            }
+            d.task.open_issues += 1;
+            d.push(
+                EventType::WorkerIssue,
+                Actor::Worker,
+                json!({ "kind": kind, "text": text }),
+            );
+            d.issue_changes.push(IssueChange::Open { kind });
+        }
+        Command::RespondToIssue { issue_event_id, action, text } => {
+            let issue = ctx
+                .issue
+                .as_ref()
+                .filter(|i| i.event_id == issue_event_id && i.task_id == task.id)
+                .ok_or(Refusal::IssueNotFound(issue_event_id))?;
+            if issue.status != IssueStatus::Open {
+                return Err(Refusal::IssueNotOpen(issue_event_id, issue.status));
+            }
+            d.task.open_issues = (d.task.open_issues - 1).max(0);
+            d.push(
+                EventType::AgentIssueResponse,
+                Actor::Agent,
+                json!({ "issue_event_id": issue_event_id, "action": action, "text": text }),
+            );
+            d.issue_changes.push(IssueChange::Resolve {
+                event_id: issue_event_id,
+                resolution: action.as_str().to_owned(),
+            });
+            if action == IssueAction::Cancel {
+                d.end(
+                    Cancelled,
+                    now,
+                    EventType::TaskCancelled,
+                    Actor::Agent,
+                    json!({ "reason": text, "issue_event_id": issue_event_id }),
+                );
+            }
+        }
+        Command::Cancel { reason } => {
+            d.end(Cancelled, now, EventType::TaskCancelled, Actor::Agent, json!({ "reason": reason }));
+        }
+        Command::Complete { note, .. } => {
+            if task.state != Active {
+                return Err(wrong_state());
+            }
+            d.end(
+                Completed,
+                now,
+                EventType::TaskCompleted,
+                Actor::Worker,
+                json!({ "worker_id": worker_id, "note": note }),
+            );
+        }
+        Command::Stop { reason, .. } => {
+            if !matches!(task.state, Assigned | Active) {
+                return Err(wrong_state());
+            }
+            d.end(
+                Stopped,
+                now,
+                EventType::TaskStopped,
+                Actor::Worker,
+                json!({ "worker_id": worker_id, "reason": reason }),
+            );
+        }
+        Command::Reconcile => {
+            let due = task.due(now).ok_or(Refusal::NothingDue)?;
+            d.applied = Some(due);
+            match due {
+                Due::Expire(reason) => d.end(
+                    Expired,
+                    now,
+                    EventType::TaskExpired,
+                    Actor::System,
+                    json!({ "reason": reason, "previous_state": task.state }),
+                ),
+                Due::Unassign => {
+                    d.task.state = Open;
+                    d.task.worker_id = None;
+                    d.task.assigned_at = None;
+                    d.task.start_by = None;
+                    d.push(
+                        EventType::TaskUnassigned,
+                        Actor::System,
+                        json!({ "worker_id": worker_id, "reason": "start_timeout" }),
+                    );
+                }
+            }
+        }
+    }
+    Ok(d)
+}
+
+impl Decision {
+    fn push(&mut self, kind: EventType, actor: Actor, data: serde_json::Value) {
+        self.events.push(NewEvent { kind, actor, data });
+    }
+
+    /// Moves the task to a terminal state: one terminal event, open issues
+    /// closed with a recorded resolution.
+    fn end(
+        &mut self,
+        state: TaskState,
+        now: DateTime<Utc>,
+        kind: EventType,
+        actor: Actor,
+        data: serde_json::Value,
+    ) {
+        self.task.state = state;
+        self.task.ended_at = Some(now);
+        self.task.open_issues = 0;
+        self.push(kind, actor, data);
+        self.issue_changes.push(IssueChange::CloseAll { resolution: format!("task_{state}") });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::task::tests::{at, task};
+    use crate::domain::ExpiryReason;
+
+    const W: Uuid = Uuid::from_u128(7);
+    const OTHER: Uuid = Uuid::from_u128(8);
+
+    fn run(t: &Task, c: Command, secs: i64) -> Result<Decision, Refusal> {
+        decide(t, &Context::default(), c, at(secs), &Policy::default())
+    }
+
+    fn assigned() -> Task {
+        let mut t = task(TaskState::Assigned);
+        t.worker_id = Some(W);
+        t.start_by = Some(at(500));
+        t
+    }
+
+    fn active() -> Task {
+        let mut t = assigned();
+        t.state = TaskState::Active;
+        t.active_until = Some(at(5000));
+        t
+    }
+
+    fn kinds(d: &Decision) -> Vec<EventType> {
+        d.events.iter().map(|e| e.kind).collect()
+    }
+
+    #[test]
+    fn happy_path_through_every_non_terminal_state() {
+        let t = task(TaskState::Draft);
+        let d = run(&t, Command::Publish, 1).unwrap();
+        assert_eq!((d.task.state, kinds(&d)), (TaskState::Open, vec![EventType::TaskPublished]));
+
+        let d = run(&d.task, Command::Claim { worker: W }, 2).unwrap();
+        assert_eq!(d.task.state, TaskState::Assigned);
+        assert_eq!(d.task.worker_id, Some(W));
+        assert_eq!(d.task.start_by, Some(at(2) + Policy::default().start_timeout));
+
+        let d = run(&d.task, Command::Start { worker: W }, 3).unwrap();
+        assert_eq!(d.task.state, TaskState::Active);
+        assert_eq!(d.task.active_until, Some(at(3) + Policy::default().active_time_limit));
+
+        let d = run(&d.task, Command::Complete { worker: W, note: None }, 4).unwrap();
+        assert_eq!(d.task.state, TaskState::Completed);
+        assert_eq!(d.task.ended_at, Some(at(4)));
+        assert_eq!(kinds(&d), vec![EventType::TaskCompleted]);
+        assert_eq!(d.task.next_deadline(), None);
+    }
+
+    #[test]
+    fn only_drafts_publish_and_only_open_tasks_are_claimed() {
+        let open = task(TaskState::Open);
+        assert!(matches!(run(&open, Command::Publish, 1), Err(Refusal::WrongState { .. })));
+        assert!(matches!(
+            run(&assigned(), Command::Claim { worker: OTHER }, 1),
+            Err(Refusal::WrongState { state: TaskState::Assigned, .. })
+        ));
+    }
+
+    #[test]
+    fn worker_commands_need_the_assignment() {
+        for c in [
+            Command::Start { worker: OTHER },
+            Command::Message { worker: OTHER, text: "hi".into() },
+            Command::Stop { worker: OTHER, reason: None },
+            Command::Complete { worker: OTHER, note: None },
+        ] {
+            assert_eq!(run(&active(), c, 1).unwrap_err(), Refusal::NotYourTask);
+        }
+    }
+
+    #[test]
+    fn stop_is_allowed_from_assigned_and_active_even_past_deadlines() {
+        for t in [assigned(), active()] {
+            let d = run(&t, Command::Stop { worker: W, reason: Some("rain".into()) }, 99_999).unwrap();
+            assert_eq!(d.task.state, TaskState::Stopped);
+            assert_eq!(kinds(&d), vec![EventType::TaskStopped]);
+        }
+    }
+
+    #[test]
+    fn terminal_tasks_refuse_everything() {
+        for s in TaskState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            let mut t = active();
+            t.state = s;
+            for c in [
+                Command::Publish,
+                Command::Cancel { reason: None },
+                Command::Stop { worker: W, reason: None },
+                Command::Message { worker: W, text: "x".into() },
+                Command::Reconcile,
+            ] {
+                assert_eq!(run(&t, c, 1).unwrap_err(), Refusal::Terminal { state: s });
+            }
+        }
+    }
+
+    #[test]
+    fn cancel_from_every_non_terminal_state_closes_open_issues() {
+        for s in [TaskState::Draft, TaskState::Open, TaskState::Assigned, TaskState::Active] {
+            let mut t = active();
+            t.state = s;
+            t.open_issues = 2;
+            let d = run(&t, Command::Cancel { reason: None }, 1).unwrap();
+            assert_eq!(d.task.state, TaskState::Cancelled);
+            assert_eq!(d.task.open_issues, 0);
+            assert_eq!(
+                d.issue_changes,
+                vec![IssueChange::CloseAll { resolution: "task_cancelled".into() }]
+            );
+        }
+    }
+
+    #[test]
+    fn commands_wait_for_a_passed_deadline_to_be_applied() {
+        let t = task(TaskState::Open);
+        assert_eq!(run(&t, Command::Claim { worker: W }, 1000).unwrap_err(), Refusal::DeadlinePassed);
+        assert_eq!(
+            run(&assigned(), Command::Start { worker: W }, 500).unwrap_err(),
+            Refusal::DeadlinePassed
+        );
+    }
+
+    #[test]
+    fn reconcile_expires_or_unassigns() {
+        assert_eq!(run(&task(TaskState::Open), Command::Reconcile, 999).unwrap_err(), Refusal::NothingDue);
+
+        let d = run(&task(TaskState::Open), Command::Reconcile, 1000).unwrap();
+        assert_eq!(d.task.state, TaskState::Expired);
+        assert_eq!(d.applied, Some(Due::Expire(ExpiryReason::Lifetime)));
+        assert_eq!(d.events[0].actor, Actor::System);
+
+        let d = run(&assigned(), Command::Reconcile, 600).unwrap();
+        assert_eq!(d.task.state, TaskState::Open);
+        assert_eq!(d.task.worker_id, None);
+        assert_eq!(d.task.start_by, None);
+        assert_eq!(kinds(&d), vec![EventType::TaskUnassigned]);
+
+        let d = run(&active(), Command::Reconcile, 5000).unwrap();
+        assert_eq!(d.applied, Some(Due::Expire(ExpiryReason::ActiveTimeLimit)));
+    }
+
+    fn issue(status: IssueStatus) -> Context {
+        Context {
+            issue: Some(Issue {
+                event_id: 42,
+                task_id: Uuid::nil(),
+                kind: IssueKind::AccessBlocked,
+                status,
+                resolution: None,
+                resolved_at: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn issues_open_and_resolve_once() {
+        let d = run(
+            &active(),
+            Command::RaiseIssue { worker: W, kind: IssueKind::AccessBlocked, text: "gate locked".into() },
+            1,
+        )
+        .unwrap();
+        assert_eq!(d.task.open_issues, 1);
+        assert_eq!(d.issue_changes, vec![IssueChange::Open { kind: IssueKind::AccessBlocked }]);
+
+        let respond = |action| Command::RespondToIssue {
+            issue_event_id: 42,
+            action,
+            text: Some("use the side door".into()),
+        };
+        let d = decide(&d.task, &issue(IssueStatus::Open), respond(IssueAction::Clarify), at(2), &Policy::default())
+            .unwrap();
+        assert_eq!(d.task.open_issues, 0);
+        assert_eq!(kinds(&d), vec![EventType::AgentIssueResponse]);
+
+        let err = decide(&active(), &issue(IssueStatus::Resolved), respond(IssueAction::Clarify), at(2), &Policy::default())
+            .unwrap_err();
+        assert_eq!(err, Refusal::IssueNotOpen(42, IssueStatus::Resolved));
+        let err = run(&active(), respond(IssueAction::Clarify), 2).unwrap_err();
+        assert_eq!(err, Refusal::IssueNotFound(42));
+    }
+
+    #[test]
+    fn answering_an_issue_with_cancel_ends_the_task() {
+        let d = decide(
+            &active(),
+            &issue(IssueStatus::Open),
+            Command::RespondToIssue { issue_event_id: 42, action: IssueAction::Cancel, text: None },
+            at(3),
+            &Policy::default(),
+        )
+        .unwrap();
+        assert_eq!(d.task.state, TaskState::Cancelled);
+        assert_eq!(kinds(&d), vec![EventType::AgentIssueResponse, EventType::TaskCancelled]);
+        assert_eq!(d.events.iter().filter(|e| e.kind.is_terminal()).count(), 1);
+    }
+}

@@ -1,0 +1,115 @@
+//! Typed issues a worker raises and the agent answers.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The fixed list of issue kinds a worker may raise. Published in the
+/// capabilities document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueKind {
+    /// The instructions are ambiguous or incomplete.
+    UnclearInstructions,
+    /// The worker cannot reach or enter the place.
+    AccessBlocked,
+    /// What the task is about is missing, closed or sold out.
+    ItemUnavailable,
+    /// Doing the task as described would be unsafe.
+    SafetyConcern,
+    /// The task will take longer than expected.
+    NeedsMoreTime,
+    /// Anything else; the text says what.
+    Other,
+}
+
+impl IssueKind {
+    pub const ALL: [IssueKind; 6] = [
+        IssueKind::UnclearInstructions,
+        IssueKind::AccessBlocked,
+        IssueKind::ItemUnavailable,
+        IssueKind::SafetyConcern,
+        IssueKind::NeedsMoreTime,
+        IssueKind::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IssueKind::UnclearInstructions => "unclear_instructions",
+            IssueKind::AccessBlocked => "access_blocked",
+            IssueKind::ItemUnavailable => "item_unavailable",
+            IssueKind::SafetyConcern => "safety_concern",
+            IssueKind::NeedsMoreTime => "needs_more_time",
+            IssueKind::Other => "other",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        IssueKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// How an agent answers a worker issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueAction {
+    /// Answer with more information (text required).
+    Clarify,
+    /// Accept the issue and let the worker carry on (text required).
+    Acknowledge,
+    /// Cancel the task (text optional).
+    Cancel,
+}
+
+impl IssueAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IssueAction::Clarify => "clarify",
+            IssueAction::Acknowledge => "acknowledge",
+            IssueAction::Cancel => "cancel",
+        }
+    }
+
+    pub fn requires_text(self) -> bool {
+        !matches!(self, IssueAction::Cancel)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueStatus {
+    Open,
+    /// The agent answered it.
+    Resolved,
+    /// The task ended before the agent answered.
+    Closed,
+}
+
+impl IssueStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IssueStatus::Open => "open",
+            IssueStatus::Resolved => "resolved",
+            IssueStatus::Closed => "closed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [IssueStatus::Open, IssueStatus::Resolved, IssueStatus::Closed]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+/// A worker issue; its id is the id of the `worker.issue` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Issue {
+    pub event_id: i64,
+    pub task_id: Uuid,
+    pub kind: IssueKind,
+    pub status: IssueStatus,
+    /// How it ended: the agent's action, or `task_<state>` when the task
+    /// ended first.
+    pub resolution: Option<String>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}

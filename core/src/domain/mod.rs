@@ -1,0 +1,21 @@
+//! The task domain as plain data and pure functions.
+//!
+//! [`decide`] is the whole state machine: given a task, a [`Command`] and
+//! `now`, it returns the new task and the events to append, or a
+//! [`Refusal`] that says why the command is not allowed. The store runs it
+//! inside a transaction that holds the task's row lock.
+
+mod command;
+mod event;
+mod issue;
+mod task;
+
+pub use command::{Command, Context, Decision, IssueChange, NewPhoto, Refusal, decide};
+pub use event::{Actor, Event, EventType, NewEvent};
+pub use issue::{Issue, IssueAction, IssueKind, IssueStatus};
+pub use task::{Due, ExpiryReason, Task, TaskState};
+
+/// Largest task description, in characters (Unicode scalar values).
+pub const MAX_DESCRIPTION_CHARS: usize = 4000;
+/// Largest worker message, issue text or agent response, in characters.
+pub const MAX_TEXT_CHARS: usize = 4000;

@@ -1,0 +1,243 @@
+//! Tasks, their states and their deadlines.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Where a task is in its life. See DESIGN.md for the transition table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Draft,
+    Open,
+    Assigned,
+    Active,
+    Completed,
+    Stopped,
+    Cancelled,
+    Expired,
+}
+
+impl TaskState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [TaskState; 8] = [
+        TaskState::Draft,
+        TaskState::Open,
+        TaskState::Assigned,
+        TaskState::Active,
+        TaskState::Completed,
+        TaskState::Stopped,
+        TaskState::Cancelled,
+        TaskState::Expired,
+    ];
+
+    /// A terminal task never changes state again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Stopped | TaskState::Cancelled | TaskState::Expired
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Draft => "draft",
+            TaskState::Open => "open",
+            TaskState::Assigned => "assigned",
+            TaskState::Active => "active",
+            TaskState::Completed => "completed",
+            TaskState::Stopped => "stopped",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        TaskState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task as stored. Credentials are not part of it: the agent token's
+/// digest lives only in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Task {
+    pub id: Uuid,
+    /// What the agent asks a person to do (1-4000 characters).
+    pub description: String,
+    pub state: TaskState,
+    /// The worker holding the assignment, while assigned or after.
+    pub worker_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub assigned_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the task reached its terminal state.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// End of the task's lifetime: a draft, open or assigned task expires then.
+    pub expires_at: DateTime<Utc>,
+    /// An assigned worker who has not started by then loses the assignment.
+    pub start_by: Option<DateTime<Utc>>,
+    /// An active task expires then.
+    pub active_until: Option<DateTime<Utc>>,
+    /// Worker issues not yet answered.
+    pub open_issues: i32,
+    /// Id of the newest event of this task (0 before the first).
+    pub last_event_id: i64,
+}
+
+/// Why a task expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpiryReason {
+    /// The task's lifetime ran out before it became active.
+    Lifetime,
+    /// The task stayed active longer than the active time limit.
+    ActiveTimeLimit,
+}
+
+impl ExpiryReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpiryReason::Lifetime => "lifetime",
+            ExpiryReason::ActiveTimeLimit => "active_time_limit",
+        }
+    }
+}
+
+/// What the controller must do to a task at a given time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    Expire(ExpiryReason),
+    /// The assigned worker did not start in time: reopen the task.
+    Unassign,
+}
+
+impl Task {
+    /// The earliest instant at which [`Task::due`] will return something, or
+    /// `None` if nothing will ever be due (terminal tasks). The store indexes
+    /// this value so the controller finds due tasks without a table scan.
+    pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
+        match self.state {
+            TaskState::Draft | TaskState::Open => Some(self.expires_at),
+            TaskState::Assigned => Some(match self.start_by {
+                Some(s) => s.min(self.expires_at),
+                None => self.expires_at,
+            }),
+            TaskState::Active => self.active_until,
+            _ => None,
+        }
+    }
+
+    /// What is due for this task at `now`, if anything. Expiry wins over
+    /// unassignment when both deadlines have passed.
+    pub fn due(&self, now: DateTime<Utc>) -> Option<Due> {
+        match self.state {
+            TaskState::Draft | TaskState::Open if now >= self.expires_at => {
+                Some(Due::Expire(ExpiryReason::Lifetime))
+            }
+            TaskState::Assigned if now >= self.expires_at => {
+                Some(Due::Expire(ExpiryReason::Lifetime))
+            }
+            TaskState::Assigned if self.start_by.is_some_and(|s| now >= s) => Some(Due::Unassign),
+            TaskState::Active if self.active_until.is_some_and(|a| now >= a) => {
+                Some(Due::Expire(ExpiryReason::ActiveTimeLimit))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    pub fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).expect("valid timestamp")
+    }
+
+    pub fn task(state: TaskState) -> Task {
+        Task {
+            id: Uuid::nil(),
+            description: "water the plants".into(),
+            state,
+            worker_id: None,
+            created_at: at(0),
+            updated_at: at(0),
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: at(1000),
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        }
+    }
+
+    #[test]
+    fn draft_and_open_expire_at_end_of_lifetime() {
+        for s in [TaskState::Draft, TaskState::Open] {
+            let t = task(s);
+            assert_eq!(t.due(at(999)), None);
+            assert_eq!(t.due(at(1000)), Some(Due::Expire(ExpiryReason::Lifetime)));
+            assert_eq!(t.next_deadline(), Some(at(1000)));
+        }
+    }
+
+    #[test]
+    fn assigned_reopens_when_start_timeout_passes_first() {
+        let mut t = task(TaskState::Assigned);
+        t.start_by = Some(at(100));
+        assert_eq!(t.next_deadline(), Some(at(100)));
+        assert_eq!(t.due(at(99)), None);
+        assert_eq!(t.due(at(100)), Some(Due::Unassign));
+        assert_eq!(t.due(at(1000)), Some(Due::Expire(ExpiryReason::Lifetime)));
+    }
+
+    #[test]
+    fn assigned_expires_when_lifetime_ends_before_start_timeout() {
+        let mut t = task(TaskState::Assigned);
+        t.start_by = Some(at(2000));
+        assert_eq!(t.next_deadline(), Some(at(1000)));
+        assert_eq!(t.due(at(1500)), Some(Due::Expire(ExpiryReason::Lifetime)));
+    }
+
+    #[test]
+    fn active_ignores_lifetime_and_obeys_active_limit() {
+        let mut t = task(TaskState::Active);
+        t.active_until = Some(at(5000));
+        assert_eq!(t.due(at(1500)), None);
+        assert_eq!(t.next_deadline(), Some(at(5000)));
+        assert_eq!(
+            t.due(at(5000) + TimeDelta::milliseconds(1)),
+            Some(Due::Expire(ExpiryReason::ActiveTimeLimit))
+        );
+    }
+
+    #[test]
+    fn terminal_tasks_have_nothing_due() {
+        for s in TaskState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            let t = task(s);
+            assert_eq!(t.next_deadline(), None);
+            assert_eq!(t.due(at(1_000_000)), None);
+        }
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in TaskState::ALL {
+            assert_eq!(TaskState::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        assert_eq!(TaskState::parse("nope"), None);
+    }
+}

@@ -1,0 +1,256 @@
+//! Persistence behind one trait, [`Store`], with a PostgreSQL and a SQLite
+//! implementation. Each owns its migrations (under `core/migrations/`).
+//!
+//! Every change to a task goes through [`Store::apply`]: begin a transaction,
+//! lock the task row, run the pure [`decide`](crate::decide), write the task,
+//! its events, issues and photo, commit. Holding the row lock while events
+//! are inserted is what makes one task's event ids become visible in
+//! ascending order, so a client polling `after=<last id>` never misses one.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use uuid::Uuid;
+
+use crate::token::TokenHash;
+use crate::{Command, Event, Issue, Policy, Refusal, Task};
+
+mod postgres;
+mod sqlite;
+
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// Which database a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// Errors of the store. [`StoreError::is_unavailable`] separates "the
+/// database cannot be reached" (503) from real faults (500).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error("unsupported database URL {0:?}: use postgres://… or sqlite://…")]
+    UnsupportedUrl(String),
+}
+
+impl StoreError {
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                StoreError::Unavailable(e)
+            }
+            sqlx::Error::Database(ref db) if db.code().as_deref() == Some("5") => {
+                // SQLITE_BUSY after the busy timeout: the database is locked.
+                StoreError::Unavailable(e)
+            }
+            other => StoreError::Database(other),
+        }
+    }
+}
+
+/// A task to create. The caller generates the id and the token and passes
+/// only the token's digest.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub id: Uuid,
+    pub description: String,
+    pub agent_token_hash: TokenHash,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A registered worker (its token digest stays in the store).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Worker {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A photo as stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Photo {
+    pub id: Uuid,
+    pub task_id: Uuid,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for Photo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Photo")
+            .field("id", &self.id)
+            .field("content_type", &self.content_type)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// The outcome of an applied command: the task as written and the events
+/// appended (with their ids).
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub task: Task,
+    pub events: Vec<Event>,
+    /// What a `Reconcile` command did.
+    pub applied: Option<crate::Due>,
+}
+
+/// Where the open-task listing resumes: the last task of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenTasksCursor {
+    pub created_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+/// Storage of tasks, events, issues, photos and workers.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    fn backend(&self) -> Backend;
+
+    /// Checks the database answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    async fn create_task(&self, new: NewTask) -> Result<Task, StoreError>;
+
+    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError>;
+
+    /// Digest of the task's agent token, for authentication.
+    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
+
+    /// Runs `command` on the task in one transaction holding its row lock.
+    /// Fails with [`StoreError::NotFound`] or [`StoreError::Refused`].
+    async fn apply(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError>;
+
+    /// Events of a task with `id > after`, ascending, at most `limit`.
+    async fn events(&self, task_id: Uuid, after: i64, limit: u32)
+    -> Result<Vec<Event>, StoreError>;
+
+    /// Issues of a task, ascending by event id.
+    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError>;
+
+    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError>;
+
+    async fn create_worker(
+        &self,
+        id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Worker, StoreError>;
+
+    /// Digest of a worker's token, for authentication.
+    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
+
+    /// Open tasks, oldest first, after `cursor`.
+    async fn open_tasks(
+        &self,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// The earliest deadline of any non-terminal task.
+    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Applies what is due at `now` to at most `limit` due tasks, skipping
+    /// tasks another replica is working on. Returns what it changed.
+    async fn reconcile_due(&self, now: DateTime<Utc>, limit: u32)
+    -> Result<Vec<Applied>, StoreError>;
+
+    /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
+    /// with their events, issues and photos. Returns how many went.
+    async fn purge_ended_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// A stream that yields the id of every task changed after the call,
+    /// from any process sharing the database (PostgreSQL LISTEN/NOTIFY) or
+    /// from this process (SQLite). Used to wake the controller early.
+    async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError>;
+}
+
+/// Connection settings shared by both backends.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Largest number of pooled connections.
+    pub max_connections: u32,
+    /// How long a request waits for a connection before the store reports
+    /// the database unavailable.
+    pub acquire_timeout: std::time::Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self { max_connections: 16, acquire_timeout: std::time::Duration::from_secs(5) }
+    }
+}
+
+/// Opens the store named by `url` (`postgres://…`, `postgresql://…` or
+/// `sqlite://…`) and runs its migrations.
+pub async fn connect(
+    url: &str,
+    policy: Policy,
+    options: &ConnectOptions,
+) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PgStore::connect(url, policy, options).await?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url, policy, options).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(redact_url(url)))
+    }
+}
+
+/// A database URL with any password replaced, safe to log.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}://{}:***@{}", &url[..scheme_end], user, &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+}

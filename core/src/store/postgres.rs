@@ -1,0 +1,507 @@
+//! The PostgreSQL store: the production backend.
+//!
+//! Row locks do the coordination. [`Store::apply`] takes `FOR UPDATE` on the
+//! task row, so concurrent writers to one task queue up and its event ids
+//! (from one identity sequence) commit in ascending order.
+//! [`Store::reconcile_due`] takes `FOR UPDATE SKIP LOCKED` on a batch of due
+//! rows, so several controller replicas split the due work without waiting
+//! for each other and never act on the same task twice. Every task change
+//! sends `NOTIFY meatspace_tasks` with the task id, delivered on commit.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use super::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker};
+use crate::token::TokenHash;
+use crate::{
+    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus,
+    Policy, Task, TaskState, decide,
+};
+
+const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
+    published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
+    open_issues, last_event_id";
+
+/// Channel of the task-change notifications.
+const CHANNEL: &str = "meatspace_tasks";
+
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    policy: Policy,
+}
+
+impl PgStore {
+    /// Connects and runs migrations. sqlx's migrator holds an advisory lock
+    /// while it runs, so replicas starting together migrate once.
+    pub async fn connect(
+        url: &str,
+        policy: Policy,
+        options: &ConnectOptions,
+    ) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect(url)
+            .await?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(Self { pool, policy })
+    }
+
+    /// The pool, for tests and tools that need raw SQL.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn write(
+        tx: &mut Transaction<'_, Postgres>,
+        before: &Task,
+        d: Decision,
+    ) -> Result<Applied, StoreError> {
+        let Decision { mut task, events: new_events, issue_changes, photo, applied } = d;
+        let now = task.updated_at;
+        if let Some(p) = &photo {
+            sqlx::query(
+                "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(p.id)
+            .bind(task.id)
+            .bind(&p.content_type)
+            .bind(&p.bytes)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        }
+        let mut events = Vec::with_capacity(new_events.len());
+        for e in new_events {
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO events (task_id, type, actor, created_at, data) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+            )
+            .bind(task.id)
+            .bind(e.kind.as_str())
+            .bind(e.actor.as_str())
+            .bind(now)
+            .bind(&e.data)
+            .fetch_one(&mut **tx)
+            .await?;
+            events.push(Event {
+                id,
+                task_id: task.id,
+                kind: e.kind,
+                created_at: now,
+                actor: e.actor,
+                untrusted: e.kind.carries_worker_content(),
+                data: e.data,
+            });
+        }
+        if let Some(last) = events.last() {
+            task.last_event_id = last.id;
+        }
+        for change in issue_changes {
+            match change {
+                IssueChange::Open { kind } => {
+                    let event_id = events
+                        .iter()
+                        .find(|e| e.kind == EventType::WorkerIssue)
+                        .map(|e| e.id)
+                        .ok_or_else(|| StoreError::Corrupt("issue without its event".into()))?;
+                    sqlx::query(
+                        "INSERT INTO issues (event_id, task_id, kind, status) VALUES ($1, $2, $3, 'open')",
+                    )
+                    .bind(event_id)
+                    .bind(task.id)
+                    .bind(kind.as_str())
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                IssueChange::Resolve { event_id, resolution } => {
+                    sqlx::query(
+                        "UPDATE issues SET status = 'resolved', resolution = $2, resolved_at = $3 \
+                         WHERE event_id = $1 AND status = 'open'",
+                    )
+                    .bind(event_id)
+                    .bind(resolution)
+                    .bind(now)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                IssueChange::CloseAll { resolution } => {
+                    sqlx::query(
+                        "UPDATE issues SET status = 'closed', resolution = $2, resolved_at = $3 \
+                         WHERE task_id = $1 AND status = 'open'",
+                    )
+                    .bind(task.id)
+                    .bind(resolution)
+                    .bind(now)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+        }
+        let updated = sqlx::query(
+            "UPDATE tasks SET state = $3, worker_id = $4, updated_at = $5, published_at = $6, \
+             assigned_at = $7, started_at = $8, ended_at = $9, start_by = $10, active_until = $11, \
+             next_deadline = $12, open_issues = $13, last_event_id = $14 \
+             WHERE id = $1 AND state = $2",
+        )
+        .bind(task.id)
+        .bind(before.state.as_str())
+        .bind(task.state.as_str())
+        .bind(task.worker_id)
+        .bind(task.updated_at)
+        .bind(task.published_at)
+        .bind(task.assigned_at)
+        .bind(task.started_at)
+        .bind(task.ended_at)
+        .bind(task.start_by)
+        .bind(task.active_until)
+        .bind(task.next_deadline())
+        .bind(task.open_issues)
+        .bind(task.last_event_id)
+        .execute(&mut **tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            // Impossible while we hold the row lock; refuse rather than
+            // commit events for a change that did not happen.
+            return Err(StoreError::Corrupt(format!("task {} changed under its lock", task.id)));
+        }
+        notify(tx, task.id).await?;
+        Ok(Applied { task, events, applied })
+    }
+}
+
+async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(id.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+fn state(s: &str) -> Result<TaskState, StoreError> {
+    TaskState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
+}
+
+fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
+    Ok(Task {
+        id: row.try_get("id")?,
+        description: row.try_get("description")?,
+        state: state(row.try_get("state")?)?,
+        worker_id: row.try_get("worker_id")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        published_at: row.try_get("published_at")?,
+        assigned_at: row.try_get("assigned_at")?,
+        started_at: row.try_get("started_at")?,
+        ended_at: row.try_get("ended_at")?,
+        expires_at: row.try_get("expires_at")?,
+        start_by: row.try_get("start_by")?,
+        active_until: row.try_get("active_until")?,
+        open_issues: row.try_get("open_issues")?,
+        last_event_id: row.try_get("last_event_id")?,
+    })
+}
+
+fn event_from_row(row: &PgRow) -> Result<Event, StoreError> {
+    let kind: &str = row.try_get("type")?;
+    let kind = EventType::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+    let actor: &str = row.try_get("actor")?;
+    let actor = Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    Ok(Event {
+        id: row.try_get("id")?,
+        task_id: row.try_get("task_id")?,
+        kind,
+        created_at: row.try_get("created_at")?,
+        actor,
+        untrusted: kind.carries_worker_content(),
+        data: row.try_get("data")?,
+    })
+}
+
+fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
+    let kind: &str = row.try_get("kind")?;
+    let status: &str = row.try_get("status")?;
+    Ok(Issue {
+        event_id: row.try_get("event_id")?,
+        task_id: row.try_get("task_id")?,
+        kind: IssueKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
+        status: IssueStatus::parse(status)
+            .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
+        resolution: row.try_get("resolution")?,
+        resolved_at: row.try_get("resolved_at")?,
+    })
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
+    async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
+        let task = Task {
+            id: new.id,
+            description: new.description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: new.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
+        )
+        .bind(task.id)
+        .bind(&task.description)
+        .bind(&new.agent_token_hash.0[..])
+        .bind(task.created_at)
+        .bind(task.expires_at)
+        .bind(task.next_deadline())
+        .execute(&mut *tx)
+        .await?;
+        notify(&mut tx, task.id).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
+        let bytes: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT agent_token_hash FROM tasks WHERE id = $1")
+                .bind(task_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
+    }
+
+    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    async fn apply(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"))
+            .bind(task_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let task = task_from_row(&row)?;
+        let mut ctx = Context::default();
+        if let Command::RespondToIssue { issue_event_id, .. } = &command {
+            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
+                .bind(issue_event_id)
+                .bind(task_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
+        }
+        let decision = decide(&task, &ctx, command, now, &self.policy)?;
+        let applied = Self::write(&mut tx, &task, decision).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn events(&self, task_id: Uuid, after: i64, limit: u32) -> Result<Vec<Event>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, task_id, type, actor, created_at, data FROM events \
+             WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(task_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM issues WHERE task_id = $1 ORDER BY event_id")
+            .bind(task_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(issue_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, task_id, content_type, data, created_at FROM photos WHERE id = $1 AND task_id = $2",
+        )
+        .bind(photo_id)
+        .bind(task_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(Photo {
+                id: r.try_get("id")?,
+                task_id: r.try_get("task_id")?,
+                content_type: r.try_get("content_type")?,
+                bytes: r.try_get("data")?,
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(skip(self, token_hash), err)]
+    async fn create_worker(
+        &self,
+        id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Worker, StoreError> {
+        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(id)
+            .bind(name)
+            .bind(&token_hash.0[..])
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(Worker { id, name: name.to_owned(), created_at: now })
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = $1")
+            .bind(worker_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn open_tasks(
+        &self,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let (created_at, id) = match cursor {
+            Some(c) => (c.created_at, c.id),
+            None => (DateTime::<Utc>::MIN_UTC, Uuid::nil()),
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND (created_at, id) > ($1, $2) \
+             ORDER BY created_at, id LIMIT $3"
+        ))
+        .bind(created_at)
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn reconcile_due(&self, now: DateTime<Utc>, limit: u32) -> Result<Vec<Applied>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline <= $1 \
+             ORDER BY next_deadline LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let task = task_from_row(row)?;
+            match decide(&task, &Context::default(), Command::Reconcile, now, &self.policy) {
+                Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
+                Err(refusal) => {
+                    tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn purge_ended_before(&self, cutoff: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE ended_at < $1 ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        // Issues reference events, so they go first; events and photos
+        // cascade from the task.
+        sqlx::query("DELETE FROM issues WHERE task_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        let deleted = sqlx::query("DELETE FROM tasks WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        for id in &ids {
+            notify(&mut tx, *id).await?;
+        }
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        let stream = listener.into_stream().filter_map(|n| async move {
+            match n {
+                Ok(n) => n.payload().parse().ok(),
+                Err(e) => {
+                    // The listener reconnects by itself; a gap is covered by
+                    // the controller's periodic resync.
+                    tracing::warn!(error = %e, "task change notification failed");
+                    None
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+}

@@ -1,0 +1,535 @@
+//! The SQLite store: the embedded default, one file in WAL mode.
+//!
+//! SQLite has one writer at a time, so the store keeps a single-connection
+//! write pool (writes queue in-process instead of spinning on the busy
+//! handler) and a separate read pool. Write transactions start with
+//! `BEGIN IMMEDIATE`, so even a second process on the same file takes the
+//! write lock before it reads the row it will change; that gives the same
+//! guarantees as PostgreSQL's row locks. Timestamps are stored as integer
+//! milliseconds, ids as text UUIDs.
+
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use super::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker};
+use crate::token::TokenHash;
+use crate::{
+    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus,
+    Policy, Task, TaskState, decide,
+};
+
+const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
+    published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
+    open_issues, last_event_id";
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    policy: Policy,
+    /// Task ids changed by this process, for [`Store::changes`].
+    changes: broadcast::Sender<Uuid>,
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn opt_ms(t: Option<DateTime<Utc>>) -> Option<i64> {
+    t.map(ms)
+}
+
+fn from_ms(v: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(v).ok_or_else(|| StoreError::Corrupt(format!("timestamp {v}")))
+}
+
+fn opt_from_ms(v: Option<i64>) -> Result<Option<DateTime<Utc>>, StoreError> {
+    v.map(from_ms).transpose()
+}
+
+fn uuid(s: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(s).map_err(|_| StoreError::Corrupt(format!("uuid {s:?}")))
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and runs migrations.
+    pub async fn connect(
+        url: &str,
+        policy: Policy,
+        options: &ConnectOptions,
+    ) -> Result<Self, StoreError> {
+        let connect = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(options.acquire_timeout);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.clone())
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.read_only(true))
+            .await?;
+        let (changes, _) = broadcast::channel(1024);
+        Ok(Self { writer, reader, policy, changes })
+    }
+
+    /// The write pool, for tests and tools that need raw SQL.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    fn announce(&self, id: Uuid) {
+        // No receiver is fine: nobody is waiting.
+        let _ = self.changes.send(id);
+    }
+
+    async fn write(
+        tx: &mut Transaction<'_, Sqlite>,
+        before: &Task,
+        d: Decision,
+    ) -> Result<Applied, StoreError> {
+        let Decision { mut task, events: new_events, issue_changes, photo, applied } = d;
+        let now = task.updated_at;
+        let id = task.id.to_string();
+        if let Some(p) = &photo {
+            sqlx::query("INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES (?, ?, ?, ?, ?)")
+                .bind(p.id.to_string())
+                .bind(&id)
+                .bind(&p.content_type)
+                .bind(&p.bytes)
+                .bind(ms(now))
+                .execute(&mut **tx)
+                .await?;
+        }
+        let mut events = Vec::with_capacity(new_events.len());
+        for e in new_events {
+            let event_id: i64 = sqlx::query_scalar(
+                "INSERT INTO events (task_id, type, actor, created_at, data) VALUES (?, ?, ?, ?, ?) RETURNING id",
+            )
+            .bind(&id)
+            .bind(e.kind.as_str())
+            .bind(e.actor.as_str())
+            .bind(ms(now))
+            .bind(e.data.to_string())
+            .fetch_one(&mut **tx)
+            .await?;
+            events.push(Event {
+                id: event_id,
+                task_id: task.id,
+                kind: e.kind,
+                created_at: now,
+                actor: e.actor,
+                untrusted: e.kind.carries_worker_content(),
+                data: e.data,
+            });
+        }
+        if let Some(last) = events.last() {
+            task.last_event_id = last.id;
+        }
+        for change in issue_changes {
+            match change {
+                IssueChange::Open { kind } => {
+                    let event_id = events
+                        .iter()
+                        .find(|e| e.kind == EventType::WorkerIssue)
+                        .map(|e| e.id)
+                        .ok_or_else(|| StoreError::Corrupt("issue without its event".into()))?;
+                    sqlx::query("INSERT INTO issues (event_id, task_id, kind, status) VALUES (?, ?, ?, 'open')")
+                        .bind(event_id)
+                        .bind(&id)
+                        .bind(kind.as_str())
+                        .execute(&mut **tx)
+                        .await?;
+                }
+                IssueChange::Resolve { event_id, resolution } => {
+                    sqlx::query(
+                        "UPDATE issues SET status = 'resolved', resolution = ?, resolved_at = ? \
+                         WHERE event_id = ? AND status = 'open'",
+                    )
+                    .bind(resolution)
+                    .bind(ms(now))
+                    .bind(event_id)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                IssueChange::CloseAll { resolution } => {
+                    sqlx::query(
+                        "UPDATE issues SET status = 'closed', resolution = ?, resolved_at = ? \
+                         WHERE task_id = ? AND status = 'open'",
+                    )
+                    .bind(resolution)
+                    .bind(ms(now))
+                    .bind(&id)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+            }
+        }
+        let updated = sqlx::query(
+            "UPDATE tasks SET state = ?, worker_id = ?, updated_at = ?, published_at = ?, \
+             assigned_at = ?, started_at = ?, ended_at = ?, start_by = ?, active_until = ?, \
+             next_deadline = ?, open_issues = ?, last_event_id = ? \
+             WHERE id = ? AND state = ?",
+        )
+        .bind(task.state.as_str())
+        .bind(task.worker_id.map(|w| w.to_string()))
+        .bind(ms(task.updated_at))
+        .bind(opt_ms(task.published_at))
+        .bind(opt_ms(task.assigned_at))
+        .bind(opt_ms(task.started_at))
+        .bind(opt_ms(task.ended_at))
+        .bind(opt_ms(task.start_by))
+        .bind(opt_ms(task.active_until))
+        .bind(opt_ms(task.next_deadline()))
+        .bind(task.open_issues)
+        .bind(task.last_event_id)
+        .bind(&id)
+        .bind(before.state.as_str())
+        .execute(&mut **tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Err(StoreError::Corrupt(format!("task {} changed under its lock", task.id)));
+        }
+        Ok(Applied { task, events, applied })
+    }
+}
+
+fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
+    let state_name: &str = row.try_get("state")?;
+    Ok(Task {
+        id: uuid(row.try_get("id")?)?,
+        description: row.try_get("description")?,
+        state: TaskState::parse(state_name)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state_name:?}")))?,
+        worker_id: row.try_get::<Option<&str>, _>("worker_id")?.map(uuid).transpose()?,
+        created_at: from_ms(row.try_get("created_at")?)?,
+        updated_at: from_ms(row.try_get("updated_at")?)?,
+        published_at: opt_from_ms(row.try_get("published_at")?)?,
+        assigned_at: opt_from_ms(row.try_get("assigned_at")?)?,
+        started_at: opt_from_ms(row.try_get("started_at")?)?,
+        ended_at: opt_from_ms(row.try_get("ended_at")?)?,
+        expires_at: from_ms(row.try_get("expires_at")?)?,
+        start_by: opt_from_ms(row.try_get("start_by")?)?,
+        active_until: opt_from_ms(row.try_get("active_until")?)?,
+        open_issues: row.try_get("open_issues")?,
+        last_event_id: row.try_get("last_event_id")?,
+    })
+}
+
+fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
+    let kind: &str = row.try_get("type")?;
+    let kind = EventType::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+    let actor: &str = row.try_get("actor")?;
+    let actor = Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    let data: &str = row.try_get("data")?;
+    Ok(Event {
+        id: row.try_get("id")?,
+        task_id: uuid(row.try_get("task_id")?)?,
+        kind,
+        created_at: from_ms(row.try_get("created_at")?)?,
+        actor,
+        untrusted: kind.carries_worker_content(),
+        data: serde_json::from_str(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
+    })
+}
+
+fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
+    let kind: &str = row.try_get("kind")?;
+    let status: &str = row.try_get("status")?;
+    Ok(Issue {
+        event_id: row.try_get("event_id")?,
+        task_id: uuid(row.try_get("task_id")?)?,
+        kind: IssueKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
+        status: IssueStatus::parse(status)
+            .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
+        resolution: row.try_get("resolution")?,
+        resolved_at: opt_from_ms(row.try_get("resolved_at")?)?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
+    async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
+        let task = Task {
+            id: new.id,
+            description: new.description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: new.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
+        )
+        .bind(task.id.to_string())
+        .bind(&task.description)
+        .bind(&new.agent_token_hash.0[..])
+        .bind(ms(task.created_at))
+        .bind(ms(task.created_at))
+        .bind(ms(task.expires_at))
+        .bind(opt_ms(task.next_deadline()))
+        .execute(&self.writer)
+        .await?;
+        self.announce(task.id);
+        Ok(task)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+            .bind(id.to_string())
+            .fetch_optional(&self.reader)
+            .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar("SELECT agent_token_hash FROM tasks WHERE id = ?")
+            .bind(task_id.to_string())
+            .fetch_optional(&self.reader)
+            .await?;
+        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
+    }
+
+    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    async fn apply(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+            .bind(task_id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let task = task_from_row(&row)?;
+        let mut ctx = Context::default();
+        if let Command::RespondToIssue { issue_event_id, .. } = &command {
+            let row = sqlx::query("SELECT * FROM issues WHERE event_id = ? AND task_id = ?")
+                .bind(issue_event_id)
+                .bind(task_id.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
+        }
+        let decision = decide(&task, &ctx, command, now, &self.policy)?;
+        let applied = Self::write(&mut tx, &task, decision).await?;
+        tx.commit().await?;
+        self.announce(task_id);
+        Ok(applied)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn events(&self, task_id: Uuid, after: i64, limit: u32) -> Result<Vec<Event>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, task_id, type, actor, created_at, data FROM events \
+             WHERE task_id = ? AND id > ? ORDER BY id LIMIT ?",
+        )
+        .bind(task_id.to_string())
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM issues WHERE task_id = ? ORDER BY event_id")
+            .bind(task_id.to_string())
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(issue_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, task_id, content_type, data, created_at FROM photos WHERE id = ? AND task_id = ?",
+        )
+        .bind(photo_id.to_string())
+        .bind(task_id.to_string())
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|r| {
+            Ok(Photo {
+                id: uuid(r.try_get("id")?)?,
+                task_id: uuid(r.try_get("task_id")?)?,
+                content_type: r.try_get("content_type")?,
+                bytes: r.try_get("data")?,
+                created_at: from_ms(r.try_get("created_at")?)?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(skip(self, token_hash), err)]
+    async fn create_worker(
+        &self,
+        id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Worker, StoreError> {
+        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
+            .bind(id.to_string())
+            .bind(name)
+            .bind(&token_hash.0[..])
+            .bind(ms(now))
+            .execute(&self.writer)
+            .await?;
+        Ok(Worker { id, name: name.to_owned(), created_at: now })
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = ?")
+            .bind(worker_id.to_string())
+            .fetch_optional(&self.reader)
+            .await?;
+        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn open_tasks(
+        &self,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let (created_at, id) = match cursor {
+            Some(c) => (ms(c.created_at), c.id.to_string()),
+            None => (i64::MIN, String::new()),
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND (created_at, id) > (?, ?) \
+             ORDER BY created_at, id LIMIT ?"
+        ))
+        .bind(created_at)
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let v: Option<i64> =
+            sqlx::query_scalar("SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL")
+                .fetch_one(&self.reader)
+                .await?;
+        opt_from_ms(v)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn reconcile_due(&self, now: DateTime<Utc>, limit: u32) -> Result<Vec<Applied>, StoreError> {
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
+             ORDER BY next_deadline LIMIT ?"
+        ))
+        .bind(ms(now))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let task = task_from_row(row)?;
+            match decide(&task, &Context::default(), Command::Reconcile, now, &self.policy) {
+                Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
+                Err(refusal) => {
+                    tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
+                }
+            }
+        }
+        tx.commit().await?;
+        for a in &out {
+            self.announce(a.task.id);
+        }
+        Ok(out)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn purge_ended_before(&self, cutoff: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE ended_at IS NOT NULL AND ended_at < ? ORDER BY ended_at LIMIT ?",
+        )
+        .bind(ms(cutoff))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut deleted = 0;
+        for id in &ids {
+            sqlx::query("DELETE FROM issues WHERE task_id = ?").bind(id).execute(&mut *tx).await?;
+            deleted += sqlx::query("DELETE FROM tasks WHERE id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        for id in &ids {
+            self.announce(uuid(id)?);
+        }
+        Ok(deleted)
+    }
+
+    async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError> {
+        let rx = self.changes.subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(id) => return Some((id, rx)),
+                    // A slow consumer skipped some ids; the periodic resync
+                    // covers them.
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+}

@@ -1,0 +1,102 @@
+//! Test harness for the black-box suites: real databases, a real server on
+//! 127.0.0.1.
+//!
+//! PostgreSQL comes from a throwaway server that `scripts/postgres.sh`
+//! starts (the test command does it); its admin URL arrives in
+//! `MEATSPACE_TEST_POSTGRES_URL`. Each test gets a fresh database on it, so
+//! tests run in parallel without seeing each other. A missing server is a
+//! test failure, never a skip.
+
+use std::sync::Arc;
+
+use meatspace_core::store::{ConnectOptions, connect};
+use meatspace_core::{Policy, Store};
+use sqlx::Connection;
+
+/// Environment variable holding the admin URL of the test PostgreSQL server.
+pub const POSTGRES_ENV: &str = "MEATSPACE_TEST_POSTGRES_URL";
+
+/// Which backend a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Postgres,
+    Sqlite,
+}
+
+/// A database for one test. Holds the SQLite directory alive while the test runs.
+#[derive(Debug)]
+pub struct TestDb {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    /// A fresh, empty database of the given backend.
+    pub async fn new(db: Db) -> TestDb {
+        match db {
+            Db::Postgres => TestDb { url: fresh_postgres_database().await, _dir: None },
+            Db::Sqlite => {
+                let dir = tempfile::tempdir().expect("temporary directory");
+                let url = format!("sqlite://{}/meatspace.db", dir.path().display());
+                TestDb { url, _dir: Some(dir) }
+            }
+        }
+    }
+
+    /// Opens the store (running migrations) with the given policy.
+    pub async fn store(&self, policy: Policy) -> Arc<dyn Store> {
+        connect(&self.url, policy, &ConnectOptions::default()).await.expect("open the store")
+    }
+}
+
+/// Creates a new database on the test PostgreSQL server and returns its URL.
+///
+/// Panics when the server is not configured: run the suite with
+/// `scripts/test`, which starts one.
+pub async fn fresh_postgres_database() -> String {
+    let admin = std::env::var(POSTGRES_ENV).unwrap_or_else(|_| {
+        panic!(
+            "{POSTGRES_ENV} is not set: these tests need a real PostgreSQL server. \
+             Run the suite with scripts/test, which starts a throwaway one."
+        )
+    });
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test PostgreSQL server: {e}"));
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
+    conn.close().await.ok();
+    replace_database(&admin, &name)
+}
+
+/// `url` with its database name replaced by `name`.
+fn replace_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let authority_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let base = match base[authority_end..].find('/') {
+        Some(slash) => &base[..authority_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_database;
+
+    #[test]
+    fn replaces_the_database_name() {
+        assert_eq!(replace_database("postgres://u@h:1/postgres", "x"), "postgres://u@h:1/x");
+        assert_eq!(replace_database("postgres://u@h:1/postgres?sslmode=disable", "x"), "postgres://u@h:1/x?sslmode=disable");
+        assert_eq!(replace_database("postgres://u@h:1", "x"), "postgres://u@h:1/x");
+    }
+}
