@@ -1,1 +1,138 @@
-//! placeholder
+//! The meatspace HTTP API server as a library: [`router`] builds the whole
+//! application from an [`AppState`], [`serve`] runs it on a listener until a
+//! shutdown future resolves. `main.rs` only parses configuration and wires
+//! these together, so tests run the real server on `127.0.0.1:0`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use meatspace_core::{Command, Policy, Store, clock};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use uuid::Uuid;
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod photo;
+pub mod routes;
+pub mod telemetry;
+
+use auth::DevKey;
+use error::ApiError;
+use photo::PhotoLimits;
+use routes::TaskChange;
+
+/// Largest JSON body.
+pub const MAX_JSON_BYTES: usize = 64 * 1024;
+/// How long one request may take before it is answered 408.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub dev_key: DevKey,
+    pub policy: Policy,
+    pub photo_limits: PhotoLimits,
+    pub metrics: PrometheusHandle,
+}
+
+impl AppState {
+    /// Runs a command on a task now and returns the change.
+    pub async fn act(
+        &self,
+        task_id: Uuid,
+        command: Command,
+    ) -> Result<axum::Json<TaskChange>, ApiError> {
+        let applied = self.store.apply(task_id, command, clock::now()).await?;
+        Ok(axum::Json(applied.into()))
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "meatspace", description = "Hire people for work in the physical world."),
+    modifiers(&SecuritySchemes),
+    tags((name = "agent", description = "For AI agents: create, publish and monitor tasks"),
+         (name = "worker", description = "For people doing the work"))
+)]
+struct ApiDoc;
+
+struct SecuritySchemes;
+
+impl utoipa::Modify for SecuritySchemes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "dev_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new(auth::DEV_KEY_HEADER))),
+        );
+        for name in ["agent_token", "worker_token"] {
+            components.add_security_scheme(
+                name,
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+        }
+    }
+}
+
+/// Builds the application.
+pub fn router(state: AppState) -> Router {
+    let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(routes::capabilities::router())
+        .merge(routes::tasks::router())
+        .merge(routes::workers::router(state.photo_limits.max_bytes))
+        .split_for_parts();
+    let openapi = Arc::new(openapi);
+    Router::new()
+        .merge(api)
+        .route(
+            "/api/v1/openapi.json",
+            get(move || async move { axum::Json(openapi.as_ref().clone()) }),
+        )
+        .merge(routes::health::router())
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::MethodNotAllowed("this route does not take that method".into())
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BYTES))
+        .layer(axum::middleware::from_fn(metrics::track))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(CatchPanicLayer::new())
+        .layer(axum::middleware::map_response(
+            error::problem_for_every_error,
+        ))
+        .layer(TraceLayer::new_for_http())
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
+/// requests in flight.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

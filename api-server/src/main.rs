@@ -1,1 +1,108 @@
-fn main() {}
+//! `meatspace-api-server`: parse configuration, open the store, serve.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use meatspace_api::auth::DevKey;
+use meatspace_api::config::Config;
+use meatspace_api::photo::PhotoLimits;
+use meatspace_api::{AppState, router, serve, telemetry};
+use meatspace_core::Policy;
+use meatspace_core::store::{ConnectOptions, connect, redact_url};
+use tokio::sync::watch;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    telemetry::init(config.log_format);
+    let url = config.database_url();
+    if config.database_url.is_none() {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    }
+    let dev_key = match (&config.dev_key, config.is_sqlite()) {
+        (Some(key), _) if !key.is_empty() => key.clone(),
+        (_, true) => {
+            let key = DevKey::generate();
+            // Printed on purpose: the embedded default has no other way to
+            // hand the developer a key. Never done with PostgreSQL.
+            println!(
+                "meatspace dev key (generated for this run; set MEATSPACE_DEV_KEY to choose one): {key}"
+            );
+            key
+        }
+        (_, false) => {
+            anyhow::bail!("MEATSPACE_DEV_KEY must be set when the database is PostgreSQL")
+        }
+    };
+
+    let policy: Policy = config.policy.clone().into();
+    let options = ConnectOptions {
+        max_connections: config.db_max_connections,
+        acquire_timeout: std::time::Duration::from_secs(config.db_acquire_timeout_seconds),
+    };
+    let store = connect(&url, policy, &options)
+        .await
+        .with_context(|| format!("open the database {}", redact_url(&url)))?;
+    tracing::info!(database = %redact_url(&url), "store ready");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let shutdown = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+
+    let controller: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None; // INTEGRATE
+    let _ = (&stop_rx, Arc::clone(&store));
+    let state = AppState {
+        store,
+        dev_key: DevKey::new(&dev_key),
+        policy,
+        photo_limits: PhotoLimits {
+            max_bytes: config.max_photo_bytes,
+            max_dimension: config.max_photo_dimension,
+        },
+        metrics: meatspace_api::metrics::handle(),
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen_addr)
+        .await
+        .with_context(|| format!("listen on {}", config.listen_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, embedded_controller = controller.is_some(), "listening");
+    serve(listener, router(state), shutdown).await?;
+    if let Some(handle) = controller {
+        handle
+            .await
+            .context("controller task panicked")?
+            .context("controller failed")?;
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

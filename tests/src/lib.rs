@@ -34,18 +34,26 @@ impl TestDb {
     /// A fresh, empty database of the given backend.
     pub async fn new(db: Db) -> TestDb {
         match db {
-            Db::Postgres => TestDb { url: fresh_postgres_database().await, _dir: None },
+            Db::Postgres => TestDb {
+                url: fresh_postgres_database().await,
+                _dir: None,
+            },
             Db::Sqlite => {
                 let dir = tempfile::tempdir().expect("temporary directory");
                 let url = format!("sqlite://{}/meatspace.db", dir.path().display());
-                TestDb { url, _dir: Some(dir) }
+                TestDb {
+                    url,
+                    _dir: Some(dir),
+                }
             }
         }
     }
 
     /// Opens the store (running migrations) with the given policy.
     pub async fn store(&self, policy: Policy) -> Arc<dyn Store> {
-        connect(&self.url, policy, &ConnectOptions::default()).await.expect("open the store")
+        connect(&self.url, policy, &ConnectOptions::default())
+            .await
+            .expect("open the store")
     }
 }
 
@@ -95,8 +103,17 @@ mod tests {
 
     #[test]
     fn replaces_the_database_name() {
-        assert_eq!(replace_database("postgres://u@h:1/postgres", "x"), "postgres://u@h:1/x");
-        assert_eq!(replace_database("postgres://u@h:1/postgres?sslmode=disable", "x"), "postgres://u@h:1/x?sslmode=disable");
-        assert_eq!(replace_database("postgres://u@h:1", "x"), "postgres://u@h:1/x");
+        assert_eq!(
+            replace_database("postgres://u@h:1/postgres", "x"),
+            "postgres://u@h:1/x"
+        );
+        assert_eq!(
+            replace_database("postgres://u@h:1/postgres?sslmode=disable", "x"),
+            "postgres://u@h:1/x?sslmode=disable"
+        );
+        assert_eq!(
+            replace_database("postgres://u@h:1", "x"),
+            "postgres://u@h:1/x"
+        );
     }
 }

@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Actor, Due, EventType, Issue, IssueAction, IssueKind, IssueStatus, NewEvent, Task, TaskState};
+use super::{
+    Actor, Due, EventType, Issue, IssueAction, IssueKind, IssueStatus, NewEvent, Task, TaskState,
+};
 use crate::Policy;
 
 /// Something an agent, a worker or the controller wants done to one task.
@@ -30,11 +32,18 @@ pub enum Command {
     /// Assigned worker: a photo, already decoded and re-encoded.
     Photo { worker: Uuid, photo: NewPhoto },
     /// Assigned worker: a typed issue for the agent.
-    RaiseIssue { worker: Uuid, kind: IssueKind, text: String },
+    RaiseIssue {
+        worker: Uuid,
+        kind: IssueKind,
+        text: String,
+    },
     /// Assigned worker: active → completed.
     Complete { worker: Uuid, note: Option<String> },
     /// Assigned worker: assigned or active → stopped. Always allowed.
-    Stop { worker: Uuid, reason: Option<String> },
+    Stop {
+        worker: Uuid,
+        reason: Option<String>,
+    },
     /// Controller: apply whatever deadline has passed.
     Reconcile,
 }
@@ -134,7 +143,10 @@ pub enum Refusal {
     #[error("the task is {state}, which is terminal: it cannot change any more")]
     Terminal { state: TaskState },
     #[error("cannot {action} a task that is {state}")]
-    WrongState { action: &'static str, state: TaskState },
+    WrongState {
+        action: &'static str,
+        state: TaskState,
+    },
     #[error("the task is not assigned to this worker")]
     NotYourTask,
     #[error("the task's deadline has passed; it is being expired or reopened")]
@@ -166,7 +178,10 @@ pub fn decide(
         return Err(Refusal::Terminal { state: task.state });
     }
     let action = command.name();
-    let wrong_state = || Refusal::WrongState { action, state: task.state };
+    let wrong_state = || Refusal::WrongState {
+        action,
+        state: task.state,
+    };
     // Stop, cancel and the controller act whatever the deadlines say; every
     // other command waits for the controller to apply a passed deadline.
     let deadline_exempt = matches!(
@@ -230,7 +245,11 @@ pub fn decide(
             if !matches!(task.state, Assigned | Active) {
                 return Err(wrong_state());
             }
-            d.push(EventType::WorkerMessage, Actor::Worker, json!({ "text": text }));
+            d.push(
+                EventType::WorkerMessage,
+                Actor::Worker,
+                json!({ "text": text }),
+            );
         }
         Command::Photo { photo, .. } => {
             if !matches!(task.state, Assigned | Active) {
@@ -262,7 +281,11 @@ pub fn decide(
             );
             d.issue_changes.push(IssueChange::Open { kind });
         }
-        Command::RespondToIssue { issue_event_id, action, text } => {
+        Command::RespondToIssue {
+            issue_event_id,
+            action,
+            text,
+        } => {
             let issue = ctx
                 .issue
                 .as_ref()
@@ -292,7 +315,13 @@ pub fn decide(
             }
         }
         Command::Cancel { reason } => {
-            d.end(Cancelled, now, EventType::TaskCancelled, Actor::Agent, json!({ "reason": reason }));
+            d.end(
+                Cancelled,
+                now,
+                EventType::TaskCancelled,
+                Actor::Agent,
+                json!({ "reason": reason }),
+            );
         }
         Command::Complete { note, .. } => {
             if task.state != Active {
@@ -365,15 +394,17 @@ impl Decision {
         self.task.ended_at = Some(now);
         self.task.open_issues = 0;
         self.push(kind, actor, data);
-        self.issue_changes.push(IssueChange::CloseAll { resolution: format!("task_{state}") });
+        self.issue_changes.push(IssueChange::CloseAll {
+            resolution: format!("task_{state}"),
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::task::tests::{at, task};
     use crate::domain::ExpiryReason;
+    use crate::domain::task::tests::{at, task};
 
     const W: Uuid = Uuid::from_u128(7);
     const OTHER: Uuid = Uuid::from_u128(8);
@@ -404,18 +435,35 @@ mod tests {
     fn happy_path_through_every_non_terminal_state() {
         let t = task(TaskState::Draft);
         let d = run(&t, Command::Publish, 1).unwrap();
-        assert_eq!((d.task.state, kinds(&d)), (TaskState::Open, vec![EventType::TaskPublished]));
+        assert_eq!(
+            (d.task.state, kinds(&d)),
+            (TaskState::Open, vec![EventType::TaskPublished])
+        );
 
         let d = run(&d.task, Command::Claim { worker: W }, 2).unwrap();
         assert_eq!(d.task.state, TaskState::Assigned);
         assert_eq!(d.task.worker_id, Some(W));
-        assert_eq!(d.task.start_by, Some(at(2) + Policy::default().start_timeout));
+        assert_eq!(
+            d.task.start_by,
+            Some(at(2) + Policy::default().start_timeout)
+        );
 
         let d = run(&d.task, Command::Start { worker: W }, 3).unwrap();
         assert_eq!(d.task.state, TaskState::Active);
-        assert_eq!(d.task.active_until, Some(at(3) + Policy::default().active_time_limit));
+        assert_eq!(
+            d.task.active_until,
+            Some(at(3) + Policy::default().active_time_limit)
+        );
 
-        let d = run(&d.task, Command::Complete { worker: W, note: None }, 4).unwrap();
+        let d = run(
+            &d.task,
+            Command::Complete {
+                worker: W,
+                note: None,
+            },
+            4,
+        )
+        .unwrap();
         assert_eq!(d.task.state, TaskState::Completed);
         assert_eq!(d.task.ended_at, Some(at(4)));
         assert_eq!(kinds(&d), vec![EventType::TaskCompleted]);
@@ -425,10 +473,16 @@ mod tests {
     #[test]
     fn only_drafts_publish_and_only_open_tasks_are_claimed() {
         let open = task(TaskState::Open);
-        assert!(matches!(run(&open, Command::Publish, 1), Err(Refusal::WrongState { .. })));
+        assert!(matches!(
+            run(&open, Command::Publish, 1),
+            Err(Refusal::WrongState { .. })
+        ));
         assert!(matches!(
             run(&assigned(), Command::Claim { worker: OTHER }, 1),
-            Err(Refusal::WrongState { state: TaskState::Assigned, .. })
+            Err(Refusal::WrongState {
+                state: TaskState::Assigned,
+                ..
+            })
         ));
     }
 
@@ -436,9 +490,18 @@ mod tests {
     fn worker_commands_need_the_assignment() {
         for c in [
             Command::Start { worker: OTHER },
-            Command::Message { worker: OTHER, text: "hi".into() },
-            Command::Stop { worker: OTHER, reason: None },
-            Command::Complete { worker: OTHER, note: None },
+            Command::Message {
+                worker: OTHER,
+                text: "hi".into(),
+            },
+            Command::Stop {
+                worker: OTHER,
+                reason: None,
+            },
+            Command::Complete {
+                worker: OTHER,
+                note: None,
+            },
         ] {
             assert_eq!(run(&active(), c, 1).unwrap_err(), Refusal::NotYourTask);
         }
@@ -447,7 +510,15 @@ mod tests {
     #[test]
     fn stop_is_allowed_from_assigned_and_active_even_past_deadlines() {
         for t in [assigned(), active()] {
-            let d = run(&t, Command::Stop { worker: W, reason: Some("rain".into()) }, 99_999).unwrap();
+            let d = run(
+                &t,
+                Command::Stop {
+                    worker: W,
+                    reason: Some("rain".into()),
+                },
+                99_999,
+            )
+            .unwrap();
             assert_eq!(d.task.state, TaskState::Stopped);
             assert_eq!(kinds(&d), vec![EventType::TaskStopped]);
         }
@@ -461,8 +532,14 @@ mod tests {
             for c in [
                 Command::Publish,
                 Command::Cancel { reason: None },
-                Command::Stop { worker: W, reason: None },
-                Command::Message { worker: W, text: "x".into() },
+                Command::Stop {
+                    worker: W,
+                    reason: None,
+                },
+                Command::Message {
+                    worker: W,
+                    text: "x".into(),
+                },
                 Command::Reconcile,
             ] {
                 assert_eq!(run(&t, c, 1).unwrap_err(), Refusal::Terminal { state: s });
@@ -472,7 +549,12 @@ mod tests {
 
     #[test]
     fn cancel_from_every_non_terminal_state_closes_open_issues() {
-        for s in [TaskState::Draft, TaskState::Open, TaskState::Assigned, TaskState::Active] {
+        for s in [
+            TaskState::Draft,
+            TaskState::Open,
+            TaskState::Assigned,
+            TaskState::Active,
+        ] {
             let mut t = active();
             t.state = s;
             t.open_issues = 2;
@@ -481,7 +563,9 @@ mod tests {
             assert_eq!(d.task.open_issues, 0);
             assert_eq!(
                 d.issue_changes,
-                vec![IssueChange::CloseAll { resolution: "task_cancelled".into() }]
+                vec![IssueChange::CloseAll {
+                    resolution: "task_cancelled".into()
+                }]
             );
         }
     }
@@ -489,7 +573,10 @@ mod tests {
     #[test]
     fn commands_wait_for_a_passed_deadline_to_be_applied() {
         let t = task(TaskState::Open);
-        assert_eq!(run(&t, Command::Claim { worker: W }, 1000).unwrap_err(), Refusal::DeadlinePassed);
+        assert_eq!(
+            run(&t, Command::Claim { worker: W }, 1000).unwrap_err(),
+            Refusal::DeadlinePassed
+        );
         assert_eq!(
             run(&assigned(), Command::Start { worker: W }, 500).unwrap_err(),
             Refusal::DeadlinePassed
@@ -498,7 +585,10 @@ mod tests {
 
     #[test]
     fn reconcile_expires_or_unassigns() {
-        assert_eq!(run(&task(TaskState::Open), Command::Reconcile, 999).unwrap_err(), Refusal::NothingDue);
+        assert_eq!(
+            run(&task(TaskState::Open), Command::Reconcile, 999).unwrap_err(),
+            Refusal::NothingDue
+        );
 
         let d = run(&task(TaskState::Open), Command::Reconcile, 1000).unwrap();
         assert_eq!(d.task.state, TaskState::Expired);
@@ -532,25 +622,46 @@ mod tests {
     fn issues_open_and_resolve_once() {
         let d = run(
             &active(),
-            Command::RaiseIssue { worker: W, kind: IssueKind::AccessBlocked, text: "gate locked".into() },
+            Command::RaiseIssue {
+                worker: W,
+                kind: IssueKind::AccessBlocked,
+                text: "gate locked".into(),
+            },
             1,
         )
         .unwrap();
         assert_eq!(d.task.open_issues, 1);
-        assert_eq!(d.issue_changes, vec![IssueChange::Open { kind: IssueKind::AccessBlocked }]);
+        assert_eq!(
+            d.issue_changes,
+            vec![IssueChange::Open {
+                kind: IssueKind::AccessBlocked
+            }]
+        );
 
         let respond = |action| Command::RespondToIssue {
             issue_event_id: 42,
             action,
             text: Some("use the side door".into()),
         };
-        let d = decide(&d.task, &issue(IssueStatus::Open), respond(IssueAction::Clarify), at(2), &Policy::default())
-            .unwrap();
+        let d = decide(
+            &d.task,
+            &issue(IssueStatus::Open),
+            respond(IssueAction::Clarify),
+            at(2),
+            &Policy::default(),
+        )
+        .unwrap();
         assert_eq!(d.task.open_issues, 0);
         assert_eq!(kinds(&d), vec![EventType::AgentIssueResponse]);
 
-        let err = decide(&active(), &issue(IssueStatus::Resolved), respond(IssueAction::Clarify), at(2), &Policy::default())
-            .unwrap_err();
+        let err = decide(
+            &active(),
+            &issue(IssueStatus::Resolved),
+            respond(IssueAction::Clarify),
+            at(2),
+            &Policy::default(),
+        )
+        .unwrap_err();
         assert_eq!(err, Refusal::IssueNotOpen(42, IssueStatus::Resolved));
         let err = run(&active(), respond(IssueAction::Clarify), 2).unwrap_err();
         assert_eq!(err, Refusal::IssueNotFound(42));
@@ -561,13 +672,20 @@ mod tests {
         let d = decide(
             &active(),
             &issue(IssueStatus::Open),
-            Command::RespondToIssue { issue_event_id: 42, action: IssueAction::Cancel, text: None },
+            Command::RespondToIssue {
+                issue_event_id: 42,
+                action: IssueAction::Cancel,
+                text: None,
+            },
             at(3),
             &Policy::default(),
         )
         .unwrap();
         assert_eq!(d.task.state, TaskState::Cancelled);
-        assert_eq!(kinds(&d), vec![EventType::AgentIssueResponse, EventType::TaskCancelled]);
+        assert_eq!(
+            kinds(&d),
+            vec![EventType::AgentIssueResponse, EventType::TaskCancelled]
+        );
         assert_eq!(d.events.iter().filter(|e| e.kind.is_terminal()).count(), 1);
     }
 }

@@ -95,9 +95,13 @@ impl IssueStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [IssueStatus::Open, IssueStatus::Resolved, IssueStatus::Closed]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        [
+            IssueStatus::Open,
+            IssueStatus::Resolved,
+            IssueStatus::Closed,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
     }
 }
 

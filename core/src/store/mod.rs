@@ -183,8 +183,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Applies what is due at `now` to at most `limit` due tasks, skipping
     /// tasks another replica is working on. Returns what it changed.
-    async fn reconcile_due(&self, now: DateTime<Utc>, limit: u32)
-    -> Result<Vec<Applied>, StoreError>;
+    async fn reconcile_due(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Applied>, StoreError>;
 
     /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
     /// with their events, issues and photos. Returns how many went.
@@ -212,7 +215,10 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        Self { max_connections: 16, acquire_timeout: std::time::Duration::from_secs(5) }
+        Self {
+            max_connections: 16,
+            acquire_timeout: std::time::Duration::from_secs(5),
+        }
     }
 }
 
@@ -250,7 +256,10 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact_url("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5/db"),
+            "postgres://u:***@h:5/db"
+        );
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
     }
 }

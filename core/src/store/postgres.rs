@@ -16,11 +16,13 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker};
+use super::{
+    Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker,
+};
 use crate::token::TokenHash;
 use crate::{
-    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus,
-    Policy, Task, TaskState, decide,
+    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
+    IssueStatus, Policy, Task, TaskState, decide,
 };
 
 const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
@@ -63,7 +65,13 @@ impl PgStore {
         before: &Task,
         d: Decision,
     ) -> Result<Applied, StoreError> {
-        let Decision { mut task, events: new_events, issue_changes, photo, applied } = d;
+        let Decision {
+            mut task,
+            events: new_events,
+            issue_changes,
+            photo,
+            applied,
+        } = d;
         let now = task.updated_at;
         if let Some(p) = &photo {
             sqlx::query(
@@ -119,7 +127,10 @@ impl PgStore {
                     .execute(&mut **tx)
                     .await?;
                 }
-                IssueChange::Resolve { event_id, resolution } => {
+                IssueChange::Resolve {
+                    event_id,
+                    resolution,
+                } => {
                     sqlx::query(
                         "UPDATE issues SET status = 'resolved', resolution = $2, resolved_at = $3 \
                          WHERE event_id = $1 AND status = 'open'",
@@ -168,10 +179,17 @@ impl PgStore {
         if updated.rows_affected() != 1 {
             // Impossible while we hold the row lock; refuse rather than
             // commit events for a change that did not happen.
-            return Err(StoreError::Corrupt(format!("task {} changed under its lock", task.id)));
+            return Err(StoreError::Corrupt(format!(
+                "task {} changed under its lock",
+                task.id
+            )));
         }
         notify(tx, task.id).await?;
-        Ok(Applied { task, events, applied })
+        Ok(Applied {
+            task,
+            events,
+            applied,
+        })
     }
 }
 
@@ -210,9 +228,11 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
 
 fn event_from_row(row: &PgRow) -> Result<Event, StoreError> {
     let kind: &str = row.try_get("type")?;
-    let kind = EventType::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+    let kind = EventType::parse(kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
     let actor: &str = row.try_get("actor")?;
-    let actor = Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    let actor =
+        Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
     Ok(Event {
         id: row.try_get("id")?,
         task_id: row.try_get("task_id")?,
@@ -230,7 +250,8 @@ fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
     Ok(Issue {
         event_id: row.try_get("event_id")?,
         task_id: row.try_get("task_id")?,
-        kind: IssueKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
+        kind: IssueKind::parse(kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
         status: IssueStatus::parse(status)
             .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
         resolution: row.try_get("resolution")?,
@@ -314,11 +335,13 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"))
-            .bind(task_id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::NotFound)?;
+        let row = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(task_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
         let task = task_from_row(&row)?;
         let mut ctx = Context::default();
         if let Command::RespondToIssue { issue_event_id, .. } = &command {
@@ -336,7 +359,12 @@ impl Store for PgStore {
     }
 
     #[tracing::instrument(skip(self), err)]
-    async fn events(&self, task_id: Uuid, after: i64, limit: u32) -> Result<Vec<Event>, StoreError> {
+    async fn events(
+        &self,
+        task_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, task_id, type, actor, created_at, data FROM events \
              WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
@@ -387,22 +415,29 @@ impl Store for PgStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Worker, StoreError> {
-        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(id)
-            .bind(name)
-            .bind(&token_hash.0[..])
-            .bind(now)
-            .execute(&self.pool)
-            .await?;
-        Ok(Worker { id, name: name.to_owned(), created_at: now })
+        sqlx::query(
+            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(&token_hash.0[..])
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(Worker {
+            id,
+            name: name.to_owned(),
+            created_at: now,
+        })
     }
 
     #[tracing::instrument(skip(self), err)]
     async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = $1")
-            .bind(worker_id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let bytes: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = $1")
+                .bind(worker_id)
+                .fetch_optional(&self.pool)
+                .await?;
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
@@ -430,13 +465,19 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL")
-            .fetch_one(&self.pool)
-            .await?)
+        Ok(sqlx::query_scalar(
+            "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     #[tracing::instrument(skip(self), err)]
-    async fn reconcile_due(&self, now: DateTime<Utc>, limit: u32) -> Result<Vec<Applied>, StoreError> {
+    async fn reconcile_due(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Applied>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline <= $1 \
@@ -449,7 +490,13 @@ impl Store for PgStore {
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
             let task = task_from_row(row)?;
-            match decide(&task, &Context::default(), Command::Reconcile, now, &self.policy) {
+            match decide(
+                &task,
+                &Context::default(),
+                Command::Reconcile,
+                now,
+                &self.policy,
+            ) {
                 Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
                 Err(refusal) => {
                     tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
@@ -461,7 +508,11 @@ impl Store for PgStore {
     }
 
     #[tracing::instrument(skip(self), err)]
-    async fn purge_ended_before(&self, cutoff: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+    async fn purge_ended_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let ids: Vec<Uuid> = sqlx::query_scalar(
             "SELECT id FROM tasks WHERE ended_at < $1 ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED",

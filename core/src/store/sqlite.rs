@@ -14,16 +14,21 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
 use sqlx::{Row, Sqlite, Transaction};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker};
+use super::{
+    Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker,
+};
 use crate::token::TokenHash;
 use crate::{
-    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus,
-    Policy, Task, TaskState, decide,
+    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
+    IssueStatus, Policy, Task, TaskState, decide,
 };
 
 const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
@@ -84,7 +89,12 @@ impl SqliteStore {
             .connect_with(connect.read_only(true))
             .await?;
         let (changes, _) = broadcast::channel(1024);
-        Ok(Self { writer, reader, policy, changes })
+        Ok(Self {
+            writer,
+            reader,
+            policy,
+            changes,
+        })
     }
 
     /// The write pool, for tests and tools that need raw SQL.
@@ -106,7 +116,13 @@ impl SqliteStore {
         before: &Task,
         d: Decision,
     ) -> Result<Applied, StoreError> {
-        let Decision { mut task, events: new_events, issue_changes, photo, applied } = d;
+        let Decision {
+            mut task,
+            events: new_events,
+            issue_changes,
+            photo,
+            applied,
+        } = d;
         let now = task.updated_at;
         let id = task.id.to_string();
         if let Some(p) = &photo {
@@ -159,7 +175,10 @@ impl SqliteStore {
                         .execute(&mut **tx)
                         .await?;
                 }
-                IssueChange::Resolve { event_id, resolution } => {
+                IssueChange::Resolve {
+                    event_id,
+                    resolution,
+                } => {
                     sqlx::query(
                         "UPDATE issues SET status = 'resolved', resolution = ?, resolved_at = ? \
                          WHERE event_id = ? AND status = 'open'",
@@ -206,9 +225,16 @@ impl SqliteStore {
         .execute(&mut **tx)
         .await?;
         if updated.rows_affected() != 1 {
-            return Err(StoreError::Corrupt(format!("task {} changed under its lock", task.id)));
+            return Err(StoreError::Corrupt(format!(
+                "task {} changed under its lock",
+                task.id
+            )));
         }
-        Ok(Applied { task, events, applied })
+        Ok(Applied {
+            task,
+            events,
+            applied,
+        })
     }
 }
 
@@ -219,7 +245,10 @@ fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
         description: row.try_get("description")?,
         state: TaskState::parse(state_name)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state_name:?}")))?,
-        worker_id: row.try_get::<Option<&str>, _>("worker_id")?.map(uuid).transpose()?,
+        worker_id: row
+            .try_get::<Option<&str>, _>("worker_id")?
+            .map(uuid)
+            .transpose()?,
         created_at: from_ms(row.try_get("created_at")?)?,
         updated_at: from_ms(row.try_get("updated_at")?)?,
         published_at: opt_from_ms(row.try_get("published_at")?)?,
@@ -236,9 +265,11 @@ fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
 
 fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
     let kind: &str = row.try_get("type")?;
-    let kind = EventType::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+    let kind = EventType::parse(kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
     let actor: &str = row.try_get("actor")?;
-    let actor = Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    let actor =
+        Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
     let data: &str = row.try_get("data")?;
     Ok(Event {
         id: row.try_get("id")?,
@@ -247,7 +278,8 @@ fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
         created_at: from_ms(row.try_get("created_at")?)?,
         actor,
         untrusted: kind.carries_worker_content(),
-        data: serde_json::from_str(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
+        data: serde_json::from_str(data)
+            .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
     })
 }
 
@@ -257,7 +289,8 @@ fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
     Ok(Issue {
         event_id: row.try_get("event_id")?,
         task_id: uuid(row.try_get("task_id")?)?,
-        kind: IssueKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
+        kind: IssueKind::parse(kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
         status: IssueStatus::parse(status)
             .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
         resolution: row.try_get("resolution")?,
@@ -324,10 +357,11 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar("SELECT agent_token_hash FROM tasks WHERE id = ?")
-            .bind(task_id.to_string())
-            .fetch_optional(&self.reader)
-            .await?;
+        let bytes: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT agent_token_hash FROM tasks WHERE id = ?")
+                .bind(task_id.to_string())
+                .fetch_optional(&self.reader)
+                .await?;
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
@@ -362,7 +396,12 @@ impl Store for SqliteStore {
     }
 
     #[tracing::instrument(skip(self), err)]
-    async fn events(&self, task_id: Uuid, after: i64, limit: u32) -> Result<Vec<Event>, StoreError> {
+    async fn events(
+        &self,
+        task_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, task_id, type, actor, created_at, data FROM events \
              WHERE task_id = ? AND id > ? ORDER BY id LIMIT ?",
@@ -420,15 +459,20 @@ impl Store for SqliteStore {
             .bind(ms(now))
             .execute(&self.writer)
             .await?;
-        Ok(Worker { id, name: name.to_owned(), created_at: now })
+        Ok(Worker {
+            id,
+            name: name.to_owned(),
+            created_at: now,
+        })
     }
 
     #[tracing::instrument(skip(self), err)]
     async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = ?")
-            .bind(worker_id.to_string())
-            .fetch_optional(&self.reader)
-            .await?;
+        let bytes: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = ?")
+                .bind(worker_id.to_string())
+                .fetch_optional(&self.reader)
+                .await?;
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
@@ -456,15 +500,20 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let v: Option<i64> =
-            sqlx::query_scalar("SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL")
-                .fetch_one(&self.reader)
-                .await?;
+        let v: Option<i64> = sqlx::query_scalar(
+            "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
+        )
+        .fetch_one(&self.reader)
+        .await?;
         opt_from_ms(v)
     }
 
     #[tracing::instrument(skip(self), err)]
-    async fn reconcile_due(&self, now: DateTime<Utc>, limit: u32) -> Result<Vec<Applied>, StoreError> {
+    async fn reconcile_due(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Applied>, StoreError> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
@@ -477,7 +526,13 @@ impl Store for SqliteStore {
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
             let task = task_from_row(row)?;
-            match decide(&task, &Context::default(), Command::Reconcile, now, &self.policy) {
+            match decide(
+                &task,
+                &Context::default(),
+                Command::Reconcile,
+                now,
+                &self.policy,
+            ) {
                 Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
                 Err(refusal) => {
                     tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
@@ -492,7 +547,11 @@ impl Store for SqliteStore {
     }
 
     #[tracing::instrument(skip(self), err)]
-    async fn purge_ended_before(&self, cutoff: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+    async fn purge_ended_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM tasks WHERE ended_at IS NOT NULL AND ended_at < ? ORDER BY ended_at LIMIT ?",
@@ -503,7 +562,10 @@ impl Store for SqliteStore {
         .await?;
         let mut deleted = 0;
         for id in &ids {
-            sqlx::query("DELETE FROM issues WHERE task_id = ?").bind(id).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM issues WHERE task_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
             deleted += sqlx::query("DELETE FROM tasks WHERE id = ?")
                 .bind(id)
                 .execute(&mut *tx)

@@ -1,0 +1,113 @@
+//! Configuration of the API server: every setting is a flag with an
+//! environment variable, documented in `--help`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use meatspace_core::policy::PolicyArgs;
+use meatspace_core::store::redact_url;
+
+/// Whether the controller's reconcilers run inside the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EmbeddedController {
+    /// With SQLite (one process owns the file), not with PostgreSQL.
+    Auto,
+    Always,
+    Never,
+}
+
+/// meatspace API server: the agent contract and the worker API.
+#[derive(Clone, clap::Parser)]
+#[command(name = "meatspace-api-server", version, about)]
+pub struct Config {
+    /// Database: postgres://… (production) or sqlite://… . Unset means a
+    /// SQLite file in --data-dir.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// Directory of the embedded SQLite database (used when DATABASE_URL is unset).
+    #[arg(long, env = "MEATSPACE_DATA_DIR", default_value = ".meatspace")]
+    pub data_dir: PathBuf,
+
+    /// Development key that creates tasks and registers workers (header
+    /// x-meatspace-dev-key). Required with PostgreSQL; with SQLite a random
+    /// one is generated and printed at start when unset.
+    #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
+    pub dev_key: Option<String>,
+
+    /// Address to listen on.
+    #[arg(long, env = "MEATSPACE_LISTEN_ADDR", default_value = "127.0.0.1:8080")]
+    pub listen_addr: SocketAddr,
+
+    /// Run the controller (expiry, retention) inside this process.
+    #[arg(
+        long,
+        env = "MEATSPACE_EMBEDDED_CONTROLLER",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub embedded_controller: EmbeddedController,
+
+    /// Largest photo upload, in bytes.
+    #[arg(long, env = "MEATSPACE_MAX_PHOTO_BYTES", default_value_t = 10 * 1024 * 1024)]
+    pub max_photo_bytes: usize,
+
+    /// Largest photo width or height, in pixels.
+    #[arg(long, env = "MEATSPACE_MAX_PHOTO_DIMENSION", default_value_t = 8192)]
+    pub max_photo_dimension: u32,
+
+    /// Largest number of database connections.
+    #[arg(long, env = "MEATSPACE_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+
+    /// Seconds a request waits for a database connection before answering 503.
+    #[arg(
+        long,
+        env = "MEATSPACE_DB_ACQUIRE_TIMEOUT_SECONDS",
+        default_value_t = 5
+    )]
+    pub db_acquire_timeout_seconds: u64,
+
+    /// Log format: text or json. Log level comes from RUST_LOG (default info).
+    #[arg(long, env = "MEATSPACE_LOG_FORMAT", default_value = "text")]
+    pub log_format: crate::telemetry::LogFormat,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+impl Config {
+    /// The database URL in effect.
+    pub fn database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("meatspace.db").display()),
+        }
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.database_url().starts_with("sqlite:")
+    }
+
+    pub fn run_controller_here(&self) -> bool {
+        match self.embedded_controller {
+            EmbeddedController::Auto => self.is_sqlite(),
+            EmbeddedController::Always => true,
+            EmbeddedController::Never => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &redact_url(&self.database_url()))
+            .field("dev_key", &self.dev_key.as_ref().map(|_| "<redacted>"))
+            .field("listen_addr", &self.listen_addr)
+            .field("embedded_controller", &self.embedded_controller)
+            .field("max_photo_bytes", &self.max_photo_bytes)
+            .field("max_photo_dimension", &self.max_photo_dimension)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}

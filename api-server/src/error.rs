@@ -1,0 +1,216 @@
+//! The API's one error type. Every error leaves the server as
+//! `application/problem+json` (RFC 9457) with a stable `type`, a human
+//! `detail` and the status that fits. Internal causes are logged, never
+//! shown to the client.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use meatspace_core::{Refusal, StoreError, TaskState};
+use serde::Serialize;
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Base of the `type` URIs; the suffix is the stable slug.
+const TYPE_BASE: &str = "https://meatspace.dev/problems/";
+
+/// An RFC 9457 problem document, as served.
+#[derive(Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// Stable identifier of the kind of problem.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// The task's current state, for state conflicts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_state: Option<TaskState>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{detail}")]
+    BadRequest { slug: &'static str, detail: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{detail}")]
+    Conflict {
+        slug: &'static str,
+        detail: String,
+        task_state: Option<TaskState>,
+    },
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("the database is unavailable")]
+    Unavailable,
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn bad_request(slug: &'static str, detail: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            slug,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        ApiError::Invalid(detail.into())
+    }
+
+    pub fn task_not_found() -> Self {
+        ApiError::NotFound("no such task, or it is not yours".into())
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest { slug, .. } => (StatusCode::BAD_REQUEST, slug),
+            ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-input"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+            ApiError::Conflict { slug, .. } => (StatusCode::CONFLICT, slug),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large"),
+            ApiError::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
+            }
+            ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "database-unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        let detail = r.to_string();
+        match r {
+            Refusal::Terminal { state } => ApiError::Conflict {
+                slug: "task-terminal",
+                detail,
+                task_state: Some(state),
+            },
+            Refusal::WrongState { state, .. } => ApiError::Conflict {
+                slug: "wrong-state",
+                detail,
+                task_state: Some(state),
+            },
+            Refusal::DeadlinePassed => ApiError::Conflict {
+                slug: "deadline-passed",
+                detail,
+                task_state: None,
+            },
+            Refusal::IssueNotOpen(..) => ApiError::Conflict {
+                slug: "issue-not-open",
+                detail,
+                task_state: None,
+            },
+            Refusal::NotYourTask => ApiError::task_not_found(),
+            Refusal::IssueNotFound(_) => ApiError::NotFound(detail),
+            Refusal::NothingDue => ApiError::Internal(anyhow::anyhow!(r)),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => ApiError::task_not_found(),
+            StoreError::Refused(r) => r.into(),
+            e if e.is_unavailable() => {
+                tracing::warn!(error = %e, "database unavailable");
+                ApiError::Unavailable
+            }
+            e => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+/// Builds a problem response; also used for errors raised outside handlers.
+pub fn problem(
+    status: StatusCode,
+    slug: &str,
+    detail: String,
+    task_state: Option<TaskState>,
+) -> Response {
+    let body = Problem {
+        kind: format!("{TYPE_BASE}{slug}"),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status: status.as_u16(),
+        detail,
+        task_state,
+    };
+    let mut res = (status, axum::Json(body)).into_response();
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    res
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug) = self.parts();
+        if let ApiError::Internal(cause) = &self {
+            tracing::error!(error = ?cause, "internal error");
+        }
+        let task_state = match &self {
+            ApiError::Conflict { task_state, .. } => *task_state,
+            _ => None,
+        };
+        let mut res = problem(status, slug, self.to_string(), task_state);
+        match self {
+            ApiError::Unauthorized(_) => {
+                res.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::Unavailable => {
+                res.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            }
+            _ => {}
+        }
+        res
+    }
+}
+
+/// Middleware: turns any error response not already a problem document
+/// (the router's 404 and 405, a layer's 408 or 413, a panic's 500) into one,
+/// so clients see a single error format.
+pub async fn problem_for_every_error(res: Response) -> Response {
+    let status = res.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return res;
+    }
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if is_problem {
+        return res;
+    }
+    let (slug, detail) = match status {
+        StatusCode::NOT_FOUND => ("not-found", "no such route"),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ("method-not-allowed", "this route does not take that method")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => ("payload-too-large", "the request body is too large"),
+        StatusCode::REQUEST_TIMEOUT => ("timeout", "the request took too long"),
+        s if s.is_server_error() => ("internal", "internal error"),
+        _ => ("bad-request", "the request was not understood"),
+    };
+    let mut out = problem(status, slug, detail.to_owned(), None);
+    for (name, value) in res.headers() {
+        if name == header::ALLOW || name == header::RETRY_AFTER {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}

@@ -1,0 +1,459 @@
+//! The worker API: register, browse open tasks, claim one, start it, send
+//! messages, photos and typed issues, complete or stop it, and read its
+//! feed. A worker sees open tasks and the tasks assigned to it; any other
+//! task is a 404.
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::DateTime;
+use meatspace_core::store::{OpenTasksCursor, Worker};
+use meatspace_core::{Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Task, TaskState, clock};
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_page};
+use crate::AppState;
+use crate::auth::{DevKeyAuth, WorkerAuth, issue_worker_token, task_id_param};
+use crate::error::{ApiError, Problem};
+use crate::extract::{Json, Query};
+use crate::photo::{self, ACCEPTED_TYPES, PhotoError};
+
+/// Longest worker name.
+const MAX_NAME_CHARS: usize = 200;
+
+pub fn router(max_photo_bytes: usize) -> OpenApiRouter<AppState> {
+    let photos = OpenApiRouter::new()
+        .routes(routes!(send_photo))
+        .layer(DefaultBodyLimit::max(max_photo_bytes));
+    OpenApiRouter::new()
+        .routes(routes!(register_worker))
+        .routes(routes!(list_open_tasks))
+        .routes(routes!(get_task))
+        .routes(routes!(claim))
+        .routes(routes!(start))
+        .routes(routes!(send_message))
+        .routes(routes!(raise_issue))
+        .routes(routes!(complete))
+        .routes(routes!(stop))
+        .routes(routes!(task_events))
+        .merge(photos)
+}
+
+/// The `{task_id}` of a worker route; a malformed id names no task.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskId(pub Uuid);
+
+impl axum::extract::FromRequestParts<AppState> for TaskId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        task_id_param(parts, state).await.map(TaskId)
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterWorkerRequest {
+    /// Display name (1-200 characters).
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RegisteredWorker {
+    pub worker: Worker,
+    /// Bearer credential for the worker API. Shown only now.
+    pub worker_token: String,
+}
+
+/// Registers a worker.
+#[utoipa::path(post, path = "/api/v1/workers", tag = "worker",
+    request_body = RegisterWorkerRequest,
+    security(("dev_key" = [])),
+    responses((status = 201, body = RegisteredWorker), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 422, body = Problem)))]
+async fn register_worker(
+    State(state): State<AppState>,
+    _auth: DevKeyAuth,
+    Json(req): Json<RegisterWorkerRequest>,
+) -> Result<Response, ApiError> {
+    let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
+    let id = Uuid::new_v4();
+    let (worker_token, hash) = issue_worker_token(id);
+    let worker = state
+        .store
+        .create_worker(id, &name, hash, clock::now())
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(RegisteredWorker {
+            worker,
+            worker_token,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size (1-100, default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OpenTaskPage {
+    pub tasks: Vec<Task>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+fn encode_cursor(t: &Task) -> String {
+    format!("{}.{}", t.created_at.timestamp_millis(), t.id.simple())
+}
+
+fn decode_cursor(s: &str) -> Option<OpenTasksCursor> {
+    let (ms, id) = s.split_once('.')?;
+    Some(OpenTasksCursor {
+        created_at: DateTime::from_timestamp_millis(ms.parse().ok()?)?,
+        id: Uuid::try_parse(id).ok()?,
+    })
+}
+
+/// Open tasks, oldest first.
+#[utoipa::path(get, path = "/api/v1/worker/tasks", tag = "worker",
+    params(ListQuery),
+    security(("worker_token" = [])),
+    responses((status = 200, body = OpenTaskPage), (status = 400, body = Problem), (status = 401, body = Problem)))]
+async fn list_open_tasks(
+    State(state): State<AppState>,
+    _worker: WorkerAuth,
+    Query(q): Query<ListQuery>,
+) -> Result<axum::Json<OpenTaskPage>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid-query",
+            "limit must be between 1 and 100",
+        ));
+    }
+    let cursor = match q.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(
+            decode_cursor(c)
+                .ok_or_else(|| ApiError::bad_request("invalid-query", "cursor is not valid"))?,
+        ),
+    };
+    let mut tasks = state.store.open_tasks(cursor, limit + 1).await?;
+    let more = tasks.len() > limit as usize;
+    tasks.truncate(limit as usize);
+    let next_cursor = if more {
+        tasks.last().map(encode_cursor)
+    } else {
+        None
+    };
+    Ok(axum::Json(OpenTaskPage { tasks, next_cursor }))
+}
+
+/// Loads a task the worker may see: open, or assigned to this worker.
+async fn visible_task(state: &AppState, worker: Uuid, id: Uuid) -> Result<Task, ApiError> {
+    let task = state
+        .store
+        .task(id)
+        .await?
+        .ok_or_else(ApiError::task_not_found)?;
+    if task.state == TaskState::Open || task.worker_id == Some(worker) {
+        Ok(task)
+    } else {
+        Err(ApiError::task_not_found())
+    }
+}
+
+/// One task: open, or assigned to this worker.
+#[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    security(("worker_token" = [])),
+    responses((status = 200, body = Task), (status = 401, body = Problem), (status = 404, body = Problem)))]
+async fn get_task(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+) -> Result<axum::Json<Task>, ApiError> {
+    Ok(axum::Json(visible_task(&state, worker, id).await?))
+}
+
+/// Claims an open task: open → assigned. Exactly one of several racing
+/// workers wins; the others get 409.
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/claim", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem)))]
+async fn claim(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let task = state
+        .store
+        .task(id)
+        .await?
+        .ok_or_else(ApiError::task_not_found)?;
+    // Drafts are the agent's business: they do not exist for workers.
+    if task.state == TaskState::Draft {
+        return Err(ApiError::task_not_found());
+    }
+    state.act(id, Command::Claim { worker }).await
+}
+
+/// Starts the assigned task: assigned → active.
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/start", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem)))]
+async fn start(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    state.act(id, Command::Start { worker }).await
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageRequest {
+    /// 1-4000 characters.
+    pub text: String,
+}
+
+/// Sends a text message to the agent (a `worker.message` event).
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/messages", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    request_body = MessageRequest,
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem)))]
+async fn send_message(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    Json(req): Json<MessageRequest>,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let text = checked_text("text", &req.text, MAX_TEXT_CHARS)?;
+    state.act(id, Command::Message { worker, text }).await
+}
+
+/// Sends a photo: the body is a JPEG, PNG or WebP image with the matching
+/// `Content-Type`. It is decoded, checked and re-encoded without metadata.
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/photos", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    request_body(content = Vec<u8>, content_type = "image/jpeg"),
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem),
+        (status = 413, body = Problem), (status = 415, body = Problem), (status = 422, body = Problem)))]
+async fn send_photo(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        });
+    if !content_type
+        .as_deref()
+        .is_some_and(|t| ACCEPTED_TYPES.contains(&t))
+    {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "send the photo as one of {}",
+            ACCEPTED_TYPES.join(", ")
+        )));
+    }
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(format!(
+                "photos are limited to {} bytes",
+                state.photo_limits.max_bytes
+            ))
+        } else {
+            ApiError::bad_request("unreadable-body", e.body_text())
+        }
+    })?;
+    if body.is_empty() {
+        return Err(ApiError::invalid("the photo body is empty"));
+    }
+    // Fail fast on the assignment before spending CPU on decoding.
+    let task = state
+        .store
+        .task(id)
+        .await?
+        .ok_or_else(ApiError::task_not_found)?;
+    if task.worker_id != Some(worker) {
+        return Err(ApiError::task_not_found());
+    }
+    let limits = state.photo_limits;
+    let clean = tokio::task::spawn_blocking(move || photo::clean(&body, limits))
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?
+        .map_err(|e| match e {
+            PhotoError::UnsupportedFormat => ApiError::UnsupportedMediaType(e.to_string()),
+            PhotoError::Encode(_) => ApiError::Internal(e.into()),
+            _ => ApiError::invalid(e.to_string()),
+        })?;
+    let photo = NewPhoto {
+        id: Uuid::new_v4(),
+        content_type: clean.content_type.to_owned(),
+        width: clean.width,
+        height: clean.height,
+        bytes: clean.bytes,
+    };
+    state.act(id, Command::Photo { worker, photo }).await
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IssueRequest {
+    pub kind: IssueKind,
+    /// 1-4000 characters.
+    pub text: String,
+}
+
+/// Raises a typed issue for the agent (a `worker.issue` event; its id is
+/// the issue id the agent answers).
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/issues", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    request_body = IssueRequest,
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem)))]
+async fn raise_issue(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    Json(req): Json<IssueRequest>,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let text = checked_text("text", &req.text, MAX_TEXT_CHARS)?;
+    state
+        .act(
+            id,
+            Command::RaiseIssue {
+                worker,
+                kind: req.kind,
+                text,
+            },
+        )
+        .await
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndRequest {
+    /// Optional note for the agent (completion note or reason to stop).
+    pub text: Option<String>,
+}
+
+/// Reads an optional JSON body: empty means no fields.
+fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiError> {
+    if body.is_empty() {
+        return Ok(EndRequest::default());
+    }
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType(
+            "send the body as JSON with Content-Type: application/json".into(),
+        ));
+    }
+    serde_json::from_slice::<EndRequest>(body).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            ApiError::bad_request("malformed-json", e.to_string())
+        } else {
+            ApiError::invalid(e.to_string())
+        }
+    })
+}
+
+/// Completes the active task: active → completed.
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/complete", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    request_body(content = Option<EndRequest>, description = "optional note"),
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+async fn complete(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let req = optional_body(&headers, &body)?;
+    let note = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
+    state.act(id, Command::Complete { worker, note }).await
+}
+
+/// Stops the task: assigned or active → stopped. Always allowed to the
+/// assigned worker; it ends the agent's obligation.
+#[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/stop", tag = "worker",
+    params(("task_id" = Uuid, Path)),
+    request_body(content = Option<EndRequest>, description = "optional reason"),
+    security(("worker_token" = [])),
+    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+async fn stop(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let req = optional_body(&headers, &body)?;
+    let reason = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
+    state.act(id, Command::Stop { worker, reason }).await
+}
+
+/// The task's event feed, for the assigned worker.
+#[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events", tag = "worker",
+    params(("task_id" = Uuid, Path), EventsQuery),
+    security(("worker_token" = [])),
+    responses((status = 200, body = EventPage), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 404, body = Problem)))]
+async fn task_events(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    Query(q): Query<EventsQuery>,
+) -> Result<axum::Json<EventPage>, ApiError> {
+    let task = state
+        .store
+        .task(id)
+        .await?
+        .ok_or_else(ApiError::task_not_found)?;
+    if task.worker_id != Some(worker) {
+        return Err(ApiError::task_not_found());
+    }
+    Ok(axum::Json(event_page(state.store.as_ref(), task, q).await?))
+}
