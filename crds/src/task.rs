@@ -1,0 +1,739 @@
+//! The `MeatspaceTask` custom resource: one task of the store, mirrored into
+//! Kubernetes so that `kubectl get mst` shows what the system is doing.
+//!
+//! The database is the authority. A resource carries only what the store says
+//! about a task that an operator may see: the agent's description, the
+//! task's deadlines, its state and timestamps, and who holds it. Credentials
+//! (agent and worker tokens or their digests) and worker-authored content
+//! (messages, issue texts, photos) are not fields of these types, so they
+//! cannot end up in a resource. [`desired`] is the pure mapping from a
+//! [`Task`] to the resource the mirror writes with server-side apply.
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::CustomResource;
+use meatspace_core::{Task, TaskState};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+/// Label put on every mirrored resource, so the mirror can list what it owns
+/// (and find the resources of tasks that retention has removed).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`] on mirrored resources.
+pub const MANAGED_BY: &str = "meatspace-controller";
+
+/// Condition type: the agent has published the task.
+pub const CONDITION_PUBLISHED: &str = "Published";
+/// Condition type: the assigned worker has started the task and not yet ended it.
+pub const CONDITION_ACTIVE: &str = "Active";
+/// Condition type: the task has reached a terminal state and will never change again.
+pub const CONDITION_TERMINAL: &str = "Terminal";
+
+/// What does not change over a task's life. The meatspace controller writes
+/// it from its database; edits made by hand are reverted. Where the task is
+/// now is in the status subresource.
+// Clippy reads the repeated `type_ = ...` and `priority = ...` of the
+// printcolumn(...) entries below as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "meatspace.dev",
+    version = "v1alpha1",
+    kind = "MeatspaceTask",
+    plural = "meatspacetasks",
+    singular = "meatspacetask",
+    shortname = "mst",
+    category = "meatspace",
+    namespaced,
+    status = "MeatspaceTaskStatus",
+    derive = "PartialEq",
+    doc = "A meatspace task mirrored from the meatspace database: a piece of physical-world work that an AI agent asked a person to do.",
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.state",
+        description = "Where the task is in its lifecycle."
+    ),
+    printcolumn(
+        name = "Open Issues",
+        type_ = "integer",
+        json_path = ".status.openIssues",
+        description = "Worker issues the agent has not answered yet."
+    ),
+    // A "date" column renders the time elapsed since the value, and a time in
+    // the future as "<invalid>"; an expiry is nearly always in the future, so
+    // it is shown as the timestamp itself.
+    printcolumn(
+        name = "Expires",
+        type_ = "string",
+        json_path = ".spec.expiresAt",
+        description = "End of the task's lifetime (RFC 3339): a task not yet started expires then."
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Worker",
+        type_ = "string",
+        json_path = ".status.workerId",
+        description = "The worker holding the assignment.",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Last Event",
+        type_ = "integer",
+        json_path = ".status.lastEventId",
+        description = "Id of the task's newest event.",
+        priority = "1"
+    ),
+    selectable = ".status.state"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MeatspaceTaskSpec {
+    /// Id of the task in the meatspace API; the resource is named after it.
+    pub task_id: Uuid,
+    /// What the agent asks a person to do (1-4000 characters), as the agent wrote it.
+    #[schemars(length(min = 1, max = 4000))]
+    pub description: String,
+    /// End of the task's lifetime: a draft, open or assigned task expires then.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Where a task is now, as the meatspace database says.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MeatspaceTaskStatus {
+    /// The task's state: draft, open, assigned, active, or one of the
+    /// terminal states completed, stopped, cancelled, expired.
+    pub state: State,
+    /// The worker holding the assignment, while assigned or after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<Uuid>,
+    /// When the agent created the task.
+    pub created_at: DateTime<Utc>,
+    /// When the agent published the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_at: Option<DateTime<Utc>>,
+    /// When the current worker claimed the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_at: Option<DateTime<Utc>>,
+    /// When the worker started the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the task reached its terminal state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<DateTime<Utc>>,
+    /// An assigned worker who has not started by then loses the assignment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_by: Option<DateTime<Utc>>,
+    /// An active task expires then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_until: Option<DateTime<Utc>>,
+    /// Worker issues the agent has not answered yet.
+    #[schemars(range(min = 0))]
+    pub open_issues: i32,
+    /// Id of the task's newest event (0 before the first): the cursor an
+    /// agent polling the event feed would have reached.
+    #[schemars(range(min = 0))]
+    pub last_event_id: i64,
+    /// The metadata.generation of the spec this status was written for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub observed_generation: Option<i64>,
+    /// Published, Active and Terminal, in the usual Kubernetes condition shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A task state as it appears in a resource: the same names as in the
+/// meatspace API.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Draft,
+    Open,
+    Assigned,
+    Active,
+    Completed,
+    Stopped,
+    Cancelled,
+    Expired,
+}
+
+impl From<TaskState> for State {
+    fn from(state: TaskState) -> Self {
+        match state {
+            TaskState::Draft => State::Draft,
+            TaskState::Open => State::Open,
+            TaskState::Assigned => State::Assigned,
+            TaskState::Active => State::Active,
+            TaskState::Completed => State::Completed,
+            TaskState::Stopped => State::Stopped,
+            TaskState::Cancelled => State::Cancelled,
+            TaskState::Expired => State::Expired,
+        }
+    }
+}
+
+impl From<State> for TaskState {
+    fn from(state: State) -> Self {
+        match state {
+            State::Draft => TaskState::Draft,
+            State::Open => TaskState::Open,
+            State::Assigned => TaskState::Assigned,
+            State::Active => TaskState::Active,
+            State::Completed => TaskState::Completed,
+            State::Stopped => TaskState::Stopped,
+            State::Cancelled => TaskState::Cancelled,
+            State::Expired => TaskState::Expired,
+        }
+    }
+}
+
+/// The name of the resource that mirrors a task: its id, which in the
+/// lowercase hyphenated form is a valid DNS-1123 subdomain.
+pub fn resource_name(task_id: Uuid) -> String {
+    task_id.hyphenated().to_string()
+}
+
+/// The resource that mirrors `task` in `namespace`: name, managed-by label,
+/// spec and status. Conditions get their transition times from the task's
+/// own timestamps, so the result depends on the task alone and applying it
+/// twice changes nothing. `observedGeneration` is left unset: only the
+/// apiserver knows the generation, after the spec has been applied.
+pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
+    let spec = MeatspaceTaskSpec {
+        task_id: task.id,
+        description: task.description.clone(),
+        expires_at: task.expires_at,
+    };
+    let metadata = ObjectMeta {
+        name: Some(resource_name(task.id)),
+        namespace: Some(namespace.to_owned()),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY_LABEL.to_owned(),
+            MANAGED_BY.to_owned(),
+        )])),
+        ..ObjectMeta::default()
+    };
+    MeatspaceTask {
+        metadata,
+        spec,
+        status: Some(status(task)),
+    }
+}
+
+fn status(task: &Task) -> MeatspaceTaskStatus {
+    MeatspaceTaskStatus {
+        state: task.state.into(),
+        worker_id: task.worker_id,
+        created_at: task.created_at,
+        published_at: task.published_at,
+        assigned_at: task.assigned_at,
+        started_at: task.started_at,
+        ended_at: task.ended_at,
+        start_by: task.start_by,
+        active_until: task.active_until,
+        open_issues: task.open_issues,
+        last_event_id: task.last_event_id,
+        observed_generation: None,
+        conditions: conditions(task),
+    }
+}
+
+/// Each condition's status, reason and transition time follow from the
+/// task's timestamps, because each one changes at most twice in a task's
+/// life: a task is published once, started once and ended once.
+fn conditions(task: &Task) -> Vec<Condition> {
+    let ended = task.state.is_terminal();
+    // A terminal task always has ended_at; fall back to its last update in
+    // case a row predates that column being set.
+    let ended_at = task.ended_at.unwrap_or(task.updated_at);
+    let published = match task.published_at {
+        Some(at) => condition(
+            CONDITION_PUBLISHED,
+            true,
+            "Published",
+            format!("The agent published the task at {}.", at.to_rfc3339()),
+            at,
+        ),
+        None => condition(
+            CONDITION_PUBLISHED,
+            false,
+            if ended { "NeverPublished" } else { "Draft" },
+            "The agent has not published the task.".to_owned(),
+            task.created_at,
+        ),
+    };
+    let active = if task.state == TaskState::Active {
+        condition(
+            CONDITION_ACTIVE,
+            true,
+            "Started",
+            "The worker is doing the task.".to_owned(),
+            task.started_at.unwrap_or(task.updated_at),
+        )
+    } else if task.started_at.is_some() {
+        // Only a terminal state follows active.
+        condition(
+            CONDITION_ACTIVE,
+            false,
+            camel(task.state),
+            format!("The task ended in state {}.", task.state),
+            ended_at,
+        )
+    } else {
+        condition(
+            CONDITION_ACTIVE,
+            false,
+            "NotStarted",
+            "No worker has started the task.".to_owned(),
+            task.created_at,
+        )
+    };
+    let terminal = if ended {
+        condition(
+            CONDITION_TERMINAL,
+            true,
+            camel(task.state),
+            format!(
+                "The task ended in state {} and will not change again.",
+                task.state
+            ),
+            ended_at,
+        )
+    } else {
+        condition(
+            CONDITION_TERMINAL,
+            false,
+            camel(task.state),
+            format!("The task is {}.", task.state),
+            task.created_at,
+        )
+    };
+    vec![published, active, terminal]
+}
+
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    since: DateTime<Utc>,
+) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: if status { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: time(since),
+        observed_generation: None,
+    }
+}
+
+/// Condition times have whole seconds on the wire (metav1.Time), so they
+/// are truncated here and a resource reads back equal to what was written.
+fn time(at: DateTime<Utc>) -> Time {
+    let secs = at
+        .timestamp()
+        .clamp(Timestamp::MIN.as_second(), Timestamp::MAX.as_second());
+    Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// A condition reason: the state's name in CamelCase, as Kubernetes
+/// conventions ask of reasons.
+fn camel(state: TaskState) -> &'static str {
+    match state {
+        TaskState::Draft => "Draft",
+        TaskState::Open => "Open",
+        TaskState::Assigned => "Assigned",
+        TaskState::Active => "Active",
+        TaskState::Completed => "Completed",
+        TaskState::Stopped => "Stopped",
+        TaskState::Cancelled => "Cancelled",
+        TaskState::Expired => "Expired",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+    use serde_json::Value;
+
+    const TASK: Uuid = Uuid::from_u128(0x0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0);
+    const WORKER: Uuid = Uuid::from_u128(0x11111111_2222_4333_8444_555555555555);
+
+    /// A fixed instant with sub-second digits, as the store produces them.
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 123_456_000).expect("valid timestamp")
+    }
+
+    fn whole_seconds(at: DateTime<Utc>) -> Time {
+        Time(Timestamp::from_second(at.timestamp()).expect("in range"))
+    }
+
+    fn draft() -> Task {
+        Task {
+            id: TASK,
+            description: "Photograph the opening hours on the door of the bakery at 5 Main St."
+                .into(),
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: at(0),
+            updated_at: at(0),
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: at(86_400),
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        }
+    }
+
+    fn active() -> Task {
+        Task {
+            state: TaskState::Active,
+            worker_id: Some(WORKER),
+            updated_at: at(300),
+            published_at: Some(at(10)),
+            assigned_at: Some(at(100)),
+            started_at: Some(at(300)),
+            start_by: Some(at(1000)),
+            active_until: Some(at(3900)),
+            open_issues: 2,
+            last_event_id: 41,
+            ..draft()
+        }
+    }
+
+    fn completed() -> Task {
+        Task {
+            state: TaskState::Completed,
+            updated_at: at(2000),
+            ended_at: Some(at(2000)),
+            open_issues: 0,
+            last_event_id: 57,
+            ..active()
+        }
+    }
+
+    fn condition_of<'a>(mst: &'a MeatspaceTask, type_: &str) -> &'a Condition {
+        let status = mst.status.as_ref().expect("desired sets a status");
+        let found: Vec<_> = status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == type_)
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "exactly one {type_} condition in {:?}",
+            status.conditions
+        );
+        found[0]
+    }
+
+    #[test]
+    fn resource_name_is_the_lowercase_task_id_and_a_dns_subdomain() {
+        let name = resource_name(TASK);
+        assert_eq!(name, "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
+        for id in [TASK, WORKER, Uuid::new_v4(), Uuid::max(), Uuid::nil()] {
+            let name = resource_name(id);
+            assert!(name.len() <= 253);
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            );
+            assert!(name.as_bytes()[0].is_ascii_alphanumeric(), "{name}");
+            assert!(
+                name.as_bytes()[name.len() - 1].is_ascii_alphanumeric(),
+                "{name}"
+            );
+            assert_eq!(Uuid::parse_str(&name).unwrap(), id);
+        }
+    }
+
+    #[test]
+    fn desired_copies_the_task_into_spec_status_and_metadata() {
+        let task = active();
+        let mst = desired(&task, "meatspace");
+        assert_eq!(
+            mst.metadata.name.as_deref(),
+            Some(resource_name(TASK).as_str())
+        );
+        assert_eq!(mst.metadata.namespace.as_deref(), Some("meatspace"));
+        assert_eq!(
+            mst.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_BY_LABEL))
+                .map(String::as_str),
+            Some(MANAGED_BY)
+        );
+        assert_eq!(
+            mst.spec,
+            MeatspaceTaskSpec {
+                task_id: TASK,
+                description: task.description.clone(),
+                expires_at: task.expires_at,
+            }
+        );
+        let status = mst.status.clone().expect("status");
+        assert_eq!(status.state, State::Active);
+        assert_eq!(status.worker_id, Some(WORKER));
+        assert_eq!(status.created_at, at(0));
+        assert_eq!(status.published_at, Some(at(10)));
+        assert_eq!(status.assigned_at, Some(at(100)));
+        assert_eq!(status.started_at, Some(at(300)));
+        assert_eq!(status.ended_at, None);
+        assert_eq!(status.start_by, Some(at(1000)));
+        assert_eq!(status.active_until, Some(at(3900)));
+        assert_eq!(status.open_issues, 2);
+        assert_eq!(status.last_event_id, 41);
+        assert_eq!(status.observed_generation, None);
+        assert_eq!(status.conditions.len(), 3);
+    }
+
+    #[test]
+    fn conditions_of_an_active_task() {
+        let mst = desired(&active(), "ns");
+        let published = condition_of(&mst, CONDITION_PUBLISHED);
+        assert_eq!(
+            (published.status.as_str(), published.reason.as_str()),
+            ("True", "Published")
+        );
+        assert_eq!(published.last_transition_time, whole_seconds(at(10)));
+        let running = condition_of(&mst, CONDITION_ACTIVE);
+        assert_eq!(
+            (running.status.as_str(), running.reason.as_str()),
+            ("True", "Started")
+        );
+        assert_eq!(running.last_transition_time, whole_seconds(at(300)));
+        let terminal = condition_of(&mst, CONDITION_TERMINAL);
+        assert_eq!(
+            (terminal.status.as_str(), terminal.reason.as_str()),
+            ("False", "Active")
+        );
+        assert_eq!(terminal.last_transition_time, whole_seconds(at(0)));
+    }
+
+    #[test]
+    fn conditions_of_a_completed_task_change_when_it_ended() {
+        let mst = desired(&completed(), "ns");
+        let running = condition_of(&mst, CONDITION_ACTIVE);
+        assert_eq!(
+            (running.status.as_str(), running.reason.as_str()),
+            ("False", "Completed")
+        );
+        assert_eq!(running.last_transition_time, whole_seconds(at(2000)));
+        let terminal = condition_of(&mst, CONDITION_TERMINAL);
+        assert_eq!(
+            (terminal.status.as_str(), terminal.reason.as_str()),
+            ("True", "Completed")
+        );
+        assert_eq!(terminal.last_transition_time, whole_seconds(at(2000)));
+        assert_eq!(condition_of(&mst, CONDITION_PUBLISHED).status, "True");
+    }
+
+    #[test]
+    fn conditions_of_a_draft_and_of_a_draft_that_expired() {
+        let mst = desired(&draft(), "ns");
+        for (type_, reason) in [
+            (CONDITION_PUBLISHED, "Draft"),
+            (CONDITION_ACTIVE, "NotStarted"),
+            (CONDITION_TERMINAL, "Draft"),
+        ] {
+            let c = condition_of(&mst, type_);
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", reason),
+                "{type_}"
+            );
+            assert_eq!(c.last_transition_time, whole_seconds(at(0)), "{type_}");
+        }
+
+        let expired = Task {
+            state: TaskState::Expired,
+            ended_at: Some(at(86_400)),
+            updated_at: at(86_400),
+            ..draft()
+        };
+        let mst = desired(&expired, "ns");
+        let published = condition_of(&mst, CONDITION_PUBLISHED);
+        assert_eq!(
+            (published.status.as_str(), published.reason.as_str()),
+            ("False", "NeverPublished")
+        );
+        let terminal = condition_of(&mst, CONDITION_TERMINAL);
+        assert_eq!(
+            (terminal.status.as_str(), terminal.reason.as_str()),
+            ("True", "Expired")
+        );
+        assert_eq!(terminal.last_transition_time, whole_seconds(at(86_400)));
+    }
+
+    #[test]
+    fn condition_times_do_not_move_while_nothing_changes() {
+        // The mirror re-applies the desired resource on every reconcile; a
+        // transition time taken from the clock would change each time.
+        let mut later = active();
+        later.updated_at = at(900);
+        later.open_issues = 0;
+        later.last_event_id = 50;
+        let before = desired(&active(), "ns").status.unwrap().conditions;
+        let after = desired(&later, "ns").status.unwrap().conditions;
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn condition_reasons_are_valid_kubernetes_reasons() {
+        // metav1.Condition: reason matches ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$
+        for state in TaskState::ALL {
+            let task = Task {
+                state,
+                ended_at: state.is_terminal().then(|| at(5)),
+                ..active()
+            };
+            for c in desired(&task, "ns").status.unwrap().conditions {
+                let r = c.reason.as_bytes();
+                assert!(
+                    !r.is_empty() && r[0].is_ascii_alphabetic(),
+                    "{state}: {:?}",
+                    c.reason
+                );
+                assert!(
+                    r.iter()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_,:".contains(b)),
+                    "{state}: {:?}",
+                    c.reason
+                );
+                assert!(matches!(c.status.as_str(), "True" | "False"));
+                assert!(!c.message.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn states_keep_their_api_names() {
+        for state in TaskState::ALL {
+            let mirrored = State::from(state);
+            assert_eq!(serde_json::to_value(mirrored).unwrap(), state.as_str());
+            assert_eq!(TaskState::from(mirrored), state);
+        }
+    }
+
+    /// Every field path of a JSON value, e.g. `status.conditions[].type`.
+    fn paths(value: &Value, prefix: String, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    out.push(p.clone());
+                    paths(v, p, out);
+                }
+            }
+            Value::Array(items) => {
+                for v in items {
+                    paths(v, format!("{prefix}[]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn a_resource_carries_only_the_listed_fields() {
+        // The guard against leaking a credential or worker content into a
+        // resource: a new field must be added here on purpose.
+        let expected = [
+            "apiVersion",
+            "kind",
+            "metadata",
+            "metadata.labels",
+            "metadata.labels.app.kubernetes.io/managed-by",
+            "metadata.name",
+            "metadata.namespace",
+            "spec",
+            "spec.description",
+            "spec.expiresAt",
+            "spec.taskId",
+            "status",
+            "status.activeUntil",
+            "status.assignedAt",
+            "status.conditions",
+            "status.conditions[].lastTransitionTime",
+            "status.conditions[].message",
+            "status.conditions[].reason",
+            "status.conditions[].status",
+            "status.conditions[].type",
+            "status.createdAt",
+            "status.endedAt",
+            "status.lastEventId",
+            "status.openIssues",
+            "status.publishedAt",
+            "status.startBy",
+            "status.startedAt",
+            "status.state",
+            "status.workerId",
+        ];
+        let task = Task {
+            ended_at: Some(at(2000)),
+            ..active()
+        };
+        let mut found = Vec::new();
+        paths(
+            &serde_json::to_value(desired(&task, "ns")).unwrap(),
+            String::new(),
+            &mut found,
+        );
+        found.sort();
+        found.dedup();
+        assert_eq!(found, expected);
+    }
+
+    #[test]
+    fn unset_task_fields_are_absent_not_null() {
+        let value = serde_json::to_value(desired(&draft(), "ns")).unwrap();
+        let status = value["status"].as_object().unwrap();
+        for absent in [
+            "workerId",
+            "publishedAt",
+            "assignedAt",
+            "startedAt",
+            "endedAt",
+            "startBy",
+            "activeUntil",
+            "observedGeneration",
+        ] {
+            assert!(!status.contains_key(absent), "{absent} in {status:?}");
+        }
+        assert_eq!(status["state"], "draft");
+        assert_eq!(status["openIssues"], 0);
+        assert_eq!(status["lastEventId"], 0);
+    }
+
+    #[test]
+    fn timestamps_keep_their_sub_second_digits() {
+        let task = Task {
+            started_at: Some(at(300) + TimeDelta::nanoseconds(789)),
+            ..active()
+        };
+        let value = serde_json::to_value(desired(&task, "ns")).unwrap();
+        let back: MeatspaceTask = serde_json::from_value(value).unwrap();
+        assert_eq!(back.status.unwrap().started_at, task.started_at);
+    }
+}
