@@ -1,0 +1,166 @@
+{{/*
+Names, labels and the derived settings that several templates share.
+*/}}
+
+{{- define "meatspace.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The object name prefix. Truncated so that "<fullname>-postgresql-hl" and the
+other suffixed names stay within the 63 characters of a DNS label.
+*/}}
+{{- define "meatspace.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "meatspace.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "meatspace.labels" -}}
+helm.sh/chart: {{ include "meatspace.chart" . }}
+app.kubernetes.io/name: {{ include "meatspace.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: meatspace
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels of one component. Call with (dict "ctx" $ "component" "api-server").
+*/}}
+{{- define "meatspace.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "meatspace.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Labels of one component's objects: the common labels plus the component. */}}
+{{- define "meatspace.componentLabels" -}}
+{{ include "meatspace.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "meatspace.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "meatspace.apiServer.fullname" -}}
+{{- printf "%s-api-server" (include "meatspace.fullname" .) }}
+{{- end }}
+
+{{- define "meatspace.controller.fullname" -}}
+{{- printf "%s-controller" (include "meatspace.fullname" .) }}
+{{- end }}
+
+{{- define "meatspace.postgresql.fullname" -}}
+{{- printf "%s-postgresql" (include "meatspace.fullname" .) }}
+{{- end }}
+
+{{- define "meatspace.apiServer.serviceAccountName" -}}
+{{- if .Values.apiServer.serviceAccount.create }}
+{{- default (include "meatspace.apiServer.fullname" .) .Values.apiServer.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.apiServer.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "meatspace.controller.serviceAccountName" -}}
+{{- if .Values.controller.serviceAccount.create }}
+{{- default (include "meatspace.controller.fullname" .) .Values.controller.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.controller.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding DATABASE_URL and MEATSPACE_DEV_KEY. */}}
+{{- define "meatspace.secretName" -}}
+{{- default (include "meatspace.fullname" .) .Values.secret.existingSecret }}
+{{- end }}
+
+{{/* Namespace of the MeatspaceTask resources the controller mirrors into. */}}
+{{- define "meatspace.mirrorNamespace" -}}
+{{- default .Release.Namespace .Values.controller.mirror.namespace }}
+{{- end }}
+
+{{/*
+Whether the controller elects a leader: only the mirror needs one, so with
+the mirror off the controller needs no Kubernetes API access at all.
+Renders "true" or "false".
+*/}}
+{{- define "meatspace.leaderElection" -}}
+{{- and .Values.controller.mirror.enabled .Values.controller.leaderElection.enabled | toString }}
+{{- end }}
+
+{{- define "meatspace.leaseName" -}}
+{{- default (include "meatspace.controller.fullname" .) .Values.controller.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+Environment variables of the task policy, shared by both binaries.
+*/}}
+{{- define "meatspace.policyEnv" -}}
+{{- $names := dict
+  "defaultLifetimeSeconds" "MEATSPACE_DEFAULT_LIFETIME_SECONDS"
+  "minLifetimeSeconds" "MEATSPACE_MIN_LIFETIME_SECONDS"
+  "maxLifetimeSeconds" "MEATSPACE_MAX_LIFETIME_SECONDS"
+  "startTimeoutSeconds" "MEATSPACE_START_TIMEOUT_SECONDS"
+  "activeTimeLimitSeconds" "MEATSPACE_ACTIVE_TIME_LIMIT_SECONDS" }}
+{{- range $key, $env := $names }}
+{{- $value := index $.Values.policy $key }}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ $env }}
+  value: {{ $value | int64 | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* DATABASE_URL from the Secret. */}}
+{{- define "meatspace.databaseUrlEnv" -}}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "meatspace.secretName" . }}
+      key: {{ .Values.secret.databaseUrlKey }}
+{{- end }}
+
+{{/*
+A checksum of what the Secret is made from, so that pods restart when the
+credentials they read at start change. Generated values are kept across
+upgrades, so only user-given ones need to count.
+*/}}
+{{- define "meatspace.secretChecksum" -}}
+{{- $inputs := dict "secret" .Values.secret "postgresql" (dict "enabled" .Values.postgresql.enabled "auth" .Values.postgresql.auth) }}
+{{- toJson $inputs | sha256sum }}
+{{- end }}
+
+{{/* imagePullSecrets of a pod spec, when any are set. */}}
+{{- define "meatspace.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fails the render on settings that the schema cannot express.
+*/}}
+{{- define "meatspace.validate" -}}
+{{- if and (not .Values.postgresql.enabled) (not .Values.secret.existingSecret) (not .Values.secret.databaseUrl) }}
+{{- fail "meatspace: no database. Set secret.databaseUrl (postgres://…), or secret.existingSecret, or postgresql.enabled=true for the bundled staging PostgreSQL." }}
+{{- end }}
+{{- end }}

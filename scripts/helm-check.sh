@@ -1,0 +1,517 @@
+#!/usr/bin/env bash
+# helm-check.sh — checks the Helm chart deploy/helm/meatspace against a real
+# kube-apiserver:
+#
+#   1. the chart's CRD copy is the generated deploy/crds/ file
+#   2. helm lint --strict: default values and every deploy/helm/meatspace/ci/*-values.yaml
+#   3. values.schema.json (and the chart's own checks) reject every
+#      tests/fixtures/helm/bad-values/*.yaml, with the expected message
+#   4. rendering rules: PodDisruptionBudgets only with replicas > 1, RBAC only
+#      with the mirror, the CRD's keep annotation, security contexts
+#   5. helm template | kubectl apply --dry-run=server --validate=strict for every
+#      values set, CRDs applied first, in namespaces that enforce the
+#      "restricted" Pod Security Standard (any warning is a failure)
+#   6. helm install, helm upgrade (twice: same values, then all options) and
+#      helm uninstall in a fresh namespace (no --wait: the control plane has
+#      no nodes, so pods never run; the objects must be accepted)
+#   7. kubectl auth can-i as the chart's controller ServiceAccount, with a
+#      token kubeconfig: it can do what the controller needs and nothing else
+#
+# Usage:   MEATSPACE_TEST_KUBECONFIG=… scripts/helm-check.sh
+#
+# Environment:
+#   MEATSPACE_TEST_KUBECONFIG  kubeconfig of the cluster (required; admin rights)
+#   MEATSPACE_CP_DIR           control-plane.sh directory; when set, ServiceAccount
+#                              kubeconfigs are minted with `control-plane.sh sa-kubeconfig`
+#   MEATSPACE_K8S_BIN          directory with helm (default: helm on PATH, else k8s-tools.sh)
+#   KUBECTL                    kubectl binary (default: kubectl on PATH)
+#   MEATSPACE_HELM_CHECK_KEEP  set to 1 to keep the work directory and namespaces
+#
+# Exits non-zero when any check fails, after listing every failed check.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CHART=$ROOT/deploy/helm/meatspace
+GENERATED_CRD=$ROOT/deploy/crds/meatspace.dev_meatspacetasks.yaml
+CHART_CRD=$CHART/files/crds/meatspace.dev_meatspacetasks.yaml
+FIXTURES=$ROOT/tests/fixtures/helm
+CRD_NAME=meatspacetasks.meatspace.dev
+RELEASE=meatspace
+
+log() { printf '[helm-check] %s\n' "$*" >&2; }
+die() { printf '[helm-check] ERROR: %s\n' "$*" >&2; exit 1; }
+
+FAILURES=()
+# fail MESSAGE [OUTPUT-FILE] — record a failed check and show why.
+fail() {
+  FAILURES+=("$1")
+  printf '[helm-check] FAIL: %s\n' "$1" >&2
+  if [[ -n ${2:-} && -s $2 ]]; then sed 's/^/    | /' "$2" >&2; fi
+}
+pass() { printf '[helm-check] ok: %s\n' "$*" >&2; }
+
+# ---- prerequisites ------------------------------------------------------------
+[[ -n ${MEATSPACE_TEST_KUBECONFIG:-} ]] \
+  || die "MEATSPACE_TEST_KUBECONFIG is not set (start a control plane: scripts/control-plane.sh start DIR; source DIR/env)"
+[[ -f $MEATSPACE_TEST_KUBECONFIG ]] || die "MEATSPACE_TEST_KUBECONFIG=$MEATSPACE_TEST_KUBECONFIG is not a file"
+export KUBECONFIG=$MEATSPACE_TEST_KUBECONFIG
+
+KUBECTL=${KUBECTL:-kubectl}
+command -v "$KUBECTL" >/dev/null || die "kubectl not found (KUBECTL=$KUBECTL)"
+if [[ -n ${MEATSPACE_K8S_BIN:-} && -x $MEATSPACE_K8S_BIN/helm ]]; then
+  HELM=$MEATSPACE_K8S_BIN/helm
+elif command -v helm >/dev/null; then
+  HELM=$(command -v helm)
+else
+  HELM=$("$ROOT/scripts/k8s-tools.sh" | tail -n 1)/helm
+fi
+[[ -x $HELM ]] || die "helm not found (PATH, MEATSPACE_K8S_BIN or scripts/k8s-tools.sh)"
+
+k() { "$KUBECTL" "$@"; }
+k get --raw /readyz --request-timeout=15s >/dev/null 2>&1 \
+  || die "the cluster of $MEATSPACE_TEST_KUBECONFIG does not answer /readyz"
+log "helm $("$HELM" version --short), kubectl client $(k version --client -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\([^"]*\)".*/\1/p' | head -n 1), cluster $(k get --raw /version | sed -n 's/.*"gitVersion": "\([^"]*\)".*/\1/p')"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/meatspace-helm-check.XXXXXX")
+SUFFIX=$(tr -dc 'a-z0-9' </dev/urandom | head -c 6 || true)
+NS=helm-check-$SUFFIX            # release namespace
+MIRROR_NS=helm-check-$SUFFIX-tasks  # mirror namespace of the all-options values
+OTHER_NS=helm-check-$SUFFIX-other   # a namespace the controller must not touch
+INSTALLED=false
+
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  if [[ ${MEATSPACE_HELM_CHECK_KEEP:-} == 1 ]]; then
+    log "keeping $WORK and namespaces $NS $MIRROR_NS $OTHER_NS"
+  else
+    if $INSTALLED; then "$HELM" uninstall "$RELEASE" -n "$NS" >/dev/null 2>&1 || true; fi
+    # Without a controller-manager, namespaces stay Terminating; that is harmless.
+    k delete namespace "$NS" "$MIRROR_NS" "$OTHER_NS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+# Every values set the chart is checked with: the defaults and the ci/ files.
+VALUE_SETS=(default)
+for f in "$CHART"/ci/*-values.yaml; do VALUE_SETS+=("$(basename "$f" -values.yaml)"); done
+
+# values_args NAME — helm arguments of one values set.
+values_args() {
+  case $1 in
+    default) ;;
+    all-options) printf '%s\n' -f "$CHART/ci/all-options-values.yaml" --set "controller.mirror.namespace=$MIRROR_NS" ;;
+    *) printf '%s\n' -f "$CHART/ci/$1-values.yaml" ;;
+  esac
+}
+
+# render NAME OUT [EXTRA HELM ARGS...] — helm template into OUT.
+render() {
+  local name=$1 out=$2; shift 2
+  local args; mapfile -t args < <(values_args "$name")
+  "$HELM" template "$RELEASE" "$CHART" -n "$NS" "${args[@]}" "$@" >"$out" 2>"$out.err"
+}
+
+# ---- 1. the CRD copy ----------------------------------------------------------
+log "1. the chart's CRD is the generated one"
+if [[ ! -f $GENERATED_CRD ]]; then
+  fail "$GENERATED_CRD is missing (generate it with the crds crate's generator)"
+elif ! cmp -s "$GENERATED_CRD" "$CHART_CRD"; then
+  diff -u "$GENERATED_CRD" "$CHART_CRD" >"$WORK/crd.diff" 2>&1 || true
+  fail "$CHART_CRD is not a copy of $GENERATED_CRD; run: cp deploy/crds/meatspace.dev_meatspacetasks.yaml deploy/helm/meatspace/files/crds/" "$WORK/crd.diff"
+else
+  pass "files/crds/ matches deploy/crds/"
+fi
+
+# ---- 2. lint ------------------------------------------------------------------
+log "2. helm lint --strict"
+for name in "${VALUE_SETS[@]}"; do
+  mapfile -t args < <(values_args "$name")
+  if "$HELM" lint --strict "$CHART" -n "$NS" "${args[@]}" >"$WORK/lint.out" 2>&1; then
+    pass "lint ($name)"
+  else
+    fail "helm lint --strict ($name values)" "$WORK/lint.out"
+  fi
+done
+
+# ---- 3. bad values are rejected --------------------------------------------------
+log "3. bad values are rejected"
+for f in "$FIXTURES"/bad-values/*.yaml; do
+  name=$(basename "$f")
+  expect=$(sed -n 's/^# expect: //p' "$f" | head -n 1)
+  [[ -n $expect ]] || { fail "$name has no '# expect: …' line"; continue; }
+  # The schema fails `helm lint`; the chart's own `fail` checks only fail
+  # rendering (helm lint reports them as INFO).
+  if ! grep -q '^# rejected by: template$' "$f" \
+     && "$HELM" lint --strict "$CHART" -f "$f" >"$WORK/bad.out" 2>&1; then
+    fail "helm lint accepted bad values $name" "$WORK/bad.out"
+  elif "$HELM" template "$RELEASE" "$CHART" -f "$f" >"$WORK/bad.out" 2>&1; then
+    fail "helm template accepted bad values $name" "$WORK/bad.out"
+  elif ! grep -qF -- "$expect" "$WORK/bad.out"; then
+    fail "bad values $name were rejected, but not with '$expect'" "$WORK/bad.out"
+  else
+    pass "rejects $name ($expect)"
+  fi
+done
+
+# ---- 4. rendering rules ---------------------------------------------------------
+log "4. rendering rules"
+# objects FILE — "Kind/name" of every object in a rendered file.
+objects() { awk '/^kind:/{k=$2} /^  name:/{if(k){print k"/"$2; k=""}}' "$1" | sort; }
+# has_object FILE KIND/NAME
+has_object() { objects "$1" | grep -qx "$2"; }
+
+for name in "${VALUE_SETS[@]}"; do
+  render "$name" "$WORK/$name.yaml" || { fail "helm template ($name values)" "$WORK/$name.yaml.err"; continue; }
+  objects "$WORK/$name.yaml" >"$WORK/$name.objects"
+  log "   $name values render: $(tr '\n' ' ' <"$WORK/$name.objects")"
+done
+
+# expect_rule DESCRIPTION COMMAND... — the command must succeed.
+expect_rule() {
+  local what=$1; shift
+  if "$@"; then pass "$what"; else fail "$what"; fi
+}
+not() { ! "$@"; }
+
+if [[ -f $WORK/default.objects ]]; then
+  d=$WORK/default.yaml
+  expect_rule "default: API server PDB (2 replicas)" has_object "$d" PodDisruptionBudget/meatspace-api-server
+  expect_rule "default: controller PDB (2 replicas)" has_object "$d" PodDisruptionBudget/meatspace-controller
+  expect_rule "default: bundled PostgreSQL StatefulSet" has_object "$d" StatefulSet/meatspace-postgresql
+  expect_rule "default: controller Roles" has_object "$d" Role/meatspace-controller-mirror
+  expect_rule "default: leader-election Role" has_object "$d" Role/meatspace-controller-leader-election
+  expect_rule "default: no ServiceMonitor, NetworkPolicy or Ingress" \
+    not grep -Eq '^kind: (ServiceMonitor|NetworkPolicy|Ingress)$' "$d"
+  expect_rule "default: the CRD is kept on uninstall" grep -q 'helm.sh/resource-policy: keep' "$d"
+  expect_rule "default: the helm test hook" grep -q 'helm.sh/hook: test' "$d"
+fi
+if render default "$WORK/one.yaml" --set apiServer.replicaCount=1 --set controller.replicaCount=1; then
+  expect_rule "replicas 1: no PodDisruptionBudget" not grep -q '^kind: PodDisruptionBudget$' "$WORK/one.yaml"
+else
+  fail "helm template with replicas 1" "$WORK/one.yaml.err"
+fi
+if render default "$WORK/nokeep.yaml" --set crds.keep=false; then
+  expect_rule "crds.keep=false: the CRD is not kept" not grep -q 'helm.sh/resource-policy' "$WORK/nokeep.yaml"
+else
+  fail "helm template with crds.keep=false" "$WORK/nokeep.yaml.err"
+fi
+if render default "$WORK/nocrd.yaml" --set crds.install=false; then
+  expect_rule "crds.install=false: no CRD" not grep -q '^kind: CustomResourceDefinition$' "$WORK/nocrd.yaml"
+else
+  fail "helm template with crds.install=false" "$WORK/nocrd.yaml.err"
+fi
+if [[ -f $WORK/external-database.yaml ]]; then
+  e=$WORK/external-database.yaml
+  expect_rule "mirror off: no Role, no RoleBinding" not grep -Eq '^kind: (Role|RoleBinding)$' "$e"
+  expect_rule "mirror off: the controller mounts no token" \
+    not grep -q 'automountServiceAccountToken: true' "$e"
+  expect_rule "mirror off: MEATSPACE_MIRROR_ENABLED=false, leader election off" \
+    grep -A1 -E 'name: MEATSPACE_(MIRROR_ENABLED|LEADER_ELECTION)$' "$e" \
+    | grep -c 'value: "false"' | grep -qx 2
+fi
+if [[ -f $WORK/existing-secret.yaml ]]; then
+  s=$WORK/existing-secret.yaml
+  expect_rule "existing Secret: the chart creates no Secret" not grep -q '^kind: Secret$' "$s"
+  expect_rule "existing Secret: the pods read it by its keys" \
+    grep -c -E 'name: meatspace-credentials$' "$s" | grep -qx 3
+  expect_rule "leader election off: no Lease Role" not has_object "$s" Role/meatspace-controller-leader-election
+fi
+
+# ---- 5. server-side validation ----------------------------------------------------
+log "5. kubectl apply --dry-run=server"
+make_namespace() {
+  k create namespace "$1" >/dev/null
+  # The apiserver's PodSecurity admission then checks every pod template.
+  k label namespace "$1" pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/warn=restricted pod-security.kubernetes.io/audit=restricted >/dev/null
+}
+make_namespace "$NS"
+make_namespace "$MIRROR_NS"
+make_namespace "$OTHER_NS"
+
+# apply_crd FILE — create or update a CRD for real and wait until it is served.
+apply_crd() {
+  k apply --server-side --force-conflicts --field-manager=meatspace-helm-check -f "$1" >"$WORK/crd.out" 2>&1 \
+    && k wait --for condition=established --timeout=60s -f "$1" >>"$WORK/crd.out" 2>&1
+}
+apply_crd "$CHART_CRD" || fail "applying the chart's CRD" "$WORK/crd.out"
+apply_crd "$FIXTURES/servicemonitor-crd.yaml" || fail "applying the ServiceMonitor CRD fixture" "$WORK/crd.out"
+
+# What the apiserver accepted, one line per object and per container, with
+# each container's hardening; PodSecurity "restricted" covers the rest.
+CONTAINER='container {.name} readOnlyRootFilesystem={.securityContext.readOnlyRootFilesystem} allowPrivilegeEscalation={.securityContext.allowPrivilegeEscalation} drop={.securityContext.capabilities.drop}{"\n"}'
+ACCEPTED="{range .items[*]}object {.kind}/{.metadata.name}{\"\\n\"}{range .spec.template.spec.containers[*]}$CONTAINER{end}{range .spec.containers[*]}$CONTAINER{end}{end}"
+HARDENED='readOnlyRootFilesystem=true allowPrivilegeEscalation=false drop=["ALL"]'
+for name in "${VALUE_SETS[@]}"; do
+  [[ -f $WORK/$name.yaml ]] || continue
+  if ! k apply --server-side --force-conflicts --field-manager=meatspace-helm-check \
+       --dry-run=server --validate=strict -f "$WORK/$name.yaml" -o "jsonpath=$ACCEPTED" \
+       >"$WORK/accepted.out" 2>"$WORK/dry.err" || grep -q . "$WORK/dry.err"; then
+    # Any warning (PodSecurity, deprecation, unknown field) fails too.
+    fail "kubectl apply --dry-run=server ($name values)" "$WORK/dry.err"
+    continue
+  fi
+  n_rendered=$(wc -l <"$WORK/$name.objects")
+  n_accepted=$(grep -c '^object ' "$WORK/accepted.out" || true)
+  # The helm test Pod is a hook: helm template renders it too.
+  if [[ $n_accepted -ne $n_rendered ]]; then
+    fail "dry-run ($name values): $n_accepted of $n_rendered objects came back" "$WORK/accepted.out"
+    continue
+  fi
+  if grep '^container ' "$WORK/accepted.out" | grep -vF -- "$HARDENED" >"$WORK/soft.out"; then
+    fail "dry-run ($name values): containers without the hardened security context" "$WORK/soft.out"
+    continue
+  fi
+  pass "dry-run=server ($name values): $n_accepted objects accepted, $(grep -c '^container ' "$WORK/accepted.out") containers hardened"
+done
+
+# ---- 6. install, upgrade, uninstall ---------------------------------------------------
+log "6. helm install / upgrade / uninstall in namespace $NS"
+# The CRD already exists (applied above, or by other tests); Helm adopts an
+# existing object only when it carries the release's ownership metadata.
+adopt_crd() {
+  k annotate --overwrite crd "$CRD_NAME" meta.helm.sh/release-name="$RELEASE" \
+    meta.helm.sh/release-namespace="$NS" >/dev/null \
+    && k label --overwrite crd "$CRD_NAME" app.kubernetes.io/managed-by=Helm >/dev/null
+}
+secret_value() { # NAME KEY
+  k -n "$NS" get secret "$1" -o "jsonpath={.data.$2}" 2>/dev/null | base64 -d
+}
+helm_ok() { # DESCRIPTION ARGS...
+  local what=$1; shift
+  if "$HELM" "$@" >"$WORK/helm.out" 2>&1; then pass "$what"; return 0; fi
+  fail "$what" "$WORK/helm.out"; return 1
+}
+
+adopt_crd || fail "annotating the existing CRD for adoption by the release"
+if helm_ok "helm install (default values)" install "$RELEASE" "$CHART" -n "$NS" --timeout 2m; then
+  INSTALLED=true
+  expect_rule "install: NOTES tell how to reach the API" grep -q "port-forward service/meatspace-api-server" "$WORK/helm.out"
+  expect_rule "install: NOTES tell how to get the dev key" grep -q "get secret meatspace" "$WORK/helm.out"
+  for obj in deployment/meatspace-api-server deployment/meatspace-controller statefulset/meatspace-postgresql \
+             service/meatspace-api-server secret/meatspace serviceaccount/meatspace-controller \
+             role/meatspace-controller-mirror rolebinding/meatspace-controller-leader-election \
+             poddisruptionbudget/meatspace-api-server; do
+    k -n "$NS" get "$obj" >/dev/null 2>&1 || fail "install: $obj does not exist"
+  done
+  expect_rule "install: the API server mounts no ServiceAccount token" \
+    grep -qx false <(k -n "$NS" get deployment meatspace-api-server -o 'jsonpath={.spec.template.spec.automountServiceAccountToken}')
+  expect_rule "install: the controller mounts its token (the mirror is on)" \
+    grep -qx true <(k -n "$NS" get deployment meatspace-controller -o 'jsonpath={.spec.template.spec.automountServiceAccountToken}')
+  expect_rule "install: the CRD belongs to the release" \
+    grep -qx "$RELEASE" <(k get crd "$CRD_NAME" -o 'jsonpath={.metadata.annotations.meta\.helm\.sh/release-name}')
+  dev_key=$(secret_value meatspace dev-key)
+  pg_password=$(secret_value meatspace-postgresql password)
+  db_url=$(secret_value meatspace database-url)
+  expect_rule "install: a dev key was generated" grep -Eq '^msd_[A-Za-z0-9]{40}$' <<<"$dev_key"
+  expect_rule "install: DATABASE_URL points at the bundled PostgreSQL with its password" \
+    test "$db_url" = "postgres://meatspace:$pg_password@meatspace-postgresql.$NS.svc:5432/meatspace"
+
+  if helm_ok "helm upgrade (default values, 3 API replicas)" upgrade "$RELEASE" "$CHART" -n "$NS" \
+       --set apiServer.replicaCount=3; then
+    expect_rule "upgrade: the generated dev key is kept" test "$(secret_value meatspace dev-key)" = "$dev_key"
+    expect_rule "upgrade: the generated PostgreSQL password is kept" \
+      test "$(secret_value meatspace-postgresql password)" = "$pg_password"
+    expect_rule "upgrade: 3 API server replicas" \
+      grep -qx 3 <(k -n "$NS" get deployment meatspace-api-server -o 'jsonpath={.spec.replicas}')
+  fi
+fi
+
+# ---- 7. the controller's identity --------------------------------------------------------
+log "7. kubectl auth can-i as the chart's ServiceAccounts"
+# sa_kubeconfig NAMESPACE SA OUT — a kubeconfig that authenticates with a token of SA.
+sa_kubeconfig() {
+  local ns=$1 sa=$2 out=$3
+  if [[ -n ${MEATSPACE_CP_DIR:-} && -f $MEATSPACE_CP_DIR/env ]]; then
+    "$ROOT/scripts/control-plane.sh" sa-kubeconfig "$MEATSPACE_CP_DIR" "$ns" "$sa" "$out" 1h 2>"$WORK/mint.err"
+    return
+  fi
+  local server ca token
+  server=$(k config view --raw --minify -o 'jsonpath={.clusters[0].cluster.server}')
+  ca=$(k config view --raw --minify -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')
+  token=$(k -n "$ns" create token "$sa" --duration=1h 2>"$WORK/mint.err") || return 1
+  (
+    umask 077
+    cat >"$out" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: cluster
+  cluster:
+    server: $server
+    certificate-authority-data: $ca
+users:
+- name: $ns-$sa
+  user:
+    token: $token
+contexts:
+- name: $ns-$sa
+  context: {cluster: cluster, user: $ns-$sa, namespace: $ns}
+current-context: $ns-$sa
+EOF
+  )
+}
+
+# can KUBECONFIG yes|no VERB RESOURCE [ARGS...] — kubectl auth can-i must answer as expected.
+can() {
+  local kc=$1 want=$2; shift 2
+  local got
+  got=$(KUBECONFIG=$kc k auth can-i "$@" 2>"$WORK/can.err") || true
+  if [[ $got == "$want" ]]; then
+    return 0
+  fi
+  fail "as $(basename "$kc" .kubeconfig): can-i $* answered '${got:-error}', expected '$want'" "$WORK/can.err"
+}
+
+# rules KUBECONFIG NAMESPACE — the resource rules of an identity in a namespace, normalised.
+rules() {
+  KUBECONFIG=$1 k auth can-i --list -n "$2" --no-headers 2>/dev/null \
+    | awk '$1 !~ /^\[/ {$1=$1; print}' | sort -u
+}
+
+# check_controller_identity SA MIRROR_NS LEASE — the controller's permissions, exactly.
+check_controller_identity() {
+  local sa=$1 mirror=$2 lease=$3 failed_before=${#FAILURES[@]}
+  local ctl=$WORK/controller-$sa.kubeconfig api=$WORK/api-server.kubeconfig
+  sa_kubeconfig "$NS" "$sa" "$ctl" || { fail "minting a token kubeconfig for $NS/$sa" "$WORK/mint.err"; return; }
+  local mst=meatspacetasks.meatspace.dev lease_res=leases.coordination.k8s.io v
+  for v in get list watch create patch delete; do can "$ctl" yes "$v" "$mst" -n "$mirror"; done
+  can "$ctl" yes get "$mst" --subresource=status -n "$mirror"
+  can "$ctl" yes patch "$mst" --subresource=status -n "$mirror"
+  can "$ctl" yes create events -n "$mirror"
+  can "$ctl" yes create "$lease_res" -n "$NS"
+  can "$ctl" yes get "$lease_res/$lease" -n "$NS"
+  can "$ctl" yes update "$lease_res/$lease" -n "$NS"
+  # … and nothing else.
+  can "$ctl" no update "$mst" -n "$mirror"
+  can "$ctl" no deletecollection "$mst" -n "$mirror"
+  can "$ctl" no update "$mst" --subresource=status -n "$mirror"
+  can "$ctl" no get "$mst" -n "$OTHER_NS"
+  can "$ctl" no list "$mst" --all-namespaces
+  can "$ctl" no list secrets -n "$NS"
+  can "$ctl" no get secrets/meatspace -n "$NS"
+  can "$ctl" no list secrets -n "$mirror"
+  can "$ctl" no list configmaps -n "$NS"
+  can "$ctl" no create pods -n "$NS"
+  can "$ctl" no create serviceaccounts/token -n "$NS"
+  can "$ctl" no delete "$lease_res/$lease" -n "$NS"
+  can "$ctl" no patch "$lease_res/$lease" -n "$NS"
+  can "$ctl" no list "$lease_res" -n "$NS"
+  can "$ctl" no get "$lease_res/some-other-lease" -n "$NS"
+  can "$ctl" no update "$lease_res/some-other-lease" -n "$NS"
+  can "$ctl" no create "$lease_res" -n "$OTHER_NS"
+  can "$ctl" no create customresourcedefinitions
+  can "$ctl" no list namespaces
+  can "$ctl" no create roles -n "$NS"
+  can "$ctl" no impersonate serviceaccounts -n "$NS"
+  can "$ctl" no '*' '*' -n "$mirror"
+
+  # Exactly: the controller's rules are the baseline every ServiceAccount has
+  # (seen through the API server's identity, which has no bindings of its own)
+  # plus the chart's rules, in each namespace.
+  sa_kubeconfig "$NS" "$API_SA" "$api" || { fail "minting a token kubeconfig for $NS/$API_SA" "$WORK/mint.err"; return; }
+  can "$api" no list "$mst" -n "$NS"
+  can "$api" no get secrets -n "$NS"
+  local ns expected
+  for ns in $(printf '%s\n' "$NS" "$mirror" "$OTHER_NS" | sort -u); do
+    expected=$(
+      rules "$api" "$ns"
+      if [[ $ns == "$mirror" ]]; then
+        echo "events [] [] [create patch]"
+        echo "events.events.k8s.io [] [] [create patch]"
+        echo "$mst [] [] [get list watch create patch delete]"
+        echo "$mst/status [] [] [get patch]"
+      fi
+      if [[ $ns == "$NS" ]]; then
+        echo "$lease_res [] [] [create]"
+        echo "$lease_res [] [$lease] [get update]"
+      fi
+    )
+    if diff <(sort -u <<<"$expected") <(rules "$ctl" "$ns") >"$WORK/rules.diff"; then
+      pass "$sa has exactly the expected rules in namespace $ns"
+    else
+      fail "$sa's rules in namespace $ns differ from the expected ones (< expected, > actual)" "$WORK/rules.diff"
+    fi
+  done
+  if ((${#FAILURES[@]} == failed_before)); then
+    pass "kubectl auth can-i as $NS/$sa (mirror namespace $mirror, Lease $lease): every expected answer"
+  fi
+}
+
+# check_controller_env SA MIRROR_NS LEASE — the installed controller gets the
+# contract's environment variables (names exactly), pointing at its mirror
+# namespace and Lease. The same list is what a locally run controller needs.
+check_controller_env() {
+  local sa=$1 mirror=$2 lease=$3
+  k -n "$NS" get deployment meatspace-controller \
+    -o 'jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{"\n"}{end}' \
+    | sort >"$WORK/controller.env"
+  # Besides the contract: the task policy and extraEnv of the all-options values.
+  local extra
+  mapfile -t extra < <(sed -n 's/^\(MEATSPACE_CONTROLLER_BATCH_SIZE\|MEATSPACE_[A-Z_]*_SECONDS\)=.*/\1/p' "$WORK/controller.env")
+  if diff <(printf '%s\n' DATABASE_URL MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_DAYS RUST_LOG \
+              MEATSPACE_LOG_FORMAT MEATSPACE_MIRROR_ENABLED MEATSPACE_MIRROR_NAMESPACE \
+              MEATSPACE_LEADER_ELECTION MEATSPACE_LEASE_NAME POD_NAME POD_NAMESPACE "${extra[@]}" | sort) \
+            <(cut -d= -f1 "$WORK/controller.env") >"$WORK/env.diff"; then
+    pass "the controller ($sa) gets the contract's environment variables"
+  else
+    fail "the controller's environment variables differ from the contract (< contract, > chart)" "$WORK/env.diff"
+  fi
+  local want
+  for want in MEATSPACE_MIRROR_ENABLED=true "MEATSPACE_MIRROR_NAMESPACE=$mirror" MEATSPACE_LEADER_ELECTION=true \
+              "MEATSPACE_LEASE_NAME=$lease" MEATSPACE_CONTROLLER_LISTEN_ADDR=0.0.0.0:9091; do
+    grep -qxF -- "$want" "$WORK/controller.env" || fail "the controller ($sa) is not given $want" "$WORK/controller.env"
+  done
+  grep -qx "$sa" <(k -n "$NS" get deployment meatspace-controller -o 'jsonpath={.spec.template.spec.serviceAccountName}') \
+    || fail "the controller does not run as ServiceAccount $sa"
+}
+
+if $INSTALLED; then
+  API_SA=meatspace-api-server
+  check_controller_identity meatspace-controller "$NS" meatspace-controller
+  check_controller_env meatspace-controller "$NS" meatspace-controller
+
+  # Every option on; the mirror moves to its own namespace. A StatefulSet's
+  # volumeClaimTemplates are immutable, so the volume keeps its install-time
+  # size and class (the dry run above checked the all-options ones).
+  mapfile -t args < <(values_args all-options)
+  if helm_ok "helm upgrade (all-options values)" upgrade "$RELEASE" "$CHART" -n "$NS" "${args[@]}" \
+       --set postgresql.persistence.size=1Gi --set postgresql.persistence.storageClass=; then
+    for obj in "servicemonitor.monitoring.coreos.com/meatspace-api-server" networkpolicy/meatspace-postgresql \
+               ingress/meatspace-api-server serviceaccount/meatspace-reconciler; do
+      k -n "$NS" get "$obj" >/dev/null 2>&1 || fail "upgrade: $obj does not exist"
+    done
+    k -n "$MIRROR_NS" get role/meatspace-controller-mirror >/dev/null 2>&1 \
+      || fail "upgrade: the mirror Role is not in $MIRROR_NS"
+    k -n "$NS" get role/meatspace-controller-mirror >/dev/null 2>&1 \
+      && fail "upgrade: the mirror Role is still in $NS"
+    expect_rule "upgrade: the dev key is the one from the values" \
+      test "$(secret_value meatspace dev-key)" = "msd_all-options-dev-key-0123456789"
+    API_SA=meatspace-api
+    check_controller_identity meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader
+    check_controller_env meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader
+  fi
+
+  if helm_ok "helm uninstall" uninstall "$RELEASE" -n "$NS" --timeout 2m; then
+    INSTALLED=false
+    k get crd "$CRD_NAME" >/dev/null 2>&1 || fail "uninstall: the CRD was deleted despite crds.keep=true"
+    left=$(k -n "$NS" get deployments,statefulsets,services,roles,rolebindings,serviceaccounts -o name 2>/dev/null)
+    [[ -z $left ]] || fail "uninstall: objects remain in $NS: $(tr '\n' ' ' <<<"$left")"
+    k -n "$MIRROR_NS" get roles,rolebindings -o name 2>/dev/null | grep -q . \
+      && fail "uninstall: RBAC remains in $MIRROR_NS"
+    k -n "$NS" get secret meatspace-postgresql >/dev/null 2>&1 \
+      || fail "uninstall: the PostgreSQL password Secret was deleted despite retainOnUninstall"
+    pass "uninstall removed the release and kept the CRD and the retained PostgreSQL Secret"
+  fi
+fi
+
+# ---- result -------------------------------------------------------------------------
+if ((${#FAILURES[@]})); then
+  printf '\n[helm-check] %d check(s) FAILED:\n' "${#FAILURES[@]}" >&2
+  printf '[helm-check]   - %s\n' "${FAILURES[@]}" >&2
+  exit 1
+fi
+log "PASS"
