@@ -16,6 +16,11 @@
 #      no nodes, so pods never run; the objects must be accepted)
 #   7. kubectl auth can-i as the chart's controller ServiceAccount, with a
 #      token kubeconfig: it can do what the controller needs and nothing else
+#   8. after the default install: the built meatspace-controller binary, run on
+#      this machine as the chart's controller ServiceAccount with the environment
+#      variables of the installed Deployment (and a fresh PostgreSQL database),
+#      mirrors a task created through the API server binary into a MeatspaceTask,
+#      holds the chart's Lease and releases it when stopped
 #
 # Usage:   MEATSPACE_TEST_KUBECONFIG=… scripts/helm-check.sh
 #
@@ -23,6 +28,8 @@
 #   MEATSPACE_TEST_KUBECONFIG  kubeconfig of the cluster (required; admin rights)
 #   MEATSPACE_CP_DIR           control-plane.sh directory; when set, ServiceAccount
 #                              kubeconfigs are minted with `control-plane.sh sa-kubeconfig`
+#   MEATSPACE_TEST_POSTGRES_URL  admin URL of a PostgreSQL server (required for part 8;
+#                              scripts/postgres.sh start DIR writes it to DIR/env)
 #   MEATSPACE_K8S_BIN          directory with helm (default: helm on PATH, else k8s-tools.sh)
 #   KUBECTL                    kubectl binary (default: kubectl on PATH)
 #   MEATSPACE_HELM_CHECK_KEEP  set to 1 to keep the work directory and namespaces
@@ -79,9 +86,18 @@ MIRROR_NS=helm-check-$SUFFIX-tasks  # mirror namespace of the all-options values
 OTHER_NS=helm-check-$SUFFIX-other   # a namespace the controller must not touch
 INSTALLED=false
 
+LOCAL_PIDS=()     # processes of part 8, stopped on exit
+LOCAL_DB=""       # PostgreSQL database of part 8, dropped on exit
 cleanup() {
   local rc=$?
   trap - EXIT
+  local pid
+  for pid in "${LOCAL_PIDS[@]}"; do
+    if kill -TERM "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null || true; fi
+  done
+  if [[ -n $LOCAL_DB ]]; then
+    psql "$MEATSPACE_TEST_POSTGRES_URL" -qc "DROP DATABASE IF EXISTS $LOCAL_DB WITH (FORCE)" >/dev/null 2>&1 || true
+  fi
   if [[ ${MEATSPACE_HELM_CHECK_KEEP:-} == 1 ]]; then
     log "keeping $WORK and namespaces $NS $MIRROR_NS $OTHER_NS"
   else
@@ -441,18 +457,20 @@ check_controller_identity() {
   fi
 }
 
-# check_controller_env SA MIRROR_NS LEASE — the installed controller gets the
-# contract's environment variables (names exactly), pointing at its mirror
-# namespace and Lease. The same list is what a locally run controller needs.
+# check_controller_env SA MIRROR_NS LEASE RETENTION_SECONDS — the installed
+# controller gets the contract's environment variables (names exactly),
+# pointing at its mirror namespace and Lease. The same list is what a locally
+# run controller needs (part 8 runs one with it).
 check_controller_env() {
-  local sa=$1 mirror=$2 lease=$3
+  local sa=$1 mirror=$2 lease=$3 retention=$4
   k -n "$NS" get deployment meatspace-controller \
     -o 'jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{"\n"}{end}' \
     | sort >"$WORK/controller.env"
   # Besides the contract: the task policy and extraEnv of the all-options values.
   local extra
-  mapfile -t extra < <(sed -n 's/^\(MEATSPACE_CONTROLLER_BATCH_SIZE\|MEATSPACE_[A-Z_]*_SECONDS\)=.*/\1/p' "$WORK/controller.env")
-  if diff <(printf '%s\n' DATABASE_URL MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_DAYS RUST_LOG \
+  mapfile -t extra < <(sed -n -e '/^MEATSPACE_RETENTION_SECONDS=/d' \
+    -e 's/^\(MEATSPACE_CONTROLLER_BATCH_SIZE\|MEATSPACE_[A-Z_]*_SECONDS\)=.*/\1/p' "$WORK/controller.env")
+  if diff <(printf '%s\n' DATABASE_URL MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_SECONDS RUST_LOG \
               MEATSPACE_LOG_FORMAT MEATSPACE_MIRROR_ENABLED MEATSPACE_MIRROR_NAMESPACE \
               MEATSPACE_LEADER_ELECTION MEATSPACE_LEASE_NAME POD_NAME POD_NAMESPACE "${extra[@]}" | sort) \
             <(cut -d= -f1 "$WORK/controller.env") >"$WORK/env.diff"; then
@@ -461,18 +479,177 @@ check_controller_env() {
     fail "the controller's environment variables differ from the contract (< contract, > chart)" "$WORK/env.diff"
   fi
   local want
+  # The controller reads seconds; the chart's value is in days.
   for want in MEATSPACE_MIRROR_ENABLED=true "MEATSPACE_MIRROR_NAMESPACE=$mirror" MEATSPACE_LEADER_ELECTION=true \
-              "MEATSPACE_LEASE_NAME=$lease" MEATSPACE_CONTROLLER_LISTEN_ADDR=0.0.0.0:9091; do
+              "MEATSPACE_LEASE_NAME=$lease" MEATSPACE_CONTROLLER_LISTEN_ADDR=0.0.0.0:9091 \
+              "MEATSPACE_RETENTION_SECONDS=$retention"; do
     grep -qxF -- "$want" "$WORK/controller.env" || fail "the controller ($sa) is not given $want" "$WORK/controller.env"
   done
   grep -qx "$sa" <(k -n "$NS" get deployment meatspace-controller -o 'jsonpath={.spec.template.spec.serviceAccountName}') \
     || fail "the controller does not run as ServiceAccount $sa"
 }
 
+# ---- 8. the controller binary as the chart runs it ---------------------------------------
+# free_port — a TCP port on 127.0.0.1 that nothing listens on.
+free_port() {
+  local port
+  for _ in $(seq 1 100); do
+    port=$((20000 + RANDOM % 20000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return 0; }
+  done
+  return 1
+}
+
+# wait_http URL SECONDS — until URL answers 2xx.
+wait_http() {
+  local deadline=$((SECONDS + $2))
+  until curl -fsS --max-time 2 -o /dev/null "$1" 2>/dev/null; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+# stop_local PID — SIGTERM and wait; the exit status goes to STOPPED_RC.
+stop_local() {
+  STOPPED_RC=0
+  kill -TERM "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || STOPPED_RC=$?
+  local pid rest=()
+  for pid in "${LOCAL_PIDS[@]}"; do [[ $pid == "$1" ]] || rest+=("$pid"); done
+  LOCAL_PIDS=("${rest[@]}")
+}
+
+# check_local_controller SA MIRROR_NS LEASE — runs target/debug/meatspace-controller
+# here with the environment the installed Deployment gives the controller: every
+# literal value as rendered, except the listen address (a free local port instead
+# of 0.0.0.0:9091); DATABASE_URL (a Secret in the cluster) a fresh database on the
+# test PostgreSQL server; POD_NAME and POD_NAMESPACE (pod fields) a local stand-in
+# and the release namespace; and KUBECONFIG, a token kubeconfig of SA, in place of
+# the in-cluster service account. The API server binary runs beside it on the same
+# database with MEATSPACE_EMBEDDED_CONTROLLER=never, as in the chart. A task created
+# and published over HTTP must appear as a MeatspaceTask with its status.
+check_local_controller() {
+  local sa=$1 mirror=$2 lease=$3 failed_before=${#FAILURES[@]}
+  if [[ -z ${MEATSPACE_TEST_POSTGRES_URL:-} ]]; then
+    fail "part 8 needs MEATSPACE_TEST_POSTGRES_URL (start a server: scripts/postgres.sh start DIR; source DIR/env)"
+    return
+  fi
+  command -v psql >/dev/null || { fail "part 8 needs psql"; return; }
+  command -v jq >/dev/null || { fail "part 8 needs jq"; return; }
+  log "   building meatspace-controller and meatspace-api-server"
+  if ! (cd "$ROOT" && cargo build -p meatspace-controller -p meatspace-api-server) >"$WORK/build.log" 2>&1; then
+    fail "cargo build -p meatspace-controller -p meatspace-api-server" "$WORK/build.log"
+    return
+  fi
+  local bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+  [[ -x $bin/meatspace-controller && -x $bin/meatspace-api-server ]] \
+    || { fail "the built binaries are not in $bin"; return; }
+
+  # A fresh database on the test server.
+  LOCAL_DB=helm_check_${SUFFIX}
+  psql "$MEATSPACE_TEST_POSTGRES_URL" -v ON_ERROR_STOP=1 -qc "CREATE DATABASE $LOCAL_DB" >"$WORK/psql.out" 2>&1 \
+    || { fail "creating database $LOCAL_DB on the test PostgreSQL server" "$WORK/psql.out"; LOCAL_DB=""; return; }
+  local admin_url=$MEATSPACE_TEST_POSTGRES_URL base query db_url
+  base=${admin_url%%\?*}; query=${admin_url#"$base"}
+  db_url="${base%/*}/$LOCAL_DB$query"
+
+  local kubeconfig=$WORK/local-controller.kubeconfig
+  sa_kubeconfig "$NS" "$sa" "$kubeconfig" || { fail "minting a token kubeconfig for $NS/$sa" "$WORK/mint.err"; return; }
+
+  # The Deployment's environment, one JSON object per variable.
+  local pod=helm-check-local-$SUFFIX ctl_port api_port
+  ctl_port=$(free_port) || { fail "no free local port"; return; }
+  api_port=$(free_port) || { fail "no free local port"; return; }
+  [[ $api_port != "$ctl_port" ]] || api_port=$((ctl_port + 1))
+  local env=() name value line
+  k -n "$NS" get deployment meatspace-controller -o json \
+    | jq -c '.spec.template.spec.containers[0].env[]' >"$WORK/deployment.env" \
+    || { fail "reading the controller Deployment's environment"; return; }
+  while IFS= read -r line; do
+    name=$(jq -r .name <<<"$line")
+    case $name in
+      DATABASE_URL) value=$db_url ;;
+      POD_NAME) value=$pod ;;
+      POD_NAMESPACE) value=$NS ;;
+      MEATSPACE_CONTROLLER_LISTEN_ADDR) value=127.0.0.1:$ctl_port ;;
+      *)
+        if ! jq -e 'has("value")' >/dev/null <<<"$line"; then
+          fail "the controller's $name comes from $(jq -c .valueFrom <<<"$line"); part 8 cannot supply it locally"
+          return
+        fi
+        value=$(jq -r .value <<<"$line")
+        ;;
+    esac
+    env+=("$name=$value")
+  done <"$WORK/deployment.env"
+  env+=("KUBECONFIG=$kubeconfig")
+  printf '%s\n' "${env[@]}" | sed 's#^\(DATABASE_URL=\).*#\1(the test database)#' >"$WORK/local-controller.env"
+
+  local ctl_pid api_pid
+  env -i PATH="$PATH" HOME="$HOME" "${env[@]}" "$bin/meatspace-controller" >"$WORK/local-controller.log" 2>&1 &
+  ctl_pid=$!; LOCAL_PIDS+=("$ctl_pid")
+  local dev_key
+  dev_key=msd_$(tr -dc 'A-Za-z0-9' </dev/urandom | head -c 40 || true)
+  env -i PATH="$PATH" HOME="$HOME" DATABASE_URL="$db_url" MEATSPACE_DEV_KEY="$dev_key" \
+    MEATSPACE_LISTEN_ADDR="127.0.0.1:$api_port" MEATSPACE_EMBEDDED_CONTROLLER=never RUST_LOG=info \
+    "$bin/meatspace-api-server" >"$WORK/local-api-server.log" 2>&1 &
+  api_pid=$!; LOCAL_PIDS+=("$api_pid")
+
+  local ctl_url=http://127.0.0.1:$ctl_port api_url=http://127.0.0.1:$api_port
+  if ! wait_http "$ctl_url/readyz" 60; then
+    fail "the locally run controller (environment of the chart) did not become ready" "$WORK/local-controller.log"
+    return
+  fi
+  if ! wait_http "$api_url/readyz" 60; then
+    fail "the locally run API server did not become ready" "$WORK/local-api-server.log"
+    return
+  fi
+  local description="helm-check $SUFFIX: read the meter in the basement" created id token
+  created=$(curl -fsS --max-time 10 -X POST "$api_url/api/v1/tasks" -H "x-meatspace-dev-key: $dev_key" \
+    -H 'content-type: application/json' -d "$(jq -nc --arg d "$description" '{description: $d}')" 2>"$WORK/curl.err") \
+    || { fail "creating a task through the API server" "$WORK/curl.err"; return; }
+  id=$(jq -r .task.id <<<"$created"); token=$(jq -r .agent_token <<<"$created")
+  curl -fsS --max-time 10 -X POST "$api_url/api/v1/tasks/$id/publish" -H "authorization: Bearer $token" \
+    >/dev/null 2>"$WORK/curl.err" || { fail "publishing the task" "$WORK/curl.err"; return; }
+
+  # The MeatspaceTask, with the state, description and last event the API has.
+  local last_event
+  last_event=$(curl -fsS --max-time 10 "$api_url/api/v1/tasks/$id/events?after=0" -H "authorization: Bearer $token" \
+    2>"$WORK/curl.err" | jq -r '.events[-1].id') || { fail "reading the task's events" "$WORK/curl.err"; return; }
+  local deadline=$((SECONDS + 15)) got=""
+  until [[ $got == "open $last_event $description" ]]; do
+    got=$(k -n "$mirror" get meatspacetask "$id" -o 'jsonpath={.status.state} {.status.lastEventId} {.spec.description}' 2>/dev/null || true)
+    if ((SECONDS >= deadline)); then
+      printf 'the resource says: %s\n' "${got:-(missing)}" >"$WORK/mst.out"
+      fail "the task created over HTTP does not appear as an open MeatspaceTask in $mirror within 15s" "$WORK/mst.out"
+      sed 's/^/    | /' "$WORK/local-controller.log" | tail -n 30 >&2
+      break
+    fi
+    sleep 0.2
+  done
+  k -n "$mirror" get meatspacetask "$id" -o json >"$WORK/mst.json" 2>&1 || true
+  grep -qF -- "$token" "$WORK/mst.json" && fail "the agent token appears in the MeatspaceTask"
+  expect_rule "local controller: it holds the chart's Lease $lease as $pod" \
+    test "$(k -n "$NS" get lease "$lease" -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null)" = "$pod"
+  expect_rule "local controller: /metrics counts its writes to $mirror" \
+    grep -q "meatspace_mirror_writes_total{namespace=\"$mirror\"" <(curl -fsS --max-time 5 "$ctl_url/metrics")
+
+  stop_local "$api_pid"
+  stop_local "$ctl_pid"
+  expect_rule "local controller: SIGTERM stops it cleanly (exit $STOPPED_RC)" test "$STOPPED_RC" = 0
+  expect_rule "local controller: it released the Lease on the way out" \
+    test -z "$(k -n "$NS" get lease "$lease" -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null)"
+  if ((${#FAILURES[@]} == failed_before)); then
+    pass "the controller binary, as $NS/$sa with the chart's environment (RBAC, no admin), mirrored task $id as an open MeatspaceTask"
+  fi
+}
+
 if $INSTALLED; then
   API_SA=meatspace-api-server
   check_controller_identity meatspace-controller "$NS" meatspace-controller
-  check_controller_env meatspace-controller "$NS" meatspace-controller
+  check_controller_env meatspace-controller "$NS" meatspace-controller $((30 * 86400))
+  log "8. the controller binary, run locally as the chart's controller"
+  check_local_controller meatspace-controller "$NS" meatspace-controller
 
   # Every option on; the mirror moves to its own namespace. A StatefulSet's
   # volumeClaimTemplates are immutable, so the volume keeps its install-time
@@ -492,7 +669,7 @@ if $INSTALLED; then
       test "$(secret_value meatspace dev-key)" = "msd_all-options-dev-key-0123456789"
     API_SA=meatspace-api
     check_controller_identity meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader
-    check_controller_env meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader
+    check_controller_env meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader $((7 * 86400))
   fi
 
   if helm_ok "helm uninstall" uninstall "$RELEASE" -n "$NS" --timeout 2m; then

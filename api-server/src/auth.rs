@@ -7,6 +7,7 @@
 //! separates a wrong token (401) from a valid token of another task (404,
 //! so task ids cannot be probed).
 
+use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
@@ -97,8 +98,10 @@ fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
         .to_str()
         .ok()
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            // The scheme name is case-insensitive (RFC 9110, section 11.1).
+            v.split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token)
         })
         .map(str::trim)
         .filter(|t| !t.is_empty())
@@ -151,6 +154,8 @@ impl FromRequestParts<AppState> for AgentAuth {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        // No credential is a 401 whatever the path says.
+        bearer(&parts.headers)?;
         let task_id = task_id_param(parts, state).await?;
         authorize_agent(state, &parts.headers, task_id).await?;
         Ok(AgentAuth(task_id))
@@ -159,9 +164,14 @@ impl FromRequestParts<AppState> for AgentAuth {
 
 /// The `{task_id}` path parameter; a malformed id names no task (404).
 pub async fn task_id_param(parts: &mut Parts, state: &AppState) -> Result<Uuid, ApiError> {
-    let params = RawPathParams::from_request_parts(parts, state)
-        .await
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!(e.body_text())))?;
+    let params = match RawPathParams::from_request_parts(parts, state).await {
+        Ok(params) => params,
+        // Percent-encoded bytes that are not UTF-8 cannot spell a task id.
+        Err(RawPathParamsRejection::InvalidUtf8InPathParam(_)) => {
+            return Err(ApiError::task_not_found());
+        }
+        Err(e) => return Err(ApiError::Internal(anyhow::anyhow!(e.body_text()))),
+    };
     params
         .iter()
         .find(|(name, _)| *name == "task_id")

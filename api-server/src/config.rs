@@ -74,6 +74,10 @@ pub struct Config {
 
     #[command(flatten)]
     pub policy: PolicyArgs,
+
+    /// Settings of the embedded controller (used when it runs here).
+    #[command(flatten)]
+    pub controller: meatspace_controller::ControllerArgs,
 }
 
 impl Config {
@@ -108,6 +112,7 @@ impl std::fmt::Debug for Config {
             .field("max_photo_bytes", &self.max_photo_bytes)
             .field("max_photo_dimension", &self.max_photo_dimension)
             .field("policy", &self.policy)
+            .field("controller", &self.controller)
             .finish_non_exhaustive()
     }
 }

@@ -18,6 +18,8 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
+use utoipa::openapi::path::{HttpMethod, OperationBuilder};
+use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 use uuid::Uuid;
@@ -97,6 +99,22 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::tasks::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
         .split_for_parts();
+    let mut openapi = openapi;
+    // The document lists itself: the capabilities document names it as an
+    // endpoint, and clients discover routes from here.
+    openapi.paths.add_path_operation(
+        "/api/v1/openapi.json",
+        vec![HttpMethod::Get],
+        OperationBuilder::new()
+            .tag("agent")
+            .operation_id(Some("openapi"))
+            .summary(Some("This OpenAPI document"))
+            .response(
+                "200",
+                ResponseBuilder::new().description("The OpenAPI document of every API route"),
+            )
+            .build(),
+    );
     let openapi = Arc::new(openapi);
     Router::new()
         .merge(api)

@@ -60,8 +60,21 @@ async fn main() -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
 
-    let controller: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None; // INTEGRATE
-    let _ = (&stop_rx, Arc::clone(&store));
+    // The embedded default runs the reconcilers here, so one process is the
+    // whole system.
+    let controller = config.run_controller_here().then(|| {
+        let store = Arc::clone(&store);
+        let controller_config = config.controller.clone().into();
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            meatspace_controller::run(store, controller_config, async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            })
+            .await
+        })
+    });
+    let metrics_handle = meatspace_api::metrics::handle();
+    tokio::spawn(meatspace_api::metrics::upkeep(metrics_handle.clone()));
     let state = AppState {
         store,
         dev_key: DevKey::new(&dev_key),
@@ -70,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
             max_bytes: config.max_photo_bytes,
             max_dimension: config.max_photo_dimension,
         },
-        metrics: meatspace_api::metrics::handle(),
+        metrics: metrics_handle.clone(),
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

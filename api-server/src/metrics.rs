@@ -20,7 +20,8 @@ pub fn handle() -> PrometheusHandle {
                 .set_buckets(&[
                     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 ])
-                .expect("static bucket list is not empty")
+                .and_then(meatspace_controller::metrics::with_buckets)
+                .expect("static bucket lists are not empty")
                 .build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
@@ -29,6 +30,15 @@ pub fn handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Keeps histogram memory bounded; run for the life of the process.
+pub async fn upkeep(handle: PrometheusHandle) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        handle.run_upkeep();
+    }
 }
 
 /// Middleware recording request count and latency per route template.

@@ -1,1 +1,139 @@
-//! placeholder
+//! The meatspace controller as a library: level-triggered reconcilers that
+//! apply task deadlines and retention to the store.
+//!
+//! The whole public surface is [`run`]:
+//!
+//! ```text
+//! pub async fn run(
+//!     store: Arc<dyn Store>,
+//!     config: ControllerConfig,
+//!     shutdown: impl Future<Output = ()>,
+//! ) -> Result<(), Error>
+//! ```
+//!
+//! It runs every reconciler concurrently until `shutdown` resolves, then lets
+//! each finish the batch it is writing and returns. The API server calls it
+//! in its own process for the embedded SQLite default; the
+//! `meatspace-controller` binary calls it for PostgreSQL. [`ControllerConfig`]
+//! carries the tuning, and [`ControllerArgs`] is its clap form, which a
+//! binary `#[command(flatten)]`s.
+//!
+//! # Reconcilers
+//!
+//! - [`expiry`]: lifetime and active time limit → `expired`; an assignment
+//!   whose worker did not start in time → back to `open`. Deadline-driven: it
+//!   sleeps until the earliest deadline in the store and wakes early when a
+//!   task changes.
+//! - [`retention`]: deletes terminal tasks (with events, issues and photos)
+//!   once they have been terminal for the retention period.
+//! - [`mirror`] (optional): keeps a `MeatspaceTask` custom resource per
+//!   task in step with the store; with [`leader`] election, one replica
+//!   at a time does it.
+//!
+//! # Terminal-state rules
+//!
+//! A terminal task has exactly one terminal event, its open issues are
+//! closed with a recorded resolution, and nothing is appended after the
+//! terminal event. These rules are not repaired after the fact: the pure
+//! `decide` refuses every command on a terminal task, and the store writes
+//! the state change, the terminal event and the issue closures in the one
+//! transaction that holds the task's row lock, with a conditional
+//! `UPDATE … WHERE state = <expected>`. A state that breaks the rules can
+//! therefore never be committed, by any replica, killed or not, so there is
+//! nothing for a reconciler to find; an audit would only add a scan of every
+//! terminal task. The tests check the rules after races, crashes and
+//! replicas.
+//!
+//! # Several replicas
+//!
+//! Replicas coordinate through row locks, not a lease: each sweep takes
+//! `FOR UPDATE SKIP LOCKED` on a batch of due rows (PostgreSQL) or the
+//! database write lock (SQLite, `BEGIN IMMEDIATE`), so two controllers never
+//! act on the same task, and each picks up the rows the other is not
+//! holding. Row locks need no leader election, no heartbeat and no lease
+//! expiry to wait out: a replica killed mid-sweep loses its connection, the
+//! database rolls its transaction back and releases its locks at once, and
+//! the surviving replica (or the restarted one) finds the same rows still
+//! due. A lease would make one replica do all the work and make the others
+//! wait out its term after a crash.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use meatspace_core::Store;
+use tokio::sync::watch;
+
+pub mod config;
+mod error;
+pub mod expiry;
+pub mod health;
+pub mod leader;
+pub mod metrics;
+pub mod mirror;
+pub mod retention;
+pub mod telemetry;
+
+pub use config::{Config, ControllerArgs, ControllerConfig};
+pub use error::Error;
+
+/// Runs the reconcilers against `store` until `shutdown` resolves.
+///
+/// Database errors do not end it: each reconciler logs them, counts them in
+/// `meatspace_reconcile_errors_total` and retries with backoff, because a
+/// controller must outlive a database restart. It returns an error only if
+/// a reconciler stops by itself (a panic).
+pub async fn run(
+    store: Arc<dyn Store>,
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    metrics::describe();
+    let (stop, stopped) = watch::channel(false);
+    let mut reconcilers = tokio::task::JoinSet::new();
+    let expiry = expiry::Expiry::new(store.clone(), &config);
+    reconcilers.spawn(expiry.run(Shutdown(stopped.clone())));
+    let retention = retention::Retention::new(store.clone(), &config);
+    reconcilers.spawn(retention.run(Shutdown(stopped.clone())));
+    if let Some(settings) = config.mirror.clone() {
+        reconcilers.spawn(mirror::run(store, settings, Shutdown(stopped)));
+    }
+    tracing::info!(?config, "controller running");
+
+    let mut result = Ok(());
+    tokio::select! {
+        () = shutdown => tracing::info!("shutting down: finishing the batches in flight"),
+        Some(ended) = reconcilers.join_next() => {
+            result = Err(Error::ReconcilerStopped(match ended {
+                Ok(()) => "it returned".to_owned(),
+                Err(e) => e.to_string(),
+            }));
+        }
+    }
+    let _ = stop.send(true);
+    while let Some(ended) = reconcilers.join_next().await {
+        if let Err(e) = ended {
+            result = Err(Error::ReconcilerStopped(e.to_string()));
+        }
+    }
+    if let Err(e) = &result {
+        tracing::error!(error = %e, "controller stopped");
+    } else {
+        tracing::info!("controller stopped");
+    }
+    result
+}
+
+/// Tells a reconciler to stop; it checks between batches, never inside one.
+#[derive(Debug, Clone)]
+pub(crate) struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    pub(crate) fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once shutdown is requested (or its sender is gone).
+    pub(crate) async fn requested(&mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}

@@ -1,1 +1,77 @@
-fn main() {}
+//! `meatspace-controller`: parses the configuration, sets up logging and
+//! metrics, opens the store (running migrations), serves `/livez`,
+//! `/readyz` and `/metrics`, and runs the reconcilers of
+//! [`meatspace_controller::run`] until SIGTERM or Ctrl-C.
+
+use anyhow::Context;
+use clap::Parser;
+use meatspace_controller::{Config, health, metrics, telemetry};
+use meatspace_core::store::{Backend, ConnectOptions, connect, redact_url};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    telemetry::init(&config.log, config.log_format).context("invalid log filter")?;
+    tracing::info!(?config, "starting meatspace-controller");
+    let handle = metrics::install_recorder().context("install the Prometheus recorder")?;
+
+    let options = ConnectOptions {
+        max_connections: config.db_max_connections,
+        ..ConnectOptions::default()
+    };
+    let store = connect(&config.database_url, config.policy.clone().into(), &options)
+        .await
+        .with_context(|| format!("open the store at {}", redact_url(&config.database_url)))?;
+    if store.backend() == Backend::Sqlite {
+        tracing::warn!(
+            "SQLite only signals changes within one process: deadlines that another process \
+             (the API server) creates are seen within --max-sleep-seconds, not at once. The API \
+             server runs these reconcilers itself for SQLite."
+        );
+    }
+
+    let listener = TcpListener::bind(config.listen_addr)
+        .await
+        .with_context(|| format!("listen on {}", config.listen_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /livez, /readyz and /metrics");
+    let (stop_http, http_stopped) = watch::channel(false);
+    let http = tokio::spawn(
+        axum::serve(listener, health::router(store.clone(), handle))
+            .with_graceful_shutdown(async move {
+                let mut stopped = http_stopped;
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .into_future(),
+    );
+
+    let result =
+        meatspace_controller::run(store, config.controller.into(), shutdown_signal()).await;
+    // Probes keep answering until the reconcilers have finished their batches.
+    let _ = stop_http.send(true);
+    http.await
+        .context("health server task")?
+        .context("health server")?;
+    result.context("controller")?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM (Kubernetes) or Ctrl-C.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}

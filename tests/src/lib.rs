@@ -7,6 +7,9 @@
 //! tests run in parallel without seeing each other. A missing server is a
 //! test failure, never a skip.
 
+pub mod k8s;
+pub mod server;
+
 use std::sync::Arc;
 
 use meatspace_core::store::{ConnectOptions, connect};

@@ -5,133 +5,33 @@
 //! printer columns, and the apiserver rejects what the schema forbids.
 //!
 //! The apiserver comes from `scripts/control-plane.sh` (the test command
-//! starts one) and its admin kubeconfig from `MEATSPACE_TEST_KUBECONFIG`. A
-//! missing control plane is a test failure, never a skip. Each test works in
-//! a namespace of its own with a random name, so tests run in parallel and
-//! a second run on the same control plane starts clean.
-
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
+//! starts one) and its admin kubeconfig from `MEATSPACE_TEST_KUBECONFIG`
+//! (see `meatspace_tests::k8s`). A missing control plane is a test failure,
+//! never a skip. Each test works in a namespace of its own with a random
+//! name, so tests run in parallel and a second run on the same control plane
+//! starts clean.
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
-};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, CustomResourceExt, Resource, ResourceExt};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use meatspace_core::{Task, TaskState};
 use meatspace_crds::{MeatspaceTask, MeatspaceTaskStatus, desired, resource_name};
+use meatspace_tests::k8s::{
+    TEST_MANAGER, admin_client, create_namespace, drop_namespace, install_crd, kubectl,
+};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-/// Environment variable naming the admin kubeconfig of the test control plane.
-const KUBECONFIG_ENV: &str = "MEATSPACE_TEST_KUBECONFIG";
 /// Field manager of everything these tests write.
-const MANAGER: &str = "meatspace-tests";
-const CRD_NAME: &str = "meatspacetasks.meatspace.dev";
-
-fn kubeconfig_path() -> PathBuf {
-    match std::env::var_os(KUBECONFIG_ENV) {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "{KUBECONFIG_ENV} is not set: these tests need a real kube-apiserver. Run the suite \
-             with scripts/test, which starts a throwaway control plane, or start one with \
-             `scripts/control-plane.sh start DIR` and `source DIR/env`."
-        ),
-    }
-}
+const MANAGER: &str = TEST_MANAGER;
 
 async fn client() -> Client {
-    let path = kubeconfig_path();
-    let kubeconfig = Kubeconfig::read_from(&path)
-        .unwrap_or_else(|e| panic!("read kubeconfig {}: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", path.display()));
-    Client::try_from(config).expect("build a Kubernetes client")
-}
-
-/// The CRD exactly as checked in under deploy/ (the unit tests of
-/// meatspace-crds make sure it matches the types).
-fn checked_in_crd() -> CustomResourceDefinition {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(meatspace_crds::CRD_PATH);
-    let yaml =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
-}
-
-/// Applies the checked-in CRD with server-side apply and waits until the
-/// apiserver serves it. Every test does this; applying the same object
-/// again is a no-op, so parallel tests do not disturb each other.
-async fn install_crd(client: &Client) -> CustomResourceDefinition {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        CRD_NAME,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(checked_in_crd()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the apiserver refused the CRD: {e}"));
-
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let crd = crds.get(CRD_NAME).await.expect("read the CRD back");
-        let conditions = crd
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.clone())
-            .unwrap_or_default();
-        if conditions
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-        {
-            return crd;
-        }
-        if let Some(bad) = conditions
-            .iter()
-            .find(|c| c.type_ == "NamesAccepted" && c.status == "False")
-        {
-            panic!("the apiserver did not accept the CRD's names: {bad:?}");
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the CRD is not Established after 30s: {conditions:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    admin_client().await
 }
 
 /// A namespace of this test alone.
 async fn namespace(client: &Client) -> String {
-    let name = format!("mst-{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
-    name
-}
-
-/// Leaves the namespace to be deleted. This control plane has no namespace
-/// controller, so it stays Terminating; that only keeps new objects out.
-async fn drop_namespace(client: &Client, name: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("delete namespace {name}: {e}"));
+    create_namespace(client, "mst").await
 }
 
 fn at(secs: i64, nanos: u32) -> DateTime<Utc> {
@@ -369,23 +269,6 @@ async fn resource_with_every_optional_field_unset_reads_back_equal() {
     assert_eq!(back.status, None);
     assert_eq!(back.spec, bare.spec);
     drop_namespace(&client, &ns).await;
-}
-
-fn kubectl(args: &[&str]) -> String {
-    let program = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned());
-    let output = Command::new(&program)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig_path())
-        .output()
-        .unwrap_or_else(|e| panic!("run {program} (kubectl must be installed): {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "kubectl {} failed: {}\n{stdout}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
 }
 
 /// Splits `kubectl get` output into its header and rows of cells. Cells are

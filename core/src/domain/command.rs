@@ -583,6 +583,47 @@ mod tests {
         );
     }
 
+    /// What the controller writes at a deadline: one terminal event by the
+    /// system naming the reason and the state the task was in, and every
+    /// open issue closed with the resolution `task_expired`.
+    #[test]
+    fn expiry_records_why_and_from_where_and_closes_open_issues() {
+        let mut t = active();
+        t.open_issues = 2;
+        let d = run(&t, Command::Reconcile, 5000).unwrap();
+        assert_eq!(d.task.state, TaskState::Expired);
+        assert_eq!(d.task.ended_at, Some(at(5000)));
+        assert_eq!(d.task.open_issues, 0);
+        assert_eq!(d.task.next_deadline(), None);
+        assert_eq!(kinds(&d), vec![EventType::TaskExpired]);
+        assert_eq!(
+            d.events[0].data,
+            json!({ "reason": "active_time_limit", "previous_state": "active" })
+        );
+        assert_eq!(
+            d.issue_changes,
+            vec![IssueChange::CloseAll {
+                resolution: "task_expired".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_reopened_task_waits_for_a_new_claim_and_keeps_its_lifetime() {
+        let d = run(&assigned(), Command::Reconcile, 500).unwrap();
+        assert_eq!(d.applied, Some(Due::Unassign));
+        assert_eq!(d.task.expires_at, assigned().expires_at);
+        assert_eq!(d.task.next_deadline(), Some(at(1000)));
+        assert_eq!(d.events[0].actor, Actor::System);
+        assert_eq!(
+            d.events[0].data,
+            json!({ "worker_id": W, "reason": "start_timeout" })
+        );
+        assert!(d.issue_changes.is_empty());
+        let claimed = run(&d.task, Command::Claim { worker: OTHER }, 600).unwrap();
+        assert_eq!(claimed.task.worker_id, Some(OTHER));
+    }
+
     #[test]
     fn reconcile_expires_or_unassigns() {
         assert_eq!(

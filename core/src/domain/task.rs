@@ -232,6 +232,70 @@ pub(crate) mod tests {
         }
     }
 
+    /// The store indexes `next_deadline` and the controller reconciles a
+    /// task once the index says so: that is only right if `due(t)` is
+    /// `Some` exactly when `t` has reached `next_deadline()`, for every
+    /// state and arrangement of deadlines, to the millisecond.
+    #[test]
+    fn due_agrees_with_next_deadline_at_every_instant() {
+        let options = [None, Some(at(500)), Some(at(1000)), Some(at(1500))];
+        for state in TaskState::ALL {
+            for start_by in options {
+                for active_until in options {
+                    let mut t = task(state);
+                    t.start_by = start_by;
+                    t.active_until = active_until;
+                    for ms in (0..2_000_000)
+                        .step_by(250)
+                        .chain([499_999, 999_999, 1_499_999])
+                    {
+                        let now = at(0) + TimeDelta::milliseconds(ms);
+                        assert_eq!(
+                            t.due(now).is_some(),
+                            t.next_deadline().is_some_and(|d| now >= d),
+                            "{state} start_by {start_by:?} active_until {active_until:?} at +{ms} ms"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_is_due_a_millisecond_before_a_deadline() {
+        let t = task(TaskState::Open);
+        assert_eq!(t.due(at(1000) - TimeDelta::milliseconds(1)), None);
+        let mut t = task(TaskState::Active);
+        t.active_until = Some(at(1000));
+        assert_eq!(t.due(at(1000) - TimeDelta::milliseconds(1)), None);
+        assert_eq!(
+            t.due(at(1000)),
+            Some(Due::Expire(ExpiryReason::ActiveTimeLimit))
+        );
+    }
+
+    #[test]
+    fn expiry_wins_when_the_start_timeout_and_lifetime_end_together() {
+        let mut t = task(TaskState::Assigned);
+        t.start_by = Some(at(1000));
+        assert_eq!(t.due(at(1000)), Some(Due::Expire(ExpiryReason::Lifetime)));
+    }
+
+    #[test]
+    fn an_assignment_past_its_start_timeout_reopens_only_while_the_lifetime_lasts() {
+        let mut t = task(TaskState::Assigned);
+        t.start_by = Some(at(100));
+        assert_eq!(t.due(at(999)), Some(Due::Unassign));
+        assert_eq!(t.due(at(1000)), Some(Due::Expire(ExpiryReason::Lifetime)));
+    }
+
+    #[test]
+    fn an_assignment_without_a_start_deadline_still_expires_with_its_lifetime() {
+        let t = task(TaskState::Assigned);
+        assert_eq!(t.next_deadline(), Some(at(1000)));
+        assert_eq!(t.due(at(1000)), Some(Due::Expire(ExpiryReason::Lifetime)));
+    }
+
     #[test]
     fn state_names_round_trip() {
         for s in TaskState::ALL {

@@ -62,12 +62,35 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
                 StoreError::Unavailable(e)
             }
-            sqlx::Error::Database(ref db) if db.code().as_deref() == Some("5") => {
-                // SQLITE_BUSY after the busy timeout: the database is locked.
+            sqlx::Error::Database(ref db) if means_unavailable(db.as_ref()) => {
                 StoreError::Unavailable(e)
             }
             other => StoreError::Database(other),
         }
+    }
+}
+
+/// Database errors that say the database cannot be used right now, not that
+/// a statement is wrong: SQLite's busy timeout (the file is locked), and
+/// PostgreSQL ending or refusing the session (severity FATAL, e.g. "database
+/// is not currently accepting connections"), connection exceptions (class
+/// 08), operator intervention (57P01-57P04) and too many connections.
+fn means_unavailable(db: &dyn sqlx::error::DatabaseError) -> bool {
+    use sqlx::postgres::{PgDatabaseError, PgSeverity};
+    if db
+        .try_downcast_ref::<PgDatabaseError>()
+        .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic))
+    {
+        return true;
+    }
+    match db.code().as_deref() {
+        // SQLITE_BUSY after the busy timeout.
+        Some("5") => true,
+        Some(code) => {
+            code.starts_with("08")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "57P04" | "53300")
+        }
+        None => false,
     }
 }
 
@@ -177,6 +200,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         cursor: Option<OpenTasksCursor>,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError>;
+
+    /// Every task, ordered by id, after `after` (for full resyncs).
+    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError>;
 
     /// The earliest deadline of any non-terminal task.
     async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError>;

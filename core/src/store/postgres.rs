@@ -193,6 +193,170 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// Writes the controller's decisions for a batch of locked tasks with a
+    /// fixed number of statements, whatever the batch size: one round trip
+    /// per task and statement would make a backlog of thousands of due tasks
+    /// take seconds. Each decision is still a conditional write (`WHERE
+    /// state = <expected>`) with its event and issue closures, all in the
+    /// caller's transaction, which holds every row's lock.
+    async fn write_reconciled(
+        tx: &mut Transaction<'_, Postgres>,
+        decided: Vec<(Task, Decision)>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Applied>, StoreError> {
+        if decided.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Reconcile appends exactly one event, stores no photo and only
+        // closes issues; anything else takes the general path.
+        if decided.iter().any(|(_, d)| {
+            d.events.len() != 1
+                || d.photo.is_some()
+                || d.issue_changes
+                    .iter()
+                    .any(|c| !matches!(c, IssueChange::CloseAll { .. }))
+        }) {
+            let mut out = Vec::with_capacity(decided.len());
+            for (before, d) in decided {
+                out.push(Self::write(tx, &before, d).await?);
+            }
+            return Ok(out);
+        }
+
+        let ids: Vec<Uuid> = decided.iter().map(|(t, _)| t.id).collect();
+        let kinds: Vec<&str> = decided
+            .iter()
+            .map(|(_, d)| d.events[0].kind.as_str())
+            .collect();
+        let actors: Vec<&str> = decided
+            .iter()
+            .map(|(_, d)| d.events[0].actor.as_str())
+            .collect();
+        let data: Vec<serde_json::Value> = decided
+            .iter()
+            .map(|(_, d)| d.events[0].data.clone())
+            .collect();
+        let inserted: Vec<(Uuid, i64)> = sqlx::query_as(
+            "INSERT INTO events (task_id, type, actor, created_at, data) \
+             SELECT u.task_id, u.type, u.actor, $5, u.data \
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS u(task_id, type, actor, data) \
+             RETURNING task_id, id",
+        )
+        .bind(&ids)
+        .bind(&kinds)
+        .bind(&actors)
+        .bind(&data)
+        .bind(now)
+        .fetch_all(&mut **tx)
+        .await?;
+        let event_ids: std::collections::HashMap<Uuid, i64> = inserted.into_iter().collect();
+
+        let (closing, resolutions): (Vec<Uuid>, Vec<String>) = decided
+            .iter()
+            .flat_map(|(t, d)| {
+                d.issue_changes.iter().filter_map(move |c| match c {
+                    IssueChange::CloseAll { resolution } => Some((t.id, resolution.clone())),
+                    _ => None,
+                })
+            })
+            .unzip();
+        if !closing.is_empty() {
+            sqlx::query(
+                "UPDATE issues SET status = 'closed', resolution = u.resolution, resolved_at = $3 \
+                 FROM UNNEST($1::uuid[], $2::text[]) AS u(task_id, resolution) \
+                 WHERE issues.task_id = u.task_id AND issues.status = 'open'",
+            )
+            .bind(&closing)
+            .bind(&resolutions)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        }
+
+        let mut out = Vec::with_capacity(decided.len());
+        for (before, d) in decided {
+            let Decision {
+                mut task,
+                events: new_events,
+                applied,
+                ..
+            } = d;
+            let e = new_events
+                .into_iter()
+                .next()
+                .expect("one event, checked above");
+            let id = *event_ids
+                .get(&task.id)
+                .ok_or_else(|| StoreError::Corrupt(format!("no event id for task {}", task.id)))?;
+            task.last_event_id = id;
+            let event = Event {
+                id,
+                task_id: task.id,
+                kind: e.kind,
+                created_at: task.updated_at,
+                actor: e.actor,
+                untrusted: e.kind.carries_worker_content(),
+                data: e.data,
+            };
+            out.push((
+                before.state,
+                Applied {
+                    task,
+                    events: vec![event],
+                    applied,
+                },
+            ));
+        }
+        let col = |f: &dyn Fn(&Task) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
+            out.iter().map(|(_, a)| f(&a.task)).collect()
+        };
+        let updated = sqlx::query(
+            "UPDATE tasks SET state = u.state, worker_id = u.worker_id, updated_at = u.updated_at, \
+             published_at = u.published_at, assigned_at = u.assigned_at, started_at = u.started_at, \
+             ended_at = u.ended_at, start_by = u.start_by, active_until = u.active_until, \
+             next_deadline = u.next_deadline, open_issues = u.open_issues, last_event_id = u.last_event_id \
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], \
+                 $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], \
+                 $10::timestamptz[], $11::timestamptz[], $12::timestamptz[], $13::int4[], $14::int8[]) \
+               AS u(id, expected, state, worker_id, updated_at, published_at, assigned_at, started_at, \
+                    ended_at, start_by, active_until, next_deadline, open_issues, last_event_id) \
+             WHERE tasks.id = u.id AND tasks.state = u.expected",
+        )
+        .bind(out.iter().map(|(_, a)| a.task.id).collect::<Vec<_>>())
+        .bind(out.iter().map(|(s, _)| s.as_str()).collect::<Vec<_>>())
+        .bind(out.iter().map(|(_, a)| a.task.state.as_str()).collect::<Vec<_>>())
+        .bind(out.iter().map(|(_, a)| a.task.worker_id).collect::<Vec<_>>())
+        .bind(out.iter().map(|(_, a)| a.task.updated_at).collect::<Vec<_>>())
+        .bind(col(&|t| t.published_at))
+        .bind(col(&|t| t.assigned_at))
+        .bind(col(&|t| t.started_at))
+        .bind(col(&|t| t.ended_at))
+        .bind(col(&|t| t.start_by))
+        .bind(col(&|t| t.active_until))
+        .bind(col(&|t| t.next_deadline()))
+        .bind(out.iter().map(|(_, a)| a.task.open_issues).collect::<Vec<_>>())
+        .bind(out.iter().map(|(_, a)| a.task.last_event_id).collect::<Vec<_>>())
+        .execute(&mut **tx)
+        .await?;
+        if updated.rows_affected() != out.len() as u64 {
+            // Impossible while we hold the row locks; refuse rather than
+            // commit events for changes that did not happen.
+            return Err(StoreError::Corrupt(format!(
+                "{} of {} reconciled tasks changed under their locks",
+                out.len() as u64 - updated.rows_affected(),
+                out.len()
+            )));
+        }
+        sqlx::query("SELECT pg_notify($1, id::text) FROM UNNEST($2::uuid[]) AS id")
+            .bind(CHANNEL)
+            .bind(&ids)
+            .execute(&mut **tx)
+            .await?;
+        Ok(out.into_iter().map(|(_, a)| a).collect())
+    }
+}
+
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
@@ -320,7 +484,10 @@ impl Store for PgStore {
     #[tracing::instrument(skip(self), err)]
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
         let bytes: Option<Vec<u8>> =
-            sqlx::query_scalar("SELECT agent_token_hash FROM tasks WHERE id = $1")
+            sqlx::query_scalar(
+                "SELECT agent_token_hash FROM tasks WHERE id = $1 \
+                 UNION ALL SELECT agent_token_hash FROM purged_tasks WHERE id = $1 LIMIT 1",
+            )
                 .bind(task_id)
                 .fetch_optional(&self.pool)
                 .await?;
@@ -352,7 +519,17 @@ impl Store for PgStore {
                 .await?;
             ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
         }
-        let decision = decide(&task, &ctx, command, now, &self.policy)?;
+        let decision = match decide(&task, &ctx, command, now, &self.policy) {
+            Ok(decision) => decision,
+            Err(refusal) => {
+                // Release the row lock before answering: a dropped transaction
+                // is rolled back only later, in the background, when its
+                // connection returns to the pool, and until then other
+                // writers wait and `reconcile_due` skips the task.
+                tx.rollback().await?;
+                return Err(refusal.into());
+            }
+        };
         let applied = Self::write(&mut tx, &task, decision).await?;
         tx.commit().await?;
         Ok(applied)
@@ -449,7 +626,9 @@ impl Store for PgStore {
     ) -> Result<Vec<Task>, StoreError> {
         let (created_at, id) = match cursor {
             Some(c) => (c.created_at, c.id),
-            None => (DateTime::<Utc>::MIN_UTC, Uuid::nil()),
+            // chrono's MIN_UTC is outside PostgreSQL's timestamptz range;
+            // no task is created before the epoch.
+            None => (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()),
         };
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND (created_at, id) > ($1, $2) \
@@ -457,6 +636,18 @@ impl Store for PgStore {
         ))
         .bind(created_at)
         .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2"
+        ))
+        .bind(after.unwrap_or(Uuid::nil()))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
@@ -487,7 +678,7 @@ impl Store for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
         .await?;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut decided = Vec::with_capacity(rows.len());
         for row in &rows {
             let task = task_from_row(row)?;
             match decide(
@@ -497,12 +688,13 @@ impl Store for PgStore {
                 now,
                 &self.policy,
             ) {
-                Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
+                Ok(d) => decided.push((task, d)),
                 Err(refusal) => {
                     tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
                 }
             }
         }
+        let out = Self::write_reconciled(&mut tx, decided, now).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -527,6 +719,13 @@ impl Store for PgStore {
             .bind(&ids)
             .execute(&mut *tx)
             .await?;
+        sqlx::query(
+            "INSERT INTO purged_tasks (id, agent_token_hash, purged_at) \
+             SELECT id, agent_token_hash, now() FROM tasks WHERE id = ANY($1) ON CONFLICT DO NOTHING",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
         let deleted = sqlx::query("DELETE FROM tasks WHERE id = ANY($1)")
             .bind(&ids)
             .execute(&mut *tx)
@@ -546,8 +745,8 @@ impl Store for PgStore {
             match n {
                 Ok(n) => n.payload().parse().ok(),
                 Err(e) => {
-                    // The listener reconnects by itself; a gap is covered by
-                    // the controller's periodic resync.
+                    // The stream may end after an error; consumers
+                    // subscribe again, and their periodic resyncs cover the gap.
                     tracing::warn!(error = %e, "task change notification failed");
                     None
                 }

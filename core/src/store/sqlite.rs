@@ -64,6 +64,39 @@ fn uuid(s: &str) -> Result<Uuid, StoreError> {
     Uuid::parse_str(s).map_err(|_| StoreError::Corrupt(format!("uuid {s:?}")))
 }
 
+/// Opens the single-connection write pool. Switching a new file to WAL takes
+/// an exclusive lock that SQLite's busy timeout does not wait for, so when
+/// several processes open the same new file at once, the others get
+/// SQLITE_BUSY; they retry until the acquire timeout.
+async fn open_writer(
+    connect: &SqliteConnectOptions,
+    options: &ConnectOptions,
+) -> Result<SqlitePool, StoreError> {
+    let deadline = tokio::time::Instant::now() + options.acquire_timeout;
+    loop {
+        let opened = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.clone())
+            .await;
+        match opened {
+            Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            opened => return Ok(opened?),
+        }
+    }
+}
+
+/// SQLITE_BUSY, plain or extended (the primary code is the low byte).
+fn is_busy(e: &sqlx::Error) -> bool {
+    let code = match e {
+        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse::<i32>().ok()),
+        _ => None,
+    };
+    code.is_some_and(|c| c & 0xff == 5)
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database file and runs migrations.
     pub async fn connect(
@@ -77,12 +110,14 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(options.acquire_timeout);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect.clone())
-            .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
+        let writer = open_writer(&connect, options).await?;
+        // sqlx's migrator takes no lock on SQLite, so two processes opening
+        // a new file at once would both apply the first migration and one
+        // would fail. Migrating inside a write transaction makes the second
+        // wait for the first and then find the migrations applied.
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::migrate!("./migrations/sqlite").run(&mut *tx).await?;
+        tx.commit().await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
@@ -358,7 +393,10 @@ impl Store for SqliteStore {
     #[tracing::instrument(skip(self), err)]
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
         let bytes: Option<Vec<u8>> =
-            sqlx::query_scalar("SELECT agent_token_hash FROM tasks WHERE id = ?")
+            sqlx::query_scalar(
+                "SELECT agent_token_hash FROM tasks WHERE id = ?1 \
+                 UNION ALL SELECT agent_token_hash FROM purged_tasks WHERE id = ?1 LIMIT 1",
+            )
                 .bind(task_id.to_string())
                 .fetch_optional(&self.reader)
                 .await?;
@@ -388,7 +426,16 @@ impl Store for SqliteStore {
                 .await?;
             ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
         }
-        let decision = decide(&task, &ctx, command, now, &self.policy)?;
+        let decision = match decide(&task, &ctx, command, now, &self.policy) {
+            Ok(decision) => decision,
+            Err(refusal) => {
+                // Release the write lock before answering: a dropped
+                // transaction is rolled back only later, in the background,
+                // and until then other processes on the file wait.
+                tx.rollback().await?;
+                return Err(refusal.into());
+            }
+        };
         let applied = Self::write(&mut tx, &task, decision).await?;
         tx.commit().await?;
         self.announce(task_id);
@@ -499,6 +546,18 @@ impl Store for SqliteStore {
     }
 
     #[tracing::instrument(skip(self), err)]
+    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?"
+        ))
+        .bind(after.map(|a| a.to_string()).unwrap_or_default())
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
     async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let v: Option<i64> = sqlx::query_scalar(
             "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
@@ -566,6 +625,14 @@ impl Store for SqliteStore {
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
+            sqlx::query(
+                "INSERT OR IGNORE INTO purged_tasks (id, agent_token_hash, purged_at) \
+                 SELECT id, agent_token_hash, ? FROM tasks WHERE id = ?",
+            )
+            .bind(crate::clock::now().timestamp_millis())
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
             deleted += sqlx::query("DELETE FROM tasks WHERE id = ?")
                 .bind(id)
                 .execute(&mut *tx)

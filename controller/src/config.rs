@@ -1,0 +1,258 @@
+//! Configuration: [`ControllerConfig`] is what [`run`](crate::run) needs,
+//! [`ControllerArgs`] is its command-line and environment form (flattened by
+//! both binaries, so the API server running the reconcilers in-process reads
+//! the same variables), and [`Config`] is the whole `meatspace-controller`
+//! command line.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use meatspace_core::policy::PolicyArgs;
+use meatspace_core::store::redact_url;
+
+use crate::leader::LeaseSettings;
+use crate::mirror::MirrorSettings;
+use crate::telemetry::LogFormat;
+
+/// Tuning of the reconcilers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// How long a terminal task (with its events and photos) is kept.
+    pub retention: TimeDelta,
+    /// How often retention looks for terminal tasks past the retention
+    /// period. A second of precision does not matter here, so it polls; each
+    /// poll is one index probe when nothing is old enough.
+    pub retention_interval: Duration,
+    /// Most tasks changed in one transaction. Larger batches cost fewer
+    /// commits; smaller ones hold row locks for less time and spread the
+    /// work across replicas more evenly.
+    pub batch_size: u32,
+    /// Longest sleep between two reads of the earliest deadline. Change
+    /// notifications normally wake the controller; this is the safety net
+    /// for one that was lost (a notification connection reconnecting, or a
+    /// SQLite database written by another process).
+    pub max_sleep: Duration,
+    /// Mirror tasks into Kubernetes custom resources; `None` leaves it off.
+    pub mirror: Option<MirrorSettings>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerArgs::default().into()
+    }
+}
+
+/// Command-line and environment form of [`ControllerConfig`].
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// Seconds a terminal task (with its events and photos) is kept before
+    /// it is deleted; afterwards the API answers 404 for it. Default 30 days.
+    #[arg(long, env = "MEATSPACE_RETENTION_SECONDS", default_value_t = 30 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_seconds: u64,
+    /// Seconds between two retention sweeps.
+    #[arg(long, env = "MEATSPACE_RETENTION_INTERVAL_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_interval_seconds: u64,
+    /// Most tasks the controller changes in one transaction.
+    #[arg(long, env = "MEATSPACE_CONTROLLER_BATCH_SIZE", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_size: u32,
+    /// Longest time, in seconds, the controller sleeps without re-reading
+    /// the earliest deadline (a safety net for lost change notifications).
+    #[arg(long, env = "MEATSPACE_CONTROLLER_MAX_SLEEP_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sleep_seconds: u64,
+    #[command(flatten)]
+    pub mirror: MirrorArgs,
+}
+
+/// Command-line and environment form of [`MirrorSettings`].
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct MirrorArgs {
+    /// Mirror every task as a MeatspaceTask custom resource (needs a
+    /// kubeconfig or in-cluster service account, and the CRD installed).
+    #[arg(long, env = "MEATSPACE_MIRROR_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub mirror_enabled: bool,
+    /// Namespace of the MeatspaceTask resources (default: POD_NAMESPACE, else "default").
+    #[arg(long, env = "MEATSPACE_MIRROR_NAMESPACE")]
+    pub mirror_namespace: Option<String>,
+    /// Kubeconfig file (default: the in-cluster service account).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Seconds between two full resyncs of the mirror (a safety net; changes
+    /// are mirrored as they happen).
+    #[arg(long, env = "MEATSPACE_MIRROR_RESYNC_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub mirror_resync_seconds: u64,
+    /// Mirror only while holding a coordination.k8s.io Lease, so that one
+    /// of several replicas does it.
+    #[arg(long, env = "MEATSPACE_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the Lease.
+    #[arg(long, env = "MEATSPACE_LEASE_NAME", default_value = "meatspace-controller")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Namespace of this pod: holds the Lease, and the default mirror namespace.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+}
+
+impl MirrorArgs {
+    fn settings(&self) -> Option<MirrorSettings> {
+        if !self.mirror_enabled {
+            return None;
+        }
+        let home = self.pod_namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let identity = self
+            .pod_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("meatspace-controller-{}", uuid::Uuid::new_v4().simple()));
+        Some(MirrorSettings {
+            namespace: self.mirror_namespace.clone().unwrap_or_else(|| home.clone()),
+            kubeconfig: self.kubeconfig.clone(),
+            resync_interval: Duration::from_secs(self.mirror_resync_seconds),
+            lease: self.leader_election.then(|| LeaseSettings {
+                name: self.lease_name.clone(),
+                namespace: home,
+                identity,
+                duration: Duration::from_secs(15),
+            }),
+        })
+    }
+}
+
+impl Default for ControllerArgs {
+    fn default() -> Self {
+        Self {
+            retention_seconds: 30 * 24 * 3600,
+            retention_interval_seconds: 60,
+            batch_size: 500,
+            max_sleep_seconds: 10,
+            mirror: MirrorArgs {
+                mirror_resync_seconds: 300,
+                lease_name: "meatspace-controller".to_owned(),
+                ..MirrorArgs::default()
+            },
+        }
+    }
+}
+
+impl From<ControllerArgs> for ControllerConfig {
+    fn from(a: ControllerArgs) -> Self {
+        ControllerConfig {
+            retention: TimeDelta::seconds(i64::try_from(a.retention_seconds).unwrap_or(i64::MAX))
+                .min(TimeDelta::days(365 * 1000)),
+            retention_interval: Duration::from_secs(a.retention_interval_seconds),
+            batch_size: a.batch_size,
+            max_sleep: Duration::from_secs(a.max_sleep_seconds),
+            mirror: a.mirror.settings(),
+        }
+    }
+}
+
+/// The `meatspace-controller` command line. Every flag has an environment
+/// variable, listed by `--help`.
+#[derive(Clone, clap::Parser)]
+#[command(
+    name = "meatspace-controller",
+    version,
+    about = "meatspace controller: expires tasks at their deadlines, reopens abandoned \
+             assignments and deletes terminal tasks after the retention period. Run one or \
+             more replicas against the same PostgreSQL database."
+)]
+pub struct Config {
+    /// Database URL: postgres://user:password@host:port/db (production) or
+    /// sqlite://path (the embedded default, which the API server normally
+    /// reconciles itself).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Address of the /livez, /readyz and /metrics endpoints.
+    #[arg(
+        long,
+        env = "MEATSPACE_CONTROLLER_LISTEN_ADDR",
+        default_value = "127.0.0.1:9091"
+    )]
+    pub listen_addr: SocketAddr,
+    /// Largest number of database connections this replica opens.
+    #[arg(long, env = "MEATSPACE_CONTROLLER_DB_MAX_CONNECTIONS", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub db_max_connections: u32,
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info,meatspace_controller=debug`).
+    #[arg(long = "log", env = "RUST_LOG", default_value = "info")]
+    pub log: String,
+    /// Log format: `text` for people, `json` for log collectors.
+    #[arg(long, env = "MEATSPACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("listen_addr", &self.listen_addr)
+            .field("db_max_connections", &self.db_max_connections)
+            .field("log", &self.log)
+            .field("log_format", &self.log_format)
+            .field("controller", &self.controller)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Config::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let c = Config::try_parse_from(["meatspace-controller", "--database-url", "sqlite://x.db"])
+            .unwrap();
+        let cfg = ControllerConfig::from(c.controller);
+        assert_eq!(cfg, ControllerConfig::default());
+        assert_eq!(cfg.retention, TimeDelta::days(30));
+        assert_eq!(c.listen_addr, "127.0.0.1:9091".parse().unwrap());
+    }
+
+    #[test]
+    fn the_database_password_never_reaches_the_log() {
+        let c = Config::try_parse_from([
+            "meatspace-controller",
+            "--database-url",
+            "postgres://u:hunter2@db:5432/meatspace",
+        ])
+        .unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("postgres://u:***@db:5432/meatspace"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_zero_batch_size_is_rejected() {
+        let r = Config::try_parse_from([
+            "meatspace-controller",
+            "--database-url",
+            "sqlite://x.db",
+            "--batch-size",
+            "0",
+        ]);
+        assert!(r.is_err());
+    }
+}

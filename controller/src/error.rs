@@ -1,0 +1,48 @@
+//! The controller's one error type. Each variant names itself for the
+//! `error` label of `meatspace_reconcile_errors_total`, so an alert can tell
+//! an unreachable database from a real fault.
+
+use meatspace_core::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database cannot be reached (connection refused, pool timed out,
+    /// SQLite busy). Transient: the reconciler retries.
+    #[error("database unavailable: {0}")]
+    StoreUnavailable(#[source] StoreError),
+    /// Any other store failure.
+    #[error("store: {0}")]
+    Store(#[source] StoreError),
+    /// A call to the Kubernetes apiserver failed.
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("kubernetes configuration: {0}")]
+    KubeConfig(String),
+    /// A reconciler task ended by itself, which only a panic does.
+    #[error("a reconciler stopped unexpectedly: {0}")]
+    ReconcilerStopped(String),
+}
+
+impl Error {
+    /// Value of the `error` label in metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::StoreUnavailable(_) => "store_unavailable",
+            Error::Store(_) => "store",
+            Error::Kube(_) => "kube",
+            Error::KubeConfig(_) => "kube_config",
+            Error::ReconcilerStopped(_) => "reconciler_stopped",
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        if e.is_unavailable() {
+            Error::StoreUnavailable(e)
+        } else {
+            Error::Store(e)
+        }
+    }
+}

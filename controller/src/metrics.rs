@@ -1,0 +1,120 @@
+//! The controller's Prometheus metrics, through the `metrics` facade.
+//!
+//! The library only records; whoever owns the process installs the
+//! recorder. The controller binary does it with [`install_recorder`]; the API
+//! server, running the reconcilers in-process, should pass its own
+//! `PrometheusBuilder` through [`with_buckets`] so the histograms below are
+//! exported with buckets rather than as summaries.
+
+use std::time::Duration;
+
+use meatspace_core::ExpiryReason;
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Tasks the controller expired, labelled `reason` (`lifetime`, `active_time_limit`).
+pub const TASKS_EXPIRED: &str = "meatspace_tasks_expired_total";
+/// Assignments the controller ended because the worker did not start in time.
+pub const TASKS_UNASSIGNED: &str = "meatspace_tasks_unassigned_total";
+/// Terminal tasks deleted by retention.
+pub const TASKS_PURGED: &str = "meatspace_tasks_purged_total";
+/// Seconds from a task's deadline until its expiry was committed.
+pub const EXPIRY_LAG: &str = "meatspace_expiry_lag_seconds";
+/// Seconds one reconcile pass (one batch) took, labelled `reconciler`.
+pub const RECONCILE_DURATION: &str = "meatspace_reconcile_duration_seconds";
+/// Failed reconcile passes, labelled `reconciler` and `error`.
+pub const RECONCILE_ERRORS: &str = "meatspace_reconcile_errors_total";
+
+/// Buckets of [`EXPIRY_LAG`]: the target is "within about a second", so the
+/// resolution is finest below that.
+const LAG_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets of [`RECONCILE_DURATION`].
+const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Adds the controller's histogram buckets to a Prometheus builder.
+pub fn with_buckets(builder: PrometheusBuilder) -> Result<PrometheusBuilder, BuildError> {
+    builder
+        .set_buckets_for_metric(Matcher::Full(EXPIRY_LAG.into()), LAG_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(RECONCILE_DURATION.into()), DURATION_BUCKETS)
+}
+
+/// Installs the global Prometheus recorder and starts its upkeep (which
+/// keeps histogram memory bounded). Call once, inside a Tokio runtime.
+pub fn install_recorder() -> Result<PrometheusHandle, BuildError> {
+    let handle = with_buckets(PrometheusBuilder::new())?.install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// Describes every metric and registers the counters at zero, so dashboards
+/// and alerts see the series before the first event.
+pub fn describe() {
+    describe_counter!(
+        TASKS_EXPIRED,
+        Unit::Count,
+        "Tasks the controller expired, by reason."
+    );
+    describe_counter!(
+        TASKS_UNASSIGNED,
+        Unit::Count,
+        "Assignments reopened because the worker did not start in time."
+    );
+    describe_counter!(
+        TASKS_PURGED,
+        Unit::Count,
+        "Terminal tasks deleted by retention."
+    );
+    describe_histogram!(
+        EXPIRY_LAG,
+        Unit::Seconds,
+        "Time from a task's deadline until its expiry was committed."
+    );
+    describe_histogram!(
+        RECONCILE_DURATION,
+        Unit::Seconds,
+        "Duration of one reconcile pass, by reconciler."
+    );
+    describe_counter!(
+        RECONCILE_ERRORS,
+        Unit::Count,
+        "Failed reconcile passes, by reconciler and error."
+    );
+    for reason in [ExpiryReason::Lifetime, ExpiryReason::ActiveTimeLimit] {
+        counter!(TASKS_EXPIRED, "reason" => reason.as_str()).increment(0);
+    }
+    counter!(TASKS_UNASSIGNED).increment(0);
+    counter!(TASKS_PURGED).increment(0);
+}
+
+pub(crate) fn expired(reason: ExpiryReason, lag: Duration) {
+    counter!(TASKS_EXPIRED, "reason" => reason.as_str()).increment(1);
+    histogram!(EXPIRY_LAG).record(lag.as_secs_f64());
+}
+
+pub(crate) fn unassigned() {
+    counter!(TASKS_UNASSIGNED).increment(1);
+}
+
+pub(crate) fn purged(n: u64) {
+    counter!(TASKS_PURGED).increment(n);
+}
+
+pub(crate) fn reconciled(reconciler: &'static str, took: Duration) {
+    histogram!(RECONCILE_DURATION, "reconciler" => reconciler).record(took.as_secs_f64());
+}
+
+pub(crate) fn failed(reconciler: &'static str, error: &crate::Error) {
+    counter!(RECONCILE_ERRORS, "reconciler" => reconciler, "error" => error.metric_label())
+        .increment(1);
+}

@@ -1,0 +1,529 @@
+//! The Kubernetes mirror: every task in the store appears as a
+//! `MeatspaceTask` custom resource in one namespace, so `kubectl get mst`
+//! shows the system at a glance.
+//!
+//! The store is the authority. The mirror keeps a watch-fed cache of the
+//! resources it manages and, for each task, compares what the cluster has
+//! with [`desired`] (a pure function of the task): a differing spec or
+//! status is written back with server-side apply under one field manager
+//! (reverting hand edits), a missing resource is recreated, a resource whose
+//! task is gone (retention) is deleted. An unchanged task costs no request.
+//!
+//! Work arrives three ways: the store's change stream (a task changed, so
+//! the cluster follows within moments), the watch (someone edited or
+//! deleted a resource), and a periodic full resync as a safety net. With
+//! leader election on, only the replica holding the Lease mirrors.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use meatspace_core::{Store, Task};
+use meatspace_crds::{MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired};
+use serde_json::json;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::leader::{self, LeaseSettings};
+use crate::{Error, Shutdown};
+
+/// Field manager of every write, so server-side apply knows which fields
+/// the controller owns.
+pub const FIELD_MANAGER: &str = "meatspace-controller";
+
+/// Where and how to mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorSettings {
+    /// Namespace of the resources.
+    pub namespace: String,
+    /// Kubeconfig file; unset means the usual discovery (KUBECONFIG, then
+    /// the in-cluster service account).
+    pub kubeconfig: Option<PathBuf>,
+    /// Interval of the full resync.
+    pub resync_interval: Duration,
+    /// Lease to hold before mirroring; unset mirrors unconditionally.
+    pub lease: Option<LeaseSettings>,
+}
+
+/// What the mirror must do for one task.
+#[derive(Debug, Clone, PartialEq)]
+enum Plan {
+    Nothing,
+    /// Write the spec (and then the status), or only the status.
+    Apply {
+        spec: bool,
+        status: bool,
+        want: Box<MeatspaceTask>,
+    },
+    Delete,
+}
+
+/// Decides what to write, from the task (if it still exists) and the
+/// resource the cluster has (if any). Pure.
+fn plan(task: Option<&Task>, observed: Option<&MeatspaceTask>, namespace: &str) -> Plan {
+    let Some(task) = task else {
+        return if observed.is_some() {
+            Plan::Delete
+        } else {
+            Plan::Nothing
+        };
+    };
+    let want = desired(task, namespace);
+    let (spec, status) = match observed {
+        None => (true, true),
+        Some(o) => {
+            let labelled = o.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+            let spec = o.spec != want.spec || !labelled;
+            let status = o.status.as_ref() != Some(&with_generation(&want, o.metadata.generation));
+            (spec, status)
+        }
+    };
+    if spec || status {
+        Plan::Apply {
+            spec,
+            status,
+            want: Box::new(want),
+        }
+    } else {
+        Plan::Nothing
+    }
+}
+
+/// The desired status, stamped with the generation it was written for.
+fn with_generation(want: &MeatspaceTask, generation: Option<i64>) -> MeatspaceTaskStatus {
+    let mut status = want
+        .status
+        .clone()
+        .unwrap_or_else(|| unreachable!("desired() sets a status"));
+    status.observed_generation = generation;
+    status
+}
+
+struct Mirror {
+    store: Arc<dyn Store>,
+    api: Api<MeatspaceTask>,
+    namespace: String,
+    cache: reflector::Store<MeatspaceTask>,
+    /// (name, resourceVersion) of every object state our own writes
+    /// produced whose watch event has not arrived yet. Such an event needs
+    /// no reconcile: the state is what we wrote (task changes arrive through
+    /// the store), and reconciling the state between our spec and our
+    /// status write would see a stale status and write it a second time.
+    own_writes: Mutex<HashSet<(String, String)>>,
+}
+
+impl Mirror {
+    fn observed(&self, id: Uuid) -> Option<Arc<MeatspaceTask>> {
+        self.cache
+            .get(&ObjectRef::new(&meatspace_crds::resource_name(id)).within(&self.namespace))
+    }
+
+    fn count_write(&self, op: &'static str) {
+        metrics::counter!("meatspace_mirror_writes_total", "namespace" => self.namespace.clone(), "op" => op)
+            .increment(1);
+    }
+
+    /// Reads the task and brings its resource in line with it.
+    async fn reconcile(&self, id: Uuid) -> Result<(), Error> {
+        let task = self.store.task(id).await?;
+        self.reconcile_task(id, task.as_ref()).await
+    }
+
+    /// Brings the resource of task `id` in line with `task` (`None`: the
+    /// task is gone).
+    #[tracing::instrument(skip(self, task), fields(namespace = %self.namespace))]
+    async fn reconcile_task(&self, id: Uuid, task: Option<&Task>) -> Result<(), Error> {
+        let observed = self.observed(id);
+        match plan(task, observed.as_deref(), &self.namespace) {
+            Plan::Nothing => {}
+            Plan::Delete => {
+                self.count_write("delete");
+                match self
+                    .api
+                    .delete(&meatspace_crds::resource_name(id), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::debug!(task_id = %id, "deleted the resource of a removed task")
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Plan::Apply {
+                spec,
+                status: _,
+                want,
+            } => {
+                let name = want.name_any();
+                let params = PatchParams::apply(FIELD_MANAGER).force();
+                let mut generation = observed.as_ref().and_then(|o| o.metadata.generation);
+                let mut versions = Vec::with_capacity(2);
+                if spec {
+                    let mut main = (*want).clone();
+                    main.status = None;
+                    self.count_write("apply");
+                    let written = self.api.patch(&name, &params, &Patch::Apply(&main)).await?;
+                    generation = written.metadata.generation;
+                    versions.extend(written.metadata.resource_version);
+                }
+                let body = json!({
+                    "apiVersion": MeatspaceTask::api_version(&()),
+                    "kind": MeatspaceTask::kind(&()),
+                    "status": with_generation(&want, generation),
+                });
+                self.count_write("apply_status");
+                let written = self
+                    .api
+                    .patch_status(&name, &params, &Patch::Apply(&body))
+                    .await?;
+                versions.extend(written.metadata.resource_version);
+                // Recorded only once both writes went through: if the status
+                // write failed, the event of the spec write retries it.
+                let mut own = self
+                    .own_writes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if own.len() > MAX_OWN_WRITES {
+                    own.clear();
+                }
+                own.extend(versions.into_iter().map(|rv| (name.clone(), rv)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares every task and every managed resource; writes only the
+    /// differences. The tasks come from the pages just read, not one read
+    /// each: a task that changes meanwhile is reconciled again from its
+    /// change notification, which the loop handles after the resync. A
+    /// failure on one task is reported and the others still go through.
+    async fn resync(&self) -> Result<(), Error> {
+        let started = std::time::Instant::now();
+        let mut seen = HashSet::new();
+        let mut after = None;
+        let mut failed = 0usize;
+        loop {
+            let page = self.store.tasks_after(after, 500).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            seen.extend(page.iter().map(|t| t.id));
+            // Boxed: with the plain futures, rustc cannot prove the spawned
+            // mirror future Send (rust-lang/rust#102211).
+            let reconciles: Vec<BoxFuture<'_, Result<(), Error>>> = page
+                .iter()
+                .map(|t| self.reconcile_task(t.id, Some(t)).boxed())
+                .collect();
+            let mut results = futures::stream::iter(reconciles).buffer_unordered(8);
+            while let Some(result) = results.next().await {
+                if let Err(e) = result {
+                    report(Err(e), "reconcile");
+                    failed += 1;
+                }
+            }
+        }
+        // Resources whose task is gone (removed by retention while no
+        // change reached us). The name is the task id.
+        let orphans: Vec<Uuid> = self
+            .cache
+            .state()
+            .iter()
+            .filter_map(|r| Uuid::parse_str(&r.name_any()).ok())
+            .filter(|id| !seen.contains(id))
+            .collect();
+        for id in orphans {
+            if let Err(e) = self.reconcile(id).await {
+                report(Err(e), "reconcile");
+                failed += 1;
+            }
+        }
+        metrics::counter!("meatspace_mirror_resyncs_total", "namespace" => self.namespace.clone())
+            .increment(1);
+        tracing::debug!(tasks = seen.len(), failed, elapsed = ?started.elapsed(), "mirror resync done");
+        Ok(())
+    }
+
+    /// Whether a watched object is in a state our own write produced (and
+    /// forgets it: each state is announced once).
+    fn is_own_write(&self, obj: &MeatspaceTask) -> bool {
+        let Some(rv) = obj.metadata.resource_version.clone() else {
+            return false;
+        };
+        self.own_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(obj.name_any(), rv))
+    }
+
+    /// Forgets the own writes not yet seen: after a re-list their events
+    /// will not come.
+    fn forget_own_writes(&self) {
+        self.own_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// Bound of [`Mirror::own_writes`]; clearing it only costs a redundant
+/// reconcile per entry.
+const MAX_OWN_WRITES: usize = 100_000;
+
+fn report(result: Result<(), Error>, what: &str) {
+    if let Err(e) = result {
+        metrics::counter!("meatspace_reconcile_errors_total", "reconciler" => "mirror", "error" => e.metric_label())
+            .increment(1);
+        tracing::warn!(error = %e, "mirror {what} failed");
+    }
+}
+
+/// Connects to the cluster named by `settings`.
+pub async fn client(settings: &MirrorSettings) -> Result<kube::Client, Error> {
+    let config = match &settings.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::KubeConfig(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| Error::KubeConfig(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::KubeConfig(e.to_string()))?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Mirrors tasks until shutdown (while leading, when a Lease is set).
+pub(crate) async fn run(store: Arc<dyn Store>, settings: MirrorSettings, mut shutdown: Shutdown) {
+    let client = loop {
+        match client(&settings).await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot reach the cluster; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    () = shutdown.requested() => return,
+                }
+            }
+        }
+    };
+    let (leading_tx, mut leading) = watch::channel(settings.lease.is_none());
+    // The elector lives exactly as long as this function: aborted with it
+    // if it is dropped, awaited on shutdown so that it can release the
+    // Lease before the process exits (a successor then need not wait the
+    // Lease out). Without a Lease this replica always leads, and the
+    // sender stays here so that `leading` keeps its value.
+    let (elector, _always_leading) = match settings.lease.clone() {
+        Some(lease) => {
+            let elector = leader::run(client.clone(), lease, leading_tx, shutdown.clone());
+            (Some(Elector(tokio::spawn(elector))), None)
+        }
+        None => (None, Some(leading_tx)),
+    };
+    while !shutdown.is_requested() {
+        tokio::select! {
+            led = leading.wait_for(|l| *l) => if led.is_err() {
+                // Only a panic ends the elector before shutdown.
+                tracing::error!("the leader elector stopped: mirroring ends");
+                break;
+            },
+            () = shutdown.requested() => break,
+        }
+        tracing::info!(namespace = %settings.namespace, "mirroring tasks");
+        let lost = async {
+            let _ = leading.wait_for(|l| !*l).await;
+        };
+        tokio::select! {
+            () = mirror(store.clone(), client.clone(), &settings) => {}
+            () = lost => tracing::info!("lost the lease: mirroring stops"),
+            () = shutdown.requested() => {}
+        }
+    }
+    if let Some(mut elector) = elector
+        && tokio::time::timeout(Duration::from_secs(5), &mut elector.0)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the leader elector did not release the Lease within 5s");
+    }
+}
+
+/// The leader elector's task; aborted when dropped.
+struct Elector(tokio::task::JoinHandle<()>);
+
+impl Drop for Elector {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The mirror loop proper; runs until cancelled.
+async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSettings) {
+    let api: Api<MeatspaceTask> = Api::namespaced(client, &settings.namespace);
+    let (cache, writer) = reflector::store();
+    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+    let mut events = reflector::reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().labels(&selector)),
+    )
+    .default_backoff()
+    .boxed();
+    let mut changes = loop {
+        match store.changes().await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot follow task changes; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let m = Mirror {
+        store,
+        api,
+        namespace: settings.namespace.clone(),
+        cache,
+        own_writes: Mutex::default(),
+    };
+    let mut resync = tokio::time::interval(settings.resync_interval);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ready = false;
+    loop {
+        tokio::select! {
+            Some(id) = changes.next() => {
+                if ready {
+                    report(m.reconcile(id).await, "reconcile");
+                }
+            }
+            Some(event) = events.next() => match event {
+                Ok(watcher::Event::Apply(obj)) if ready && m.is_own_write(&obj) => {}
+                Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) if ready => {
+                    if let Ok(id) = Uuid::parse_str(&obj.name_any()) {
+                        report(m.reconcile(id).await, "reconcile");
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    // The cache is complete: catch up with everything.
+                    ready = true;
+                    m.forget_own_writes();
+                    report(m.resync().await, "resync");
+                    resync.reset();
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "watch of MeatspaceTask resources failed"),
+            },
+            _ = resync.tick(), if ready => report(m.resync().await, "resync"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{DateTime, Utc};
+    use meatspace_core::TaskState;
+
+    fn task() -> Task {
+        let t0: DateTime<Utc> = DateTime::from_timestamp(1_800_000_000, 0).expect("valid");
+        Task {
+            id: Uuid::from_u128(1),
+            description: "feed the cat".into(),
+            state: TaskState::Open,
+            worker_id: None,
+            created_at: t0,
+            updated_at: t0,
+            published_at: Some(t0),
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: t0,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 1,
+        }
+    }
+
+    fn as_applied(t: &Task, generation: i64) -> MeatspaceTask {
+        let mut o = desired(t, "ns");
+        o.metadata.generation = Some(generation);
+        o.status = Some(with_generation(&o, Some(generation)));
+        o
+    }
+
+    #[test]
+    fn missing_resources_are_created_and_removed_tasks_deleted() {
+        assert!(matches!(
+            plan(Some(&task()), None, "ns"),
+            Plan::Apply {
+                spec: true,
+                status: true,
+                ..
+            }
+        ));
+        assert_eq!(
+            plan(None, Some(&as_applied(&task(), 1)), "ns"),
+            Plan::Delete
+        );
+        assert_eq!(plan(None, None, "ns"), Plan::Nothing);
+    }
+
+    #[test]
+    fn an_unchanged_task_costs_nothing() {
+        assert_eq!(
+            plan(Some(&task()), Some(&as_applied(&task(), 3)), "ns"),
+            Plan::Nothing
+        );
+    }
+
+    #[test]
+    fn state_changes_write_only_the_status() {
+        let observed = as_applied(&task(), 1);
+        let mut t = task();
+        t.state = TaskState::Cancelled;
+        assert!(matches!(
+            plan(Some(&t), Some(&observed), "ns"),
+            Plan::Apply {
+                spec: false,
+                status: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn hand_edits_are_reverted() {
+        let mut edited = as_applied(&task(), 2);
+        edited.spec.description = "something else".into();
+        assert!(matches!(
+            plan(Some(&task()), Some(&edited), "ns"),
+            Plan::Apply { spec: true, .. }
+        ));
+        let mut unlabelled = as_applied(&task(), 2);
+        unlabelled.metadata.labels = None;
+        assert!(matches!(
+            plan(Some(&task()), Some(&unlabelled), "ns"),
+            Plan::Apply { spec: true, .. }
+        ));
+        let mut stale = as_applied(&task(), 2);
+        stale.metadata.generation = Some(3);
+        assert!(matches!(
+            plan(Some(&task()), Some(&stale), "ns"),
+            Plan::Apply {
+                spec: false,
+                status: true,
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,582 @@
+//! The real API server for the HTTP suites.
+//!
+//! [`TestServer::start`] opens a fresh database of the chosen backend, builds
+//! the application the way the binary does (`meatspace_api::router` served by
+//! `meatspace_api::serve` on `127.0.0.1:0`) and gives the test an HTTP client
+//! and a few helpers that talk to it like an agent or a worker would. Nothing
+//! is mocked: requests cross a real socket into the real router and store.
+//!
+//! [`api_tests!`](crate::api_tests) turns `async fn name(db: Db)` tests into
+//! one test per backend.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meatspace_api::auth::DevKey;
+use meatspace_api::photo::PhotoLimits;
+use meatspace_api::{AppState, router, serve};
+use meatspace_core::store::{ConnectOptions, connect};
+use meatspace_core::{Policy, Store};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+use sqlx::Connection;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::{Db, TestDb};
+
+/// Media type of every error the API returns.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+/// Prefix of the `type` of every problem document.
+pub const PROBLEM_TYPE_BASE: &str = "https://meatspace.dev/problems/";
+/// Header carrying the development key.
+pub const DEV_KEY_HEADER: &str = "x-meatspace-dev-key";
+
+/// Runs each listed `async fn name(db: Db)` once per backend, as
+/// `postgres::name` and `sqlite::name`, on a multi-threaded runtime so that
+/// concurrent requests really run in parallel.
+#[macro_export]
+macro_rules! api_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::Db::Postgres).await;
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::Db::Sqlite).await;
+                }
+            )+
+        }
+    };
+}
+
+/// What a test may change about the server it starts.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub policy: Policy,
+    pub photo_limits: PhotoLimits,
+    pub connect: ConnectOptions,
+}
+
+impl Default for ServerOptions {
+    /// The binary's defaults.
+    fn default() -> Self {
+        Self {
+            policy: Policy::default(),
+            photo_limits: PhotoLimits {
+                max_bytes: 10 * 1024 * 1024,
+                max_dimension: 8192,
+            },
+            connect: ConnectOptions::default(),
+        }
+    }
+}
+
+/// A running API server on its own fresh database.
+#[derive(Debug)]
+pub struct TestServer {
+    /// `http://127.0.0.1:<port>`, without a trailing slash.
+    pub base_url: String,
+    /// The development key the server accepts (random per server).
+    pub dev_key: String,
+    pub client: reqwest::Client,
+    /// The server's own store, for checking what was (not) written.
+    pub store: Arc<dyn Store>,
+    pub backend: Db,
+    /// Keeps the database (and the SQLite directory) alive.
+    pub db: TestDb,
+    pub options: ServerOptions,
+    shutdown: Option<oneshot::Sender<()>>,
+    serving: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    /// A server with the binary's default settings.
+    pub async fn start(db: Db) -> TestServer {
+        TestServer::start_with(db, ServerOptions::default()).await
+    }
+
+    /// A server with its own deadlines (e.g. short timeouts).
+    pub async fn start_with_policy(db: Db, policy: Policy) -> TestServer {
+        TestServer::start_with(
+            db,
+            ServerOptions {
+                policy,
+                ..ServerOptions::default()
+            },
+        )
+        .await
+    }
+
+    pub async fn start_with(backend: Db, options: ServerOptions) -> TestServer {
+        let db = TestDb::new(backend).await;
+        let store = connect(&db.url, options.policy, &options.connect)
+            .await
+            .expect("open the store");
+        let dev_key = DevKey::generate();
+        let state = AppState {
+            store: Arc::clone(&store),
+            dev_key: DevKey::new(&dev_key),
+            policy: options.policy,
+            photo_limits: options.photo_limits,
+            metrics: meatspace_api::metrics::handle(),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("listener address");
+        let (tx, rx) = oneshot::channel::<()>();
+        let serving = tokio::spawn(serve(listener, router(state), async move {
+            let _ = rx.await;
+        }));
+        let client = reqwest::Client::builder()
+            // A proxy from the environment must not see test traffic.
+            .no_proxy()
+            // A hang is a failure, not a stuck test run.
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("HTTP client");
+        TestServer {
+            base_url: format!("http://{addr}"),
+            dev_key,
+            client,
+            store,
+            backend,
+            db,
+            options,
+            shutdown: Some(tx),
+            serving: Some(serving),
+        }
+    }
+
+    /// Stops accepting connections, lets requests in flight finish, and
+    /// fails the test if the server ended with an error.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(serving) = self.serving.take() {
+            serving
+                .await
+                .expect("the server task panicked")
+                .expect("the server failed");
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    /// A request without credentials.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.client.request(method, self.url(path))
+    }
+
+    pub fn get(&self, path: &str) -> RequestBuilder {
+        self.request(Method::GET, path)
+    }
+
+    pub fn post(&self, path: &str) -> RequestBuilder {
+        self.request(Method::POST, path)
+    }
+
+    /// A request carrying the development key.
+    pub fn dev(&self, method: Method, path: &str) -> RequestBuilder {
+        self.request(method, path)
+            .header(DEV_KEY_HEADER, &self.dev_key)
+    }
+
+    /// Requests as the holder of an agent token.
+    pub fn agent<'a>(&'a self, token: &'a str) -> Bearer<'a> {
+        Bearer {
+            server: self,
+            token,
+        }
+    }
+
+    /// Requests as the holder of a worker token.
+    pub fn worker<'a>(&'a self, token: &'a str) -> Bearer<'a> {
+        Bearer {
+            server: self,
+            token,
+        }
+    }
+
+    /// Creates a draft task; returns its id and agent token.
+    pub async fn create_task(&self, description: &str) -> (Uuid, String) {
+        let body = self
+            .dev(Method::POST, "/api/v1/tasks")
+            .json(&json!({ "description": description }))
+            .expect_json(StatusCode::CREATED)
+            .await;
+        (uuid_at(&body, "/task/id"), str_at(&body, "/agent_token"))
+    }
+
+    /// Publishes a draft (draft → open).
+    pub async fn publish(&self, task_id: Uuid, agent_token: &str) {
+        self.agent(agent_token)
+            .post(&format!("/api/v1/tasks/{task_id}/publish"))
+            .expect_json(StatusCode::OK)
+            .await;
+    }
+
+    /// Creates and publishes a task; returns its id and agent token.
+    pub async fn create_open_task(&self, description: &str) -> (Uuid, String) {
+        let (id, token) = self.create_task(description).await;
+        self.publish(id, &token).await;
+        (id, token)
+    }
+
+    /// Registers a worker; returns its id and token.
+    pub async fn register_worker(&self, name: &str) -> (Uuid, String) {
+        let body = self
+            .dev(Method::POST, "/api/v1/workers")
+            .json(&json!({ "name": name }))
+            .expect_json(StatusCode::CREATED)
+            .await;
+        (uuid_at(&body, "/worker/id"), str_at(&body, "/worker_token"))
+    }
+
+    /// A task a new worker has claimed and started.
+    pub async fn active_task(&self, description: &str) -> ActiveTask {
+        let (task_id, agent_token) = self.create_open_task(description).await;
+        let (worker_id, worker_token) = self.register_worker("Ada").await;
+        let worker = self.worker(&worker_token);
+        for action in ["claim", "start"] {
+            worker
+                .post(&format!("/api/v1/worker/tasks/{task_id}/{action}"))
+                .expect_json(StatusCode::OK)
+                .await;
+        }
+        ActiveTask {
+            task_id,
+            agent_token,
+            worker_id,
+            worker_token,
+        }
+    }
+
+    /// The task as the agent sees it.
+    pub async fn task(&self, task_id: Uuid, agent_token: &str) -> Value {
+        self.agent(agent_token)
+            .get(&format!("/api/v1/tasks/{task_id}"))
+            .expect_json(StatusCode::OK)
+            .await
+    }
+
+    /// The whole event feed of a task, read over HTTP as the agent.
+    pub async fn feed(&self, task_id: Uuid, agent_token: &str) -> Vec<Value> {
+        let mut events = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .agent(agent_token)
+                .get(&format!(
+                    "/api/v1/tasks/{task_id}/events?after={after}&limit=1000"
+                ))
+                .expect_json(StatusCode::OK)
+                .await;
+            events.extend(page["events"].as_array().expect("events array").clone());
+            after = page["next_cursor"].as_i64().expect("next_cursor");
+            if !page["has_more"].as_bool().expect("has_more") {
+                return events;
+            }
+        }
+    }
+
+    /// How many rows each table holds, read straight from the database.
+    pub async fn counts(&self) -> RowCounts {
+        const TABLES: [&str; 5] = ["tasks", "events", "issues", "photos", "workers"];
+        let mut n = [0i64; 5];
+        match self.backend {
+            Db::Postgres => {
+                let mut conn = sqlx::PgConnection::connect(&self.db.url)
+                    .await
+                    .expect("connect to the test database");
+                for (i, table) in TABLES.iter().enumerate() {
+                    n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+                        .fetch_one(&mut conn)
+                        .await
+                        .expect("count rows");
+                }
+                conn.close().await.ok();
+            }
+            Db::Sqlite => {
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&self.db.url)
+                    .expect("SQLite URL")
+                    .read_only(true);
+                let mut conn = sqlx::SqliteConnection::connect_with(&options)
+                    .await
+                    .expect("open the test database");
+                for (i, table) in TABLES.iter().enumerate() {
+                    n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+                        .fetch_one(&mut conn)
+                        .await
+                        .expect("count rows");
+                }
+                conn.close().await.ok();
+            }
+        }
+        RowCounts {
+            tasks: n[0],
+            events: n[1],
+            issues: n[2],
+            photos: n[3],
+            workers: n[4],
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Builds requests that carry one bearer token.
+#[derive(Debug, Clone, Copy)]
+pub struct Bearer<'a> {
+    server: &'a TestServer,
+    token: &'a str,
+}
+
+impl Bearer<'_> {
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.server
+            .request(method, path)
+            .header(AUTHORIZATION, format!("Bearer {}", self.token))
+    }
+
+    pub fn get(&self, path: &str) -> RequestBuilder {
+        self.request(Method::GET, path)
+    }
+
+    pub fn post(&self, path: &str) -> RequestBuilder {
+        self.request(Method::POST, path)
+    }
+}
+
+/// A task in the active state and everyone's credentials for it.
+#[derive(Debug, Clone)]
+pub struct ActiveTask {
+    pub task_id: Uuid,
+    pub agent_token: String,
+    pub worker_id: Uuid,
+    pub worker_token: String,
+}
+
+/// Row counts per table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCounts {
+    pub tasks: i64,
+    pub events: i64,
+    pub issues: i64,
+    pub photos: i64,
+    pub workers: i64,
+}
+
+/// Sends a request and checks the answer.
+#[allow(async_fn_in_trait)] // used only by these tests, on one runtime
+pub trait Expect {
+    /// Asserts the status and returns the JSON body.
+    async fn expect_json(self, status: StatusCode) -> Value;
+    /// Asserts an RFC 9457 problem document with this status and returns it.
+    async fn expect_problem(self, status: StatusCode) -> Value;
+}
+
+impl Expect for RequestBuilder {
+    async fn expect_json(self, status: StatusCode) -> Value {
+        let res = self.send().await.expect("send the request");
+        let got = res.status();
+        let text = res.text().await.expect("read the body");
+        assert_eq!(got, status, "unexpected status; body: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("body is not JSON ({e}): {text}"))
+    }
+
+    async fn expect_problem(self, status: StatusCode) -> Value {
+        let res = self.send().await.expect("send the request");
+        let got = res.status();
+        let content_type = header_str(&res, CONTENT_TYPE);
+        let text = res.text().await.expect("read the body");
+        assert_eq!(got, status, "unexpected status; body: {text}");
+        assert_eq!(
+            content_type.as_deref(),
+            Some(PROBLEM_JSON),
+            "an error must be a problem document; body: {text}"
+        );
+        let body: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("problem is not JSON ({e}): {text}"));
+        assert_problem_shape(&body, status);
+        body
+    }
+}
+
+/// Checks the members RFC 9457 and the API promise.
+pub fn assert_problem_shape(body: &Value, status: StatusCode) {
+    assert_eq!(
+        body["status"].as_u64(),
+        Some(u64::from(status.as_u16())),
+        "{body}"
+    );
+    let kind = body["type"].as_str().unwrap_or_default();
+    assert!(
+        kind.starts_with(PROBLEM_TYPE_BASE) && kind.len() > PROBLEM_TYPE_BASE.len(),
+        "problem type must be a stable URI: {body}"
+    );
+    assert!(body["title"].is_string(), "{body}");
+    assert!(
+        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "problem needs a detail: {body}"
+    );
+}
+
+/// A header's value as text.
+pub fn header_str(
+    res: &reqwest::Response,
+    name: impl reqwest::header::AsHeaderName,
+) -> Option<String> {
+    res.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The string at a JSON pointer; panics if absent.
+pub fn str_at(v: &Value, pointer: &str) -> String {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no string at {pointer} in {v}"))
+        .to_owned()
+}
+
+/// The UUID at a JSON pointer; panics if absent or malformed.
+pub fn uuid_at(v: &Value, pointer: &str) -> Uuid {
+    Uuid::parse_str(&str_at(v, pointer)).unwrap_or_else(|e| panic!("{pointer} in {v}: {e}"))
+}
+
+/// Types of a list of events.
+pub fn types(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().expect("event type"))
+        .collect()
+}
+
+/// Ids of a list of events.
+pub fn ids(events: &[Value]) -> Vec<i64> {
+    events
+        .iter()
+        .map(|e| e["id"].as_i64().expect("event id"))
+        .collect()
+}
+
+/// Real images to upload, built with the `image` crate.
+pub mod images {
+    use std::io::Cursor;
+
+    use image::{DynamicImage, ImageFormat, RgbImage};
+
+    /// A PNG with a colour gradient.
+    pub fn png(width: u32, height: u32) -> Vec<u8> {
+        let img = RgbImage::from_fn(width, height, |x, y| {
+            image::Rgb([(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8])
+        });
+        encode(DynamicImage::ImageRgb8(img), ImageFormat::Png)
+    }
+
+    /// A PNG of random pixels: it does not compress, so its size is about
+    /// `3 * width * height` bytes.
+    pub fn noisy_png(width: u32, height: u32) -> Vec<u8> {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let img = RgbImage::from_fn(width, height, |_, _| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let b = state.to_le_bytes();
+            image::Rgb([b[0], b[1], b[2]])
+        });
+        encode(DynamicImage::ImageRgb8(img), ImageFormat::Png)
+    }
+
+    /// A JPEG carrying an EXIF (APP1) segment whose ImageDescription is
+    /// `marker`, the way a camera stores metadata.
+    pub fn jpeg_with_exif(width: u32, height: u32, marker: &str) -> Vec<u8> {
+        let img = RgbImage::from_fn(width, height, |x, y| {
+            image::Rgb([(x * 3) as u8, 128, (y * 3) as u8])
+        });
+        let jpeg = encode(DynamicImage::ImageRgb8(img), ImageFormat::Jpeg);
+        assert_eq!(&jpeg[..2], [0xFF, 0xD8], "a JPEG starts with SOI");
+        let mut out = jpeg[..2].to_vec();
+        out.extend(app1_exif(marker));
+        out.extend(&jpeg[2..]);
+        out
+    }
+
+    /// A small real JPEG whose frame header claims `claimed` × `claimed`
+    /// pixels, like a decompression bomb.
+    pub fn jpeg_claiming(claimed: u16) -> Vec<u8> {
+        let img = RgbImage::from_pixel(8, 8, image::Rgb([1, 2, 3]));
+        let mut jpeg = encode(DynamicImage::ImageRgb8(img), ImageFormat::Jpeg);
+        // SOF0: FF C0, length (2), precision (1), height (2), width (2).
+        let sof = jpeg
+            .windows(2)
+            .position(|w| w == [0xFF, 0xC0])
+            .expect("baseline JPEG has SOF0");
+        let dims = claimed.to_be_bytes();
+        jpeg[sof + 5..sof + 7].copy_from_slice(&dims);
+        jpeg[sof + 7..sof + 9].copy_from_slice(&dims);
+        jpeg
+    }
+
+    fn encode(img: DynamicImage, format: ImageFormat) -> Vec<u8> {
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, format).expect("encode test image");
+        out.into_inner()
+    }
+
+    /// An APP1 segment: "Exif\0\0" and a big-endian TIFF with one IFD
+    /// holding ImageDescription (`marker`) and Orientation (1, upright).
+    fn app1_exif(marker: &str) -> Vec<u8> {
+        let mut text = marker.as_bytes().to_vec();
+        text.push(0);
+        let text_len = u32::try_from(text.len()).expect("short marker");
+        // TIFF header (8) + entry count (2) + 2 entries (24) + next IFD (4).
+        let text_offset: u32 = 8 + 2 + 2 * 12 + 4;
+        let mut tiff = Vec::new();
+        tiff.extend(b"MM\x00\x2A");
+        tiff.extend(8u32.to_be_bytes());
+        tiff.extend(2u16.to_be_bytes());
+        // ImageDescription, ASCII.
+        tiff.extend(0x010Eu16.to_be_bytes());
+        tiff.extend(2u16.to_be_bytes());
+        tiff.extend(text_len.to_be_bytes());
+        tiff.extend(text_offset.to_be_bytes());
+        // Orientation, SHORT, 1 = upright.
+        tiff.extend(0x0112u16.to_be_bytes());
+        tiff.extend(3u16.to_be_bytes());
+        tiff.extend(1u32.to_be_bytes());
+        tiff.extend([0, 1, 0, 0]);
+        tiff.extend(0u32.to_be_bytes());
+        tiff.extend(text);
+        let mut payload = b"Exif\x00\x00".to_vec();
+        payload.extend(tiff);
+        let len = u16::try_from(payload.len() + 2).expect("APP1 fits a segment");
+        let mut seg = vec![0xFF, 0xE1];
+        seg.extend(len.to_be_bytes());
+        seg.extend(payload);
+        seg
+    }
+}

@@ -1,0 +1,264 @@
+//! Racing clients over HTTP: one winner per claim, one terminal state and
+//! one terminal event per task, and a feed that a poller following
+//! `after=<last id>` reads completely while writers commit concurrently.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use meatspace_tests::Db;
+use meatspace_tests::server::{ActiveTask, Expect, TestServer, ids, types};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+meatspace_tests::api_tests!(
+    twenty_workers_race_to_claim_one_task,
+    racing_endings_leave_one_terminal_state_and_event,
+    pollers_see_every_committed_event_in_order,
+);
+
+const TERMINAL_EVENTS: [&str; 4] = [
+    "task.completed",
+    "task.stopped",
+    "task.cancelled",
+    "task.expired",
+];
+
+fn worker_path(id: Uuid, rest: &str) -> String {
+    format!("/api/v1/worker/tasks/{id}{rest}")
+}
+
+async fn twenty_workers_race_to_claim_one_task(db: Db) {
+    let srv = &TestServer::start(db).await;
+    let workers =
+        join_all((0..20).map(|i| async move { srv.register_worker(&format!("racer {i}")).await }))
+            .await;
+    for round in 0..3 {
+        let (id, token) = srv.create_open_task(&format!("Prize {round}")).await;
+        let answers = join_all(workers.iter().map(|(worker_id, worker_token)| async {
+            let res = srv
+                .worker(worker_token)
+                .post(&worker_path(id, "/claim"))
+                .send()
+                .await
+                .unwrap();
+            let status = res.status();
+            let body: Value = res.json().await.unwrap();
+            (*worker_id, status, body)
+        }))
+        .await;
+        let winners: Vec<Uuid> = answers
+            .iter()
+            .filter(|(_, status, _)| *status == StatusCode::OK)
+            .map(|(worker, _, _)| *worker)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {answers:?}");
+        for (_, status, body) in &answers {
+            if *status != StatusCode::OK {
+                assert_eq!(*status, StatusCode::CONFLICT, "{body}");
+                assert_eq!(body["task_state"], "assigned", "{body}");
+            }
+        }
+        let task = srv.task(id, &token).await;
+        assert_eq!(task["worker_id"], winners[0].to_string());
+        let feed = srv.feed(id, &token).await;
+        assert_eq!(types(&feed), ["task.published", "task.assigned"]);
+        assert_eq!(feed[1]["data"]["worker_id"], winners[0].to_string());
+    }
+}
+
+async fn racing_endings_leave_one_terminal_state_and_event(db: Db) {
+    let srv = &TestServer::start(db).await;
+    let tasks =
+        join_all((0..16).map(|i| async move { srv.active_task(&format!("Contested {i}")).await }))
+            .await;
+    let races = tasks.iter().enumerate().map(|(i, t)| {
+        let ending = if i % 2 == 0 { "/complete" } else { "/stop" };
+        async move {
+            let (worker, agent) = tokio::join!(
+                srv.worker(&t.worker_token)
+                    .post(&worker_path(t.task_id, ending))
+                    .send(),
+                srv.agent(&t.agent_token)
+                    .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
+                    .send(),
+            );
+            let (worker, agent) = (worker.unwrap(), agent.unwrap());
+            let statuses = (worker.status(), agent.status());
+            let bodies: (Value, Value) =
+                (worker.json().await.unwrap(), agent.json().await.unwrap());
+            (t, ending, statuses, bodies)
+        }
+    });
+    let mut worker_wins = 0;
+    for (t, ending, (worker_status, agent_status), (worker_body, agent_body)) in
+        join_all(races).await
+    {
+        let (winner_state, loser) = match (worker_status, agent_status) {
+            (StatusCode::OK, StatusCode::CONFLICT) => {
+                worker_wins += 1;
+                let state = if ending == "/complete" {
+                    "completed"
+                } else {
+                    "stopped"
+                };
+                (state, agent_body)
+            }
+            (StatusCode::CONFLICT, StatusCode::OK) => ("cancelled", worker_body),
+            other => panic!("exactly one ending must win: {other:?} {worker_body} {agent_body}"),
+        };
+        assert_eq!(loser["task_state"], winner_state, "{loser}");
+        assert_terminal_once(srv, t, winner_state).await;
+    }
+    // Not a proof of interleaving, but a race where one side always wins
+    // would make this test weaker than it looks.
+    eprintln!("worker won {worker_wins} of 16 races");
+}
+
+/// The task is in `state`, and its feed ends with the one terminal event
+/// that says so.
+async fn assert_terminal_once(srv: &TestServer, t: &ActiveTask, state: &str) {
+    assert_eq!(srv.task(t.task_id, &t.agent_token).await["state"], state);
+    let feed = srv.feed(t.task_id, &t.agent_token).await;
+    let terminal: Vec<&Value> = feed
+        .iter()
+        .filter(|e| TERMINAL_EVENTS.contains(&e["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(terminal.len(), 1, "{feed:?}");
+    assert_eq!(terminal[0]["type"], format!("task.{state}"));
+    assert_eq!(feed.last(), Some(terminal[0]), "nothing follows the end");
+}
+
+/// Follows a task's feed as an agent does, with varying page sizes, until
+/// the task is terminal and the feed is drained.
+async fn follow(srv: &TestServer, task_id: Uuid, token: &str) -> Vec<Value> {
+    let mut delivered = Vec::new();
+    let mut after = 0;
+    let mut limit = 1;
+    loop {
+        let page = srv
+            .agent(token)
+            .get(&format!(
+                "/api/v1/tasks/{task_id}/events?after={after}&limit={limit}"
+            ))
+            .expect_json(StatusCode::OK)
+            .await;
+        let events = page["events"].as_array().unwrap();
+        delivered.extend(events.iter().cloned());
+        after = page["next_cursor"].as_i64().unwrap();
+        if page["terminal"] == true && page["has_more"] == false {
+            return delivered;
+        }
+        limit = limit % 7 + 1;
+        if events.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// Posts messages until `count` are sent or the task has ended; returns
+/// the texts that were accepted.
+async fn write_messages(
+    srv: &TestServer,
+    t: &ActiveTask,
+    writer: usize,
+    count: usize,
+) -> Vec<String> {
+    let mut sent = Vec::new();
+    for i in 0..count {
+        let text = format!("writer {writer} message {i}");
+        let res = srv
+            .worker(&t.worker_token)
+            .post(&worker_path(t.task_id, "/messages"))
+            .json(&json!({ "text": text }))
+            .send()
+            .await
+            .unwrap();
+        match res.status() {
+            StatusCode::OK => sent.push(text),
+            StatusCode::CONFLICT => break,
+            other => panic!(
+                "message {i} of writer {writer}: {other} {}",
+                res.text().await.unwrap()
+            ),
+        }
+    }
+    sent
+}
+
+async fn pollers_see_every_committed_event_in_order(db: Db) {
+    let srv = &TestServer::start(db).await;
+    let tasks =
+        join_all((0..4).map(|i| async move { srv.active_task(&format!("Chatty {i}")).await }))
+            .await;
+    let runs = tasks.iter().enumerate().map(|(n, t)| {
+        async move {
+            // Half the tasks end while the writers are still going: the
+            // agent cancels mid-stream and the writers stop at the first
+            // refusal. The others complete after the last message.
+            let cancel_midway = n % 2 == 1;
+            let per_writer = if cancel_midway { 500 } else { 15 };
+            let writers = async {
+                let sent = join_all((0..3).map(|w| write_messages(srv, t, w, per_writer))).await;
+                sent.concat()
+            };
+            let ender = async {
+                if cancel_midway {
+                    while srv.store.events(t.task_id, 0, 100).await.unwrap().len() < 23 {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    srv.agent(&t.agent_token)
+                        .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
+                        .expect_json(StatusCode::OK)
+                        .await;
+                }
+            };
+            let poller = follow(srv, t.task_id, &t.agent_token);
+            let ((sent, ()), delivered) = tokio::join!(
+                async {
+                    let (sent, ()) = tokio::join!(writers, ender);
+                    if !cancel_midway {
+                        srv.worker(&t.worker_token)
+                            .post(&worker_path(t.task_id, "/complete"))
+                            .expect_json(StatusCode::OK)
+                            .await;
+                    }
+                    (sent, ())
+                },
+                poller
+            );
+            (t, sent, delivered)
+        }
+    });
+    for (t, sent, delivered) in join_all(runs).await {
+        let committed = srv
+            .store
+            .events(t.task_id, 0, 100_000)
+            .await
+            .expect("read the committed feed");
+        let committed_ids: Vec<i64> = committed.iter().map(|e| e.id).collect();
+        let delivered_ids = ids(&delivered);
+        assert_eq!(
+            delivered_ids, committed_ids,
+            "the poller missed, repeated or reordered events"
+        );
+        assert!(delivered_ids.windows(2).all(|w| w[0] < w[1]));
+        // Every accepted message is in the feed exactly once.
+        let texts: Vec<&str> = delivered
+            .iter()
+            .filter(|e| e["type"] == "worker.message")
+            .map(|e| e["data"]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts.len(), sent.len());
+        let texts: HashSet<&str> = texts.into_iter().collect();
+        assert_eq!(texts, sent.iter().map(String::as_str).collect());
+        let terminal: Vec<&str> = types(&delivered)
+            .into_iter()
+            .filter(|k| TERMINAL_EVENTS.contains(k))
+            .collect();
+        assert_eq!(terminal.len(), 1, "{terminal:?}");
+        assert_eq!(types(&delivered).last(), terminal.first());
+        assert!(sent.len() >= 20, "only {} messages were sent", sent.len());
+    }
+}

@@ -1,0 +1,324 @@
+//! What an operator sees: probes, Prometheus metrics labelled by route
+//! template, a 503 (not a 500, not a hang) while the database is
+//! unavailable, and database contents that reveal no credential.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use meatspace_core::store::ConnectOptions;
+use meatspace_tests::server::{Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str};
+use meatspace_tests::{Db, POSTGRES_ENV};
+use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use sqlx::Connection;
+use uuid::Uuid;
+
+meatspace_tests::api_tests!(
+    probes_answer_and_metrics_name_route_templates,
+    an_unavailable_database_gets_503_not_500,
+    the_database_holds_no_credential,
+);
+
+async fn probes_answer_and_metrics_name_route_templates(db: Db) {
+    let srv = TestServer::start(db).await;
+    for probe in ["/livez", "/readyz"] {
+        let res = srv.get(probe).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{probe}");
+    }
+    let t = srv.active_task("Measure the shed").await;
+    srv.task(t.task_id, &t.agent_token).await;
+    srv.feed(t.task_id, &t.agent_token).await;
+    let stray = format!("/api/v1/tasks/{}/nonsense", Uuid::new_v4());
+    srv.get(&stray).expect_problem(StatusCode::NOT_FOUND).await;
+
+    let res = srv.get("/metrics").send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(
+        header_str(&res, CONTENT_TYPE).is_some_and(|c| c.starts_with("text/plain")),
+        "Prometheus text format"
+    );
+    let text = res.text().await.unwrap();
+    let requests: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("meatspace_http_requests_total{"))
+        .collect();
+    for route in [
+        "/api/v1/tasks/{task_id}",
+        "/api/v1/tasks/{task_id}/events",
+        "/api/v1/worker/tasks/{task_id}/start",
+        "/api/v1/tasks",
+    ] {
+        assert!(
+            requests
+                .iter()
+                .any(|l| l.contains(&format!("route=\"{route}\""))),
+            "no request count for {route}:\n{}",
+            requests.join("\n")
+        );
+    }
+    assert!(
+        requests.iter().any(|l| l.contains("status=\"200\"")),
+        "{requests:?}"
+    );
+    for line in text.lines().filter(|l| l.starts_with("meatspace_http")) {
+        assert!(
+            !has_uuid(line),
+            "a metric is labelled with a raw id: {line}"
+        );
+    }
+    assert!(
+        !text.contains("nonsense"),
+        "unmatched paths must not become labels"
+    );
+    srv.stop().await;
+}
+
+/// Whether `s` contains a UUID, hyphenated or not.
+fn has_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    let hyphenated = b.windows(36).any(|w| {
+        w.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+    });
+    let simple = b.windows(32).any(|w| w.iter().all(u8::is_ascii_hexdigit));
+    hyphenated || simple
+}
+
+#[test]
+fn uuid_detection_works() {
+    assert!(has_uuid(&format!("route=\"/a/{}\"", Uuid::new_v4())));
+    assert!(has_uuid(&Uuid::new_v4().simple().to_string()));
+    assert!(!has_uuid("route=\"/api/v1/tasks/{task_id}\" 12345678"));
+}
+
+/// Expects a 503 problem for the request, within `bound`.
+async fn expect_unavailable(request: reqwest::RequestBuilder, bound: Duration, what: &str) {
+    let started = Instant::now();
+    let res = request.send().await.unwrap();
+    let took = started.elapsed();
+    let status = res.status();
+    let retry_after = header_str(&res, RETRY_AFTER);
+    let content_type = header_str(&res, CONTENT_TYPE);
+    let body = res.text().await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {body}");
+    assert_eq!(content_type.as_deref(), Some(PROBLEM_JSON), "{what}");
+    assert!(body.contains("/database-unavailable"), "{what}: {body}");
+    assert!(retry_after.is_some(), "{what}: a 503 says when to retry");
+    assert!(took < bound, "{what} took {took:?}");
+}
+
+/// Polls until `path` answers `status`; panics after `bound`.
+async fn wait_for(srv: &TestServer, path: &str, status: StatusCode, bound: Duration) {
+    let started = Instant::now();
+    loop {
+        let res = srv.get(path).send().await.unwrap();
+        if res.status() == status {
+            return;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "{path} still answers {} after {bound:?}",
+            res.status()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn an_unavailable_database_gets_503_not_500(db: Db) {
+    let srv = TestServer::start_with(
+        db,
+        ServerOptions {
+            connect: ConnectOptions {
+                max_connections: 4,
+                acquire_timeout: Duration::from_secs(1),
+            },
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let (id, token) = srv.create_task("Before the outage").await;
+    wait_for(&srv, "/readyz", StatusCode::OK, Duration::from_secs(5)).await;
+    let bound = Duration::from_secs(5);
+    let create = || {
+        srv.dev(Method::POST, "/api/v1/tasks")
+            .json(&json!({ "description": "during the outage" }))
+    };
+    match db {
+        Db::Postgres => {
+            // The database refuses connections and drops the ones it has.
+            let name = srv.db.url.rsplit('/').next().unwrap().to_owned();
+            let admin_url = std::env::var(POSTGRES_ENV).unwrap();
+            let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+            sqlx::query(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            )
+            .bind(&name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+
+            wait_for(&srv, "/readyz", StatusCode::SERVICE_UNAVAILABLE, bound).await;
+            expect_unavailable(srv.get("/readyz"), bound, "readyz").await;
+            expect_unavailable(
+                srv.agent(&token).get(&format!("/api/v1/tasks/{id}")),
+                bound,
+                "get task",
+            )
+            .await;
+            expect_unavailable(create(), bound, "create task").await;
+            expect_unavailable(
+                srv.dev(Method::POST, "/api/v1/workers")
+                    .json(&json!({ "name": "n" })),
+                bound,
+                "register worker",
+            )
+            .await;
+            // The process itself is fine.
+            let livez = srv.get("/livez").send().await.unwrap();
+            assert_eq!(livez.status(), StatusCode::OK);
+
+            sqlx::query(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+            wait_for(&srv, "/readyz", StatusCode::OK, Duration::from_secs(10)).await;
+        }
+        Db::Sqlite => {
+            // Another process holds the write lock longer than the server
+            // waits for it. Reads go on; writes are refused with 503.
+            let options: sqlx::sqlite::SqliteConnectOptions = srv.db.url.parse().unwrap();
+            let mut locker = sqlx::SqliteConnection::connect_with(&options)
+                .await
+                .unwrap();
+            sqlx::query("BEGIN EXCLUSIVE")
+                .execute(&mut locker)
+                .await
+                .unwrap();
+
+            expect_unavailable(create(), bound, "create task").await;
+            expect_unavailable(
+                srv.agent(&token)
+                    .post(&format!("/api/v1/tasks/{id}/publish")),
+                bound,
+                "publish",
+            )
+            .await;
+            srv.get("/readyz")
+                .send()
+                .await
+                .unwrap()
+                .error_for_status()
+                .unwrap();
+            assert_eq!(srv.task(id, &token).await["state"], "draft");
+
+            sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+            locker.close().await.unwrap();
+        }
+    }
+    // Back to normal, with nothing lost or half-written.
+    assert_eq!(srv.task(id, &token).await["state"], "draft");
+    assert_eq!(srv.counts().await.tasks, 1);
+    srv.publish(id, &token).await;
+    create().expect_json(StatusCode::CREATED).await;
+}
+
+/// Every stored byte of the test database: a `pg_dump`, or the SQLite
+/// files (database, WAL and shared memory).
+async fn database_bytes(srv: &TestServer) -> Vec<u8> {
+    match srv.backend {
+        Db::Postgres => {
+            let out = tokio::process::Command::new(pg_dump())
+                .arg("--no-owner")
+                .arg("--dbname")
+                .arg(&srv.db.url)
+                .output()
+                .await
+                .expect("run pg_dump");
+            assert!(
+                out.status.success(),
+                "pg_dump failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        }
+        Db::Sqlite => {
+            let path = srv.db.url.trim_start_matches("sqlite://");
+            let mut bytes = Vec::new();
+            for suffix in ["", "-wal", "-shm"] {
+                if let Ok(b) = std::fs::read(format!("{path}{suffix}")) {
+                    bytes.extend(b);
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// `pg_dump` of the test server's installation: `MEATSPACE_TEST_PG_BIN`
+/// (set by scripts/postgres.sh), else the newest Debian installation.
+fn pg_dump() -> PathBuf {
+    if let Ok(bin) = std::env::var("MEATSPACE_TEST_PG_BIN") {
+        return PathBuf::from(bin).join("pg_dump");
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/pg_dump"))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort_by_key(|p| {
+        p.components()
+            .nth(4)
+            .and_then(|c| c.as_os_str().to_str()?.parse::<u32>().ok())
+    });
+    found
+        .pop()
+        .expect("pg_dump not found: set MEATSPACE_TEST_PG_BIN to PostgreSQL's bin directory")
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn the_database_holds_no_credential(db: Db) {
+    let srv = TestServer::start(db).await;
+    let marker = format!("dump-marker-{}", Uuid::new_v4().simple());
+    let t = srv.active_task(&marker).await;
+    srv.worker(&t.worker_token)
+        .post(&format!("/api/v1/worker/tasks/{}/messages", t.task_id))
+        .json(&json!({ "text": format!("{marker} from the worker") }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let bytes = database_bytes(&srv).await;
+    assert!(
+        contains(&bytes, marker.as_bytes()),
+        "the dump does not hold the test's data; it proves nothing"
+    );
+    for (what, secret) in [
+        ("agent token", t.agent_token.as_str()),
+        ("worker token", t.worker_token.as_str()),
+        ("development key", srv.dev_key.as_str()),
+    ] {
+        // The random part alone (after the `mst_<id>_` prefix) must not be
+        // there either, nor a hex encoding of the whole.
+        let random_part = &secret[secret.len() - 43..];
+        for form in [secret.to_owned(), random_part.to_owned(), hex(secret)] {
+            assert!(
+                !contains(&bytes, form.as_bytes()),
+                "the database holds the {what}"
+            );
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The whole system as an agent meets it over HTTP: the real API server,
+//! with the controller beside it the way each backend deploys it (SQLite:
+//! the reconcilers in the same process, as the API server runs them for the
+//! embedded default; PostgreSQL: the separate `meatspace-controller`
+//! binary).
+
+mod controller_support;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use meatspace_tests::Db;
+use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use controller_support::*;
+
+meatspace_tests::api_tests!(
+    an_agent_sees_its_task_expire_in_the_feed_within_a_second,
+    a_task_past_retention_answers_404,
+);
+
+/// The controller as deployed with `server`'s backend.
+#[derive(Debug)]
+enum Controller {
+    InProcess(InProcess),
+    Binary(Box<Process>),
+}
+
+impl Controller {
+    async fn start(server: &TestServer) -> Controller {
+        match server.backend {
+            Db::Sqlite => Controller::InProcess(InProcess::start(&server.store, config())),
+            Db::Postgres => {
+                let mut p = Process::start(&server.db.url, &[]);
+                p.ready().await;
+                Controller::Binary(Box::new(p))
+            }
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Controller::InProcess(c) => c.stop().await,
+            Controller::Binary(mut p) => assert!(p.terminate().await, "{}", p.logs()),
+        }
+    }
+}
+
+fn time_at(v: &serde_json::Value, pointer: &str) -> DateTime<Utc> {
+    str_at(v, pointer)
+        .parse()
+        .unwrap_or_else(|e| panic!("{pointer} in {v}: {e}"))
+}
+
+/// The user story: an agent creates a task with `expires_in_seconds: 2`,
+/// publishes it, polls the feed with `after=<next_cursor>`, and within about
+/// a second of the deadline sees `task.expired`, with the page saying the
+/// task is terminal so it can stop polling.
+async fn an_agent_sees_its_task_expire_in_the_feed_within_a_second(db: Db) {
+    let server = TestServer::start(db).await;
+    let controller = Controller::start(&server).await;
+    let created = server
+        .dev(Method::POST, "/api/v1/tasks")
+        .json(&json!({ "description": "Photograph the notice on the town hall door", "expires_in_seconds": 2 }))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let (id, token) = (
+        uuid_at(&created, "/task/id"),
+        str_at(&created, "/agent_token"),
+    );
+    let expires_at = time_at(&created, "/task/expires_at");
+    server.publish(id, &token).await;
+
+    let agent = server.agent(&token);
+    let mut after = 0;
+    let (expired, seen_at) = loop {
+        assert!(
+            Utc::now() < expires_at + chrono::TimeDelta::seconds(5),
+            "no task.expired 5 s after the deadline"
+        );
+        let page = agent
+            .get(&format!("/api/v1/tasks/{id}/events?after={after}"))
+            .expect_json(StatusCode::OK)
+            .await;
+        let seen_at = Utc::now();
+        after = page["next_cursor"].as_i64().expect("next_cursor");
+        let events = page["events"].as_array().expect("events");
+        if let Some(e) = events.iter().find(|e| e["type"] == "task.expired") {
+            assert_eq!(page["task_state"], "expired");
+            assert_eq!(page["terminal"], true);
+            break (e.clone(), seen_at);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let lag = ms_after(time_at(&expired, "/created_at"), expires_at);
+    let seen = ms_after(seen_at, expires_at);
+    println!("task.expired written {lag} ms and seen by the agent {seen} ms after the deadline");
+    assert!(
+        (0..=1000).contains(&lag),
+        "expired {lag} ms after the deadline"
+    );
+    assert!(
+        seen <= 1500,
+        "the agent saw task.expired only {seen} ms after the deadline"
+    );
+    assert_eq!(expired["actor"], "system");
+    assert_eq!(expired["data"]["reason"], "lifetime");
+
+    let task = server.task(id, &token).await;
+    assert_eq!(task["state"], "expired");
+    agent
+        .post(&format!("/api/v1/tasks/{id}/cancel"))
+        .expect_problem(StatusCode::CONFLICT)
+        .await;
+    let types: Vec<_> = server
+        .feed(id, &token)
+        .await
+        .iter()
+        .map(|e| e["type"].clone())
+        .collect();
+    assert_eq!(types, [json!("task.published"), json!("task.expired")]);
+    controller.stop().await;
+    server.stop().await;
+}
+
+/// Once retention removes a terminal task, the API answers 404 for it and
+/// its feed, like for a task that never existed; a live task stays.
+async fn a_task_past_retention_answers_404(db: Db) {
+    let server = TestServer::start(db).await;
+    let (old, old_token) = server.create_open_task("Buy stamps").await;
+    server
+        .agent(&old_token)
+        .post(&format!("/api/v1/tasks/{old}/cancel"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let (live, live_token) = server.create_open_task("Water the plants").await;
+    age(&server.db.url, old, 31).await;
+    server.task(old, &old_token).await;
+
+    let controller = Controller::start(&server).await;
+    let agent = server.agent(&old_token);
+    eventually(
+        Duration::from_secs(10),
+        "the old task to answer 404",
+        || async {
+            let status = agent
+                .get(&format!("/api/v1/tasks/{old}"))
+                .send()
+                .await
+                .ok()?
+                .status();
+            (status == StatusCode::NOT_FOUND).then_some(())
+        },
+    )
+    .await;
+    agent
+        .get(&format!("/api/v1/tasks/{old}"))
+        .expect_problem(StatusCode::NOT_FOUND)
+        .await;
+    agent
+        .get(&format!("/api/v1/tasks/{old}/events"))
+        .expect_problem(StatusCode::NOT_FOUND)
+        .await;
+    assert_eq!(server.task(live, &live_token).await["state"], "open");
+    controller.stop().await;
+    server.stop().await;
+}

@@ -1,0 +1,448 @@
+//! Shared by the controller suites (`controller_*.rs`): building tasks in
+//! every state through the real store, running the controller in-process
+//! (the library, as the API server does) or as the real
+//! `meatspace-controller` binary, and checking the store's invariants
+//! afterwards.
+#![allow(dead_code)] // each suite uses a different part
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::StreamExt;
+use meatspace_controller::ControllerConfig;
+use meatspace_core::store::NewTask;
+use meatspace_core::token::TokenHash;
+use meatspace_core::{
+    Command, Event, EventType, IssueStatus, Store, StoreError, Task, TaskState, clock,
+};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+/// Runs an async test body against PostgreSQL and against SQLite, as
+/// `name::postgres` and `name::sqlite`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(meatspace_tests::Db::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(meatspace_tests::Db::Sqlite).await
+            }
+        }
+    )*};
+}
+
+/// A draft task whose lifetime ends at `expires_at`.
+pub async fn draft_until(store: &Arc<dyn Store>, expires_at: DateTime<Utc>) -> Task {
+    let now = clock::now();
+    store
+        .create_task(NewTask {
+            id: Uuid::new_v4(),
+            description: "Check whether the bakery on Elm Street is open".into(),
+            agent_token_hash: TokenHash::of(&Uuid::new_v4().to_string()),
+            created_at: now,
+            expires_at: clock::truncate(expires_at),
+        })
+        .await
+        .expect("create task")
+}
+
+/// A draft task living `lifetime` from now.
+pub async fn draft(store: &Arc<dyn Store>, lifetime: TimeDelta) -> Task {
+    draft_until(store, clock::now() + lifetime).await
+}
+
+/// A published (open) task living `lifetime` from now.
+pub async fn open(store: &Arc<dyn Store>, lifetime: TimeDelta) -> Task {
+    let t = draft(store, lifetime).await;
+    apply(store, t.id, Command::Publish).await
+}
+
+/// A registered worker.
+pub async fn worker(store: &Arc<dyn Store>) -> Uuid {
+    let id = Uuid::new_v4();
+    store
+        .create_worker(id, "Ada", TokenHash::of(&id.to_string()), clock::now())
+        .await
+        .expect("create worker");
+    id
+}
+
+/// An open task living `lifetime`, claimed and started by `worker`.
+pub async fn active(store: &Arc<dyn Store>, lifetime: TimeDelta, worker: Uuid) -> Task {
+    let t = open(store, lifetime).await;
+    apply(store, t.id, Command::Claim { worker }).await;
+    apply(store, t.id, Command::Start { worker }).await
+}
+
+/// Applies a command now and expects it to succeed.
+pub async fn apply(store: &Arc<dyn Store>, id: Uuid, command: Command) -> Task {
+    let name = command.name();
+    store
+        .apply(id, command, clock::now())
+        .await
+        .unwrap_or_else(|e| panic!("{name} task {id}: {e}"))
+        .task
+}
+
+/// Creates `n` draft tasks expiring at `expires_at`, 16 at a time.
+pub async fn drafts_until(
+    store: &Arc<dyn Store>,
+    n: usize,
+    expires_at: DateTime<Utc>,
+) -> Vec<Uuid> {
+    futures::stream::iter(0..n)
+        .map(|_| {
+            let store = store.clone();
+            async move { draft_until(&store, expires_at).await.id }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await
+}
+
+/// All events of a task.
+pub async fn events(store: &Arc<dyn Store>, id: Uuid) -> Vec<Event> {
+    store.events(id, 0, 10_000).await.expect("read events")
+}
+
+/// The task, which must exist.
+pub async fn task(store: &Arc<dyn Store>, id: Uuid) -> Task {
+    store
+        .task(id)
+        .await
+        .expect("read task")
+        .expect("task exists")
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, failing after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let give_up = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Moves a task's end (and creation) `days` into the past, straight in the
+/// database at `url`, as if that much time had gone by.
+pub async fn age(url: &str, id: Uuid, days: i64) {
+    use sqlx::Connection;
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+        sqlx::query(
+            "UPDATE tasks SET ended_at = ended_at - make_interval(days => $2), \
+             created_at = created_at - make_interval(days => $2) WHERE id = $1",
+        )
+        .bind(id)
+        .bind(days as i32)
+        .execute(&mut c)
+        .await
+        .expect("age the task");
+    } else {
+        let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
+        sqlx::query(
+            "UPDATE tasks SET ended_at = ended_at - ?2, created_at = created_at - ?2 WHERE id = ?1",
+        )
+        .bind(id.to_string())
+        .bind(days * 86_400_000)
+        .execute(&mut c)
+        .await
+        .expect("age the task");
+    }
+}
+
+/// The terminal event type that goes with a terminal state.
+pub fn terminal_event_of(state: TaskState) -> Option<EventType> {
+    match state {
+        TaskState::Completed => Some(EventType::TaskCompleted),
+        TaskState::Stopped => Some(EventType::TaskStopped),
+        TaskState::Cancelled => Some(EventType::TaskCancelled),
+        TaskState::Expired => Some(EventType::TaskExpired),
+        _ => None,
+    }
+}
+
+/// Checks every invariant the controller must keep for one task and returns
+/// it with its events:
+/// - a terminal task has exactly one terminal event, of its state's type,
+///   and it is the task's last event; a live task has none;
+/// - `last_event_id` is the id of the newest event, ids ascend;
+/// - `ended_at` is set exactly when the task is terminal;
+/// - a terminal task has no open issue, and every closed issue records a
+///   resolution and a time.
+pub async fn check_consistent(store: &Arc<dyn Store>, id: Uuid) -> (Task, Vec<Event>) {
+    let t = task(store, id).await;
+    let evs = events(store, id).await;
+    let ctx = format!(
+        "task {id} ({}), events {:?}",
+        t.state,
+        evs.iter().map(|e| e.kind).collect::<Vec<_>>()
+    );
+    assert!(
+        evs.windows(2).all(|w| w[0].id < w[1].id),
+        "{ctx}: ids must ascend"
+    );
+    assert_eq!(
+        t.last_event_id,
+        evs.last().map_or(0, |e| e.id),
+        "{ctx}: last_event_id"
+    );
+    let terminal: Vec<&Event> = evs.iter().filter(|e| e.kind.is_terminal()).collect();
+    assert_eq!(
+        t.ended_at.is_some(),
+        t.state.is_terminal(),
+        "{ctx}: ended_at"
+    );
+    match terminal_event_of(t.state) {
+        Some(kind) => {
+            assert_eq!(terminal.len(), 1, "{ctx}: exactly one terminal event");
+            assert_eq!(
+                terminal[0].kind, kind,
+                "{ctx}: terminal event matches the state"
+            );
+            assert_eq!(
+                evs.last().map(|e| e.id),
+                Some(terminal[0].id),
+                "{ctx}: nothing after the terminal event"
+            );
+            assert_eq!(t.open_issues, 0, "{ctx}: open issue count");
+        }
+        None => assert!(
+            terminal.is_empty(),
+            "{ctx}: a live task has no terminal event"
+        ),
+    }
+    for issue in store.issues(id).await.expect("read issues") {
+        if t.state.is_terminal() {
+            assert_ne!(
+                issue.status,
+                IssueStatus::Open,
+                "{ctx}: issue {} still open",
+                issue.event_id
+            );
+        }
+        if issue.status != IssueStatus::Open {
+            assert!(
+                issue.resolution.is_some() && issue.resolved_at.is_some(),
+                "{ctx}: issue {issue:?} records no resolution"
+            );
+        }
+    }
+    (t, evs)
+}
+
+/// The controller library running in this process, as the API server runs
+/// it for SQLite.
+#[derive(Debug)]
+pub struct InProcess {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), meatspace_controller::Error>>,
+}
+
+impl InProcess {
+    pub fn start(store: &Arc<dyn Store>, config: ControllerConfig) -> InProcess {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(meatspace_controller::run(
+            store.clone(),
+            config,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        InProcess { stop, task }
+    }
+
+    /// Shuts the controller down and checks it stops cleanly and promptly.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let ended = tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the controller stops within 10 s of shutdown");
+        ended
+            .expect("controller task")
+            .expect("controller run returns Ok");
+    }
+}
+
+/// A controller tuned for tests: it sleeps up to a minute between deadline
+/// reads, so anything faster than that proves it woke on a change.
+pub fn config() -> ControllerConfig {
+    ControllerConfig {
+        max_sleep: Duration::from_secs(60),
+        ..ControllerConfig::default()
+    }
+}
+
+/// Milliseconds from `deadline` to `t` (negative if early).
+pub fn ms_after(t: DateTime<Utc>, deadline: DateTime<Utc>) -> i64 {
+    (t - deadline).num_milliseconds()
+}
+
+/// Median and largest of some lags in milliseconds.
+pub fn median_and_max(lags: &[i64]) -> (i64, i64) {
+    let mut v = lags.to_vec();
+    v.sort_unstable();
+    (v[v.len() / 2], *v.last().expect("some lags"))
+}
+
+/// Whether a store error is the refusal a losing racer must get.
+pub fn is_clean_loss(e: &StoreError) -> bool {
+    use meatspace_core::Refusal;
+    matches!(
+        e,
+        StoreError::Refused(
+            Refusal::Terminal { .. } | Refusal::DeadlinePassed | Refusal::WrongState { .. }
+        )
+    )
+}
+
+// ---- the real binary -------------------------------------------------------
+
+/// Path of the `meatspace-controller` binary: `MEATSPACE_CONTROLLER_BIN`, or
+/// the one cargo built next to this test binary (`cargo build -p
+/// meatspace-controller`, which `scripts/test` runs before the tests).
+pub fn controller_bin() -> PathBuf {
+    let path = match std::env::var_os("MEATSPACE_CONTROLLER_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let exe = std::env::current_exe().expect("test binary path");
+            // target/<profile>/deps/<test> → target/<profile>/meatspace-controller
+            exe.parent()
+                .and_then(|deps| deps.parent())
+                .expect("target directory")
+                .join("meatspace-controller")
+        }
+    };
+    assert!(
+        path.is_file(),
+        "the controller binary {} does not exist: build it first with \
+         `cargo build -p meatspace-controller` (scripts/test does), or set MEATSPACE_CONTROLLER_BIN",
+        path.display()
+    );
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A `meatspace-controller` process. Killed if the test ends without
+/// stopping it.
+#[derive(Debug)]
+pub struct Process {
+    child: tokio::process::Child,
+    pub addr: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Process {
+    /// Starts the binary against `database_url` with extra environment.
+    pub fn start(database_url: &str, env: &[(&str, &str)]) -> Process {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let log = dir.path().join("controller.log");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut cmd = tokio::process::Command::new(controller_bin());
+        cmd.env_clear()
+            .env("DATABASE_URL", database_url)
+            .env("MEATSPACE_CONTROLLER_LISTEN_ADDR", &addr)
+            .env("RUST_LOG", "info,meatspace_controller=debug")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("start meatspace-controller");
+        Process {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// What the process has logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
+        let r = reqwest::get(format!("http://{}{path}", self.addr)).await?;
+        let status = r.status().as_u16();
+        Ok((status, r.text().await?))
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn ready(&mut self) {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, _)) = self.get("/readyz").await {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "meatspace-controller exited with {status}:\n{}",
+                    self.logs()
+                );
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "not ready after 30 s:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The value of a counter (summed over its label sets) from `/metrics`.
+    pub async fn counter(&self, name: &str) -> f64 {
+        let (status, body) = self.get("/metrics").await.expect("scrape /metrics");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill -9");
+    }
+
+    /// SIGTERM, then waits for the exit; returns whether it exited 0 within 15 s.
+    pub async fn terminate(&mut self) -> bool {
+        let pid = self.child.id().expect("still running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
+            Ok(Ok(status)) => status.success(),
+            _ => false,
+        }
+    }
+}

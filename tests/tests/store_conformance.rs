@@ -1,0 +1,1771 @@
+//! The store contract: one suite of behaviours that every [`Store`] backend
+//! must show, run against a real PostgreSQL server and a real SQLite file.
+//!
+//! Each case is a plain async function taking the store under test; the
+//! `conformance!` macro instantiates every case once per backend, as
+//! `postgres::<case>` and `sqlite::<case>`, each on a fresh, empty database.
+//! Cases that need the database itself (its URL or its files) take the
+//! [`TestDb`] instead.
+//!
+//! Time never passes by sleeping: every command carries the `now` it happens
+//! at, counted in seconds from a fixed instant years ahead ([`at`]). A
+//! deadline is reached by acting at a later `now`, and a store that read the
+//! wall clock instead of the `now` it is given would be caught.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use meatspace_core::store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, connect};
+use meatspace_core::token::{self, TokenHash};
+use meatspace_core::{
+    Actor, Command, Due, Event, EventType, ExpiryReason, IssueAction, IssueKind, IssueStatus,
+    MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task, TaskState,
+};
+use meatspace_tests::TestDb;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+// ---- time and policy ----------------------------------------------------------
+
+/// Lifetime of every task created here, in seconds.
+const LIFETIME: i64 = 3600;
+/// Seconds an assigned worker has to start.
+const START_TIMEOUT: i64 = 60;
+/// Seconds a task may stay active.
+const ACTIVE_LIMIT: i64 = 600;
+
+/// The instant `secs` seconds after the tests' epoch (2033-05-18).
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(2_000_000_000 + secs, 0).expect("valid timestamp")
+}
+
+fn policy() -> Policy {
+    Policy {
+        default_lifetime: TimeDelta::seconds(LIFETIME),
+        min_lifetime: TimeDelta::seconds(1),
+        max_lifetime: TimeDelta::days(30),
+        start_timeout: TimeDelta::seconds(START_TIMEOUT),
+        active_time_limit: TimeDelta::seconds(ACTIVE_LIMIT),
+    }
+}
+
+// ---- instantiation ---------------------------------------------------------------
+
+/// Instantiates every case for one backend.
+macro_rules! backend_suite {
+    ($module:ident, $db:expr, [$($case:ident),* $(,)?], [$($db_case:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let db = meatspace_tests::TestDb::new($db).await;
+                    let store = db.store(super::policy()).await;
+                    super::$case(store).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $db_case() {
+                    let db = meatspace_tests::TestDb::new($db).await;
+                    super::$db_case(&db).await;
+                }
+            )*
+        }
+    };
+}
+
+/// Instantiates every case for both backends: `stores` cases take an
+/// `Arc<dyn Store>`, `databases` cases take a `&TestDb`.
+macro_rules! conformance {
+    (stores: [$($case:ident),* $(,)?], databases: [$($db_case:ident),* $(,)?] $(,)?) => {
+        backend_suite!(postgres, meatspace_tests::Db::Postgres, [$($case),*], [$($db_case),*]);
+        backend_suite!(sqlite, meatspace_tests::Db::Sqlite, [$($case),*], [$($db_case),*]);
+    };
+}
+
+conformance! {
+    stores: [
+        created_task_reads_back_as_a_draft,
+        text_round_trips_unchanged,
+        agent_token_is_kept_as_a_verifiable_digest,
+        worker_token_is_kept_as_a_verifiable_digest,
+        lifecycle_to_completion,
+        every_event_type_has_its_actor_trust_and_data,
+        stop_ends_an_assigned_or_active_task,
+        cancel_ends_any_non_terminal_task,
+        reconcile_command_applies_only_what_is_due,
+        refusals_name_the_reason_and_change_nothing,
+        a_refused_command_leaves_the_task_to_the_controller,
+        terminal_tasks_refuse_every_command,
+        issues_open_resolve_and_close_when_the_task_ends,
+        answering_an_issue_with_cancel_ends_the_task,
+        responses_are_scoped_to_the_issue_s_task,
+        photo_is_stored_and_scoped_to_its_task,
+        events_page_by_after_and_limit,
+        open_tasks_page_by_cursor,
+        next_deadline_is_the_earliest_pending_one,
+        reconcile_due_applies_due_deadlines_in_order,
+        reconcile_due_clears_a_backlog_in_one_pass,
+        tasks_after_pages_every_task_by_id,
+        purge_removes_ended_tasks_with_their_data_only,
+        changes_name_each_changed_task_in_order,
+        racing_claims_have_exactly_one_winner,
+        racing_endings_leave_one_terminal_state_and_event,
+        pollers_see_every_event_of_concurrent_appenders,
+    ],
+    databases: [
+        replicas_starting_together_migrate_once,
+        stored_data_reveals_no_token,
+    ],
+}
+
+// ---- commands, short ---------------------------------------------------------------
+
+fn claim(worker: Uuid) -> Command {
+    Command::Claim { worker }
+}
+
+fn start(worker: Uuid) -> Command {
+    Command::Start { worker }
+}
+
+fn message(worker: Uuid, text: &str) -> Command {
+    let text = text.to_owned();
+    Command::Message { worker, text }
+}
+
+fn send_photo(worker: Uuid, photo: &NewPhoto) -> Command {
+    let photo = photo.clone();
+    Command::Photo { worker, photo }
+}
+
+fn raise(worker: Uuid, kind: IssueKind, text: &str) -> Command {
+    let text = text.to_owned();
+    Command::RaiseIssue { worker, kind, text }
+}
+
+fn respond(issue_event_id: i64, action: IssueAction, text: Option<&str>) -> Command {
+    let text = text.map(str::to_owned);
+    Command::RespondToIssue {
+        issue_event_id,
+        action,
+        text,
+    }
+}
+
+fn complete(worker: Uuid, note: Option<&str>) -> Command {
+    let note = note.map(str::to_owned);
+    Command::Complete { worker, note }
+}
+
+fn stop(worker: Uuid, reason: Option<&str>) -> Command {
+    let reason = reason.map(str::to_owned);
+    Command::Stop { worker, reason }
+}
+
+fn cancel() -> Command {
+    Command::Cancel { reason: None }
+}
+
+fn wrong(action: &'static str, state: TaskState) -> Refusal {
+    Refusal::WrongState { action, state }
+}
+
+/// A photo whose bytes hold every byte value, NUL included, so no text
+/// conversion on the way through the store can go unnoticed.
+fn photo(len: usize) -> NewPhoto {
+    NewPhoto {
+        id: Uuid::new_v4(),
+        content_type: "image/png".into(),
+        width: 640,
+        height: 480,
+        bytes: (0..=255u8).cycle().take(len).collect(),
+    }
+}
+
+// ---- helpers -------------------------------------------------------------------------
+
+/// A freshly created task and the agent token it was created with.
+struct Created {
+    task: Task,
+    token: String,
+}
+
+/// Creates a draft at `secs` that expires `LIFETIME` seconds later.
+async fn create_at(store: &dyn Store, secs: i64, description: &str) -> Created {
+    let token = token::generate("mst_");
+    let new = NewTask {
+        id: Uuid::new_v4(),
+        description: description.to_owned(),
+        agent_token_hash: TokenHash::of(&token),
+        created_at: at(secs),
+        expires_at: at(secs + LIFETIME),
+    };
+    let task = store.create_task(new).await.expect("create task");
+    Created { task, token }
+}
+
+async fn create(store: &dyn Store) -> Task {
+    create_at(store, 0, "water the plants").await.task
+}
+
+async fn worker(store: &dyn Store) -> Uuid {
+    worker_with_token(store).await.0
+}
+
+async fn worker_with_token(store: &dyn Store) -> (Uuid, String) {
+    let id = Uuid::new_v4();
+    let secret = token::generate("msw_");
+    let hash = TokenHash::of(&secret);
+    store
+        .create_worker(id, "Ada", hash, at(0))
+        .await
+        .expect("create worker");
+    (id, secret)
+}
+
+async fn read(store: &dyn Store, id: Uuid) -> Option<Task> {
+    store.task(id).await.expect("read task")
+}
+
+async fn all_events(store: &dyn Store, task: Uuid) -> Vec<Event> {
+    store.events(task, 0, 100_000).await.expect("read events")
+}
+
+/// Applies `command` at `secs`, which must succeed.
+async fn ok(store: &dyn Store, task: Uuid, command: Command, secs: i64) -> Applied {
+    let name = command.name();
+    let result = store.apply(task, command, at(secs)).await;
+    result.unwrap_or_else(|e| panic!("{name} at {secs}s: {e}"))
+}
+
+/// Everything a client could read about a task.
+async fn snapshot(store: &dyn Store, task: Uuid) -> (Option<Task>, Vec<Event>, usize) {
+    let issues = store.issues(task).await.expect("read issues");
+    (
+        read(store, task).await,
+        all_events(store, task).await,
+        issues.len(),
+    )
+}
+
+/// Applies `command` at `secs`, expects exactly the refusal `expected`, and
+/// checks that the refusal left no trace.
+async fn refused(store: &dyn Store, task: Uuid, command: Command, secs: i64, expected: Refusal) {
+    let name = command.name();
+    let before = snapshot(store, task).await;
+    match store.apply(task, command, at(secs)).await {
+        Err(StoreError::Refused(r)) => assert_eq!(r, expected, "refusal to {name}"),
+        Err(e) => panic!("{name}: want refusal {expected:?}, got error {e}"),
+        Ok(a) => panic!(
+            "{name}: want refusal {expected:?}, it applied {:?}",
+            a.events
+        ),
+    }
+    let after = snapshot(store, task).await;
+    assert_eq!(after, before, "a refused {name} changed the task");
+}
+
+fn kinds(events: &[Event]) -> Vec<EventType> {
+    events.iter().map(|e| e.kind).collect()
+}
+
+fn timestamp(v: &Value) -> DateTime<Utc> {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{v} is no timestamp: {e}"))
+}
+
+/// A task driven to `state` (draft, open, assigned or active) the normal
+/// way: created at 0, published at 1, claimed at 2 (start by 62), started
+/// at 3 (active until 603). Returns it with its worker, a fresh one that is
+/// registered whatever the state.
+async fn task_in(store: &dyn Store, state: TaskState) -> (Task, Uuid) {
+    let w = worker(store).await;
+    let mut task = create(store).await;
+    let steps = [
+        (TaskState::Open, Command::Publish),
+        (TaskState::Assigned, claim(w)),
+        (TaskState::Active, start(w)),
+    ];
+    for (secs, (reached, command)) in (1..).zip(steps) {
+        if task.state == state {
+            break;
+        }
+        task = ok(store, task.id, command, secs).await.task;
+        assert_eq!(task.state, reached);
+    }
+    assert_eq!(
+        task.state, state,
+        "task_in reaches draft, open, assigned or active"
+    );
+    (task, w)
+}
+
+/// The id of the event that a command returned first (an issue's id).
+fn first_id(applied: &Applied) -> i64 {
+    applied.events[0].id
+}
+
+// ---- tasks and credentials -------------------------------------------------------------
+
+async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
+    let s = &*store;
+    s.ping().await.expect("ping");
+    assert_eq!(read(s, Uuid::new_v4()).await, None);
+
+    let task = create_at(s, 7, "buy milk").await.task;
+    assert_eq!(task.state, TaskState::Draft);
+    assert_eq!(task.description, "buy milk");
+    assert_eq!(task.created_at, at(7));
+    assert_eq!(task.updated_at, at(7));
+    assert_eq!(task.expires_at, at(7 + LIFETIME));
+    assert_eq!(task.published_at, None);
+    assert_eq!(task.assigned_at, None);
+    assert_eq!(task.started_at, None);
+    assert_eq!(task.ended_at, None);
+    assert_eq!(task.worker_id, None);
+    assert_eq!(task.start_by, None);
+    assert_eq!(task.active_until, None);
+    assert_eq!(task.open_issues, 0);
+    assert_eq!(task.last_event_id, 0);
+    assert_eq!(read(s, task.id).await.as_ref(), Some(&task));
+    assert!(
+        all_events(s, task.id).await.is_empty(),
+        "a new draft has no events"
+    );
+
+    // Ids are the caller's: a second task with the same id is an error.
+    let duplicate = NewTask {
+        id: task.id,
+        description: "other".into(),
+        agent_token_hash: TokenHash::of("x"),
+        created_at: at(8),
+        expires_at: at(9),
+    };
+    assert!(
+        s.create_task(duplicate).await.is_err(),
+        "a duplicate id was accepted"
+    );
+    assert_eq!(read(s, task.id).await, Some(task));
+
+    // Timestamps keep their milliseconds (the precision of `clock::now`).
+    let ms = TimeDelta::milliseconds(789);
+    let new = NewTask {
+        id: Uuid::new_v4(),
+        description: "precise".into(),
+        agent_token_hash: TokenHash::of("z"),
+        created_at: at(1) + ms,
+        expires_at: at(LIFETIME) + ms,
+    };
+    let precise = s.create_task(new).await.expect("create task");
+    let published = ok(s, precise.id, Command::Publish, 2).await.task;
+    assert_eq!(read(s, precise.id).await.as_ref(), Some(&published));
+    assert_eq!(published.created_at, at(1) + ms);
+    assert_eq!(published.expires_at, at(LIFETIME) + ms);
+    let due = s.next_deadline().await.expect("next deadline");
+    assert_eq!(due, Some(at(LIFETIME) + ms));
+}
+
+async fn text_round_trips_unchanged(store: Arc<dyn Store>) {
+    let s = &*store;
+    let texts = [
+        "Water the 🌱 — “front” garden\nline two\ttab 'single' \"double\" \\ \\n".to_owned(),
+        "é".repeat(MAX_DESCRIPTION_CHARS),
+        "'; DROP TABLE tasks; --".to_owned(),
+        "{\"looks\": [\"like\", \"json\"]}".to_owned(),
+    ];
+    for text in &texts {
+        let task = create_at(s, 0, text).await.task;
+        assert_eq!(&read(s, task.id).await.expect("stored").description, text);
+    }
+    let (task, w) = task_in(s, TaskState::Active).await;
+    for text in &texts {
+        let applied = ok(s, task.id, message(w, text), 10).await;
+        assert_eq!(applied.events[0].data, json!({ "text": text }));
+    }
+    let stored: Vec<Value> = all_events(s, task.id)
+        .await
+        .into_iter()
+        .filter(|e| e.kind == EventType::WorkerMessage)
+        .map(|e| e.data["text"].clone())
+        .collect();
+    let sent: Vec<Value> = texts.iter().map(|t| json!(t)).collect();
+    assert_eq!(stored, sent);
+}
+
+async fn agent_token_is_kept_as_a_verifiable_digest(store: Arc<dyn Store>) {
+    let s = &*store;
+    let a = create_at(s, 0, "a").await;
+    let b = create_at(s, 0, "b").await;
+    let digest = |id| async move { s.agent_token_hash(id).await.expect("read digest") };
+
+    let of_a = digest(a.task.id).await.expect("a's digest is stored");
+    assert!(
+        of_a.verify(&a.token),
+        "the digest does not verify its own token"
+    );
+    assert!(!of_a.verify(&b.token), "a's digest accepts b's token");
+    assert!(!of_a.verify(&format!("{}x", a.token)));
+    assert!(!of_a.verify(""));
+    assert_eq!(of_a, TokenHash::of(&a.token));
+    let of_b = digest(b.task.id).await.expect("b's digest is stored");
+    assert!(of_b.verify(&b.token) && !of_b.verify(&a.token));
+    assert_eq!(digest(Uuid::new_v4()).await, None);
+}
+
+async fn worker_token_is_kept_as_a_verifiable_digest(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (ada, ada_secret) = worker_with_token(s).await;
+    let (bob, bob_secret) = worker_with_token(s).await;
+    let digest = |id| async move { s.worker_token_hash(id).await.expect("read digest") };
+
+    let of_ada = digest(ada).await.expect("digest stored");
+    assert!(of_ada.verify(&ada_secret));
+    assert!(!of_ada.verify(&bob_secret));
+    let of_bob = digest(bob).await.expect("digest stored");
+    assert!(of_bob.verify(&bob_secret) && !of_bob.verify(&ada_secret));
+    assert_eq!(digest(Uuid::new_v4()).await, None);
+
+    let again = s.create_worker(ada, "Eve", TokenHash::of("y"), at(1)).await;
+    assert!(again.is_err(), "a duplicate worker id was accepted");
+    assert!(digest(ada).await.expect("kept").verify(&ada_secret));
+}
+
+async fn replicas_starting_together_migrate_once(db: &TestDb) {
+    let opts = ConnectOptions::default();
+    let starts = (0..4).map(|_| connect(&db.url, policy(), &opts));
+    let stores: Vec<Arc<dyn Store>> = futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("a replica failed to start: {e}")))
+        .collect();
+    let task = create(&*stores[0]).await;
+    ok(&*stores[1], task.id, Command::Publish, 1).await;
+    for s in &stores {
+        let seen = read(&**s, task.id).await.expect("visible to every replica");
+        assert_eq!(seen.state, TaskState::Open);
+    }
+    // A later start finds the schema in place and the data kept.
+    let late = connect(&db.url, policy(), &opts).await.expect("restart");
+    assert_eq!(
+        read(&*late, task.id).await.expect("kept").state,
+        TaskState::Open
+    );
+}
+
+/// Neither an agent nor a worker token appears anywhere in what the database
+/// keeps (PostgreSQL: a `pg_dump` of it; SQLite: the bytes of its files),
+/// although the data around them does.
+async fn stored_data_reveals_no_token(db: &TestDb) {
+    let store = db.store(policy()).await;
+    let s = &*store;
+    let a = create_at(s, 0, "marker-description-a").await;
+    let b = create_at(s, 0, "marker-description-b").await;
+    let (w, worker_secret) = worker_with_token(s).await;
+    ok(s, a.task.id, Command::Publish, 1).await;
+    ok(s, a.task.id, claim(w), 2).await;
+    ok(s, a.task.id, start(w), 3).await;
+    ok(s, a.task.id, message(w, "marker-message"), 4).await;
+
+    let stored: Vec<u8> = match s.backend() {
+        Backend::Postgres => pg_dump(&db.url).await,
+        Backend::Sqlite => sqlite_files(&db.url),
+    };
+    // The data is there, so the absence of the tokens means something.
+    for marker in [
+        "marker-description-a",
+        "marker-description-b",
+        "marker-message",
+    ] {
+        assert!(
+            contains(&stored, marker.as_bytes()),
+            "{marker:?} is not in the data"
+        );
+    }
+    let digest = TokenHash::of(&a.token).0;
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        contains(&stored, &digest) || contains(&stored, hex.as_bytes()),
+        "the agent token's digest is not in the data"
+    );
+    for secret in [&a.token, &b.token, &worker_secret] {
+        // With and without the recognisable prefix.
+        for needle in [secret.as_str(), &secret[4..]] {
+            assert!(
+                !contains(&stored, needle.as_bytes()),
+                "a token is stored in clear"
+            );
+        }
+    }
+}
+
+/// A plain-SQL dump of the database at `url`, by the server's own pg_dump
+/// (scripts/postgres.sh exports its bin directory), so the client is never
+/// older than the server.
+async fn pg_dump(url: &str) -> Vec<u8> {
+    let program = match std::env::var("MEATSPACE_TEST_PG_BIN") {
+        Ok(dir) => format!("{dir}/pg_dump"),
+        Err(_) => "pg_dump".to_owned(),
+    };
+    let out = tokio::process::Command::new(&program)
+        .args(["--no-owner", "--no-privileges", "--dbname", url])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{program}: {}: {stderr}", out.status);
+    out.stdout
+}
+
+/// The bytes of every file of the SQLite database: main file, WAL and
+/// shared memory.
+fn sqlite_files(url: &str) -> Vec<u8> {
+    let path = url.strip_prefix("sqlite://").expect("a sqlite:// URL");
+    let dir = std::path::Path::new(path)
+        .parent()
+        .expect("database directory");
+    let mut bytes = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("list the database directory") {
+        let path = entry.expect("directory entry").path();
+        bytes.extend(std::fs::read(path).expect("read a database file"));
+    }
+    bytes
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+// ---- the lifecycle ------------------------------------------------------------------------
+
+async fn lifecycle_to_completion(store: Arc<dyn Store>) {
+    let s = &*store;
+    let w = worker(s).await;
+    let id = create(s).await.id;
+
+    // Each step returns the task as written, which is what a reader sees.
+    let step = |applied: &Applied, state: TaskState, kind: EventType| {
+        assert_eq!(applied.task.state, state);
+        assert_eq!(kinds(&applied.events), [kind]);
+        assert_eq!(applied.applied, None);
+        assert_eq!(applied.task.last_event_id, applied.events[0].id);
+    };
+
+    let published = ok(s, id, Command::Publish, 10).await;
+    step(&published, TaskState::Open, EventType::TaskPublished);
+    assert_eq!(published.task.published_at, Some(at(10)));
+    assert_eq!(published.task.updated_at, at(10));
+    assert_eq!(read(s, id).await.as_ref(), Some(&published.task));
+
+    let claimed = ok(s, id, claim(w), 20).await;
+    step(&claimed, TaskState::Assigned, EventType::TaskAssigned);
+    assert_eq!(claimed.task.worker_id, Some(w));
+    assert_eq!(claimed.task.assigned_at, Some(at(20)));
+    assert_eq!(claimed.task.start_by, Some(at(20 + START_TIMEOUT)));
+    assert_eq!(read(s, id).await.as_ref(), Some(&claimed.task));
+
+    let started = ok(s, id, start(w), 30).await;
+    step(&started, TaskState::Active, EventType::TaskStarted);
+    assert_eq!(started.task.started_at, Some(at(30)));
+    assert_eq!(started.task.active_until, Some(at(30 + ACTIVE_LIMIT)));
+    assert_eq!(read(s, id).await.as_ref(), Some(&started.task));
+
+    let said = ok(s, id, message(w, "on my way"), 40).await;
+    step(&said, TaskState::Active, EventType::WorkerMessage);
+    let shown = ok(s, id, send_photo(w, &photo(100)), 41).await;
+    step(&shown, TaskState::Active, EventType::WorkerPhoto);
+    let raised = ok(s, id, raise(w, IssueKind::AccessBlocked, "gate"), 42).await;
+    step(&raised, TaskState::Active, EventType::WorkerIssue);
+    assert_eq!(raised.task.open_issues, 1);
+    let clarify = respond(first_id(&raised), IssueAction::Clarify, Some("side door"));
+    let answered = ok(s, id, clarify, 43).await;
+    step(&answered, TaskState::Active, EventType::AgentIssueResponse);
+    assert_eq!(answered.task.open_issues, 0);
+
+    let done = ok(s, id, complete(w, Some("watered")), 50).await;
+    step(&done, TaskState::Completed, EventType::TaskCompleted);
+    assert_eq!(done.task.ended_at, Some(at(50)));
+    assert_eq!(
+        done.task.worker_id,
+        Some(w),
+        "a finished task remembers its worker"
+    );
+    let stored = read(s, id).await.expect("kept");
+    assert_eq!(stored, done.task);
+
+    // The feed is every event appended, each as it was returned, in order.
+    let feed = all_events(s, id).await;
+    let returned: Vec<Event> = [
+        published, claimed, started, said, shown, raised, answered, done,
+    ]
+    .into_iter()
+    .flat_map(|a| a.events)
+    .collect();
+    assert_eq!(feed, returned);
+    assert!(
+        feed.windows(2).all(|p| p[0].id < p[1].id),
+        "ids not ascending"
+    );
+    assert!(feed.iter().all(|e| e.task_id == id));
+    let times: Vec<_> = feed.iter().map(|e| e.created_at).collect();
+    assert_eq!(times, [10, 20, 30, 40, 41, 42, 43, 50].map(at));
+    assert_eq!(stored.last_event_id, feed[7].id);
+}
+
+/// Every event type as read back from the feed: who caused it, whether its
+/// data is worker-authored (untrusted), and the shape of its data.
+async fn every_event_type_has_its_actor_trust_and_data(store: Arc<dyn Store>) {
+    let s = &*store;
+    let mut checked = BTreeSet::new();
+    let mut check = |e: &Event, kind: EventType, actor: Actor, data: Value| {
+        assert_eq!(e.kind, kind);
+        assert_eq!(e.actor, actor, "actor of {kind:?}");
+        let worker_content = matches!(
+            kind,
+            EventType::WorkerMessage
+                | EventType::WorkerPhoto
+                | EventType::WorkerIssue
+                | EventType::TaskCompleted
+                | EventType::TaskStopped
+        );
+        assert_eq!(e.untrusted, worker_content, "untrusted flag of {kind:?}");
+        assert_eq!(e.data, data, "data of {kind:?}");
+        checked.insert(kind.as_str());
+    };
+
+    // published, assigned, started, message, photo, issue, response, completed
+    let (t, w) = task_in(s, TaskState::Active).await;
+    let t = t.id;
+    ok(s, t, message(w, "hello"), 4).await;
+    let p = photo(1234);
+    ok(s, t, send_photo(w, &p), 5).await;
+    let issue = first_id(&ok(s, t, raise(w, IssueKind::NeedsMoreTime, "slow"), 6).await);
+    ok(
+        s,
+        t,
+        respond(issue, IssueAction::Acknowledge, Some("fine")),
+        7,
+    )
+    .await;
+    ok(s, t, complete(w, Some("done")), 8).await;
+    let e = all_events(s, t).await;
+    assert_eq!(e.len(), 8);
+    check(&e[0], EventType::TaskPublished, Actor::Agent, json!({}));
+    let start_by = timestamp(&e[1].data["start_by"]);
+    assert_eq!(start_by, at(2 + START_TIMEOUT));
+    let assigned = json!({ "worker_id": w, "start_by": e[1].data["start_by"] });
+    check(&e[1], EventType::TaskAssigned, Actor::Worker, assigned);
+    let active_until = timestamp(&e[2].data["active_until"]);
+    assert_eq!(active_until, at(3 + ACTIVE_LIMIT));
+    let started = json!({ "worker_id": w, "active_until": e[2].data["active_until"] });
+    check(&e[2], EventType::TaskStarted, Actor::Worker, started);
+    let text = json!({ "text": "hello" });
+    check(&e[3], EventType::WorkerMessage, Actor::Worker, text);
+    let shown = json!({
+        "photo_id": p.id,
+        "content_type": "image/png",
+        "width": 640,
+        "height": 480,
+        "size_bytes": 1234,
+        "path": format!("/api/v1/tasks/{t}/photos/{}", p.id),
+    });
+    check(&e[4], EventType::WorkerPhoto, Actor::Worker, shown);
+    let raised = json!({ "kind": "needs_more_time", "text": "slow" });
+    check(&e[5], EventType::WorkerIssue, Actor::Worker, raised);
+    let answer = json!({ "issue_event_id": issue, "action": "acknowledge", "text": "fine" });
+    check(&e[6], EventType::AgentIssueResponse, Actor::Agent, answer);
+    let done = json!({ "worker_id": w, "note": "done" });
+    check(&e[7], EventType::TaskCompleted, Actor::Worker, done);
+
+    // unassigned, then expired while open
+    let (t, w) = task_in(s, TaskState::Assigned).await;
+    s.reconcile_due(at(2 + START_TIMEOUT), 10)
+        .await
+        .expect("unassign");
+    s.reconcile_due(at(LIFETIME), 10).await.expect("expire");
+    let e = all_events(s, t.id).await;
+    assert_eq!(e.len(), 4);
+    let unassigned = json!({ "worker_id": w, "reason": "start_timeout" });
+    check(&e[2], EventType::TaskUnassigned, Actor::System, unassigned);
+    let expired = json!({ "reason": "lifetime", "previous_state": "open" });
+    check(&e[3], EventType::TaskExpired, Actor::System, expired);
+
+    // expired while active
+    let (t, _) = task_in(s, TaskState::Active).await;
+    s.reconcile_due(at(3 + ACTIVE_LIMIT), 10)
+        .await
+        .expect("expire");
+    let e = all_events(s, t.id).await;
+    let expired = json!({ "reason": "active_time_limit", "previous_state": "active" });
+    check(&e[3], EventType::TaskExpired, Actor::System, expired);
+
+    // stopped, with and without a reason
+    let (t, w) = task_in(s, TaskState::Active).await;
+    ok(s, t.id, stop(w, Some("rain")), 9).await;
+    let e = all_events(s, t.id).await;
+    let stopped = json!({ "worker_id": w, "reason": "rain" });
+    check(&e[3], EventType::TaskStopped, Actor::Worker, stopped);
+    let (t, w) = task_in(s, TaskState::Assigned).await;
+    ok(s, t.id, stop(w, None), 9).await;
+    let e = all_events(s, t.id).await;
+    let stopped = json!({ "worker_id": w, "reason": null });
+    check(&e[2], EventType::TaskStopped, Actor::Worker, stopped);
+
+    // cancelled by the agent, directly and by answering an issue
+    let (t, _) = task_in(s, TaskState::Open).await;
+    let reason = Some("not needed".to_owned());
+    ok(s, t.id, Command::Cancel { reason }, 9).await;
+    let e = all_events(s, t.id).await;
+    let cancelled = json!({ "reason": "not needed" });
+    check(&e[1], EventType::TaskCancelled, Actor::Agent, cancelled);
+    let (t, w) = task_in(s, TaskState::Active).await;
+    let issue = first_id(&ok(s, t.id, raise(w, IssueKind::SafetyConcern, "dog"), 4).await);
+    ok(s, t.id, respond(issue, IssueAction::Cancel, None), 5).await;
+    let e = all_events(s, t.id).await;
+    let answer = json!({ "issue_event_id": issue, "action": "cancel", "text": null });
+    check(&e[4], EventType::AgentIssueResponse, Actor::Agent, answer);
+    let cancelled = json!({ "reason": null, "issue_event_id": issue });
+    check(&e[5], EventType::TaskCancelled, Actor::Agent, cancelled);
+
+    let every: BTreeSet<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(checked, every, "some event types were not checked");
+}
+
+async fn stop_ends_an_assigned_or_active_task(store: Arc<dyn Store>) {
+    let s = &*store;
+    let stranger = worker(s).await;
+    for state in [TaskState::Assigned, TaskState::Active] {
+        let (task, w) = task_in(s, state).await;
+        refused(s, task.id, stop(stranger, None), 10, Refusal::NotYourTask).await;
+        // Stop is authoritative: allowed even after every deadline passed.
+        let late = 10 * LIFETIME;
+        let stopped = ok(s, task.id, stop(w, None), late).await;
+        assert_eq!(stopped.task.state, TaskState::Stopped);
+        assert_eq!(stopped.task.ended_at, Some(at(late)));
+        assert_eq!(read(s, task.id).await, Some(stopped.task));
+    }
+    for state in [TaskState::Draft, TaskState::Open] {
+        // Nobody is assigned yet, so no worker may stop it.
+        let (task, w) = task_in(s, state).await;
+        refused(s, task.id, stop(w, None), 10, Refusal::NotYourTask).await;
+    }
+    // Only the two unstopped tasks still have a deadline.
+    let next = s.next_deadline().await.expect("next deadline");
+    assert_eq!(next, Some(at(LIFETIME)));
+}
+
+async fn cancel_ends_any_non_terminal_task(store: Arc<dyn Store>) {
+    let s = &*store;
+    let states = [
+        TaskState::Draft,
+        TaskState::Open,
+        TaskState::Assigned,
+        TaskState::Active,
+    ];
+    for state in states {
+        let (task, _) = task_in(s, state).await;
+        // Cancel is allowed even after every deadline passed.
+        let late = 10 * LIFETIME;
+        let cancelled = ok(s, task.id, cancel(), late).await;
+        assert_eq!(cancelled.task.state, TaskState::Cancelled, "from {state}");
+        assert_eq!(cancelled.task.ended_at, Some(at(late)));
+        assert_eq!(kinds(&cancelled.events), [EventType::TaskCancelled]);
+        assert_eq!(read(s, task.id).await, Some(cancelled.task));
+    }
+    // Nothing is left for the controller.
+    assert_eq!(s.next_deadline().await.expect("next deadline"), None);
+    let due = s.reconcile_due(at(100 * LIFETIME), 100).await;
+    assert!(due.expect("reconcile").is_empty());
+}
+
+async fn reconcile_command_applies_only_what_is_due(store: Arc<dyn Store>) {
+    let s = &*store;
+    let reconcile = || Command::Reconcile;
+
+    let (open, _) = task_in(s, TaskState::Open).await;
+    refused(s, open.id, reconcile(), LIFETIME - 1, Refusal::NothingDue).await;
+    let expired = ok(s, open.id, reconcile(), LIFETIME).await;
+    assert_eq!(expired.task.state, TaskState::Expired);
+    assert_eq!(expired.applied, Some(Due::Expire(ExpiryReason::Lifetime)));
+    assert_eq!(expired.task.ended_at, Some(at(LIFETIME)));
+
+    let (assigned, w) = task_in(s, TaskState::Assigned).await;
+    let start_by = 2 + START_TIMEOUT;
+    refused(
+        s,
+        assigned.id,
+        reconcile(),
+        start_by - 1,
+        Refusal::NothingDue,
+    )
+    .await;
+    let reopened = ok(s, assigned.id, reconcile(), start_by).await;
+    assert_eq!(reopened.applied, Some(Due::Unassign));
+    assert_eq!(reopened.task.state, TaskState::Open);
+    assert_eq!(reopened.task.worker_id, None);
+    assert_eq!(reopened.task.assigned_at, None);
+    assert_eq!(reopened.task.start_by, None);
+    // Open again: even the worker who missed the start may claim it anew.
+    let again = ok(s, assigned.id, claim(w), start_by + 1).await;
+    let new_start_by = at(start_by + 1 + START_TIMEOUT);
+    assert_eq!(again.task.start_by, Some(new_start_by));
+
+    let (active, _) = task_in(s, TaskState::Active).await;
+    let until = 3 + ACTIVE_LIMIT;
+    refused(s, active.id, reconcile(), until - 1, Refusal::NothingDue).await;
+    let timed_out = ok(s, active.id, reconcile(), until).await;
+    let reason = ExpiryReason::ActiveTimeLimit;
+    assert_eq!(timed_out.applied, Some(Due::Expire(reason)));
+    assert_eq!(timed_out.task.state, TaskState::Expired);
+}
+
+async fn refusals_name_the_reason_and_change_nothing(store: Arc<dyn Store>) {
+    let s = &*store;
+    let stranger = worker(s).await;
+
+    let missing = s.apply(Uuid::new_v4(), Command::Publish, at(1)).await;
+    assert!(matches!(missing, Err(StoreError::NotFound)), "{missing:?}");
+
+    let (draft, _) = task_in(s, TaskState::Draft).await;
+    let id = draft.id;
+    refused(s, id, claim(stranger), 5, wrong("claim", TaskState::Draft)).await;
+    refused(s, id, message(stranger, "hi"), 5, Refusal::NotYourTask).await;
+
+    let (open, _) = task_in(s, TaskState::Open).await;
+    let id = open.id;
+    refused(
+        s,
+        id,
+        Command::Publish,
+        5,
+        wrong("publish", TaskState::Open),
+    )
+    .await;
+    // A passed deadline waits for the controller.
+    refused(s, id, claim(stranger), LIFETIME, Refusal::DeadlinePassed).await;
+    refused(s, id, Command::Publish, LIFETIME, Refusal::DeadlinePassed).await;
+
+    let (assigned, w) = task_in(s, TaskState::Assigned).await;
+    let id = assigned.id;
+    let taken = wrong("claim", TaskState::Assigned);
+    refused(s, id, claim(stranger), 5, taken.clone()).await;
+    refused(s, id, claim(w), 5, taken).await;
+    refused(s, id, start(stranger), 5, Refusal::NotYourTask).await;
+    let early = wrong("complete", TaskState::Assigned);
+    refused(s, id, complete(w, None), 5, early).await;
+    let start_by = 2 + START_TIMEOUT;
+    refused(s, id, start(w), start_by, Refusal::DeadlinePassed).await;
+
+    let (active, w) = task_in(s, TaskState::Active).await;
+    let id = active.id;
+    refused(s, id, start(w), 5, wrong("start", TaskState::Active)).await;
+    refused(
+        s,
+        id,
+        message(stranger, "let me in"),
+        5,
+        Refusal::NotYourTask,
+    )
+    .await;
+    let issue = raise(stranger, IssueKind::Other, "x");
+    refused(s, id, issue, 5, Refusal::NotYourTask).await;
+    refused(s, id, complete(stranger, None), 5, Refusal::NotYourTask).await;
+    let until = 3 + ACTIVE_LIMIT;
+    refused(s, id, message(w, "late"), until, Refusal::DeadlinePassed).await;
+    refused(s, id, complete(w, None), until, Refusal::DeadlinePassed).await;
+    // A refused photo is not stored.
+    let p = photo(10);
+    refused(s, id, send_photo(stranger, &p), 5, Refusal::NotYourTask).await;
+    refused(s, id, send_photo(w, &p), until, Refusal::DeadlinePassed).await;
+    assert_eq!(s.photo(id, p.id).await.expect("read photo"), None);
+
+    // Each refused task is still exactly where it was.
+    assert_eq!(read(s, active.id).await, Some(active));
+    assert_eq!(read(s, assigned.id).await, Some(assigned));
+    assert_eq!(read(s, open.id).await, Some(open));
+    assert_eq!(read(s, draft.id).await, Some(draft));
+}
+
+/// A refused command lets go of the task at once: the controller's sweep,
+/// which passes over tasks that another writer holds, finds it right after.
+async fn a_refused_command_leaves_the_task_to_the_controller(store: Arc<dyn Store>) {
+    let s = &*store;
+    for round in 0..20 {
+        let (task, _) = task_in(s, TaskState::Open).await;
+        let late = s.apply(task.id, Command::Publish, at(LIFETIME)).await;
+        let refusal = Refusal::DeadlinePassed;
+        assert!(matches!(late, Err(StoreError::Refused(r)) if r == refusal));
+        let swept = s.reconcile_due(at(LIFETIME), 10).await.expect("reconcile");
+        let ids: Vec<Uuid> = swept.iter().map(|a| a.task.id).collect();
+        assert_eq!(ids, [task.id], "round {round}");
+    }
+}
+
+async fn terminal_tasks_refuse_every_command(store: Arc<dyn Store>) {
+    let s = &*store;
+    /// A final state, the command that reaches it (given the worker) and when.
+    type Ending = (TaskState, fn(Uuid) -> Command, i64);
+    let endings: [Ending; 4] = [
+        (TaskState::Completed, |w| complete(w, None), 10),
+        (TaskState::Stopped, |w| stop(w, None), 10),
+        (TaskState::Cancelled, |_| cancel(), 10),
+        (TaskState::Expired, |_| Command::Reconcile, 3 + ACTIVE_LIMIT),
+    ];
+    for (state, ending, secs) in endings {
+        let (task, w) = task_in(s, TaskState::Active).await;
+        let id = task.id;
+        let issue = first_id(&ok(s, id, raise(w, IssueKind::Other, "?"), 5).await);
+        assert_eq!(ok(s, id, ending(w), secs).await.task.state, state);
+        let other = worker(s).await;
+        let p = photo(10);
+        let commands = [
+            Command::Publish,
+            cancel(),
+            respond(issue, IssueAction::Clarify, Some("x")),
+            claim(other),
+            start(w),
+            message(w, "still here"),
+            send_photo(w, &p),
+            raise(w, IssueKind::Other, "again"),
+            complete(w, None),
+            stop(w, None),
+            Command::Reconcile,
+        ];
+        for command in commands {
+            refused(s, id, command, 20, Refusal::Terminal { state }).await;
+        }
+        assert_eq!(s.photo(id, p.id).await.expect("read photo"), None);
+        let feed = all_events(s, id).await;
+        assert_eq!(feed.iter().filter(|e| e.kind.is_terminal()).count(), 1);
+        let last = feed.last().expect("events");
+        assert!(last.kind.is_terminal(), "nothing follows the end");
+    }
+}
+
+// ---- issues and photos -------------------------------------------------------------------
+
+async fn issues_open_resolve_and_close_when_the_task_ends(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (task, w) = task_in(s, TaskState::Active).await;
+    let id = task.id;
+    assert!(s.issues(id).await.expect("issues").is_empty());
+
+    let first = ok(
+        s,
+        id,
+        raise(w, IssueKind::UnclearInstructions, "which?"),
+        10,
+    )
+    .await;
+    assert_eq!(first.task.open_issues, 1);
+    let second = ok(s, id, raise(w, IssueKind::AccessBlocked, "locked"), 11).await;
+    let third = ok(s, id, raise(w, IssueKind::ItemUnavailable, "no water"), 12).await;
+    assert_eq!(third.task.open_issues, 3);
+    let [first, second, third] = [first, second, third].map(|a| first_id(&a));
+
+    let issues = s.issues(id).await.expect("issues");
+    let listed: Vec<_> = issues.iter().map(|i| (i.event_id, i.kind)).collect();
+    let raised = [
+        (first, IssueKind::UnclearInstructions),
+        (second, IssueKind::AccessBlocked),
+        (third, IssueKind::ItemUnavailable),
+    ];
+    assert_eq!(listed, raised, "issues, ascending by event id");
+    for i in &issues {
+        assert_eq!((i.task_id, i.status), (id, IssueStatus::Open));
+        assert_eq!((&i.resolution, i.resolved_at), (&None, None));
+    }
+
+    let answer = respond(second, IssueAction::Clarify, Some("key under the mat"));
+    let answered = ok(s, id, answer, 13).await;
+    assert_eq!(answered.task.open_issues, 2);
+    assert_eq!(read(s, id).await.expect("task").open_issues, 2);
+    let again = respond(second, IssueAction::Acknowledge, Some("again"));
+    let already = Refusal::IssueNotOpen(second, IssueStatus::Resolved);
+    refused(s, id, again, 14, already).await;
+
+    // The task ends (expires) with two issues unanswered: they close, and
+    // say why.
+    let ended = s.reconcile_due(at(3 + ACTIVE_LIMIT), 10).await;
+    let ended = ended.expect("reconcile");
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].task.open_issues, 0);
+    let status: Vec<_> = s
+        .issues(id)
+        .await
+        .expect("issues")
+        .into_iter()
+        .map(|i| (i.event_id, i.status, i.resolution, i.resolved_at))
+        .collect();
+    let closed = |event_id| {
+        let why = Some("task_expired".to_owned());
+        (
+            event_id,
+            IssueStatus::Closed,
+            why,
+            Some(at(3 + ACTIVE_LIMIT)),
+        )
+    };
+    let resolved = (
+        second,
+        IssueStatus::Resolved,
+        Some("clarify".to_owned()),
+        Some(at(13)),
+    );
+    assert_eq!(status, [closed(first), resolved, closed(third)]);
+    assert_eq!(read(s, id).await.expect("task").open_issues, 0);
+}
+
+async fn answering_an_issue_with_cancel_ends_the_task(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (task, w) = task_in(s, TaskState::Assigned).await;
+    let id = task.id;
+    let dog = first_id(&ok(s, id, raise(w, IssueKind::SafetyConcern, "dog"), 10).await);
+    let stairs = first_id(&ok(s, id, raise(w, IssueKind::SafetyConcern, "stairs"), 11).await);
+
+    let answer = respond(dog, IssueAction::Cancel, Some("stay safe"));
+    let applied = ok(s, id, answer, 12).await;
+    assert_eq!(applied.task.state, TaskState::Cancelled);
+    let ending = [EventType::AgentIssueResponse, EventType::TaskCancelled];
+    assert_eq!(kinds(&applied.events), ending);
+    assert!(applied.events[0].id < applied.events[1].id);
+    let status: Vec<_> = s
+        .issues(id)
+        .await
+        .expect("issues")
+        .into_iter()
+        .map(|i| (i.event_id, i.status, i.resolution))
+        .collect();
+    let resolved = (dog, IssueStatus::Resolved, Some("cancel".to_owned()));
+    let closed = (
+        stairs,
+        IssueStatus::Closed,
+        Some("task_cancelled".to_owned()),
+    );
+    assert_eq!(status, [resolved, closed]);
+    let feed = all_events(s, id).await;
+    assert_eq!(feed.iter().filter(|e| e.kind.is_terminal()).count(), 1);
+}
+
+async fn responses_are_scoped_to_the_issue_s_task(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (mine, _) = task_in(s, TaskState::Active).await;
+    let (theirs, w) = task_in(s, TaskState::Active).await;
+    let foreign = first_id(&ok(s, theirs.id, raise(w, IssueKind::Other, "x"), 5).await);
+    let answer = |id| respond(id, IssueAction::Clarify, Some("y"));
+
+    // Another task's issue, an event that is no issue, an id that does not exist.
+    let not_an_issue = mine.last_event_id;
+    for id in [foreign, not_an_issue, i64::MAX] {
+        refused(s, mine.id, answer(id), 6, Refusal::IssueNotFound(id)).await;
+    }
+    assert!(s.issues(mine.id).await.expect("issues").is_empty());
+    let theirs = s.issues(theirs.id).await.expect("issues");
+    assert_eq!(theirs.len(), 1);
+    assert_eq!(
+        theirs[0].status,
+        IssueStatus::Open,
+        "answered through another task"
+    );
+}
+
+async fn photo_is_stored_and_scoped_to_its_task(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (task, w) = task_in(s, TaskState::Assigned).await;
+    let (other, _) = task_in(s, TaskState::Active).await;
+    let id = task.id;
+    let p = photo(200_000);
+    let applied = ok(s, id, send_photo(w, &p), 10).await;
+    assert_eq!(applied.events[0].data["photo_id"], json!(p.id));
+    assert_eq!(applied.events[0].data["size_bytes"], json!(200_000));
+
+    let stored = s.photo(id, p.id).await.expect("read photo");
+    let stored = stored.expect("photo stored");
+    assert_eq!(stored.id, p.id);
+    assert_eq!(stored.task_id, id);
+    assert_eq!(stored.content_type, "image/png");
+    assert_eq!(stored.created_at, at(10));
+    assert!(
+        stored.bytes == p.bytes,
+        "the photo's bytes changed in the store"
+    );
+
+    // Only through its own task.
+    assert_eq!(s.photo(other.id, p.id).await.expect("read"), None);
+    assert_eq!(s.photo(id, Uuid::new_v4()).await.expect("read"), None);
+    assert_eq!(s.photo(Uuid::new_v4(), p.id).await.expect("read"), None);
+
+    // A second photo does not replace the first.
+    let second = photo(3);
+    ok(s, id, send_photo(w, &second), 11).await;
+    let got = s.photo(id, second.id).await.expect("read").expect("stored");
+    assert_eq!(got.bytes, second.bytes);
+    let kept = s.photo(id, p.id).await.expect("read").expect("kept");
+    assert!(kept.bytes == p.bytes);
+}
+
+// ---- feeds and listings -------------------------------------------------------------------
+
+async fn events_page_by_after_and_limit(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (a, wa) = task_in(s, TaskState::Active).await;
+    let (b, wb) = task_in(s, TaskState::Active).await;
+    // Interleaved appends to two tasks: each task's ids have gaps.
+    for n in 0..20 {
+        ok(s, a.id, message(wa, &format!("a{n}")), 10).await;
+        ok(s, b.id, message(wb, &format!("b{n}")), 10).await;
+    }
+    let all = all_events(s, a.id).await;
+    assert_eq!(all.len(), 23);
+    assert!(
+        all.iter().all(|e| e.task_id == a.id),
+        "another task's events leaked in"
+    );
+    assert!(all.windows(2).all(|p| p[0].id < p[1].id));
+    let texts: Vec<_> = all[3..].iter().map(|e| e.data["text"].clone()).collect();
+    let sent: Vec<_> = (0..20).map(|n| json!(format!("a{n}"))).collect();
+    assert_eq!(texts, sent);
+
+    // Paging with after = the last id seen yields every event once, in order.
+    let mut paged = Vec::new();
+    let mut after = 0;
+    let mut pages = 0;
+    loop {
+        let page = s.events(a.id, after, 5).await.expect("page");
+        assert!(page.len() <= 5);
+        pages += 1;
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        paged.extend(page);
+    }
+    assert_eq!(paged, all);
+    assert_eq!(pages, 6, "23 events in pages of 5, then an empty page");
+
+    // `after` is exclusive and need not be an id of this task.
+    let page = |after, limit| async move { s.events(a.id, after, limit).await.expect("page") };
+    assert_eq!(page(all[9].id, 3).await, all[10..13]);
+    let b_id = all_events(s, b.id).await[10].id;
+    let later: Vec<_> = all.iter().filter(|e| e.id > b_id).cloned().collect();
+    assert_eq!(page(b_id, 100).await, later);
+    assert!(page(all[22].id, 100).await.is_empty());
+    assert!(page(i64::MAX, 100).await.is_empty());
+    assert_eq!(page(-1, 2).await, all[..2]);
+    assert!(page(0, 0).await.is_empty());
+    let unknown = s.events(Uuid::new_v4(), 0, 100).await;
+    assert!(unknown.expect("events of an unknown task").is_empty());
+    assert_eq!(read(s, a.id).await.expect("task").last_event_id, all[22].id);
+}
+
+async fn open_tasks_page_by_cursor(store: Arc<dyn Store>) {
+    let s = &*store;
+    let w = worker(s).await;
+    assert!(s.open_tasks(None, 10).await.expect("list").is_empty());
+    // Three tasks share a creation time, so the id must break the tie.
+    let mut open = Vec::new();
+    for created in [5, 0, 0, 3, 0, 9, 7] {
+        let task = create_at(s, created, "t").await.task;
+        open.push(ok(s, task.id, Command::Publish, created + 1).await.task);
+    }
+    let draft = create_at(s, 1, "draft").await.task;
+    let cancelled = open.pop().expect("task");
+    ok(s, cancelled.id, cancel(), 20).await;
+    let claimed = open.pop().expect("task");
+    ok(s, claimed.id, claim(w), 20).await;
+    open.sort_by_key(|t| (t.created_at, t.id));
+
+    let mut listed = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = s.open_tasks(cursor, 2).await.expect("list");
+        assert!(page.len() <= 2);
+        let Some(last) = page.last() else { break };
+        cursor = Some(OpenTasksCursor {
+            created_at: last.created_at,
+            id: last.id,
+        });
+        listed.extend(page);
+    }
+    assert_eq!(listed, open, "open tasks, oldest first, each once");
+    let unlisted = [draft.id, cancelled.id, claimed.id];
+    assert!(!listed.iter().any(|t| unlisted.contains(&t.id)));
+
+    // A task that loses its worker is listed again, in its place.
+    let reopened = s.reconcile_due(at(20 + START_TIMEOUT), 10).await;
+    let reopened = reopened.expect("reconcile");
+    assert_eq!(reopened.len(), 1);
+    assert_eq!(reopened[0].task.id, claimed.id);
+    open.push(reopened[0].task.clone());
+    open.sort_by_key(|t| (t.created_at, t.id));
+    assert_eq!(s.open_tasks(None, 100).await.expect("list"), open);
+}
+
+// ---- deadlines, reconciliation, retention --------------------------------------------------
+
+async fn next_deadline_is_the_earliest_pending_one(store: Arc<dyn Store>) {
+    let s = &*store;
+    let next = move || async move { s.next_deadline().await.expect("next deadline") };
+    assert_eq!(next().await, None);
+    let w = worker(s).await;
+    let late = create_at(s, 0, "late").await.task;
+    assert_eq!(next().await, Some(at(LIFETIME)));
+    let early = create_at(s, -100, "early").await.task;
+    assert_eq!(next().await, Some(at(LIFETIME - 100)));
+    ok(s, early.id, Command::Publish, 1).await;
+    assert_eq!(next().await, Some(at(LIFETIME - 100)));
+    ok(s, early.id, claim(w), 10).await;
+    assert_eq!(
+        next().await,
+        Some(at(10 + START_TIMEOUT)),
+        "the start timeout"
+    );
+    ok(s, early.id, start(w), 20).await;
+    assert_eq!(
+        next().await,
+        Some(at(20 + ACTIVE_LIMIT)),
+        "the active time limit"
+    );
+    ok(s, early.id, complete(w, None), 30).await;
+    assert_eq!(
+        next().await,
+        Some(at(LIFETIME)),
+        "a finished task has no deadline"
+    );
+    ok(s, late.id, cancel(), 40).await;
+    assert_eq!(next().await, None);
+}
+
+async fn reconcile_due_applies_due_deadlines_in_order(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (open, _) = task_in(s, TaskState::Open).await;
+    let (draft, _) = task_in(s, TaskState::Draft).await;
+    let (assigned, w) = task_in(s, TaskState::Assigned).await;
+    let (active, _) = task_in(s, TaskState::Active).await;
+    let (done, _) = task_in(s, TaskState::Open).await;
+    ok(s, done.id, cancel(), 4).await;
+    // Assigned, but its lifetime ends (at 10) before its start timeout (at 60).
+    let short = create_at(s, 10 - LIFETIME, "short").await.task;
+    ok(s, short.id, Command::Publish, 0).await;
+    ok(s, short.id, claim(worker(s).await), 0).await;
+    let ids = [open.id, draft.id, assigned.id, active.id, done.id, short.id];
+    let tasks = move || async move {
+        let mut out = Vec::new();
+        for id in ids {
+            out.push(read(s, id).await.expect("task"));
+        }
+        out
+    };
+    let reconcile = move |secs, limit| async move {
+        let applied = s.reconcile_due(at(secs), limit).await.expect("reconcile");
+        for a in &applied {
+            // What it returns is what it wrote.
+            assert_eq!(read(s, a.task.id).await.as_ref(), Some(&a.task));
+            assert_eq!(all_events(s, a.task.id).await.last(), a.events.last());
+        }
+        let summary: Vec<_> = applied
+            .iter()
+            .map(|a| (a.task.id, a.applied, a.task.state, kinds(&a.events)))
+            .collect();
+        summary
+    };
+    let expire = |id, reason| {
+        let expired = vec![EventType::TaskExpired];
+        (id, Some(Due::Expire(reason)), TaskState::Expired, expired)
+    };
+
+    let before = tasks().await;
+    assert!(reconcile(9, 100).await.is_empty());
+    assert_eq!(
+        tasks().await,
+        before,
+        "nothing was due, yet something changed"
+    );
+
+    let unassigned = (
+        assigned.id,
+        Some(Due::Unassign),
+        TaskState::Open,
+        vec![EventType::TaskUnassigned],
+    );
+    let first = reconcile(2 + START_TIMEOUT, 100).await;
+    let earliest_first = [expire(short.id, ExpiryReason::Lifetime), unassigned];
+    assert_eq!(first, earliest_first);
+    let again = reconcile(2 + START_TIMEOUT, 100).await;
+    assert!(
+        again.is_empty(),
+        "a second pass at the same time repeated work"
+    );
+    // The reopened task is claimable again: active until 701.
+    ok(s, assigned.id, claim(w), 100).await;
+    ok(s, assigned.id, start(w), 101).await;
+
+    let second = reconcile(3 + ACTIVE_LIMIT, 100).await;
+    assert_eq!(second, [expire(active.id, ExpiryReason::ActiveTimeLimit)]);
+
+    // At most `limit` per call, earliest deadline first, the rest in the
+    // next call: the restarted task's active time limit (701) before the
+    // lifetimes (3600) of the open task and the draft.
+    let mut batches = Vec::new();
+    for expected in [2, 1, 0] {
+        let batch = reconcile(LIFETIME, 2).await;
+        assert_eq!(batch.len(), expected);
+        batches.push(batch);
+    }
+    let restarted = expire(assigned.id, ExpiryReason::ActiveTimeLimit);
+    assert_eq!(batches[0][0], restarted);
+    let mut rest = vec![batches[0][1].clone(), batches[1][0].clone()];
+    rest.sort_by_key(|r| r.0);
+    let mut lifetimes = vec![
+        expire(open.id, ExpiryReason::Lifetime),
+        expire(draft.id, ExpiryReason::Lifetime),
+    ];
+    lifetimes.sort_by_key(|r| r.0);
+    assert_eq!(rest, lifetimes);
+
+    assert_eq!(s.next_deadline().await.expect("next"), None);
+    let cancelled = read(s, done.id).await.expect("task");
+    assert_eq!(cancelled, before[4], "a terminal task was touched");
+}
+
+/// Sixty tasks come due at once, of all three kinds: open tasks at the end
+/// of their lifetime, assigned ones past their start timeout, active ones
+/// past their time limit with an issue still open.
+async fn reconcile_due_clears_a_backlog_in_one_pass(store: Arc<dyn Store>) {
+    let s = &*store;
+    let mut open = BTreeSet::new();
+    let mut assigned = BTreeSet::new();
+    let mut active = BTreeSet::new();
+    for _ in 0..20 {
+        // Expires at 600.
+        let task = create_at(s, 600 - LIFETIME, "open").await.task;
+        ok(s, task.id, Command::Publish, 1).await;
+        open.insert(task.id);
+        // Start by 62.
+        assigned.insert(task_in(s, TaskState::Assigned).await.0.id);
+        // Active until 603, with an issue.
+        let (task, w) = task_in(s, TaskState::Active).await;
+        ok(s, task.id, raise(w, IssueKind::Other, "?"), 4).await;
+        active.insert(task.id);
+    }
+
+    let swept = s.reconcile_due(at(700), 1000).await.expect("reconcile");
+    assert_eq!(swept.len(), 60);
+    let ids: BTreeSet<Uuid> = swept.iter().map(|a| a.task.id).collect();
+    assert_eq!(ids.len(), 60, "a task was handled twice");
+    for a in &swept {
+        let id = a.task.id;
+        let (due, state, kind) = if open.contains(&id) {
+            let due = Due::Expire(ExpiryReason::Lifetime);
+            (due, TaskState::Expired, EventType::TaskExpired)
+        } else if assigned.contains(&id) {
+            (Due::Unassign, TaskState::Open, EventType::TaskUnassigned)
+        } else {
+            assert!(active.contains(&id));
+            let due = Due::Expire(ExpiryReason::ActiveTimeLimit);
+            (due, TaskState::Expired, EventType::TaskExpired)
+        };
+        assert_eq!((a.applied, a.task.state), (Some(due), state));
+        assert_eq!(kinds(&a.events), [kind]);
+        assert_eq!(read(s, id).await.as_ref(), Some(&a.task));
+        let feed = all_events(s, id).await;
+        assert_eq!(feed.last(), a.events.last());
+        assert_eq!(a.task.last_event_id, a.events[0].id);
+        assert!(feed.windows(2).all(|p| p[0].id < p[1].id));
+        if active.contains(&id) {
+            assert_eq!(issue_statuses(s, id).await, [IssueStatus::Closed]);
+            assert_eq!(a.task.open_issues, 0);
+        }
+    }
+    // Only the reopened tasks are left, until their lifetime ends.
+    assert!(
+        s.reconcile_due(at(700), 1000)
+            .await
+            .expect("again")
+            .is_empty()
+    );
+    let next = s.next_deadline().await.expect("next deadline");
+    assert_eq!(next, Some(at(LIFETIME)));
+}
+
+async fn tasks_after_pages_every_task_by_id(store: Arc<dyn Store>) {
+    let s = &*store;
+    assert!(s.tasks_after(None, 10).await.expect("list").is_empty());
+    let mut all = Vec::new();
+    for state in [
+        TaskState::Draft,
+        TaskState::Open,
+        TaskState::Assigned,
+        TaskState::Active,
+    ] {
+        for _ in 0..3 {
+            all.push(task_in(s, state).await.0);
+        }
+    }
+    let ended = all[0].id;
+    all[0] = ok(s, ended, cancel(), 10).await.task;
+    all.sort_by_key(|t| t.id);
+
+    let mut listed = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.tasks_after(after, 5).await.expect("list");
+        assert!(page.len() <= 5);
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        listed.extend(page);
+    }
+    assert_eq!(
+        listed, all,
+        "every task, terminal ones too, by id, each once"
+    );
+    // `after` need not be the id of a task.
+    let between = Uuid::from_u128(all[6].id.as_u128() + 1);
+    let rest = s.tasks_after(Some(between), 100).await.expect("list");
+    assert_eq!(rest, all[7..]);
+}
+
+async fn purge_removes_ended_tasks_with_their_data_only(store: Arc<dyn Store>) {
+    let s = &*store;
+    // Ended at 10, with events, an issue and a photo.
+    let (old, w) = task_in(s, TaskState::Active).await;
+    ok(s, old.id, raise(w, IssueKind::Other, "?"), 5).await;
+    let old_photo = photo(50);
+    ok(s, old.id, send_photo(w, &old_photo), 6).await;
+    ok(s, old.id, complete(w, None), 10).await;
+    // Ended at 20 and at 30.
+    let (middle, _) = task_in(s, TaskState::Open).await;
+    ok(s, middle.id, cancel(), 20).await;
+    let (recent, _) = task_in(s, TaskState::Open).await;
+    ok(s, recent.id, cancel(), 30).await;
+    // Never ended, however old.
+    let (active, aw) = task_in(s, TaskState::Active).await;
+    ok(s, active.id, raise(aw, IssueKind::Other, "!"), 5).await;
+    let kept_photo = photo(60);
+    ok(s, active.id, send_photo(aw, &kept_photo), 6).await;
+    let (draft, _) = task_in(s, TaskState::Draft).await;
+    let active_before = snapshot(s, active.id).await;
+    let draft_before = snapshot(s, draft.id).await;
+
+    let purge = move |cutoff, limit| async move {
+        s.purge_ended_before(at(cutoff), limit)
+            .await
+            .expect("purge")
+    };
+    let gone = move |id| async move {
+        assert_eq!(
+            snapshot(s, id).await,
+            (None, vec![], 0),
+            "data outlived its task"
+        );
+        assert_eq!(s.agent_token_hash(id).await.expect("read"), None);
+    };
+
+    // The cutoff is exclusive.
+    assert_eq!(purge(10, 100).await, 0);
+    assert!(read(s, old.id).await.is_some());
+    // Oldest first, at most `limit`.
+    assert_eq!(purge(25, 1).await, 1);
+    gone(old.id).await;
+    let photo_left = s.photo(old.id, old_photo.id).await.expect("read");
+    assert_eq!(photo_left, None, "the photo outlived its task");
+    assert!(read(s, middle.id).await.is_some());
+    assert_eq!(purge(25, 100).await, 1);
+    gone(middle.id).await;
+    let recent_events = all_events(s, recent.id).await;
+    assert_eq!(recent_events.len(), 2, "a task that ended later lost data");
+    assert_eq!(purge(25, 100).await, 0);
+    assert_eq!(purge(100 * LIFETIME, 100).await, 1);
+    gone(recent.id).await;
+
+    assert_eq!(snapshot(s, active.id).await, active_before);
+    assert_eq!(snapshot(s, draft.id).await, draft_before);
+    let kept = s.photo(active.id, kept_photo.id).await.expect("read");
+    assert_eq!(kept.expect("kept").bytes, kept_photo.bytes);
+    let worker_left = s.worker_token_hash(w).await.expect("read");
+    assert!(worker_left.is_some(), "workers are not purged");
+    // The survivors carry on.
+    ok(s, active.id, message(aw, "still here"), 7).await;
+}
+
+async fn changes_name_each_changed_task_in_order(store: Arc<dyn Store>) {
+    let s = &*store;
+    let mut changes = s.changes().await.expect("subscribe");
+    let a = create(s).await;
+    ok(s, a.id, Command::Publish, 1).await;
+    let b = create(s).await;
+    ok(s, b.id, cancel(), 2).await;
+    // A refused command changes nothing, so it announces nothing.
+    let finished = Refusal::Terminal {
+        state: TaskState::Cancelled,
+    };
+    refused(s, b.id, Command::Publish, 3, finished).await;
+    let d = create_at(s, 600 - LIFETIME, "short").await.task;
+    assert_eq!(s.reconcile_due(at(600), 10).await.expect("expire").len(), 1);
+    assert_eq!(s.purge_ended_before(at(3), 10).await.expect("purge"), 1);
+
+    // create, publish, create, cancel, create, expire, purge
+    let want = [a.id, a.id, b.id, b.id, d.id, d.id, b.id];
+    let mut got = Vec::new();
+    for _ in want {
+        let next = tokio::time::timeout(Duration::from_secs(10), changes.next()).await;
+        match next {
+            Ok(Some(id)) => got.push(id),
+            Ok(None) => panic!("the change stream ended after {got:?}"),
+            Err(_) => panic!("no change announced within 10s after {got:?}"),
+        }
+    }
+    assert_eq!(got, want);
+}
+
+// ---- concurrency ---------------------------------------------------------------------------
+
+/// Runs the jobs at once, each on its own task, released together.
+async fn race<T: Send + 'static>(jobs: Vec<BoxFuture<'static, T>>) -> Vec<T> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(jobs.len()));
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .map(|job| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                job.await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("a racer panicked"));
+    }
+    out
+}
+
+type Outcome = Result<Applied, StoreError>;
+
+async fn racing_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
+    const WORKERS: usize = 12;
+    const ROUNDS: usize = 10;
+    let mut workers = Vec::new();
+    for _ in 0..WORKERS {
+        workers.push(worker(&*store).await);
+    }
+    for round in 0..ROUNDS {
+        let (task, _) = task_in(&*store, TaskState::Open).await;
+        let id = task.id;
+        let jobs: Vec<BoxFuture<'static, (Uuid, Outcome)>> = workers
+            .iter()
+            .map(|&w| {
+                let store = store.clone();
+                let job = async move { (w, store.apply(id, claim(w), at(10)).await) };
+                Box::pin(job) as BoxFuture<'static, _>
+            })
+            .collect();
+        let results = race(jobs).await;
+
+        let winners: Vec<Uuid> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(w, _)| *w)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        let winner = winners[0];
+        for (_, r) in &results {
+            match r {
+                Ok(a) => assert_eq!(a.task.worker_id, Some(winner)),
+                Err(StoreError::Refused(refusal)) => {
+                    let taken = wrong("claim", TaskState::Assigned);
+                    assert_eq!(*refusal, taken, "round {round}")
+                }
+                Err(e) => panic!("round {round}: a losing claim failed with {e}"),
+            }
+        }
+        let stored = read(&*store, id).await.expect("task");
+        assert_eq!(stored.worker_id, Some(winner));
+        let feed = all_events(&*store, id).await;
+        let claimed = [EventType::TaskPublished, EventType::TaskAssigned];
+        assert_eq!(kinds(&feed), claimed, "round {round}");
+        assert_eq!(feed[1].data["worker_id"], json!(winner));
+    }
+}
+
+/// The assigned worker completes and stops, the agent cancels twice (directly
+/// and by answering an issue), and the controller expires the task twice
+/// (one command, one sweep), all at once: exactly one of them wins.
+async fn racing_endings_leave_one_terminal_state_and_event(store: Arc<dyn Store>) {
+    const ROUNDS: usize = 15;
+    for round in 0..ROUNDS {
+        let (task, w) = task_in(&*store, TaskState::Active).await;
+        let id = task.id;
+        let raised = ok(&*store, id, raise(w, IssueKind::Other, "?"), 5).await;
+        let issue = first_id(&raised);
+        let late = 3 + ACTIVE_LIMIT + 1;
+        let commands = [
+            (complete(w, None), 10),
+            (stop(w, None), 10),
+            (cancel(), 10),
+            (respond(issue, IssueAction::Cancel, None), 10),
+            (Command::Reconcile, late),
+        ];
+        type Sweep = Result<Vec<Applied>, StoreError>;
+        let mut jobs: Vec<BoxFuture<'static, Sweep>> = commands
+            .into_iter()
+            .map(|(command, secs)| {
+                let store = store.clone();
+                let job = async move { store.apply(id, command, at(secs)).await.map(|a| vec![a]) };
+                Box::pin(job) as BoxFuture<'static, _>
+            })
+            .collect();
+        let controller = store.clone();
+        jobs.push(Box::pin(async move {
+            controller.reconcile_due(at(late), 10).await
+        }));
+        let results = race(jobs).await;
+
+        let stored = read(&*store, id).await.expect("task");
+        assert!(
+            stored.state.is_terminal(),
+            "round {round}: {}",
+            stored.state
+        );
+        let mut wins = 0;
+        for r in &results {
+            match r {
+                Ok(applied) => {
+                    wins += applied.len();
+                    for a in applied {
+                        assert_eq!(
+                            a.task, stored,
+                            "round {round}: the winner's write is not the last"
+                        );
+                    }
+                }
+                Err(StoreError::Refused(Refusal::Terminal { state })) => {
+                    assert_eq!(*state, stored.state, "round {round}")
+                }
+                Err(e) => panic!("round {round}: a losing ending failed with {e}"),
+            }
+        }
+        assert_eq!(wins, 1, "round {round}: {results:?}");
+        let feed = all_events(&*store, id).await;
+        let terminal: Vec<_> = feed.iter().filter(|e| e.kind.is_terminal()).collect();
+        assert_eq!(terminal.len(), 1, "round {round}: {:?}", kinds(&feed));
+        assert_eq!(feed.last(), terminal.last().copied(), "round {round}");
+        let issues = issue_statuses(&*store, id).await;
+        assert_eq!(issues.len(), 1);
+        assert_ne!(
+            issues[0],
+            IssueStatus::Open,
+            "round {round}: issue left open"
+        );
+        assert_eq!(stored.open_issues, 0);
+    }
+}
+
+async fn issue_statuses(store: &dyn Store, task: Uuid) -> Vec<IssueStatus> {
+    let issues = store.issues(task).await.expect("issues");
+    issues.into_iter().map(|i| i.status).collect()
+}
+
+/// Eight writers append to four tasks at once (two per task, so one task's
+/// appends really race each other) while one poller per task follows its
+/// feed with `after = the last id it saw`. Every poller must deliver exactly
+/// the committed events of its task, ascending, none missed.
+async fn pollers_see_every_event_of_concurrent_appenders(store: Arc<dyn Store>) {
+    const TASKS: usize = 4;
+    const WRITERS: usize = 8;
+    const PER_WRITER: usize = 200;
+
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        tasks.push(task_in(&*store, TaskState::Active).await);
+    }
+    let done = Arc::new(AtomicBool::new(false));
+
+    let pollers: Vec<_> = tasks
+        .iter()
+        .map(|(task, _)| {
+            let (store, done, id) = (store.clone(), done.clone(), task.id);
+            tokio::spawn(async move {
+                let mut seen: Vec<Event> = Vec::new();
+                let mut after = 0;
+                loop {
+                    // Read the flag before polling: a page that comes back
+                    // empty after every writer finished ends the feed.
+                    let finished = done.load(Ordering::SeqCst);
+                    let page = store.events(id, after, 50).await.expect("poll");
+                    if page.is_empty() {
+                        if finished {
+                            return seen;
+                        }
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    for e in &page {
+                        assert!(e.id > after, "a poll after {after} returned {}", e.id);
+                        after = e.id;
+                    }
+                    seen.extend(page);
+                }
+            })
+        })
+        .collect();
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|n| {
+            let (task, w) = &tasks[n % TASKS];
+            let (store, id, w) = (store.clone(), task.id, *w);
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for i in 0..PER_WRITER {
+                    let text = format!("writer {n} message {i}");
+                    let applied = store.apply(id, message(w, &text), at(10)).await;
+                    ids.push(applied.expect("append").events[0].id);
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut acknowledged: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); TASKS];
+    for (n, writer) in writers.into_iter().enumerate() {
+        acknowledged[n % TASKS].extend(writer.await.expect("a writer panicked"));
+    }
+    done.store(true, Ordering::SeqCst);
+
+    for (n, ((task, _), poller)) in tasks.iter().zip(pollers).enumerate() {
+        let delivered = poller.await.expect("a poller panicked");
+        let committed = all_events(&*store, task.id).await;
+        assert_eq!(committed.len(), 3 + 2 * PER_WRITER);
+        let delivered_ids: BTreeSet<i64> = delivered.iter().map(|e| e.id).collect();
+        let missed: Vec<i64> = committed
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| !delivered_ids.contains(id))
+            .collect();
+        assert!(missed.is_empty(), "task {n}: the poller missed {missed:?}");
+        assert_eq!(
+            delivered, committed,
+            "task {n}: delivered differs from committed"
+        );
+        let messages: BTreeSet<i64> = committed
+            .iter()
+            .filter(|e| e.kind == EventType::WorkerMessage)
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(
+            messages, acknowledged[n],
+            "task {n}: committed is not acknowledged"
+        );
+        // Each writer's messages are in the order it sent them.
+        for writer in (0..WRITERS).filter(|w| w % TASKS == n) {
+            let prefix = format!("writer {writer} message ");
+            let order: Vec<usize> = committed
+                .iter()
+                .filter_map(|e| e.data["text"].as_str()?.strip_prefix(&prefix)?.parse().ok())
+                .collect();
+            let sent: Vec<usize> = (0..PER_WRITER).collect();
+            assert_eq!(order, sent, "writer {writer}");
+        }
+    }
+}
