@@ -388,16 +388,16 @@ rules() {
     | awk '$1 !~ /^\[/ {$1=$1; print}' | sort -u
 }
 
-# check_controller_identity SA MIRROR_NS LEASE — the controller's permissions, exactly.
+# check_controller_identity SA MIRROR_NS LEASE EVENTS(yes|no) — the controller's permissions, exactly.
 check_controller_identity() {
-  local sa=$1 mirror=$2 lease=$3 failed_before=${#FAILURES[@]}
+  local sa=$1 mirror=$2 lease=$3 events=$4 failed_before=${#FAILURES[@]}
   local ctl=$WORK/controller-$sa.kubeconfig api=$WORK/api-server.kubeconfig
   sa_kubeconfig "$NS" "$sa" "$ctl" || { fail "minting a token kubeconfig for $NS/$sa" "$WORK/mint.err"; return; }
   local mst=meatspacetasks.meatspace.dev lease_res=leases.coordination.k8s.io v
   for v in get list watch create patch delete; do can "$ctl" yes "$v" "$mst" -n "$mirror"; done
   can "$ctl" yes get "$mst" --subresource=status -n "$mirror"
   can "$ctl" yes patch "$mst" --subresource=status -n "$mirror"
-  can "$ctl" yes create events -n "$mirror"
+  can "$ctl" "$events" create events -n "$mirror"
   can "$ctl" yes create "$lease_res" -n "$NS"
   can "$ctl" yes get "$lease_res/$lease" -n "$NS"
   can "$ctl" yes update "$lease_res/$lease" -n "$NS"
@@ -436,8 +436,10 @@ check_controller_identity() {
     expected=$(
       rules "$api" "$ns"
       if [[ $ns == "$mirror" ]]; then
-        echo "events [] [] [create patch]"
-        echo "events.events.k8s.io [] [] [create patch]"
+        if [[ $events == yes ]]; then
+          echo "events [] [] [create patch]"
+          echo "events.events.k8s.io [] [] [create patch]"
+        fi
         echo "$mst [] [] [get list watch create patch delete]"
         echo "$mst/status [] [] [get patch]"
       fi
@@ -646,7 +648,7 @@ check_local_controller() {
 
 if $INSTALLED; then
   API_SA=meatspace-api-server
-  check_controller_identity meatspace-controller "$NS" meatspace-controller
+  check_controller_identity meatspace-controller "$NS" meatspace-controller no
   check_controller_env meatspace-controller "$NS" meatspace-controller $((30 * 86400))
   log "8. the controller binary, run locally as the chart's controller"
   check_local_controller meatspace-controller "$NS" meatspace-controller
@@ -668,7 +670,7 @@ if $INSTALLED; then
     expect_rule "upgrade: the dev key is the one from the values" \
       test "$(secret_value meatspace dev-key)" = "msd_all-options-dev-key-0123456789"
     API_SA=meatspace-api
-    check_controller_identity meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader
+    check_controller_identity meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader yes
     check_controller_env meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader $((7 * 86400))
   fi
 

@@ -91,7 +91,11 @@ pub struct MirrorArgs {
     #[arg(long, env = "MEATSPACE_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set)]
     pub leader_election: bool,
     /// Name of the Lease.
-    #[arg(long, env = "MEATSPACE_LEASE_NAME", default_value = "meatspace-controller")]
+    #[arg(
+        long,
+        env = "MEATSPACE_LEASE_NAME",
+        default_value = "meatspace-controller"
+    )]
     pub lease_name: String,
     /// This replica's identity in the Lease (default: the host name).
     #[arg(long, env = "POD_NAME")]
@@ -106,14 +110,20 @@ impl MirrorArgs {
         if !self.mirror_enabled {
             return None;
         }
-        let home = self.pod_namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let home = self
+            .pod_namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
         let identity = self
             .pod_name
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| format!("meatspace-controller-{}", uuid::Uuid::new_v4().simple()));
         Some(MirrorSettings {
-            namespace: self.mirror_namespace.clone().unwrap_or_else(|| home.clone()),
+            namespace: self
+                .mirror_namespace
+                .clone()
+                .unwrap_or_else(|| home.clone()),
             kubeconfig: self.kubeconfig.clone(),
             resync_interval: Duration::from_secs(self.mirror_resync_seconds),
             lease: self.leader_election.then(|| LeaseSettings {

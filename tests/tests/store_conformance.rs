@@ -470,28 +470,29 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     ok(s, a.task.id, claim(w), 2).await;
     ok(s, a.task.id, start(w), 3).await;
     ok(s, a.task.id, message(w, "marker-message"), 4).await;
+    // b ends and is purged: its tombstone keeps only the digest.
+    ok(s, b.task.id, cancel(), 5).await;
+    assert_eq!(s.purge_ended_before(at(6), 10).await.expect("purge"), 1);
 
     let stored: Vec<u8> = match s.backend() {
         Backend::Postgres => pg_dump(&db.url).await,
         Backend::Sqlite => sqlite_files(&db.url),
     };
     // The data is there, so the absence of the tokens means something.
-    for marker in [
-        "marker-description-a",
-        "marker-description-b",
-        "marker-message",
-    ] {
+    for marker in ["marker-description-a", "marker-message"] {
         assert!(
             contains(&stored, marker.as_bytes()),
             "{marker:?} is not in the data"
         );
     }
-    let digest = TokenHash::of(&a.token).0;
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    assert!(
-        contains(&stored, &digest) || contains(&stored, hex.as_bytes()),
-        "the agent token's digest is not in the data"
-    );
+    for token in [&a.token, &b.token] {
+        let digest = TokenHash::of(token).0;
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(
+            contains(&stored, &digest) || contains(&stored, hex.as_bytes()),
+            "an agent token's digest is not in the data"
+        );
+    }
     for secret in [&a.token, &b.token, &worker_secret] {
         // With and without the recognisable prefix.
         for needle in [secret.as_str(), &secret[4..]] {
@@ -1454,13 +1455,26 @@ async fn purge_removes_ended_tasks_with_their_data_only(store: Arc<dyn Store>) {
             .await
             .expect("purge")
     };
-    let gone = move |id| async move {
+    let digest = move |id| async move { s.agent_token_hash(id).await.expect("read digest") };
+    let digests = [
+        digest(old.id).await,
+        digest(middle.id).await,
+        digest(recent.id).await,
+    ];
+    let gone = move |id, before: Option<TokenHash>| async move {
         assert_eq!(
             snapshot(s, id).await,
             (None, vec![], 0),
             "data outlived its task"
         );
-        assert_eq!(s.agent_token_hash(id).await.expect("read"), None);
+        // A tombstone keeps the token's digest, so the agent learns that the
+        // task is gone rather than that its token is wrong.
+        assert!(before.is_some());
+        assert_eq!(
+            digest(id).await,
+            before,
+            "the digest did not outlive the task"
+        );
     };
 
     // The cutoff is exclusive.
@@ -1468,17 +1482,17 @@ async fn purge_removes_ended_tasks_with_their_data_only(store: Arc<dyn Store>) {
     assert!(read(s, old.id).await.is_some());
     // Oldest first, at most `limit`.
     assert_eq!(purge(25, 1).await, 1);
-    gone(old.id).await;
+    gone(old.id, digests[0].clone()).await;
     let photo_left = s.photo(old.id, old_photo.id).await.expect("read");
     assert_eq!(photo_left, None, "the photo outlived its task");
     assert!(read(s, middle.id).await.is_some());
     assert_eq!(purge(25, 100).await, 1);
-    gone(middle.id).await;
+    gone(middle.id, digests[1].clone()).await;
     let recent_events = all_events(s, recent.id).await;
     assert_eq!(recent_events.len(), 2, "a task that ended later lost data");
     assert_eq!(purge(25, 100).await, 0);
     assert_eq!(purge(100 * LIFETIME, 100).await, 1);
-    gone(recent.id).await;
+    gone(recent.id, digests[2].clone()).await;
 
     assert_eq!(snapshot(s, active.id).await, active_before);
     assert_eq!(snapshot(s, draft.id).await, draft_before);

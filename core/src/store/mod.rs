@@ -162,7 +162,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError>;
 
-    /// Digest of the task's agent token, for authentication.
+    /// Digest of the task's agent token, for authentication. It outlives
+    /// the task: after retention removes it, the digest stays behind (a
+    /// tombstone), so its agent is told the task is gone, not that the token
+    /// is wrong.
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
 
     /// Runs `command` on the task in one transaction holding its row lock.
@@ -216,7 +219,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<Applied>, StoreError>;
 
     /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
-    /// with their events, issues and photos. Returns how many went.
+    /// oldest first, with their events, issues and photos, keeping only
+    /// the agent token's digest. Returns how many went.
     async fn purge_ended_before(
         &self,
         cutoff: DateTime<Utc>,

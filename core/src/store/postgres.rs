@@ -483,14 +483,13 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> =
-            sqlx::query_scalar(
-                "SELECT agent_token_hash FROM tasks WHERE id = $1 \
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT agent_token_hash FROM tasks WHERE id = $1 \
                  UNION ALL SELECT agent_token_hash FROM purged_tasks WHERE id = $1 LIMIT 1",
-            )
-                .bind(task_id)
-                .fetch_optional(&self.pool)
-                .await?;
+        )
+        .bind(task_id)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
