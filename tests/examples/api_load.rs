@@ -305,15 +305,7 @@ impl Server {
     }
 
     fn log_tail(&self) -> String {
-        let mut text = String::new();
-        for file in ["server.out", "server.err"] {
-            let content = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
-            let lines: Vec<&str> = content.lines().collect();
-            for line in &lines[lines.len().saturating_sub(20)..] {
-                let _ = writeln!(text, "  {line}");
-            }
-        }
-        text
+        log_tail(&self.dir)
     }
 
     /// SIGTERM (graceful shutdown), then SIGKILL after 10 s.
@@ -335,6 +327,19 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// The last lines of the server's stdout and stderr in `dir`, indented.
+fn log_tail(dir: &Path) -> String {
+    let mut text = String::new();
+    for file in ["server.out", "server.err"] {
+        let content = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        let lines: Vec<&str> = content.lines().collect();
+        for line in &lines[lines.len().saturating_sub(20)..] {
+            let _ = writeln!(text, "  {line}");
+        }
+    }
+    text
 }
 
 // ---- CPU accounting ------------------------------------------------------------
@@ -808,6 +813,10 @@ async fn bench_backend(settings: &Settings, backend: Backend) -> Result<u64> {
     );
     drop(bench);
     server.stop().await?;
+    let logged = log_tail(dir.path());
+    if !logged.is_empty() {
+        println!("  the server logged (last lines):\n{logged}");
+    }
     if backend == Backend::Postgres {
         drop_postgres_database(&database_url).await?;
     }
