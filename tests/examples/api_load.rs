@@ -33,7 +33,8 @@
 //! sending the request to reading the whole body), the number of errors
 //! (transport failures and any non-2xx answer; it should be 0) and the CPU
 //! used meanwhile by the server, by this load generator and by everything
-//! else (PostgreSQL, other processes). After each backend it prints the
+//! else ("rest": PostgreSQL, kernel network work not charged to a process,
+//! any other process on the machine). After each backend it prints the
 //! server's peak resident memory (`VmHWM`).
 //!
 //! The load generator shares the machine with the server (and PostgreSQL),
@@ -224,6 +225,9 @@ fn print_preamble(s: &Settings) {
     println!(
         "  latency:  from sending a request to reading its whole body; errors = transport failures + non-2xx"
     );
+    println!(
+        "  CPU:      average cores busy; rest = PostgreSQL, kernel work not charged to a process, other processes"
+    );
 }
 
 // ---- the server process --------------------------------------------------------
@@ -358,6 +362,7 @@ struct CpuSnapshot {
 struct CpuUse {
     server: f64,
     load_generator: f64,
+    /// The whole machine minus the two above.
     rest: f64,
 }
 
