@@ -373,6 +373,13 @@ pub struct EndRequest {
     pub text: Option<String>,
 }
 
+/// The optional `text` of a complete or stop request. The body itself is
+/// optional: empty means no text.
+fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, ApiError> {
+    let req = optional_body(headers, body)?;
+    checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)
+}
+
 /// Reads an optional JSON body: empty means no fields.
 fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiError> {
     if body.is_empty() {
@@ -410,8 +417,7 @@ async fn complete(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let req = optional_body(&headers, &body)?;
-    let note = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
+    let note = optional_text(&headers, &body)?;
     state.act(id, Command::Complete { worker, note }).await
 }
 
@@ -430,8 +436,7 @@ async fn stop(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let req = optional_body(&headers, &body)?;
-    let reason = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
+    let reason = optional_text(&headers, &body)?;
     state.act(id, Command::Stop { worker, reason }).await
 }
 
