@@ -28,6 +28,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod feed;
 pub mod metrics;
 pub mod photo;
 pub mod routes;
@@ -35,13 +36,15 @@ pub mod telemetry;
 
 use auth::DevKey;
 use error::ApiError;
+use feed::Feed;
 use photo::PhotoLimits;
 use routes::TaskChange;
 
 /// Largest JSON body.
 pub const MAX_JSON_BYTES: usize = 64 * 1024;
-/// How long one request may take before it is answered 408.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one request may take before it is answered 408: the longest
+/// long poll of the event feed plus time to do the work.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(routes::MAX_WAIT_SECONDS as u64 + 10);
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -51,6 +54,8 @@ pub struct AppState {
     pub policy: Policy,
     pub photo_limits: PhotoLimits,
     pub metrics: PrometheusHandle,
+    /// Wakes long polls of the event feed; close it when shutdown starts.
+    pub feed: Feed,
 }
 
 impl AppState {
@@ -144,7 +149,8 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes the
-/// requests in flight.
+/// requests in flight. Close the [`Feed`] in `shutdown` so that long polls
+/// answer at once instead of holding the shutdown up.
 pub async fn serve(
     listener: TcpListener,
     app: Router,

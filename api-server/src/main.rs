@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use meatspace_api::auth::DevKey;
 use meatspace_api::config::Config;
+use meatspace_api::feed::Feed;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::{AppState, router, serve, telemetry};
 use meatspace_core::Policy;
@@ -47,11 +48,15 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("open the database {}", redact_url(&url)))?;
     tracing::info!(database = %redact_url(&url), "store ready");
 
+    let feed = Feed::start(Arc::clone(&store));
     let (stop_tx, stop_rx) = watch::channel(false);
     let shutdown = {
         let mut rx = stop_rx.clone();
+        let feed = feed.clone();
         async move {
             let _ = rx.wait_for(|stop| *stop).await;
+            // Long polls answer now rather than hold the shutdown up.
+            feed.close();
         }
     };
     tokio::spawn(async move {
@@ -84,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
             max_dimension: config.max_photo_dimension,
         },
         metrics: metrics_handle.clone(),
+        feed,
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meatspace_api::auth::DevKey;
+use meatspace_api::feed::Feed;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::{AppState, router, serve};
 use meatspace_core::store::{ConnectOptions, connect};
@@ -125,12 +126,14 @@ impl TestServer {
             .await
             .expect("open the store");
         let dev_key = DevKey::generate();
+        let feed = Feed::start(Arc::clone(&store));
         let state = AppState {
             store: Arc::clone(&store),
             dev_key: DevKey::new(&dev_key),
             policy: options.policy,
             photo_limits: options.photo_limits,
             metrics: meatspace_api::metrics::handle(),
+            feed: feed.clone(),
         };
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -139,6 +142,7 @@ impl TestServer {
         let (tx, rx) = oneshot::channel::<()>();
         let serving = tokio::spawn(serve(listener, router(state), async move {
             let _ = rx.await;
+            feed.close();
         }));
         let client = reqwest::Client::builder()
             // A proxy from the environment must not see test traffic.

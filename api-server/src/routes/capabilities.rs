@@ -1,7 +1,8 @@
 //! `GET /api/v1/capabilities`: the agent-facing contract, generated from
 //! the code and configuration so that every field stays true. It keeps every
 //! field of the seed document (`shared/seed/capabilities.json`) and adds
-//! what the server offers beyond it (limits, issue kinds, extra endpoints).
+//! what the server offers beyond it (limits, issue kinds, extra endpoints,
+//! the long poll).
 
 use axum::Json;
 use axum::extract::State;
@@ -13,7 +14,7 @@ use utoipa_axum::routes;
 use crate::AppState;
 use crate::auth::DEV_KEY_HEADER;
 use crate::photo::ACCEPTED_TYPES;
-use crate::routes::MAX_EVENTS_PAGE;
+use crate::routes::{MAX_EVENTS_PAGE, MAX_WAIT_SECONDS};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(capabilities))
@@ -83,7 +84,12 @@ pub fn document(state: &AppState) -> Value {
                 "method": "GET",
                 "path": "/api/v1/tasks/{task_id}/events?after={cursor}",
                 "auth": "task_bearer",
-                "query": { "limit": format!("integer, optional (1-{MAX_EVENTS_PAGE}, default 100)") },
+                "query": {
+                    "limit": format!("integer, optional (1-{MAX_EVENTS_PAGE}, default 100)"),
+                    "wait": format!(
+                        "integer seconds, optional (0-{MAX_WAIT_SECONDS}, default 0): long poll; when no event follows `after` yet and the task is not terminal, the answer waits until one exists or the time is up (then the page is empty)"
+                    )
+                },
                 "returns": ["task_id", "task_state", "terminal", "events", "next_cursor", "has_more"]
             },
             "respond_to_worker_issue": {
@@ -121,6 +127,7 @@ pub fn document(state: &AppState) -> Value {
                 "polling": "supported",
                 "webhook": "not_yet_supported",
                 "sse": "not_yet_supported",
+                "long_poll": "supported",
                 "note": "Wake mechanisms are advisory. The durable event feed is authoritative."
             }
         },
@@ -145,7 +152,8 @@ pub fn document(state: &AppState) -> Value {
             "photo_bytes": state.photo_limits.max_bytes,
             "photo_max_dimension": state.photo_limits.max_dimension,
             "photo_types": ACCEPTED_TYPES,
-            "events_page": MAX_EVENTS_PAGE
+            "events_page": MAX_EVENTS_PAGE,
+            "events_wait_seconds": MAX_WAIT_SECONDS
         },
         "agent_obligations": [
             "Persist the task-scoped credential and monitoring cursor securely.",

@@ -5,10 +5,15 @@ pub mod health;
 pub mod tasks;
 pub mod workers;
 
-use meatspace_core::{Event, Task};
-use serde::Serialize;
+use std::time::Duration;
 
+use meatspace_core::{Event, Store, Task};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::AppState;
 use crate::error::ApiError;
+use crate::feed::Woken;
 
 /// Returned by every action: the task as it is now and the events the
 /// action appended (in feed order).
@@ -45,7 +50,7 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
-/// `after` and `limit` of an event feed request.
+/// `after`, `limit` and `wait` of an event feed request.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
@@ -54,34 +59,110 @@ pub struct EventsQuery {
     pub after: i64,
     /// Largest number of events to return (1-1000, default 100).
     pub limit: Option<u32>,
+    /// Long poll: seconds to wait (0-30, default 0) when there is no event
+    /// after `after` yet and the task is not terminal. The answer comes as
+    /// soon as an event exists, or as an empty page when the time is up (or
+    /// the server is shutting down). 0 answers at once.
+    pub wait: Option<u32>,
 }
 
 /// Largest page of events.
 pub const MAX_EVENTS_PAGE: u32 = 1000;
 const DEFAULT_EVENTS_PAGE: u32 = 100;
+/// Longest long poll, in seconds.
+pub const MAX_WAIT_SECONDS: u32 = 30;
 
-/// Reads a page of the feed: state first, then events (see [`EventPage`]).
-pub async fn event_page(
-    store: &dyn meatspace_core::Store,
-    task: Task,
-    q: EventsQuery,
+/// A checked [`EventsQuery`].
+#[derive(Debug, Clone, Copy)]
+struct PageQuery {
+    after: i64,
+    limit: u32,
+    wait: Duration,
+}
+
+impl EventsQuery {
+    fn checked(&self) -> Result<PageQuery, ApiError> {
+        if self.after < 0 {
+            return Err(ApiError::bad_request(
+                "invalid-query",
+                "after must be 0 or greater",
+            ));
+        }
+        let limit = self.limit.unwrap_or(DEFAULT_EVENTS_PAGE);
+        if !(1..=MAX_EVENTS_PAGE).contains(&limit) {
+            return Err(ApiError::bad_request(
+                "invalid-query",
+                format!("limit must be between 1 and {MAX_EVENTS_PAGE}"),
+            ));
+        }
+        let wait = self.wait.unwrap_or(0);
+        if wait > MAX_WAIT_SECONDS {
+            return Err(ApiError::bad_request(
+                "invalid-query",
+                format!("wait must be between 0 and {MAX_WAIT_SECONDS} seconds"),
+            ));
+        }
+        Ok(PageQuery {
+            after: self.after,
+            limit,
+            wait: Duration::from_secs(u64::from(wait)),
+        })
+    }
+}
+
+/// Answers a feed request for task `id`, which the caller may read when
+/// `visible` says so (otherwise 404). The page is read as
+/// [`read_page`] does; with `wait`, an empty page of a task that is not
+/// terminal waits for the next event (see [`crate::feed`]).
+pub async fn event_feed(
+    state: &AppState,
+    id: Uuid,
+    q: &EventsQuery,
+    visible: impl Fn(&Task) -> bool,
 ) -> Result<EventPage, ApiError> {
-    if q.after < 0 {
-        return Err(ApiError::bad_request(
-            "invalid-query",
-            "after must be 0 or greater",
-        ));
+    let store = state.store.as_ref();
+    let task = visible_task(store, id, &visible).await?;
+    let q = q.checked()?;
+    if q.wait.is_zero() {
+        return read_page(store, task, q).await;
     }
-    let limit = q.limit.unwrap_or(DEFAULT_EVENTS_PAGE);
-    if !(1..=MAX_EVENTS_PAGE).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "invalid-query",
-            format!("limit must be between 1 and {MAX_EVENTS_PAGE}"),
-        ));
+    let deadline = tokio::time::Instant::now() + q.wait;
+    // Subscribe before reading the events: an event committed after the
+    // read wakes this request, so none is missed between read and wait.
+    let mut watch = state.feed.watch(id);
+    let mut page = read_page(store, task, q).await?;
+    while page.events.is_empty() && !page.terminal {
+        match watch.changed(deadline).await {
+            Woken::Changed => {
+                let task = visible_task(store, id, &visible).await?;
+                page = read_page(store, task, q).await?;
+            }
+            // Answer with what we have.
+            Woken::Deadline | Woken::Closed => break,
+        }
     }
-    let mut events = store.events(task.id, q.after, limit + 1).await?;
-    let has_more = events.len() > limit as usize;
-    events.truncate(limit as usize);
+    Ok(page)
+}
+
+/// The task, if it exists and `visible` lets the caller see it.
+async fn visible_task(
+    store: &dyn Store,
+    id: Uuid,
+    visible: impl Fn(&Task) -> bool,
+) -> Result<Task, ApiError> {
+    store
+        .task(id)
+        .await?
+        .filter(|t| visible(t))
+        .ok_or_else(ApiError::task_not_found)
+}
+
+/// Reads a page of the feed: `task` is the state read first, then the
+/// events (see [`EventPage`]).
+async fn read_page(store: &dyn Store, task: Task, q: PageQuery) -> Result<EventPage, ApiError> {
+    let mut events = store.events(task.id, q.after, q.limit + 1).await?;
+    let has_more = events.len() > q.limit as usize;
+    events.truncate(q.limit as usize);
     let next_cursor = events.last().map_or(q.after, |e| e.id);
     Ok(EventPage {
         task_id: task.id,

@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_page};
+use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_feed};
 use crate::AppState;
 use crate::auth::{AgentAuth, DevKeyAuth, issue_agent_token};
 use crate::error::{ApiError, Problem};
@@ -146,7 +146,8 @@ async fn cancel_task(
     state.act(id, Command::Cancel { reason: None }).await
 }
 
-/// The task's events with `id > after`, ascending.
+/// The task's events with `id > after`, ascending. With `wait`, a page
+/// that would be empty waits for the next event (long poll).
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "agent",
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("agent_token" = [])),
@@ -157,12 +158,7 @@ async fn task_events(
     AgentAuth(id): AgentAuth,
     Query(q): Query<EventsQuery>,
 ) -> Result<axum::Json<EventPage>, ApiError> {
-    let task = state
-        .store
-        .task(id)
-        .await?
-        .ok_or_else(ApiError::task_not_found)?;
-    Ok(axum::Json(event_page(state.store.as_ref(), task, q).await?))
+    Ok(axum::Json(event_feed(&state, id, &q, |_| true).await?))
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_page};
+use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_feed};
 use crate::AppState;
 use crate::auth::{DevKeyAuth, WorkerAuth, issue_worker_token, task_id_param};
 use crate::error::{ApiError, Problem};
@@ -440,7 +440,8 @@ async fn stop(
     state.act(id, Command::Stop { worker, reason }).await
 }
 
-/// The task's event feed, for the assigned worker.
+/// The task's event feed, for the assigned worker. With `wait`, a page
+/// that would be empty waits for the next event (long poll).
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events", tag = "worker",
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("worker_token" = [])),
@@ -452,13 +453,6 @@ async fn task_events(
     TaskId(id): TaskId,
     Query(q): Query<EventsQuery>,
 ) -> Result<axum::Json<EventPage>, ApiError> {
-    let task = state
-        .store
-        .task(id)
-        .await?
-        .ok_or_else(ApiError::task_not_found)?;
-    if task.worker_id != Some(worker) {
-        return Err(ApiError::task_not_found());
-    }
-    Ok(axum::Json(event_page(state.store.as_ref(), task, q).await?))
+    let assigned = |t: &Task| t.worker_id == Some(worker);
+    Ok(axum::Json(event_feed(&state, id, &q, assigned).await?))
 }

@@ -1,0 +1,249 @@
+//! Wake-ups for long polls of the event feed (`GET …/events?wait=S`).
+//!
+//! One process-wide hub, [`Feed`], follows [`Store::changes`] (PostgreSQL
+//! LISTEN/NOTIFY on one connection, or SQLite's in-process broadcast) in a
+//! background task and fans the changed task ids out through a
+//! `tokio::sync::broadcast` channel. A waiting request holds only a receiver
+//! of that channel: no database connection and no LISTEN of its own.
+//!
+//! A wake-up is a hint to re-read, never data: the feed in the database is
+//! the authority. So a waiter subscribes ([`Feed::watch`]) *before* it reads
+//! the events, and re-reads on every hint that may concern its task: its own
+//! id, a lagged receiver (ids were skipped), or a resubscription of the hub
+//! (notifications may have been lost while it was not listening).
+//!
+//! [`Feed::close`] is the server's shutdown: every waiter answers at once
+//! with what it has, and the hub stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use meatspace_core::Store;
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+/// Wake-ups a slow waiter may fall behind by before it just re-reads.
+const CAPACITY: usize = 1024;
+/// First and longest pause before subscribing to the store's changes again.
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What the hub tells waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// This task changed.
+    Task(Uuid),
+    /// Anything may have changed (the hub (re)subscribed): re-read.
+    All,
+}
+
+/// The process-wide hub of feed wake-ups. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Feed {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    wakes: broadcast::Sender<Wake>,
+    closed: watch::Sender<bool>,
+}
+
+impl Feed {
+    /// Starts the hub following `store`'s changes. Call it inside the
+    /// Tokio runtime; the hub runs until [`Feed::close`] or until every
+    /// clone of the returned `Feed` is dropped.
+    pub fn start(store: Arc<dyn Store>) -> Feed {
+        let (wakes, _) = broadcast::channel(CAPACITY);
+        let (closed, closed_rx) = watch::channel(false);
+        tokio::spawn(follow(store, wakes.clone(), closed_rx));
+        Feed {
+            inner: Arc::new(Inner { wakes, closed }),
+        }
+    }
+
+    /// Shuts the hub down: waiting requests answer now, later ones do not
+    /// wait, and the hub stops following the store.
+    pub fn close(&self) {
+        self.inner.closed.send_replace(true);
+    }
+
+    /// True once [`Feed::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        *self.inner.closed.borrow()
+    }
+
+    /// Starts watching one task. Call it before reading the feed: every
+    /// change committed after this call wakes [`Watch::changed`].
+    pub fn watch(&self, task_id: Uuid) -> Watch {
+        Watch {
+            task_id,
+            wakes: self.inner.wakes.subscribe(),
+            closed: self.inner.closed.subscribe(),
+        }
+    }
+}
+
+/// Why [`Watch::changed`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// The task may have changed: read it again.
+    Changed,
+    /// The deadline passed.
+    Deadline,
+    /// The server is shutting down.
+    Closed,
+}
+
+/// One waiter's subscription to the hub.
+#[derive(Debug)]
+pub struct Watch {
+    task_id: Uuid,
+    wakes: broadcast::Receiver<Wake>,
+    closed: watch::Receiver<bool>,
+}
+
+impl Watch {
+    /// Waits until the task may have changed since the subscription (or the
+    /// previous call), the deadline passes, or the feed closes. Wake-ups
+    /// for other tasks are skipped without touching the database.
+    pub async fn changed(&mut self, deadline: Instant) -> Woken {
+        let sleep = tokio::time::sleep_until(deadline);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                biased;
+                // A dropped sender (the hub is gone) also ends the wait.
+                _ = self.closed.wait_for(|closed| *closed) => return Woken::Closed,
+                () = &mut sleep => return Woken::Deadline,
+                wake = self.wakes.recv() => match wake {
+                    Ok(Wake::Task(id)) if id != self.task_id => {}
+                    Ok(Wake::Task(_) | Wake::All) => return Woken::Changed,
+                    // Some ids were skipped, maybe this task's.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Woken::Changed,
+                    Err(broadcast::error::RecvError::Closed) => return Woken::Closed,
+                },
+            }
+        }
+    }
+}
+
+/// The hub: follows the store's changes until the feed closes,
+/// resubscribing with a short backoff whenever the stream fails or ends.
+async fn follow(
+    store: Arc<dyn Store>,
+    wakes: broadcast::Sender<Wake>,
+    mut closed: watch::Receiver<bool>,
+) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let subscribed = tokio::select! {
+            _ = closed.wait_for(|c| *c) => return,
+            s = store.changes() => s,
+        };
+        match subscribed {
+            Ok(mut changes) => {
+                // Changes committed while nobody listened sent no wake-up:
+                // let every waiter re-read once.
+                let _ = wakes.send(Wake::All);
+                let since = Instant::now();
+                loop {
+                    tokio::select! {
+                        _ = closed.wait_for(|c| *c) => return,
+                        change = changes.next() => match change {
+                            // No receiver just means nobody is waiting.
+                            Some(id) => { let _ = wakes.send(Wake::Task(id)); }
+                            None => break,
+                        },
+                    }
+                }
+                if since.elapsed() > MAX_BACKOFF {
+                    backoff = MIN_BACKOFF;
+                }
+                tracing::warn!("the task change stream ended; following it again");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot follow task changes; retrying");
+            }
+        }
+        tokio::select! {
+            _ = closed.wait_for(|c| *c) => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hub without a store: the test plays the hub's part.
+    fn detached() -> Feed {
+        let (wakes, _) = broadcast::channel(4);
+        let (closed, _) = watch::channel(false);
+        Feed {
+            inner: Arc::new(Inner { wakes, closed }),
+        }
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(200)
+    }
+
+    #[tokio::test]
+    async fn a_watch_wakes_for_its_task_and_skips_the_others() {
+        let feed = detached();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut watch = feed.watch(a);
+        feed.inner.wakes.send(Wake::Task(b)).unwrap();
+        assert_eq!(watch.changed(soon()).await, Woken::Deadline);
+        feed.inner.wakes.send(Wake::Task(b)).unwrap();
+        feed.inner.wakes.send(Wake::Task(a)).unwrap();
+        assert_eq!(watch.changed(soon()).await, Woken::Changed);
+        feed.inner.wakes.send(Wake::All).unwrap();
+        assert_eq!(watch.changed(soon()).await, Woken::Changed);
+    }
+
+    #[tokio::test]
+    async fn a_wake_sent_before_the_wait_is_not_lost() {
+        let feed = detached();
+        let a = Uuid::new_v4();
+        // Subscribed, then the change happens while the caller reads.
+        let mut watch = feed.watch(a);
+        feed.inner.wakes.send(Wake::Task(a)).unwrap();
+        assert_eq!(watch.changed(soon()).await, Woken::Changed);
+    }
+
+    #[tokio::test]
+    async fn a_lagging_watch_re_reads() {
+        let feed = detached();
+        let a = Uuid::new_v4();
+        let mut watch = feed.watch(a);
+        for _ in 0..10 {
+            feed.inner.wakes.send(Wake::Task(Uuid::new_v4())).unwrap();
+        }
+        assert_eq!(watch.changed(soon()).await, Woken::Changed);
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_wait_now() {
+        let feed = detached();
+        let far = Instant::now() + Duration::from_secs(60);
+        let mut before = feed.watch(Uuid::new_v4());
+        let waiting = tokio::spawn(async move { before.changed(far).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        feed.close();
+        assert!(feed.is_closed());
+        let woken = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the wait ended")
+            .unwrap();
+        assert_eq!(woken, Woken::Closed);
+        // A wait that starts after the close does not wait at all.
+        let mut after = feed.watch(Uuid::new_v4());
+        assert_eq!(after.changed(far).await, Woken::Closed);
+    }
+}

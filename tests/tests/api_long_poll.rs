@@ -1,0 +1,340 @@
+//! Long polls of the event feed (`GET …/events?after=N&wait=S`): a waiting
+//! request answers as soon as another request appends an event, not
+//! before; it times out empty on an idle task and does not wait at all on a
+//! terminal one; other tasks' events do not end it; every concurrent waiter
+//! sees the event; and shutting the server down answers waiting requests at
+//! once instead of hanging.
+
+use std::time::{Duration, Instant};
+
+use meatspace_tests::Db;
+use meatspace_tests::server::{Expect, TestServer, types};
+use reqwest::{RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+meatspace_tests::api_tests!(
+    a_waiting_poll_answers_with_the_event_another_request_appends,
+    a_waiting_worker_poll_answers_with_the_agents_response,
+    a_wait_on_an_idle_task_times_out_empty,
+    a_wait_on_a_terminal_task_answers_at_once,
+    wait_outside_0_to_30_is_a_bad_request,
+    another_tasks_events_do_not_end_a_wait,
+    concurrent_waiters_all_see_the_event,
+    shutdown_answers_waiting_polls_at_once,
+);
+
+const OK: StatusCode = StatusCode::OK;
+/// How late a waiter may see an event after the append was answered; in
+/// practice a few milliseconds.
+const PROMPT: Duration = Duration::from_secs(2);
+/// How long a test lets a waiter settle into its wait before appending.
+const SETTLE: Duration = Duration::from_millis(300);
+
+fn events_path(id: Uuid, after: i64, wait: u32) -> String {
+    format!("/api/v1/tasks/{id}/events?after={after}&wait={wait}")
+}
+
+fn worker_events_path(id: Uuid, after: i64, wait: u32) -> String {
+    format!("/api/v1/worker/tasks/{id}/events?after={after}&wait={wait}")
+}
+
+fn message_path(id: Uuid) -> String {
+    format!("/api/v1/worker/tasks/{id}/messages")
+}
+
+/// The id of the last event of a task's feed (the cursor a poller holds).
+async fn cursor(srv: &TestServer, id: Uuid, agent_token: &str) -> i64 {
+    let feed = srv.feed(id, agent_token).await;
+    feed.last()
+        .map_or(0, |e| e["id"].as_i64().expect("event id"))
+}
+
+/// Sends `req` in its own task; resolves to the page and when it arrived.
+fn poll(req: RequestBuilder) -> tokio::task::JoinHandle<(Value, Instant)> {
+    tokio::spawn(async move {
+        let page = req.expect_json(OK).await;
+        (page, Instant::now())
+    })
+}
+
+/// Posts a worker message; returns the appended event's id and when the
+/// append was answered.
+async fn append_message(
+    srv: &TestServer,
+    id: Uuid,
+    worker_token: &str,
+    text: &str,
+) -> (i64, Instant) {
+    let change = srv
+        .worker(worker_token)
+        .post(&message_path(id))
+        .json(&json!({ "text": text }))
+        .expect_json(OK)
+        .await;
+    let event_id = change["events"][0]["id"].as_i64().expect("event id");
+    (event_id, Instant::now())
+}
+
+fn page_events(page: &Value) -> &[Value] {
+    page["events"].as_array().expect("events array")
+}
+
+async fn a_waiting_poll_answers_with_the_event_another_request_appends(db: Db) {
+    let srv = TestServer::start(db).await;
+    let t = srv.active_task("Check the bus stop timetable").await;
+    let after = cursor(&srv, t.task_id, &t.agent_token).await;
+
+    let sent = Instant::now();
+    let waiter = poll(
+        srv.agent(&t.agent_token)
+            .get(&events_path(t.task_id, after, 5)),
+    );
+    tokio::time::sleep(SETTLE).await;
+    let (event_id, appended) = append_message(&srv, t.task_id, &t.worker_token, "On my way").await;
+    let (page, answered) = waiter.await.expect("waiter");
+
+    assert_eq!(types(page_events(&page)), ["worker.message"], "{page}");
+    assert_eq!(page["events"][0]["id"], event_id);
+    assert_eq!(page["next_cursor"], event_id);
+    assert_eq!(page["task_state"], "active");
+    assert_eq!(page["terminal"], false);
+    assert_eq!(page["has_more"], false);
+    assert!(
+        answered.duration_since(sent) >= SETTLE,
+        "the poll answered before the event existed: after {:?}",
+        answered.duration_since(sent)
+    );
+    let late = answered.saturating_duration_since(appended);
+    assert!(
+        late < PROMPT,
+        "the waiter saw the event {late:?} after it was appended"
+    );
+}
+
+/// The worker's copy of the feed waits too: the agent's answer to an issue
+/// reaches a waiting worker.
+async fn a_waiting_worker_poll_answers_with_the_agents_response(db: Db) {
+    let srv = TestServer::start(db).await;
+    let t = srv.active_task("Photograph the harbour crane").await;
+    let worker = srv.worker(&t.worker_token);
+    let change = worker
+        .post(&format!("/api/v1/worker/tasks/{}/issues", t.task_id))
+        .json(&json!({ "kind": "unclear_instructions", "text": "Which crane?" }))
+        .expect_json(OK)
+        .await;
+    let issue = change["events"][0]["id"].as_i64().expect("issue id");
+
+    let sent = Instant::now();
+    let waiter = poll(worker.get(&worker_events_path(t.task_id, issue, 5)));
+    tokio::time::sleep(SETTLE).await;
+    srv.agent(&t.agent_token)
+        .post(&format!(
+            "/api/v1/tasks/{}/issues/{issue}/respond",
+            t.task_id
+        ))
+        .json(&json!({ "action": "clarify", "text": "The red one" }))
+        .expect_json(OK)
+        .await;
+    let appended = Instant::now();
+    let (page, answered) = waiter.await.expect("waiter");
+
+    assert_eq!(
+        types(page_events(&page)),
+        ["agent.issue_response"],
+        "{page}"
+    );
+    assert!(answered.duration_since(sent) >= SETTLE);
+    assert!(answered.saturating_duration_since(appended) < PROMPT);
+}
+
+async fn a_wait_on_an_idle_task_times_out_empty(db: Db) {
+    let srv = TestServer::start(db).await;
+    let (id, token) = srv.create_open_task("Count the swans in the park").await;
+    let after = cursor(&srv, id, &token).await;
+    assert!(after > 0);
+
+    let sent = Instant::now();
+    let page = srv
+        .agent(&token)
+        .get(&events_path(id, after, 1))
+        .expect_json(OK)
+        .await;
+    let took = sent.elapsed();
+
+    assert!(page_events(&page).is_empty(), "{page}");
+    assert_eq!(page["next_cursor"], after);
+    assert_eq!(page["task_state"], "open");
+    assert_eq!(page["terminal"], false);
+    assert_eq!(page["has_more"], false);
+    assert!(
+        took >= Duration::from_millis(950),
+        "answered after {took:?}, before the wait was over"
+    );
+    assert!(
+        took < Duration::from_secs(1) + PROMPT,
+        "answered after {took:?}"
+    );
+}
+
+async fn a_wait_on_a_terminal_task_answers_at_once(db: Db) {
+    let srv = TestServer::start(db).await;
+    let t = srv.active_task("Buy a newspaper").await;
+    srv.worker(&t.worker_token)
+        .post(&format!("/api/v1/worker/tasks/{}/complete", t.task_id))
+        .expect_json(OK)
+        .await;
+    let after = cursor(&srv, t.task_id, &t.agent_token).await;
+
+    for req in [
+        srv.agent(&t.agent_token)
+            .get(&events_path(t.task_id, after, 30)),
+        srv.worker(&t.worker_token)
+            .get(&worker_events_path(t.task_id, after, 30)),
+    ] {
+        let sent = Instant::now();
+        let page = req.expect_json(OK).await;
+        let took = sent.elapsed();
+        assert!(page_events(&page).is_empty(), "{page}");
+        assert_eq!(page["task_state"], "completed");
+        assert_eq!(page["terminal"], true);
+        assert_eq!(page["next_cursor"], after);
+        assert!(took < PROMPT, "a terminal task made the poll wait {took:?}");
+    }
+
+    // A page with events does not wait either.
+    let sent = Instant::now();
+    let page = srv
+        .agent(&t.agent_token)
+        .get(&events_path(t.task_id, 0, 30))
+        .expect_json(OK)
+        .await;
+    assert!(!page_events(&page).is_empty());
+    assert!(sent.elapsed() < PROMPT);
+}
+
+async fn wait_outside_0_to_30_is_a_bad_request(db: Db) {
+    let srv = TestServer::start(db).await;
+    let t = srv.active_task("Measure the bench").await;
+    for wait in ["31", "3600", "-1", "1.5", "soon", ""] {
+        for req in [
+            srv.agent(&t.agent_token).get(&format!(
+                "/api/v1/tasks/{}/events?after=0&wait={wait}",
+                t.task_id
+            )),
+            srv.worker(&t.worker_token).get(&format!(
+                "/api/v1/worker/tasks/{}/events?after=0&wait={wait}",
+                t.task_id
+            )),
+        ] {
+            let problem = req.expect_problem(StatusCode::BAD_REQUEST).await;
+            if wait == "31" {
+                let detail = problem["detail"].as_str().unwrap_or_default();
+                assert!(detail.contains("wait"), "{problem}");
+            }
+        }
+    }
+    // 0 is today's behaviour: an empty page at once.
+    let after = cursor(&srv, t.task_id, &t.agent_token).await;
+    let sent = Instant::now();
+    let page = srv
+        .agent(&t.agent_token)
+        .get(&events_path(t.task_id, after, 0))
+        .expect_json(OK)
+        .await;
+    assert!(page_events(&page).is_empty());
+    assert!(sent.elapsed() < PROMPT);
+}
+
+async fn another_tasks_events_do_not_end_a_wait(db: Db) {
+    let srv = TestServer::start(db).await;
+    let a = srv.active_task("Task A").await;
+    let b = srv.active_task("Task B").await;
+    let after = cursor(&srv, a.task_id, &a.agent_token).await;
+
+    let sent = Instant::now();
+    let waiter = poll(
+        srv.agent(&a.agent_token)
+            .get(&events_path(a.task_id, after, 2)),
+    );
+    tokio::time::sleep(SETTLE).await;
+    for i in 0..5 {
+        append_message(&srv, b.task_id, &b.worker_token, &format!("B says {i}")).await;
+    }
+    let (page, answered) = waiter.await.expect("waiter");
+
+    assert!(
+        page_events(&page).is_empty(),
+        "task B's events reached A: {page}"
+    );
+    assert_eq!(page["task_id"], a.task_id.to_string());
+    assert_eq!(page["next_cursor"], after);
+    let took = answered.duration_since(sent);
+    assert!(
+        took >= Duration::from_millis(1950),
+        "the wait on A ended after {took:?}, before its 2 s"
+    );
+    // B's feed has them.
+    let b_after = cursor(&srv, b.task_id, &b.agent_token).await;
+    assert!(b_after > 0);
+}
+
+async fn concurrent_waiters_all_see_the_event(db: Db) {
+    let srv = TestServer::start(db).await;
+    let t = srv.active_task("Photograph the town square").await;
+    let after = cursor(&srv, t.task_id, &t.agent_token).await;
+
+    let mut waiters = Vec::new();
+    for i in 0..12 {
+        let req = if i % 3 == 0 {
+            srv.worker(&t.worker_token)
+                .get(&worker_events_path(t.task_id, after, 10))
+        } else {
+            srv.agent(&t.agent_token)
+                .get(&events_path(t.task_id, after, 10))
+        };
+        waiters.push(poll(req));
+    }
+    tokio::time::sleep(SETTLE).await;
+    let (event_id, appended) = append_message(&srv, t.task_id, &t.worker_token, "Here").await;
+
+    for waiter in waiters {
+        let (page, answered) = waiter.await.expect("waiter");
+        assert_eq!(types(page_events(&page)), ["worker.message"], "{page}");
+        assert_eq!(page["next_cursor"], event_id);
+        let late = answered.saturating_duration_since(appended);
+        assert!(
+            late < PROMPT,
+            "a waiter saw the event {late:?} after it was appended"
+        );
+    }
+}
+
+async fn shutdown_answers_waiting_polls_at_once(db: Db) {
+    let srv = TestServer::start(db).await;
+    let (id, token) = srv.create_open_task("Wait for me").await;
+    let after = cursor(&srv, id, &token).await;
+
+    let sent = Instant::now();
+    let waiter = poll(srv.agent(&token).get(&events_path(id, after, 30)));
+    tokio::time::sleep(SETTLE).await;
+    let stopping = Instant::now();
+    tokio::time::timeout(Duration::from_secs(3), srv.stop())
+        .await
+        .expect("the server did not shut down while a poll was waiting");
+    let stopped = stopping.elapsed();
+    assert!(
+        stopped < Duration::from_millis(1500),
+        "shutdown took {stopped:?}"
+    );
+
+    let (page, answered) = waiter.await.expect("waiter");
+    assert!(page_events(&page).is_empty(), "{page}");
+    assert_eq!(page["next_cursor"], after);
+    assert_eq!(page["task_state"], "open");
+    assert!(
+        answered.duration_since(sent) < Duration::from_secs(5),
+        "the waiting poll answered only after {:?}",
+        answered.duration_since(sent)
+    );
+}
