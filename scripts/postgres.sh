@@ -13,6 +13,11 @@
 #   postgres.sh bindir      print the directory of the server binaries it would
 #                           use, or fail if there are none
 #   postgres.sh stop DIR    stop the server and remove DIR
+#   postgres.sh crash DIR   SIGKILL the postmaster (as a crash would), wait
+#                           until it is gone; the data directory stays
+#   postgres.sh restart DIR start the server again on the same data directory
+#                           and port (after crash), wait until it accepts
+#                           connections
 #
 # DIR/env exports MEATSPACE_TEST_POSTGRES_URL (the admin URL the test harness
 # reads) and MEATSPACE_TEST_PG_BIN (the server's bin directory, so tests use
@@ -27,11 +32,18 @@
 #                               /usr/lib/postgresql/*/bin)
 #   MEATSPACE_PG_READY_TIMEOUT  seconds to wait for the server (default 60)
 #   MEATSPACE_PG_MAX_CONNECTIONS  max_connections (default 300)
+#   MEATSPACE_PG_SYNCHRONOUS_COMMIT  synchronous_commit (default off). The
+#                               crash tests set it on: with it off a commit
+#                               is acknowledged before its WAL leaves shared
+#                               memory, and a SIGKILLed server loses it
+#                               (fsync=off is fine there: the OS page cache
+#                               outlives a process crash)
 set -euo pipefail
 
 MARKER=.meatspace-postgres
 READY_TIMEOUT=${MEATSPACE_PG_READY_TIMEOUT:-60}
 MAX_CONNECTIONS=${MEATSPACE_PG_MAX_CONNECTIONS:-300}
+SYNCHRONOUS_COMMIT=${MEATSPACE_PG_SYNCHRONOUS_COMMIT:-off}
 RUN_AS=postgres   # the system user the server runs as when we are root
 
 log() { printf '[postgres] %s\n' "$*" >&2; }
@@ -145,7 +157,7 @@ port = $port
 unix_socket_directories = '$DIR'
 max_connections = $MAX_CONNECTIONS
 fsync = off
-synchronous_commit = off
+synchronous_commit = $SYNCHRONOUS_COMMIT
 full_page_writes = off
 shared_buffers = '128MB'
 log_min_messages = warning
@@ -213,11 +225,54 @@ cmd_stop() {
   log "stopped and removed $DIR"
 }
 
+cmd_crash() {
+  [[ $# -eq 1 ]] || usage
+  DIR=$(abspath "$1")
+  [[ -f $DIR/$MARKER ]] || die "$DIR was not created by $0 start"
+  local pid
+  pid=$(postmaster_pid) || die "no server runs in $DIR"
+  kill -KILL "$pid"
+  for _ in $(seq 1 100); do running "$pid" || break; sleep 0.05; done
+  running "$pid" && die "postgres (pid $pid) survived SIGKILL"
+  # Backends orphaned by the postmaster's death exit when they notice it;
+  # the restart waits for them through the shared memory check.
+  log "crashed postgres (pid $pid) in $DIR"
+}
+
+cmd_restart() {
+  [[ $# -eq 1 ]] || usage
+  DIR=$(abspath "$1")
+  [[ -f $DIR/$MARKER ]] || die "$DIR was not created by $0 start"
+  postmaster_pid >/dev/null && die "a server already runs in $DIR"
+  local bin; bin=$(find_bin)
+  if [[ $EUID -eq 0 ]]; then
+    RUNUSER=$(command -v runuser || echo /usr/sbin/runuser)
+  fi
+  local port; port=$(sed -n 's/^port = //p' "$DIR/data/postgresql.auto.conf")
+  # Orphaned backends of a crashed postmaster may hold the shared memory a
+  # few moments: retry until the server starts.
+  local deadline=$((SECONDS + READY_TIMEOUT))
+  until as_server "$bin/pg_ctl" --pgdata="$DIR/data" --log="$DIR/postgres.log" \
+      --wait --timeout="$READY_TIMEOUT" start >/dev/null 2>&1; do
+    (( SECONDS < deadline )) || { tail -n 20 "$DIR/postgres.log" >&2; die "restart failed"; }
+    sleep 0.1
+  done
+  local isready=$bin/pg_isready
+  [[ -x $isready ]] || isready=pg_isready
+  until "$isready" --quiet --host=127.0.0.1 --port="$port" --username=postgres --dbname=postgres; do
+    (( SECONDS < deadline )) || die "the server does not accept connections after restart"
+    sleep 0.05
+  done
+  log "restarted on 127.0.0.1:$port"
+}
+
 [[ $# -ge 1 ]] || usage
 sub=$1; shift
 case $sub in
   start) cmd_start "$@" ;;
   stop) cmd_stop "$@" ;;
+  crash) cmd_crash "$@" ;;
+  restart) cmd_restart "$@" ;;
   env) cmd_env "$@" ;;
   bindir) [[ $# -eq 0 ]] || usage; find_bin ;;
   *) usage ;;

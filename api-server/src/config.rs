@@ -64,9 +64,33 @@ pub struct Config {
     #[arg(
         long,
         env = "MEATSPACE_DB_ACQUIRE_TIMEOUT_SECONDS",
-        default_value_t = 5
+        default_value_t = 1
     )]
     pub db_acquire_timeout_seconds: u64,
+
+    /// Seconds a client has to send a request's headers, from the
+    /// connection's start or the end of the previous response: slow
+    /// (slowloris) and idle keep-alive connections are closed after it.
+    #[arg(long, env = "MEATSPACE_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout_seconds: u64,
+
+    /// Most client connections open at once (each costs a file descriptor:
+    /// keep `ulimit -n` above it). Past it new clients wait to be accepted.
+    #[arg(long, env = "MEATSPACE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+
+    /// Requests per second one credential (dev key, agent or worker token;
+    /// the client's IP address without one) may keep up on the API routes;
+    /// beyond it the answer is 429 with Retry-After. 0 turns limiting off.
+    #[arg(long, env = "MEATSPACE_RATE_LIMIT_PER_SECOND", default_value_t = 100)]
+    pub rate_limit_per_second: u32,
+
+    /// Requests one credential may send in a burst after being idle.
+    #[arg(long, env = "MEATSPACE_RATE_LIMIT_BURST", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_limit_burst: u32,
 
     /// Log format: text or json. Log level comes from RUST_LOG (default info).
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", default_value = "text")]
@@ -81,6 +105,23 @@ pub struct Config {
 }
 
 impl Config {
+    /// The HTTP server's connection limits.
+    pub fn serve_options(&self) -> crate::ServeOptions {
+        crate::ServeOptions {
+            header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_seconds),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The per-credential request limits.
+    pub fn rate_limit(&self) -> crate::rate_limit::RateLimitSettings {
+        crate::rate_limit::RateLimitSettings {
+            per_second: std::num::NonZeroU32::new(self.rate_limit_per_second),
+            burst: std::num::NonZeroU32::new(self.rate_limit_burst)
+                .unwrap_or(std::num::NonZeroU32::MIN),
+        }
+    }
+
     /// The database URL in effect.
     pub fn database_url(&self) -> String {
         match &self.database_url {
@@ -111,6 +152,13 @@ impl std::fmt::Debug for Config {
             .field("embedded_controller", &self.embedded_controller)
             .field("max_photo_bytes", &self.max_photo_bytes)
             .field("max_photo_dimension", &self.max_photo_dimension)
+            .field(
+                "header_read_timeout_seconds",
+                &self.header_read_timeout_seconds,
+            )
+            .field("max_connections", &self.max_connections)
+            .field("rate_limit_per_second", &self.rate_limit_per_second)
+            .field("rate_limit_burst", &self.rate_limit_burst)
             .field("policy", &self.policy)
             .field("controller", &self.controller)
             .finish_non_exhaustive()

@@ -50,6 +50,8 @@ pub enum ApiError {
     TooLarge(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    #[error("{0}")]
+    TooManyRequests(String),
     #[error("the database is unavailable")]
     Unavailable,
     #[error("internal error")]
@@ -84,6 +86,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
+            ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate-limited"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "database-unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -116,6 +119,7 @@ impl From<Refusal> for ApiError {
             },
             Refusal::NotYourTask => ApiError::task_not_found(),
             Refusal::IssueNotFound(_) => ApiError::NotFound(detail),
+            Refusal::TextRequired(_) => ApiError::Invalid(detail),
             Refusal::NothingDue => ApiError::Internal(anyhow::anyhow!(r)),
         }
     }
@@ -172,8 +176,9 @@ impl IntoResponse for ApiError {
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
             ApiError::Unavailable => {
+                // The availability monitor sees a recovery within a second.
                 res.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
         }

@@ -25,19 +25,23 @@ use utoipa_axum::router::OpenApiRouter;
 use uuid::Uuid;
 
 pub mod auth;
+pub mod availability;
 pub mod config;
 pub mod error;
 pub mod extract;
 pub mod feed;
 pub mod metrics;
 pub mod photo;
+pub mod rate_limit;
 pub mod routes;
 pub mod telemetry;
 
 use auth::DevKey;
+use availability::Availability;
 use error::ApiError;
 use feed::Feed;
 use photo::PhotoLimits;
+use rate_limit::RateLimit;
 use routes::TaskChange;
 
 /// Largest JSON body.
@@ -56,6 +60,10 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Wakes long polls of the event feed; close it when shutdown starts.
     pub feed: Feed,
+    /// Whether the database answers; API requests fail fast while it does not.
+    pub availability: Availability,
+    /// Per-credential request limits of the API routes.
+    pub rate_limit: RateLimit,
 }
 
 impl AppState {
@@ -99,10 +107,21 @@ impl utoipa::Modify for SecuritySchemes {
 
 /// Builds the application.
 pub fn router(state: AppState) -> Router {
-    let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(routes::capabilities::router())
+    // Every route that needs the database fails fast while it is down.
+    let needs_database = OpenApiRouter::new()
         .merge(routes::tasks::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            availability::guard,
+        ));
+    let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(routes::capabilities::router())
+        .merge(needs_database)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate_limit::limit,
+        ))
         .split_for_parts();
     let mut openapi = openapi;
     // The document lists itself: the capabilities document names it as an
@@ -148,15 +167,88 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Limits of the HTTP server's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Time a client has to send a request's headers, counted from the
+    /// connection's start or from the end of the previous response: a
+    /// client trickling headers (slowloris) or an idle keep-alive
+    /// connection is closed after it.
+    pub header_read_timeout: Duration,
+    /// Most connections open at once; past it the server stops accepting
+    /// (new clients wait in the listen backlog) until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes the
 /// requests in flight. Close the [`Feed`] in `shutdown` so that long polls
 /// answer at once instead of holding the shutdown up.
+///
+/// The accept loop is hyper's HTTP/1 server rather than `axum::serve`, for
+/// what `axum::serve` does not offer: a header-read timeout (which hyper
+/// also applies to idle keep-alive connections) and a cap on concurrent
+/// connections, so a slow or idle client cannot hold sockets for ever.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    use hyper::body::Incoming;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+
+    let permits = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let (stream, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors or similar: pause rather than spin.
+                    tracing::error!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: axum::http::Request<Incoming>| {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            app.clone().oneshot(req.map(axum::body::Body::new))
+        });
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

@@ -39,6 +39,7 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let policy: Policy = config.policy.clone().into();
+    policy.check().context("invalid task policy")?;
     let options = ConnectOptions {
         max_connections: config.db_max_connections,
         acquire_timeout: std::time::Duration::from_secs(config.db_acquire_timeout_seconds),
@@ -80,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let metrics_handle = meatspace_api::metrics::handle();
     tokio::spawn(meatspace_api::metrics::upkeep(metrics_handle.clone()));
+    let availability = meatspace_api::availability::Availability::start(Arc::clone(&store));
     let state = AppState {
         store,
         dev_key: DevKey::new(&dev_key),
@@ -89,13 +91,15 @@ async fn main() -> anyhow::Result<()> {
             max_dimension: config.max_photo_dimension,
         },
         metrics: metrics_handle.clone(),
+        availability,
+        rate_limit: meatspace_api::rate_limit::RateLimit::new(config.rate_limit()),
         feed,
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await
         .with_context(|| format!("listen on {}", config.listen_addr))?;
     tracing::info!(addr = %listener.local_addr()?, embedded_controller = controller.is_some(), "listening");
-    serve(listener, router(state), shutdown).await?;
+    serve(listener, router(state), config.serve_options(), shutdown).await?;
     if let Some(handle) = controller {
         handle
             .await

@@ -20,6 +20,11 @@ use crate::telemetry::LogFormat;
 pub struct ControllerConfig {
     /// How long a terminal task (with its events and photos) is kept.
     pub retention: TimeDelta,
+    /// How long a purged task's tombstone (its id and token digest) is kept,
+    /// so that its agent is told 404 (gone) rather than 401 (wrong token).
+    /// Past it the token is just unknown; without a limit the tombstones
+    /// would grow for ever.
+    pub tombstone_retention: TimeDelta,
     /// How often retention looks for terminal tasks past the retention
     /// period. A second of precision does not matter here, so it polls; each
     /// poll is one index probe when nothing is old enough.
@@ -51,6 +56,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "MEATSPACE_RETENTION_SECONDS", default_value_t = 30 * 24 * 3600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_seconds: u64,
+    /// Seconds a deleted task's tombstone is kept: until then its agent
+    /// token gets 404 (the task is gone), afterwards 401 like any unknown
+    /// token. Default 30 days.
+    #[arg(long, env = "MEATSPACE_TOMBSTONE_RETENTION_SECONDS", default_value_t = 30 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub tombstone_retention_seconds: u64,
     /// Seconds between two retention sweeps.
     #[arg(long, env = "MEATSPACE_RETENTION_INTERVAL_SECONDS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -140,6 +151,7 @@ impl Default for ControllerArgs {
     fn default() -> Self {
         Self {
             retention_seconds: 30 * 24 * 3600,
+            tombstone_retention_seconds: 30 * 24 * 3600,
             retention_interval_seconds: 60,
             batch_size: 500,
             max_sleep_seconds: 10,
@@ -154,9 +166,13 @@ impl Default for ControllerArgs {
 
 impl From<ControllerArgs> for ControllerConfig {
     fn from(a: ControllerArgs) -> Self {
+        let seconds = |n: u64| {
+            TimeDelta::seconds(i64::try_from(n).unwrap_or(i64::MAX))
+                .min(TimeDelta::days(365 * 1000))
+        };
         ControllerConfig {
-            retention: TimeDelta::seconds(i64::try_from(a.retention_seconds).unwrap_or(i64::MAX))
-                .min(TimeDelta::days(365 * 1000)),
+            retention: seconds(a.retention_seconds),
+            tombstone_retention: seconds(a.tombstone_retention_seconds),
             retention_interval: Duration::from_secs(a.retention_interval_seconds),
             batch_size: a.batch_size,
             max_sleep: Duration::from_secs(a.max_sleep_seconds),

@@ -21,7 +21,9 @@ async fn main() -> anyhow::Result<()> {
         max_connections: config.db_max_connections,
         ..ConnectOptions::default()
     };
-    let store = connect(&config.database_url, config.policy.clone().into(), &options)
+    let policy: meatspace_core::Policy = config.policy.clone().into();
+    policy.check().context("invalid task policy")?;
+    let store = connect(&config.database_url, policy, &options)
         .await
         .with_context(|| format!("open the store at {}", redact_url(&config.database_url)))?;
     if store.backend() == Backend::Sqlite {

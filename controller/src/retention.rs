@@ -1,6 +1,7 @@
 //! The retention reconciler: deletes terminal tasks, with their events,
 //! issues and photos, once they have been terminal for the retention period
-//! (30 days by default). After that the API answers 404 for them.
+//! (30 days by default). After that the API answers 404 for them, until
+//! their tombstones are forgotten too (another 30 days by default).
 //!
 //! Unlike expiry it polls, every [`ControllerConfig::retention_interval`]:
 //! nobody waits on a deletion to the second, and a poll that finds nothing
@@ -27,6 +28,7 @@ const NAME: &str = "retention";
 pub struct Retention {
     store: Arc<dyn Store>,
     retention: TimeDelta,
+    tombstone_retention: TimeDelta,
     interval: Duration,
     batch_size: u32,
 }
@@ -36,6 +38,7 @@ impl Retention {
         Retention {
             store,
             retention: config.retention,
+            tombstone_retention: config.tombstone_retention,
             interval: config.retention_interval,
             batch_size: config.batch_size.max(1),
         }
@@ -64,7 +67,8 @@ impl Retention {
 
     /// Deletes one batch; true if it was full (more may be waiting).
     async fn sweep(&self) -> Result<bool, Error> {
-        let cutoff = clock::now() - self.retention;
+        let now = clock::now();
+        let cutoff = now - self.retention;
         let span = tracing::info_span!(
             "reconcile",
             reconciler = NAME,
@@ -75,7 +79,11 @@ impl Retention {
             let started = std::time::Instant::now();
             let purged = self
                 .store
-                .purge_ended_before(cutoff, self.batch_size)
+                .purge_ended_before(cutoff, now, self.batch_size)
+                .await?;
+            let forgotten = self
+                .store
+                .forget_purged_before(now - self.tombstone_retention, self.batch_size)
                 .await?;
             metrics::reconciled(NAME, started.elapsed());
             metrics::purged(purged);
@@ -83,7 +91,7 @@ impl Retention {
             if purged > 0 {
                 tracing::info!(purged, "deleted terminal tasks past retention");
             }
-            Ok(purged >= u64::from(self.batch_size))
+            Ok(purged.max(forgotten) >= u64::from(self.batch_size))
         }
         .instrument(span)
         .await

@@ -20,6 +20,55 @@ pub struct Policy {
     pub active_time_limit: TimeDelta,
 }
 
+/// A policy whose values contradict each other.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{0} must be at least one second")]
+    NotPositive(&'static str),
+    #[error(
+        "the minimum lifetime ({min}s) is above the maximum lifetime ({max}s): no task could be created"
+    )]
+    MinAboveMax { min: i64, max: i64 },
+    #[error(
+        "the default lifetime ({default}s) is outside the accepted lifetimes ({min}s to {max}s)"
+    )]
+    DefaultOutOfBounds { default: i64, min: i64, max: i64 },
+}
+
+impl Policy {
+    /// Checks that the values make sense together; both binaries refuse to
+    /// start with a policy that does not.
+    pub fn check(&self) -> Result<(), PolicyError> {
+        let fields = [
+            ("the default lifetime", self.default_lifetime),
+            ("the minimum lifetime", self.min_lifetime),
+            ("the maximum lifetime", self.max_lifetime),
+            ("the start timeout", self.start_timeout),
+            ("the active time limit", self.active_time_limit),
+        ];
+        for (name, value) in fields {
+            if value < TimeDelta::seconds(1) {
+                return Err(PolicyError::NotPositive(name));
+            }
+        }
+        let (min, max) = (self.min_lifetime, self.max_lifetime);
+        if min > max {
+            return Err(PolicyError::MinAboveMax {
+                min: min.num_seconds(),
+                max: max.num_seconds(),
+            });
+        }
+        if !(min..=max).contains(&self.default_lifetime) {
+            return Err(PolicyError::DefaultOutOfBounds {
+                default: self.default_lifetime.num_seconds(),
+                min: min.num_seconds(),
+                max: max.num_seconds(),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         PolicyArgs::default().into()
@@ -30,19 +79,24 @@ impl Default for Policy {
 #[derive(Debug, Clone, clap::Args)]
 pub struct PolicyArgs {
     /// Lifetime in seconds of a task created without `expires_in_seconds`.
-    #[arg(long, env = "MEATSPACE_DEFAULT_LIFETIME_SECONDS", default_value_t = 7 * 24 * 3600)]
+    #[arg(long, env = "MEATSPACE_DEFAULT_LIFETIME_SECONDS", default_value_t = 7 * 24 * 3600,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub default_lifetime_seconds: u32,
     /// Smallest `expires_in_seconds` accepted on task creation.
-    #[arg(long, env = "MEATSPACE_MIN_LIFETIME_SECONDS", default_value_t = 1)]
+    #[arg(long, env = "MEATSPACE_MIN_LIFETIME_SECONDS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub min_lifetime_seconds: u32,
     /// Largest `expires_in_seconds` accepted on task creation.
-    #[arg(long, env = "MEATSPACE_MAX_LIFETIME_SECONDS", default_value_t = 30 * 24 * 3600)]
+    #[arg(long, env = "MEATSPACE_MAX_LIFETIME_SECONDS", default_value_t = 30 * 24 * 3600,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_lifetime_seconds: u32,
     /// Seconds an assigned worker has to start before the task reopens.
-    #[arg(long, env = "MEATSPACE_START_TIMEOUT_SECONDS", default_value_t = 3600)]
+    #[arg(long, env = "MEATSPACE_START_TIMEOUT_SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub start_timeout_seconds: u32,
     /// Seconds a task may stay active before it expires.
-    #[arg(long, env = "MEATSPACE_ACTIVE_TIME_LIMIT_SECONDS", default_value_t = 24 * 3600)]
+    #[arg(long, env = "MEATSPACE_ACTIVE_TIME_LIMIT_SECONDS", default_value_t = 24 * 3600,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub active_time_limit_seconds: u32,
 }
 
@@ -68,5 +122,76 @@ impl From<PolicyArgs> for Policy {
             start_timeout: s(a.start_timeout_seconds),
             active_time_limit: s(a.active_time_limit_seconds),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        policy: PolicyArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Policy, String> {
+        let cli = Cli::try_parse_from([&["test"], args].concat()).map_err(|e| e.to_string())?;
+        let policy = Policy::from(cli.policy);
+        policy.check().map_err(|e| e.to_string())?;
+        Ok(policy)
+    }
+
+    #[test]
+    fn the_defaults_are_consistent() {
+        assert_eq!(Policy::default().check(), Ok(()));
+        assert_eq!(parse(&[]), Ok(Policy::default()));
+    }
+
+    #[test]
+    fn zero_durations_are_refused_at_parse_time() {
+        for flag in [
+            "--default-lifetime-seconds",
+            "--min-lifetime-seconds",
+            "--max-lifetime-seconds",
+            "--start-timeout-seconds",
+            "--active-time-limit-seconds",
+        ] {
+            let err = parse(&[flag, "0"]).unwrap_err();
+            assert!(err.contains("0 is not in 1.."), "{flag}: {err}");
+        }
+    }
+
+    #[test]
+    fn contradictions_are_refused() {
+        let err = parse(&[
+            "--min-lifetime-seconds",
+            "100",
+            "--max-lifetime-seconds",
+            "10",
+        ]);
+        assert!(
+            err.unwrap_err()
+                .contains("minimum lifetime (100s) is above")
+        );
+        let err = parse(&[
+            "--default-lifetime-seconds",
+            "5",
+            "--min-lifetime-seconds",
+            "10",
+        ]);
+        assert!(
+            err.unwrap_err()
+                .contains("default lifetime (5s) is outside")
+        );
+        let zero = Policy {
+            start_timeout: TimeDelta::zero(),
+            ..Policy::default()
+        };
+        assert_eq!(
+            zero.check(),
+            Err(PolicyError::NotPositive("the start timeout"))
+        );
     }
 }

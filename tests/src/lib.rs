@@ -8,6 +8,8 @@
 //! test failure, never a skip.
 
 pub mod k8s;
+pub mod postgres;
+pub mod process;
 pub mod server;
 
 use std::sync::Arc;
@@ -52,6 +54,11 @@ impl TestDb {
         }
     }
 
+    /// A database that exists elsewhere (e.g. on an [`postgres::OwnPostgres`]).
+    pub fn at(url: String) -> TestDb {
+        TestDb { url, _dir: None }
+    }
+
     /// Opens the store (running migrations) with the given policy.
     pub async fn store(&self, policy: Policy) -> Arc<dyn Store> {
         connect(&self.url, policy, &ConnectOptions::default())
@@ -84,7 +91,7 @@ pub async fn fresh_postgres_database() -> String {
 }
 
 /// `url` with its database name replaced by `name`.
-fn replace_database(url: &str, name: &str) -> String {
+pub(crate) fn replace_database(url: &str, name: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),

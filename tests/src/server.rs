@@ -16,7 +16,8 @@ use std::time::Duration;
 use meatspace_api::auth::DevKey;
 use meatspace_api::feed::Feed;
 use meatspace_api::photo::PhotoLimits;
-use meatspace_api::{AppState, router, serve};
+use meatspace_api::rate_limit::{RateLimit, RateLimitSettings};
+use meatspace_api::{AppState, ServeOptions, router, serve};
 use meatspace_core::store::{ConnectOptions, connect};
 use meatspace_core::{Policy, Store};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -68,6 +69,9 @@ pub struct ServerOptions {
     pub policy: Policy,
     pub photo_limits: PhotoLimits,
     pub connect: ConnectOptions,
+    /// Off unless a test is about limiting: the suites send bursts.
+    pub rate_limit: RateLimitSettings,
+    pub serve: ServeOptions,
 }
 
 impl Default for ServerOptions {
@@ -80,6 +84,8 @@ impl Default for ServerOptions {
                 max_dimension: 8192,
             },
             connect: ConnectOptions::default(),
+            rate_limit: RateLimitSettings::OFF,
+            serve: ServeOptions::default(),
         }
     }
 }
@@ -121,7 +127,11 @@ impl TestServer {
     }
 
     pub async fn start_with(backend: Db, options: ServerOptions) -> TestServer {
-        let db = TestDb::new(backend).await;
+        TestServer::start_on(backend, TestDb::new(backend).await, options).await
+    }
+
+    /// A server on a given database (of the `backend` kind).
+    pub async fn start_on(backend: Db, db: TestDb, options: ServerOptions) -> TestServer {
         let store = connect(&db.url, options.policy, &options.connect)
             .await
             .expect("open the store");
@@ -134,13 +144,15 @@ impl TestServer {
             photo_limits: options.photo_limits,
             metrics: meatspace_api::metrics::handle(),
             feed: feed.clone(),
+            availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
+            rate_limit: RateLimit::new(options.rate_limit),
         };
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("listener address");
         let (tx, rx) = oneshot::channel::<()>();
-        let serving = tokio::spawn(serve(listener, router(state), async move {
+        let serving = tokio::spawn(serve(listener, router(state), options.serve, async move {
             let _ = rx.await;
             feed.close();
         }));

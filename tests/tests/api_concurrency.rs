@@ -54,10 +54,12 @@ async fn twenty_workers_race_to_claim_one_task(db: Db) {
             .map(|(worker, _, _)| *worker)
             .collect();
         assert_eq!(winners.len(), 1, "round {round}: {answers:?}");
+        // For the losers the task is no longer open: like any task that is
+        // not theirs, it does not exist for them.
         for (_, status, body) in &answers {
             if *status != StatusCode::OK {
-                assert_eq!(*status, StatusCode::CONFLICT, "{body}");
-                assert_eq!(body["task_state"], "assigned", "{body}");
+                assert_eq!(*status, StatusCode::NOT_FOUND, "{body}");
+                assert!(body.get("task_state").is_none(), "{body}");
             }
         }
         let task = srv.task(id, &token).await;

@@ -208,12 +208,13 @@ async fn workers_reach_only_open_tasks_and_their_own(db: Db) {
     ] {
         request.expect_problem(NOT_FOUND).await;
     }
-    // Claiming someone else's task is a state conflict, not a secret: the
-    // task was open a moment ago.
-    other
+    // Claiming someone else's task: like every task that is not theirs, it
+    // does not exist for this worker, and nothing about it is revealed.
+    let problem = other
         .post(&worker_path(t.task_id, "/claim"))
-        .expect_problem(StatusCode::CONFLICT)
+        .expect_problem(NOT_FOUND)
         .await;
+    assert!(problem.get("task_state").is_none(), "{problem}");
 
     // Drafts do not exist for workers.
     let (draft, _) = srv.create_task("Not yet").await;

@@ -104,6 +104,7 @@ conformance! {
         terminal_tasks_refuse_every_command,
         issues_open_resolve_and_close_when_the_task_ends,
         answering_an_issue_with_cancel_ends_the_task,
+        a_lapsed_assignment_closes_its_issues,
         responses_are_scoped_to_the_issue_s_task,
         photo_is_stored_and_scoped_to_its_task,
         events_page_by_after_and_limit,
@@ -472,7 +473,10 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     ok(s, a.task.id, message(w, "marker-message"), 4).await;
     // b ends and is purged: its tombstone keeps only the digest.
     ok(s, b.task.id, cancel(), 5).await;
-    assert_eq!(s.purge_ended_before(at(6), 10).await.expect("purge"), 1);
+    assert_eq!(
+        s.purge_ended_before(at(6), at(6), 10).await.expect("purge"),
+        1
+    );
 
     let stored: Vec<u8> = match s.backend() {
         Backend::Postgres => pg_dump(&db.url).await,
@@ -1450,8 +1454,9 @@ async fn purge_removes_ended_tasks_with_their_data_only(store: Arc<dyn Store>) {
     let active_before = snapshot(s, active.id).await;
     let draft_before = snapshot(s, draft.id).await;
 
+    // Purged "now" = at the cutoff, so tombstones carry distinct times.
     let purge = move |cutoff, limit| async move {
-        s.purge_ended_before(at(cutoff), limit)
+        s.purge_ended_before(at(cutoff), at(cutoff), limit)
             .await
             .expect("purge")
     };
@@ -1502,6 +1507,67 @@ async fn purge_removes_ended_tasks_with_their_data_only(store: Arc<dyn Store>) {
     assert!(worker_left.is_some(), "workers are not purged");
     // The survivors carry on.
     ok(s, active.id, message(aw, "still here"), 7).await;
+
+    // Tombstones are forgotten in turn, oldest first, the cutoff exclusive:
+    // old and middle were purged at 25, recent at 100 * LIFETIME.
+    let forget = move |cutoff, limit| async move {
+        s.forget_purged_before(at(cutoff), limit)
+            .await
+            .expect("forget")
+    };
+    assert_eq!(forget(25, 100).await, 0);
+    assert_eq!(forget(26, 1).await, 1);
+    assert_eq!(forget(26, 100).await, 1);
+    assert_eq!(forget(26, 100).await, 0);
+    assert_eq!(digest(old.id).await, None, "the tombstone was kept");
+    assert_eq!(digest(middle.id).await, None, "the tombstone was kept");
+    assert_eq!(
+        digest(recent.id).await,
+        digests[2],
+        "a newer tombstone went"
+    );
+}
+
+/// The issues of a worker whose assignment lapsed close with it (in the
+/// controller's batched write too), so no answer reaches the next worker;
+/// and the reopening is findable as the start of the next worker's feed.
+async fn a_lapsed_assignment_closes_its_issues(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (t, w) = task_in(s, TaskState::Assigned).await;
+    let issue = first_id(&ok(s, t.id, raise(w, IssueKind::AccessBlocked, "gate"), 3).await);
+    assert_eq!(
+        s.last_event_of_type(t.id, EventType::TaskUnassigned)
+            .await
+            .expect("read"),
+        None
+    );
+    let applied = s
+        .reconcile_due(at(2 + START_TIMEOUT), 10)
+        .await
+        .expect("unassign");
+    assert_eq!(applied.len(), 1);
+    let task = read(s, t.id).await.expect("kept");
+    assert_eq!((task.state, task.open_issues), (TaskState::Open, 0));
+    let issues = s.issues(t.id).await.expect("issues");
+    assert_eq!(issues.len(), 1);
+    assert_eq!(issues[0].status, IssueStatus::Closed);
+    assert_eq!(issues[0].resolution.as_deref(), Some("assignment_lapsed"));
+    assert_eq!(
+        s.last_event_of_type(t.id, EventType::TaskUnassigned)
+            .await
+            .expect("read"),
+        Some(applied[0].events[0].id)
+    );
+    let next = worker(s).await;
+    ok(s, t.id, claim(next), 3 + START_TIMEOUT).await;
+    refused(
+        s,
+        t.id,
+        respond(issue, IssueAction::Clarify, Some("side door")),
+        4 + START_TIMEOUT,
+        Refusal::IssueNotOpen(issue, IssueStatus::Closed),
+    )
+    .await;
 }
 
 async fn changes_name_each_changed_task_in_order(store: Arc<dyn Store>) {
@@ -1518,7 +1584,10 @@ async fn changes_name_each_changed_task_in_order(store: Arc<dyn Store>) {
     refused(s, b.id, Command::Publish, 3, finished).await;
     let d = create_at(s, 600 - LIFETIME, "short").await.task;
     assert_eq!(s.reconcile_due(at(600), 10).await.expect("expire").len(), 1);
-    assert_eq!(s.purge_ended_before(at(3), 10).await.expect("purge"), 1);
+    assert_eq!(
+        s.purge_ended_before(at(3), at(3), 10).await.expect("purge"),
+        1
+    );
 
     // create, publish, create, cancel, create, expire, purge
     let want = [a.id, a.id, b.id, b.id, d.id, d.id, b.id];

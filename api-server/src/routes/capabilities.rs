@@ -153,7 +153,8 @@ pub fn document(state: &AppState) -> Value {
             "photo_max_dimension": state.photo_limits.max_dimension,
             "photo_types": ACCEPTED_TYPES,
             "events_page": MAX_EVENTS_PAGE,
-            "events_wait_seconds": MAX_WAIT_SECONDS
+            "events_wait_seconds": MAX_WAIT_SECONDS,
+            "rate_limit": rate_limit(state)
         },
         "agent_obligations": [
             "Persist the task-scoped credential and monitoring cursor securely.",
@@ -164,4 +165,19 @@ pub fn document(state: &AppState) -> Value {
             "Stop issuing task instructions after a terminal state is observed."
         ]
     })
+}
+
+/// The per-credential request limit as configured.
+fn rate_limit(state: &AppState) -> Value {
+    let settings = state.rate_limit.settings();
+    match settings.per_second {
+        None => json!({ "enabled": false }),
+        Some(rate) => json!({
+            "enabled": true,
+            "scope": "per credential (dev key, agent token or worker token; the client address without one)",
+            "requests_per_second": rate.get(),
+            "burst": settings.burst.get().max(rate.get()),
+            "on_limit": "429 problem+json with Retry-After (seconds): wait that long, then retry"
+        }),
+    }
 }

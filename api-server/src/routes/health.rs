@@ -1,8 +1,6 @@
 //! Probes and metrics: `/livez` (the process answers), `/readyz` (the
-//! database answers, within a bound; 503 otherwise) and `/metrics`
-//! (Prometheus text format).
-
-use std::time::Duration;
+//! database answers, as [`crate::availability`] sees it; 503 otherwise) and
+//! `/metrics` (Prometheus text format).
 
 use axum::Router;
 use axum::extract::State;
@@ -13,9 +11,6 @@ use axum::routing::get;
 use crate::AppState;
 use crate::error::ApiError;
 
-/// How long readiness waits for the database.
-const READY_TIMEOUT: Duration = Duration::from_secs(2);
-
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/livez", get(|| async { "ok" }))
@@ -23,17 +18,14 @@ pub fn router() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
+/// Ready while the availability monitor sees the database answer: it
+/// probes several times a second, so readiness flips within a second of an
+/// outage and of the recovery, and a probe never waits on the database.
 async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError> {
-    match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
-        Ok(Ok(())) => Ok("ok"),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "readiness check failed");
-            Err(ApiError::Unavailable)
-        }
-        Err(_) => {
-            tracing::warn!("readiness check timed out");
-            Err(ApiError::Unavailable)
-        }
+    if state.availability.is_up() {
+        Ok("ok")
+    } else {
+        Err(ApiError::Unavailable)
     }
 }
 

@@ -111,18 +111,21 @@ impl EventsQuery {
 }
 
 /// Answers a feed request for task `id`, which the caller may read when
-/// `visible` says so (otherwise 404). The page is read as
-/// [`read_page`] does; with `wait`, an empty page of a task that is not
-/// terminal waits for the next event (see [`crate::feed`]).
+/// `visible` says so (otherwise 404), from the event after `floor` at the
+/// earliest (the worker's feed starts at its own assignment). The page is
+/// read as [`read_page`] does; with `wait`, an empty page of a task that is
+/// not terminal waits for the next event (see [`crate::feed`]).
 pub async fn event_feed(
     state: &AppState,
     id: Uuid,
     q: &EventsQuery,
+    floor: i64,
     visible: impl Fn(&Task) -> bool,
 ) -> Result<EventPage, ApiError> {
     let store = state.store.as_ref();
     let task = visible_task(store, id, &visible).await?;
-    let q = q.checked()?;
+    let mut q = q.checked()?;
+    q.after = q.after.max(floor);
     if q.wait.is_zero() {
         return read_page(store, task, q).await;
     }

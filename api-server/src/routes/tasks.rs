@@ -158,7 +158,7 @@ async fn task_events(
     AgentAuth(id): AgentAuth,
     Query(q): Query<EventsQuery>,
 ) -> Result<axum::Json<EventPage>, ApiError> {
-    Ok(axum::Json(event_feed(&state, id, &q, |_| true).await?))
+    Ok(axum::Json(event_feed(&state, id, &q, 0, |_| true).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,14 +198,9 @@ async fn respond_to_issue(
     Path(IssuePath { event_id, .. }): Path<IssuePath>,
     Json(req): Json<RespondRequest>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let text = if req.action.requires_text() {
-        let text = req.text.as_deref().ok_or_else(|| {
-            ApiError::invalid(format!("text is required for {}", req.action.as_str()))
-        })?;
-        Some(checked_text("text", text, MAX_TEXT_CHARS)?)
-    } else {
-        checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?
-    };
+    // A missing text is the domain's to refuse, after it has checked the
+    // task's state (a terminal task answers 409 whatever the body says).
+    let text = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
     state
         .act(
             id,

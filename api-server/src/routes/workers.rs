@@ -9,7 +9,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::DateTime;
 use meatspace_core::store::{OpenTasksCursor, Worker};
-use meatspace_core::{Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Task, TaskState, clock};
+use meatspace_core::{
+    Command, EventType, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, StoreError, Task, TaskState,
+    clock,
+};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -192,7 +195,9 @@ async fn get_task(
 }
 
 /// Claims an open task: open → assigned. Exactly one of several racing
-/// workers wins; the others get 409.
+/// workers wins; for the others the task is no longer open, and a task that
+/// is neither open nor theirs does not exist for them (404), like every
+/// other task that is not theirs. Claiming a task already theirs is a 409.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/claim", tag = "worker",
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
@@ -208,11 +213,33 @@ async fn claim(
         .task(id)
         .await?
         .ok_or_else(ApiError::task_not_found)?;
-    // Drafts are the agent's business: they do not exist for workers.
-    if task.state == TaskState::Draft {
-        return Err(ApiError::task_not_found());
+    let mine = task.worker_id == Some(worker);
+    // Drafts are the agent's business, and a task another worker holds (or
+    // held) is theirs: neither exists for this worker.
+    if !mine && task.state != TaskState::Open {
+        return Err(no_open_task());
     }
-    state.act(id, Command::Claim { worker }).await
+    match state
+        .store
+        .apply(id, Command::Claim { worker }, clock::now())
+        .await
+    {
+        Ok(applied) => Ok(axum::Json(applied.into())),
+        // Lost the race: between the read and the write another worker won
+        // (or the task ended). Same answer as if it had happened earlier.
+        Err(StoreError::Refused(Refusal::WrongState { .. } | Refusal::Terminal { .. }))
+            if !mine =>
+        {
+            Err(no_open_task())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn no_open_task() -> ApiError {
+    ApiError::NotFound(
+        "no open task with this id: another worker may have claimed it, or it ended".into(),
+    )
 }
 
 /// Starts the assigned task: assigned → active.
@@ -440,8 +467,10 @@ async fn stop(
     state.act(id, Command::Stop { worker, reason }).await
 }
 
-/// The task's event feed, for the assigned worker. With `wait`, a page
-/// that would be empty waits for the next event (long poll).
+/// The task's event feed, for the assigned worker, from the task's last
+/// reopening on (a previous worker's messages and answers are not shown).
+/// With `wait`, a page that would be empty waits for the next event (long
+/// poll).
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events", tag = "worker",
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("worker_token" = [])),
@@ -453,6 +482,16 @@ async fn task_events(
     TaskId(id): TaskId,
     Query(q): Query<EventsQuery>,
 ) -> Result<axum::Json<EventPage>, ApiError> {
+    // A task that was reopened after an assignment lapsed belongs to its
+    // new worker from the reopening on: what the previous worker sent, and
+    // the answers it got, are not this worker's to read.
+    let floor = state
+        .store
+        .last_event_of_type(id, EventType::TaskUnassigned)
+        .await?
+        .unwrap_or(0);
     let assigned = |t: &Task| t.worker_id == Some(worker);
-    Ok(axum::Json(event_feed(&state, id, &q, assigned).await?))
+    Ok(axum::Json(
+        event_feed(&state, id, &q, floor, assigned).await?,
+    ))
 }

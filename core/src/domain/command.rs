@@ -153,6 +153,8 @@ pub enum Refusal {
     DeadlinePassed,
     #[error("no worker.issue event with id {0} exists on this task")]
     IssueNotFound(i64),
+    #[error("text is required to {0} an issue")]
+    TextRequired(&'static str),
     #[error("issue {0} is already {status}", status = .1.as_str())]
     IssueNotOpen(i64, IssueStatus),
     #[error("nothing is due")]
@@ -182,11 +184,18 @@ pub fn decide(
         action,
         state: task.state,
     };
-    // Stop, cancel and the controller act whatever the deadlines say; every
-    // other command waits for the controller to apply a passed deadline.
+    // Stop, cancel (directly or as the answer to an issue) and the
+    // controller act whatever the deadlines say; every other command waits
+    // for the controller to apply a passed deadline.
     let deadline_exempt = matches!(
         command,
-        Command::Stop { .. } | Command::Cancel { .. } | Command::Reconcile
+        Command::Stop { .. }
+            | Command::Cancel { .. }
+            | Command::Reconcile
+            | Command::RespondToIssue {
+                action: IssueAction::Cancel,
+                ..
+            }
     );
     if !deadline_exempt && task.due(now).is_some() {
         return Err(Refusal::DeadlinePassed);
@@ -294,6 +303,11 @@ pub fn decide(
             if issue.status != IssueStatus::Open {
                 return Err(Refusal::IssueNotOpen(issue_event_id, issue.status));
             }
+            // Checked after the state, so a terminal task answers "terminal"
+            // (409) whatever the body says.
+            if action.requires_text() && text.is_none() {
+                return Err(Refusal::TextRequired(action.as_str()));
+            }
             d.task.open_issues = (d.task.open_issues - 1).max(0);
             d.push(
                 EventType::AgentIssueResponse,
@@ -363,11 +377,17 @@ pub fn decide(
                     d.task.worker_id = None;
                     d.task.assigned_at = None;
                     d.task.start_by = None;
+                    // The lapsed worker's issues go with its assignment: an
+                    // answer must never reach the next worker.
+                    d.task.open_issues = 0;
                     d.push(
                         EventType::TaskUnassigned,
                         Actor::System,
                         json!({ "worker_id": worker_id, "reason": "start_timeout" }),
                     );
+                    d.issue_changes.push(IssueChange::CloseAll {
+                        resolution: "assignment_lapsed".to_owned(),
+                    });
                 }
             }
         }
@@ -619,9 +639,91 @@ mod tests {
             d.events[0].data,
             json!({ "worker_id": W, "reason": "start_timeout" })
         );
-        assert!(d.issue_changes.is_empty());
         let claimed = run(&d.task, Command::Claim { worker: OTHER }, 600).unwrap();
         assert_eq!(claimed.task.worker_id, Some(OTHER));
+    }
+
+    /// Issue 8 item 9: the lapsed worker's issues close with its assignment,
+    /// so an answer can never reach the next worker.
+    #[test]
+    fn a_lapsed_assignment_closes_its_issues() {
+        let mut t = assigned();
+        t.open_issues = 2;
+        let d = run(&t, Command::Reconcile, 500).unwrap();
+        assert_eq!(d.task.state, TaskState::Open);
+        assert_eq!(d.task.open_issues, 0);
+        assert_eq!(
+            d.issue_changes,
+            vec![IssueChange::CloseAll {
+                resolution: "assignment_lapsed".into()
+            }]
+        );
+    }
+
+    /// Answering with `cancel` is a cancel: like `POST /cancel` it does not
+    /// wait for the controller to apply a passed deadline. Other answers do.
+    #[test]
+    fn cancel_as_an_answer_works_past_the_deadline_like_cancel() {
+        let respond = |action, text: Option<&str>| Command::RespondToIssue {
+            issue_event_id: 42,
+            action,
+            text: text.map(str::to_owned),
+        };
+        let past = at(5000);
+        let d = decide(
+            &active(),
+            &issue(IssueStatus::Open),
+            respond(IssueAction::Cancel, None),
+            past,
+            &Policy::default(),
+        )
+        .unwrap();
+        assert_eq!(d.task.state, TaskState::Cancelled);
+        let err = decide(
+            &active(),
+            &issue(IssueStatus::Open),
+            respond(IssueAction::Clarify, Some("left")),
+            past,
+            &Policy::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err, Refusal::DeadlinePassed);
+    }
+
+    /// A missing text is reported only for a task that could take the
+    /// answer: a terminal task says it is terminal.
+    #[test]
+    fn text_is_checked_after_the_state() {
+        let clarify = Command::RespondToIssue {
+            issue_event_id: 42,
+            action: IssueAction::Clarify,
+            text: None,
+        };
+        let err = decide(
+            &active(),
+            &issue(IssueStatus::Open),
+            clarify.clone(),
+            at(3),
+            &Policy::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err, Refusal::TextRequired("clarify"));
+        let mut done = active();
+        done.state = TaskState::Completed;
+        let err = decide(
+            &done,
+            &issue(IssueStatus::Open),
+            clarify,
+            at(3),
+            &Policy::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            Refusal::Terminal {
+                state: TaskState::Completed
+            }
+        );
     }
 
     #[test]

@@ -220,12 +220,31 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
     /// oldest first, with their events, issues and photos, keeping only
-    /// the agent token's digest. Returns how many went.
+    /// the agent token's digest (a tombstone stamped `now`). Returns how
+    /// many went.
     async fn purge_ended_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// Deletes at most `limit` tombstones of tasks purged before `cutoff`:
+    /// after that their tokens answer 401 like any unknown token. Returns
+    /// how many went.
+    async fn forget_purged_before(
         &self,
         cutoff: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError>;
+
+    /// Id of the newest event of type `kind` of the task, if any (the
+    /// worker's feed starts after the last `task.unassigned`).
+    async fn last_event_of_type(
+        &self,
+        task_id: Uuid,
+        kind: crate::EventType,
+    ) -> Result<Option<i64>, StoreError>;
 
     /// A stream that yields the id of every task changed after the call,
     /// from any process sharing the database (PostgreSQL LISTEN/NOTIFY) or
@@ -247,7 +266,10 @@ impl Default for ConnectOptions {
     fn default() -> Self {
         Self {
             max_connections: 16,
-            acquire_timeout: std::time::Duration::from_secs(5),
+            // Short: a request that cannot get a connection within a second
+            // is better answered 503 (the database is down or overloaded)
+            // than left hanging.
+            acquire_timeout: std::time::Duration::from_secs(1),
         }
     }
 }

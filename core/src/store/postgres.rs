@@ -32,9 +32,17 @@ const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updat
 /// Channel of the task-change notifications.
 const CHANNEL: &str = "meatspace_tasks";
 
+/// How long [`Store::ping`] waits for its probe connection.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// One connection of its own for [`Store::ping`], so that a busy main
+    /// pool never makes a healthy database look down, and a database that
+    /// is down is noticed within [`PROBE_TIMEOUT`] (the main pool keeps
+    /// retrying a refused connection until its acquire timeout).
+    probe: PgPool,
     policy: Policy,
 }
 
@@ -52,7 +60,15 @@ impl PgStore {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        Ok(Self { pool, policy })
+        let probe = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(PROBE_TIMEOUT)
+            .connect_lazy(url)?;
+        Ok(Self {
+            pool,
+            probe,
+            policy,
+        })
     }
 
     /// The pool, for tests and tools that need raw SQL.
@@ -431,7 +447,7 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1").execute(&self.probe).await?;
         Ok(())
     }
 
@@ -702,6 +718,7 @@ impl Store for PgStore {
     async fn purge_ended_before(
         &self,
         cutoff: DateTime<Utc>,
+        now: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -720,9 +737,10 @@ impl Store for PgStore {
             .await?;
         sqlx::query(
             "INSERT INTO purged_tasks (id, agent_token_hash, purged_at) \
-             SELECT id, agent_token_hash, now() FROM tasks WHERE id = ANY($1) ON CONFLICT DO NOTHING",
+             SELECT id, agent_token_hash, $2 FROM tasks WHERE id = ANY($1) ON CONFLICT DO NOTHING",
         )
         .bind(&ids)
+        .bind(now)
         .execute(&mut *tx)
         .await?;
         let deleted = sqlx::query("DELETE FROM tasks WHERE id = ANY($1)")
@@ -735,6 +753,37 @@ impl Store for PgStore {
         }
         tx.commit().await?;
         Ok(deleted)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn forget_purged_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "DELETE FROM purged_tasks WHERE id IN \
+             (SELECT id FROM purged_tasks WHERE purged_at < $1 ORDER BY purged_at LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn last_event_of_type(
+        &self,
+        task_id: Uuid,
+        kind: EventType,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT max(id) FROM events WHERE task_id = $1 AND type = $2")
+                .bind(task_id)
+                .bind(kind.as_str())
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError> {

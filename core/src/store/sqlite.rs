@@ -608,6 +608,7 @@ impl Store for SqliteStore {
     async fn purge_ended_before(
         &self,
         cutoff: DateTime<Utc>,
+        now: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
         let mut tx = self.begin().await?;
@@ -628,7 +629,7 @@ impl Store for SqliteStore {
                 "INSERT OR IGNORE INTO purged_tasks (id, agent_token_hash, purged_at) \
                  SELECT id, agent_token_hash, ? FROM tasks WHERE id = ?",
             )
-            .bind(crate::clock::now().timestamp_millis())
+            .bind(ms(now))
             .bind(id)
             .execute(&mut *tx)
             .await?;
@@ -643,6 +644,40 @@ impl Store for SqliteStore {
             self.announce(uuid(id)?);
         }
         Ok(deleted)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn forget_purged_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
+        let forgotten = sqlx::query(
+            "DELETE FROM purged_tasks WHERE id IN \
+             (SELECT id FROM purged_tasks WHERE purged_at < ? ORDER BY purged_at LIMIT ?)",
+        )
+        .bind(ms(cutoff))
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(forgotten)
+    }
+
+    async fn last_event_of_type(
+        &self,
+        task_id: Uuid,
+        kind: EventType,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT max(id) FROM events WHERE task_id = ? AND type = ?")
+                .bind(task_id.to_string())
+                .bind(kind.as_str())
+                .fetch_one(&self.reader)
+                .await?,
+        )
     }
 
     async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError> {

@@ -1,0 +1,132 @@
+//! The real binaries as child processes, for the tests that kill them.
+//!
+//! [`Binary`] names a binary that `cargo build --workspace --bins` put next
+//! to the test executable (`scripts/test` builds them before the tests);
+//! [`ServerProcess`] runs one listening on a free port of 127.0.0.1 with
+//! its log in a file, and is killed if the test ends without stopping it.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+/// A binary of this workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binary {
+    ApiServer,
+    Controller,
+}
+
+impl Binary {
+    fn name(self) -> &'static str {
+        match self {
+            Binary::ApiServer => "meatspace-api-server",
+            Binary::Controller => "meatspace-controller",
+        }
+    }
+
+    /// The variable naming the address it listens on.
+    fn listen_env(self) -> &'static str {
+        match self {
+            Binary::ApiServer => "MEATSPACE_LISTEN_ADDR",
+            Binary::Controller => "MEATSPACE_CONTROLLER_LISTEN_ADDR",
+        }
+    }
+
+    /// Its path: target/<profile>/<name>, next to the test binary's deps/.
+    pub fn path(self) -> PathBuf {
+        let exe = std::env::current_exe().expect("test binary path");
+        let path = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("target directory")
+            .join(self.name());
+        assert!(
+            path.is_file(),
+            "{} does not exist: build the binaries first (`cargo build --workspace --bins`, \
+             which scripts/test runs)",
+            path.display()
+        );
+        path
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A running binary.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: tokio::process::Child,
+    /// `host:port` it listens on.
+    pub addr: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    /// Starts `binary` with only `env` (and its listen address) set.
+    pub fn start(binary: Binary, env: &[(&str, &str)]) -> ServerProcess {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let log = dir.path().join("process.log");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = tokio::process::Command::new(binary.path())
+            .env_clear()
+            .env(binary.listen_env(), &addr)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the binary");
+        ServerProcess {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// What it has logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (up to a minute) until `/readyz` answers 200.
+    pub async fn ready(&mut self) {
+        let client = reqwest::Client::new();
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = client.get(self.url("/readyz")).send().await
+                && r.status().is_success()
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the process exited with {status}:\n{}", self.logs());
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "not ready after a minute:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL, and waits for it to be gone.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill -9");
+    }
+}
