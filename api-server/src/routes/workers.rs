@@ -434,7 +434,7 @@ fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, Ap
     checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)
 }
 
-/// Reads an optional JSON body: empty means no fields.
+/// Reads an optional JSON body: empty or `null` means no fields.
 fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiError> {
     if body.is_empty() {
         return Ok(EndRequest::default());
@@ -448,13 +448,17 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiErr
             "send the body as JSON with Content-Type: application/json".into(),
         ));
     }
-    serde_json::from_slice::<EndRequest>(body).map_err(|e| {
-        if e.is_syntax() || e.is_eof() {
-            ApiError::bad_request("malformed-json", e.to_string())
-        } else {
-            ApiError::invalid(e.to_string())
-        }
-    })
+    // JSON `null` is no fields too, as the OpenAPI document says (and as
+    // generated clients send for "no body").
+    serde_json::from_slice::<Option<EndRequest>>(body)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                ApiError::bad_request("malformed-json", e.to_string())
+            } else {
+                ApiError::invalid(e.to_string())
+            }
+        })
 }
 
 /// Completes the active task: active → completed.
