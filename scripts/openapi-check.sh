@@ -31,7 +31,7 @@ PILLOW=12.0.0 # drive.py makes its JPEG with it
 
 # Generated cases per operation and phase; with these the step takes well
 # under two minutes on two cores.
-MAX_EXAMPLES=${MEATSPACE_OPENAPI_MAX_EXAMPLES:-25}
+MAX_EXAMPLES=${MEATSPACE_OPENAPI_MAX_EXAMPLES:-50}
 
 log() { printf '[openapi-check] %s\n' "$*" >&2; }
 die() { printf '[openapi-check] ERROR: %s\n' "$*" >&2; exit 1; }
