@@ -28,6 +28,69 @@ pub struct Problem {
     pub task_state: Option<TaskState>,
 }
 
+/// The error responses of the OpenAPI document, one per status, each a
+/// [`Problem`] served as `application/problem+json`. Operations list the
+/// ones they can return with `(status = N, response = inline(...))`, so the
+/// document says exactly what a client receives. These types only describe
+/// responses; errors are built by [`ApiError`].
+pub mod responses {
+    use super::Problem;
+
+    /// Malformed request: JSON syntax, an unreadable body or a bad query string.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct BadRequest(Problem);
+
+    /// No credential, or one that is not valid.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(
+        content_type = "application/problem+json",
+        headers(("WWW-Authenticate" = String, description = "Always `Bearer`"))
+    )]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct Unauthorized(Problem);
+
+    /// No such task (or not the caller's), or no such resource on it.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct NotFound(Problem);
+
+    /// The task's state does not allow this; `task_state` says what it is.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct Conflict(Problem);
+
+    /// The request body is over the limit.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct PayloadTooLarge(Problem);
+
+    /// The body's `Content-Type` is not one this operation takes.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct UnsupportedMediaType(Problem);
+
+    /// Well-formed but invalid input (a missing or out-of-range field).
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct UnprocessableEntity(Problem);
+
+    /// The database is unavailable; retry after the given seconds.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(
+        content_type = "application/problem+json",
+        headers(("Retry-After" = String, description = "Seconds to wait before retrying"))
+    )]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct ServiceUnavailable(Problem);
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{detail}")]

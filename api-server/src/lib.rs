@@ -18,8 +18,10 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
+use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::path::{HttpMethod, OperationBuilder};
 use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 use uuid::Uuid;
@@ -82,6 +84,8 @@ impl AppState {
 #[openapi(
     info(title = "meatspace", description = "Hire people for work in the physical world."),
     modifiers(&SecuritySchemes),
+    // Every error response refers to it (see `error::responses`).
+    components(schemas(error::Problem)),
     tags((name = "agent", description = "For AI agents: create, publish and monitor tasks"),
          (name = "worker", description = "For people doing the work"))
 )]
@@ -135,10 +139,18 @@ pub fn router(state: AppState) -> Router {
             .summary(Some("This OpenAPI document"))
             .response(
                 "200",
-                ResponseBuilder::new().description("The OpenAPI document of every API route"),
+                ResponseBuilder::new()
+                    .description("The OpenAPI document of every API route")
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(ObjectBuilder::new().schema_type(Type::Object)))
+                            .build(),
+                    ),
             )
             .build(),
     );
+    document_lifetime_bounds(&mut openapi, &state.policy);
     let openapi = Arc::new(openapi);
     Router::new()
         .merge(api)
@@ -186,6 +198,26 @@ impl Default for ServeOptions {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 10_000,
         }
+    }
+}
+
+/// Writes the configured bounds of `expires_in_seconds` into the document:
+/// they are settings, which the derived schema cannot know, and a client
+/// (or a fuzzer) should not have to learn them from a 422.
+fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Policy) {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::Schema;
+    let request = openapi
+        .components
+        .as_mut()
+        .and_then(|c| c.schemas.get_mut("CreateTaskRequest"));
+    let Some(RefOr::T(Schema::Object(request))) = request else {
+        return;
+    };
+    if let Some(RefOr::T(Schema::Object(field))) = request.properties.get_mut("expires_in_seconds")
+    {
+        field.minimum = Some(policy.min_lifetime.num_seconds().into());
+        field.maximum = Some(policy.max_lifetime.num_seconds().into());
     }
 }
 

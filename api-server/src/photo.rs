@@ -9,6 +9,14 @@ use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 /// Media types accepted on upload.
 pub const ACCEPTED_TYPES: [&str; 3] = ["image/jpeg", "image/png", "image/webp"];
 
+/// The bytes of an image, as the OpenAPI document describes photo bodies: a
+/// binary string, so that generated clients send and receive raw bytes
+/// (a `Vec<u8>` would be documented as an array of integers).
+#[derive(Debug, utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // describes the document; bodies are read as `Bytes`
+pub struct ImageBytes(Vec<u8>);
+
 /// Bounds on an upload.
 #[derive(Debug, Clone, Copy)]
 pub struct PhotoLimits {

@@ -1,10 +1,17 @@
 //! The agent-facing contract: `GET /api/v1/capabilities` keeps every field
 //! of the seed document with the same value, every endpoint it names is in
-//! the OpenAPI document, and every route of the OpenAPI document is served.
+//! the OpenAPI document, every route of the OpenAPI document is served, and
+//! the document describes responses as they are sent (errors as problem
+//! documents, photos as binary strings, one operationId per operation).
+//! `scripts/openapi-check.sh` goes further with a spec validator, a fuzzer
+//! and a generated client.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use chrono::TimeDelta;
 use meatspace_api::photo::PhotoLimits;
+use meatspace_core::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer};
 use reqwest::{Method, StatusCode};
@@ -16,6 +23,7 @@ meatspace_tests::api_tests!(
     capabilities_report_the_configured_limits,
     capability_endpoints_are_in_the_openapi_document,
     every_openapi_route_is_served,
+    the_openapi_document_describes_what_is_sent,
 );
 
 fn manifest_dir() -> PathBuf {
@@ -237,6 +245,12 @@ async fn every_openapi_route_is_served(db: Db) {
                 !status.is_server_error(),
                 "{method} {template}: {status} {body}"
             );
+            // What an anonymous call gets (mostly 401) is documented.
+            let documented = &item[method.as_str().to_ascii_lowercase()]["responses"];
+            assert!(
+                !documented[status.as_str()].is_null(),
+                "{method} {template} answers {status}, which its responses do not list"
+            );
             checked += 1;
         }
     }
@@ -253,4 +267,115 @@ async fn every_openapi_route_is_served(db: Db) {
         .expect_problem(StatusCode::NOT_FOUND)
         .await;
     assert_eq!(body["detail"], "no such route");
+}
+
+/// Every operation of the document, as `(label, operation)`.
+fn operations(api: &Value) -> Vec<(String, &Value)> {
+    let mut out = Vec::new();
+    for (path, item) in api["paths"].as_object().expect("paths object") {
+        for (method, op) in item.as_object().expect("path item") {
+            out.push((format!("{} {path}", method.to_ascii_uppercase()), op));
+        }
+    }
+    out
+}
+
+/// What each operation of the document promises, checked against what the
+/// handlers do: the errors they can send are listed, each as a problem
+/// document; photos travel as binary strings; operationIds are unique (spec
+/// validators reject duplicates, and client generators name methods by
+/// them); configured limits are written in.
+async fn the_openapi_document_describes_what_is_sent(db: Db) {
+    let policy = Policy {
+        min_lifetime: TimeDelta::seconds(90),
+        max_lifetime: TimeDelta::hours(5),
+        ..Policy::default()
+    };
+    let srv = TestServer::start_with_policy(db, policy).await;
+    let api = openapi(&srv).await;
+    let ops = operations(&api);
+    assert!(ops.len() >= 20, "only {} operations", ops.len());
+
+    let mut ids = BTreeSet::new();
+    for (label, op) in &ops {
+        let id = op["operationId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{label}: no operationId"));
+        assert!(
+            ids.insert(id.to_owned()),
+            "{label}: operationId {id} is used twice"
+        );
+
+        let responses = op["responses"].as_object().expect("responses");
+        for (status, response) in responses {
+            let content = response["content"].as_object();
+            if status.starts_with('4') || status.starts_with('5') {
+                let content = content.unwrap_or_else(|| panic!("{label} {status}: no content"));
+                assert_eq!(
+                    content.keys().collect::<Vec<_>>(),
+                    ["application/problem+json"],
+                    "{label} {status}"
+                );
+                assert_eq!(
+                    content["application/problem+json"]["schema"]["$ref"],
+                    "#/components/schemas/Problem",
+                    "{label} {status}"
+                );
+            } else {
+                assert!(
+                    content.is_some_and(|c| !c.is_empty()),
+                    "{label} {status}: no body"
+                );
+            }
+        }
+        let has = |status: &str| responses.contains_key(status);
+        if op["security"].is_array() {
+            // Every credential is checked against the database.
+            assert!(has("401") && has("503"), "{label}: 401 or 503 missing");
+        }
+        if op["requestBody"]["content"]["application/json"].is_object() {
+            for status in ["400", "413", "415", "422"] {
+                assert!(has(status), "{label}: a JSON body can be answered {status}");
+            }
+        }
+        if label.contains("{task_id}") {
+            assert!(has("404"), "{label}: 404 missing");
+        }
+    }
+    for id in [
+        "get_task",
+        "worker_get_task",
+        "task_events",
+        "worker_task_events",
+    ] {
+        assert!(ids.contains(id), "no operation {id}: {ids:?}");
+    }
+
+    let binary_images = |content: &Value, label: &str| {
+        let types: Vec<&String> = content.as_object().expect("content").keys().collect();
+        assert_eq!(types, ["image/jpeg", "image/png", "image/webp"], "{label}");
+        for (_, media) in content.as_object().unwrap() {
+            let schema = match media["schema"]["$ref"].as_str() {
+                Some(r) => &api["components"]["schemas"][r.rsplit('/').next().unwrap()],
+                None => &media["schema"],
+            };
+            assert_eq!(
+                (&schema["type"], &schema["format"]),
+                (&Value::from("string"), &Value::from("binary")),
+                "{label}: {schema}"
+            );
+        }
+    };
+    let upload = &api["paths"]["/api/v1/worker/tasks/{task_id}/photos"]["post"];
+    binary_images(&upload["requestBody"]["content"], "photo upload");
+    let download = &api["paths"]["/api/v1/tasks/{task_id}/photos/{photo_id}"]["get"];
+    binary_images(&download["responses"]["200"]["content"], "photo download");
+
+    let lifetime =
+        &api["components"]["schemas"]["CreateTaskRequest"]["properties"]["expires_in_seconds"];
+    assert_eq!(
+        (&lifetime["minimum"], &lifetime["maximum"]),
+        (&90.into(), &(5 * 3600).into())
+    );
+    srv.stop().await;
 }

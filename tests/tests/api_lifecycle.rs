@@ -18,6 +18,7 @@ use uuid::Uuid;
 meatspace_tests::api_tests!(
     a_task_goes_from_draft_to_completed_over_http,
     a_worker_stops_an_assigned_or_an_active_task,
+    complete_and_stop_take_a_json_null_body_as_no_text,
     an_agent_cancels_a_draft_an_open_or_an_active_task,
     answering_an_issue_with_cancel_ends_the_task,
     a_terminal_task_refuses_changes_and_stays_readable,
@@ -335,6 +336,28 @@ async fn a_worker_stops_an_assigned_or_an_active_task(db: Db) {
         .expect_problem(CONFLICT)
         .await;
     assert_eq!(problem["task_state"], "stopped");
+}
+
+/// The OpenAPI document gives complete and stop an optional body that may
+/// be JSON `null` (what generated clients send for "no note"); the server
+/// once answered 422 to it (found by schemathesis).
+async fn complete_and_stop_take_a_json_null_body_as_no_text(db: Db) {
+    let srv = TestServer::start(db).await;
+    for (how, state) in [("/complete", "completed"), ("/stop", "stopped")] {
+        let t = srv.active_task(&format!("A task that ends {state}")).await;
+        let change = srv
+            .worker(&t.worker_token)
+            .post(&worker_path(t.task_id, how))
+            .header(CONTENT_TYPE, "application/json")
+            .body("null")
+            .expect_json(OK)
+            .await;
+        assert_eq!(change["task"]["state"], state, "{how}");
+        let ended = &change["events"][0];
+        assert_eq!(ended["type"], format!("task.{state}"), "{how}");
+        let text_field = if how == "/complete" { "note" } else { "reason" };
+        assert_eq!(ended["data"][text_field], Value::Null, "{how}: {ended}");
+    }
 }
 
 async fn an_agent_cancels_a_draft_an_open_or_an_active_task(db: Db) {

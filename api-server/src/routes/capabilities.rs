@@ -22,7 +22,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// The capabilities document.
 #[utoipa::path(get, path = "/api/v1/capabilities", tag = "agent",
-    responses((status = 200, description = "The capabilities document", body = Object)))]
+    responses((status = 200, description = "The capabilities document", body = Object,
+        content_type = "application/json")))]
 async fn capabilities(State(state): State<AppState>) -> Json<Value> {
     Json(document(&state))
 }

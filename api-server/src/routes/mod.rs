@@ -56,13 +56,16 @@ pub struct EventPage {
 pub struct EventsQuery {
     /// Return events with an id greater than this (start with 0).
     #[serde(default)]
+    #[param(minimum = 0)]
     pub after: i64,
     /// Largest number of events to return (1-1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// Long poll: seconds to wait (0-30, default 0) when there is no event
     /// after `after` yet and the task is not terminal. The answer comes as
     /// soon as an event exists, or as an empty page when the time is up (or
     /// the server is shutting down). 0 answers at once.
+    #[param(minimum = 0, maximum = 30)]
     pub wait: Option<u32>,
 }
 

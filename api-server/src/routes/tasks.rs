@@ -15,8 +15,13 @@ use uuid::Uuid;
 use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_feed};
 use crate::AppState;
 use crate::auth::{AgentAuth, DevKeyAuth, issue_agent_token};
-use crate::error::{ApiError, Problem};
+use crate::error::ApiError;
+use crate::error::responses::{
+    BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceUnavailable, Unauthorized,
+    UnprocessableEntity, UnsupportedMediaType,
+};
 use crate::extract::{Json, Path, Query};
+use crate::photo::ImageBytes;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -33,6 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct CreateTaskRequest {
     /// What to do, in plain text (1-4000 characters).
+    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
     pub description: String,
     /// Lifetime of the task in seconds from now; bounds in the capabilities
     /// document. When it ends, a task that has not started expires.
@@ -51,10 +57,15 @@ pub struct CreatedTask {
     request_body = CreateTaskRequest,
     security(("dev_key" = [])),
     responses(
-        (status = 201, body = CreatedTask),
-        (status = 400, body = Problem), (status = 401, body = Problem),
-        (status = 413, body = Problem), (status = 415, body = Problem),
-        (status = 422, body = Problem), (status = 503, body = Problem)))]
+        (status = 201, description = "The task, in the draft state, and its agent token",
+            body = CreatedTask,
+            headers(("Location" = String, description = "The task's URL"))),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn create_task(
     State(state): State<AppState>,
     _auth: DevKeyAuth,
@@ -107,7 +118,11 @@ async fn create_task(
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}", tag = "agent",
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
-    responses((status = 200, body = Task), (status = 401, body = Problem), (status = 404, body = Problem)))]
+    responses(
+        (status = 200, description = "The task", body = Task),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn get_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -124,8 +139,12 @@ async fn get_task(
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/publish", tag = "agent",
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem)))]
+    responses(
+        (status = 200, description = "The open task and the event of the change", body = TaskChange),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn publish_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -137,8 +156,12 @@ async fn publish_task(
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/cancel", tag = "agent",
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem)))]
+    responses(
+        (status = 200, description = "The cancelled task and the event of the change", body = TaskChange),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn cancel_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -151,8 +174,12 @@ async fn cancel_task(
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "agent",
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("agent_token" = [])),
-    responses((status = 200, body = EventPage), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem)))]
+    responses(
+        (status = 200, description = "A page of the task's events", body = EventPage),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn task_events(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -180,6 +207,7 @@ struct PhotoPath {
 pub struct RespondRequest {
     pub action: IssueAction,
     /// Required for clarify and acknowledge; optional for cancel.
+    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
     pub text: Option<String>,
 }
 
@@ -189,9 +217,16 @@ pub struct RespondRequest {
     params(("task_id" = Uuid, Path), ("event_id" = i64, Path, description = "id of the worker.issue event")),
     request_body = RespondRequest,
     security(("agent_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 200, description = "The task and the events of the answer", body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn respond_to_issue(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -217,8 +252,12 @@ async fn respond_to_issue(
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/photos/{photo_id}", tag = "agent",
     params(("task_id" = Uuid, Path), ("photo_id" = Uuid, Path)),
     security(("agent_token" = [])),
-    responses((status = 200, description = "The image", content_type = "image/*", body = Vec<u8>),
-        (status = 401, body = Problem), (status = 404, body = Problem)))]
+    responses(
+        (status = 200, description = "The image, in the format it was sent in",
+            content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn get_photo(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,

@@ -21,9 +21,13 @@ use uuid::Uuid;
 use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_feed};
 use crate::AppState;
 use crate::auth::{DevKeyAuth, WorkerAuth, issue_worker_token, task_id_param};
-use crate::error::{ApiError, Problem};
+use crate::error::ApiError;
+use crate::error::responses::{
+    BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceUnavailable, Unauthorized,
+    UnprocessableEntity, UnsupportedMediaType,
+};
 use crate::extract::{Json, Query};
-use crate::photo::{self, ACCEPTED_TYPES, PhotoError};
+use crate::photo::{self, ACCEPTED_TYPES, ImageBytes, PhotoError};
 
 /// Longest worker name.
 const MAX_NAME_CHARS: usize = 200;
@@ -65,6 +69,7 @@ impl axum::extract::FromRequestParts<AppState> for TaskId {
 #[serde(deny_unknown_fields)]
 pub struct RegisterWorkerRequest {
     /// Display name (1-200 characters).
+    #[schema(min_length = 1, max_length = 200, pattern = r"\S")]
     pub name: String,
 }
 
@@ -79,8 +84,14 @@ pub struct RegisteredWorker {
 #[utoipa::path(post, path = "/api/v1/workers", tag = "worker",
     request_body = RegisterWorkerRequest,
     security(("dev_key" = [])),
-    responses((status = 201, body = RegisteredWorker), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 201, description = "The worker and its token", body = RegisteredWorker),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn register_worker(
     State(state): State<AppState>,
     _auth: DevKeyAuth,
@@ -110,6 +121,7 @@ pub struct ListQuery {
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
     /// Page size (1-100, default 50).
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
 }
 
@@ -136,7 +148,11 @@ fn decode_cursor(s: &str) -> Option<OpenTasksCursor> {
 #[utoipa::path(get, path = "/api/v1/worker/tasks", tag = "worker",
     params(ListQuery),
     security(("worker_token" = [])),
-    responses((status = 200, body = OpenTaskPage), (status = 400, body = Problem), (status = 401, body = Problem)))]
+    responses(
+        (status = 200, description = "A page of open tasks", body = OpenTaskPage),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn list_open_tasks(
     State(state): State<AppState>,
     _worker: WorkerAuth,
@@ -183,9 +199,14 @@ async fn visible_task(state: &AppState, worker: Uuid, id: Uuid) -> Result<Task, 
 
 /// One task: open, or assigned to this worker.
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}", tag = "worker",
+    operation_id = "worker_get_task",
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
-    responses((status = 200, body = Task), (status = 401, body = Problem), (status = 404, body = Problem)))]
+    responses(
+        (status = 200, description = "The task", body = Task),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn get_task(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -201,8 +222,12 @@ async fn get_task(
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/claim", tag = "worker",
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem)))]
+    responses(
+        (status = 200, description = "The task, now assigned to the caller", body = TaskChange),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn claim(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -246,8 +271,12 @@ fn no_open_task() -> ApiError {
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/start", tag = "worker",
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem)))]
+    responses(
+        (status = 200, description = "The active task", body = TaskChange),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn start(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -260,6 +289,7 @@ async fn start(
 #[serde(deny_unknown_fields)]
 pub struct MessageRequest {
     /// 1-4000 characters.
+    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
     pub text: String,
 }
 
@@ -268,9 +298,16 @@ pub struct MessageRequest {
     params(("task_id" = Uuid, Path)),
     request_body = MessageRequest,
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 200, description = "The task and the message's event", body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn send_message(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -285,11 +322,19 @@ async fn send_message(
 /// `Content-Type`. It is decoded, checked and re-encoded without metadata.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/photos", tag = "worker",
     params(("task_id" = Uuid, Path)),
-    request_body(content = Vec<u8>, content_type = "image/jpeg"),
+    request_body(description = "The image",
+        content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem),
-        (status = 413, body = Problem), (status = 415, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 200, description = "The task and the photo's event", body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn send_photo(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -362,6 +407,7 @@ async fn send_photo(
 pub struct IssueRequest {
     pub kind: IssueKind,
     /// 1-4000 characters.
+    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
     pub text: String,
 }
 
@@ -371,9 +417,16 @@ pub struct IssueRequest {
     params(("task_id" = Uuid, Path)),
     request_body = IssueRequest,
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 200, description = "The task and the issue's event", body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn raise_issue(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -397,6 +450,7 @@ async fn raise_issue(
 #[serde(deny_unknown_fields)]
 pub struct EndRequest {
     /// Optional note for the agent (completion note or reason to stop).
+    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
     pub text: Option<String>,
 }
 
@@ -407,7 +461,7 @@ fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, Ap
     checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)
 }
 
-/// Reads an optional JSON body: empty means no fields.
+/// Reads an optional JSON body: empty or `null` means no fields.
 fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiError> {
     if body.is_empty() {
         return Ok(EndRequest::default());
@@ -421,13 +475,17 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiErr
             "send the body as JSON with Content-Type: application/json".into(),
         ));
     }
-    serde_json::from_slice::<EndRequest>(body).map_err(|e| {
-        if e.is_syntax() || e.is_eof() {
-            ApiError::bad_request("malformed-json", e.to_string())
-        } else {
-            ApiError::invalid(e.to_string())
-        }
-    })
+    // JSON `null` is no fields too, as the OpenAPI document says (and as
+    // generated clients send for "no body").
+    serde_json::from_slice::<Option<EndRequest>>(body)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                ApiError::bad_request("malformed-json", e.to_string())
+            } else {
+                ApiError::invalid(e.to_string())
+            }
+        })
 }
 
 /// Completes the active task: active → completed.
@@ -435,8 +493,16 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiErr
     params(("task_id" = Uuid, Path)),
     request_body(content = Option<EndRequest>, description = "optional note"),
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 200, description = "The completed task and the event of the change", body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn complete(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -454,8 +520,16 @@ async fn complete(
     params(("task_id" = Uuid, Path)),
     request_body(content = Option<EndRequest>, description = "optional reason"),
     security(("worker_token" = [])),
-    responses((status = 200, body = TaskChange), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+    responses(
+        (status = 200, description = "The stopped task and the event of the change", body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn stop(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -472,10 +546,15 @@ async fn stop(
 /// With `wait`, a page that would be empty waits for the next event (long
 /// poll).
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events", tag = "worker",
+    operation_id = "worker_task_events",
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("worker_token" = [])),
-    responses((status = 200, body = EventPage), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem)))]
+    responses(
+        (status = 200, description = "A page of the task's events", body = EventPage),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn task_events(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
