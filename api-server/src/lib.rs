@@ -151,6 +151,7 @@ pub fn router(state: AppState) -> Router {
             .build(),
     );
     document_lifetime_bounds(&mut openapi, &state.policy);
+    document_rate_limit(&mut openapi);
     let openapi = Arc::new(openapi);
     Router::new()
         .merge(api)
@@ -218,6 +219,51 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
     {
         field.minimum = Some(policy.min_lifetime.num_seconds().into());
         field.maximum = Some(policy.max_lifetime.num_seconds().into());
+    }
+}
+
+/// Adds the 429 answer to every operation of the API routes: the rate
+/// limit is a layer over all of them (see [`rate_limit`]), so it is
+/// documented in one place too.
+fn document_rate_limit(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::header::HeaderBuilder;
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr};
+    let response = ResponseBuilder::new()
+        .description("Too many requests for this credential; retry after the given seconds")
+        .header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(
+                    utoipa::openapi::ObjectBuilder::new()
+                        .schema_type(utoipa::openapi::schema::Type::Integer),
+                )
+                .description(Some("Seconds to wait before retrying"))
+                .build(),
+        )
+        .content(
+            error::PROBLEM_JSON,
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+        .build();
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        if path == "/api/v1/openapi.json" {
+            continue;
+        }
+        let operations = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ];
+        for operation in operations.into_iter().flatten() {
+            operation
+                .responses
+                .responses
+                .insert("429".to_owned(), RefOr::T(response.clone()));
+        }
     }
 }
 
