@@ -76,7 +76,7 @@ pub fn event_human(e: &Event) -> String {
                 let label = if i == 0 {
                     format!("{k}: ")
                 } else {
-                    "  ".repeat(1)
+                    "  ".to_owned()
                 };
                 s.push_str(&format!("\n  ┆ {label}{}", escape_controls(line)));
             }

@@ -130,7 +130,7 @@ impl StateDir {
                 out.push(r);
             }
         }
-        out.sort_by(|a, b| b.task.created_at.cmp(&a.task.created_at));
+        out.sort_by_key(|r| std::cmp::Reverse(r.task.created_at));
         Ok(out)
     }
 
@@ -228,9 +228,8 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
         File::open(dir)?.sync_all()
     };
     write()
-        .map_err(|e| {
+        .inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
-            e
         })
         .with_context(|| format!("write {}", path.display()))
 }

@@ -139,7 +139,7 @@ impl Feed {
         }
         let terminal = page.terminal && !page.has_more;
         self.done = terminal;
-        Ok((!events.is_empty() || terminal).then(|| FeedBatch {
+        Ok((!events.is_empty() || terminal).then_some(FeedBatch {
             events,
             cursor: self.cursor,
             terminal,
@@ -184,7 +184,7 @@ impl Feed {
                     self.done = true;
                     self.stream = None;
                 }
-                Ok((!events.is_empty()).then(|| FeedBatch {
+                Ok((!events.is_empty()).then_some(FeedBatch {
                     events,
                     cursor: self.cursor,
                     terminal,
