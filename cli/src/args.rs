@@ -87,15 +87,22 @@ pub enum TaskCommand {
         webhook: Option<String>,
     },
     /// Publish a draft: workers can now see and claim it.
-    Publish { id: Uuid },
+    Publish {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
     /// Show a task's current state (from the server) and update the local copy.
-    Get { id: Uuid },
+    Get {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
     /// List the tasks in the state directory with their last known states.
     List,
     /// Follow a task's events until it ends. Prints each event, stores the
     /// cursor after printing, and resumes from it when run again. Exits 0
     /// with the final state once the task is terminal.
     Watch {
+        /// The task id.
         id: Uuid,
         /// How to wait for events: Server-Sent Events with long poll as the
         /// fallback (auto), or one of them only.
@@ -107,7 +114,9 @@ pub enum TaskCommand {
     },
     /// Answer a worker's issue (EVENT_ID is the id of its worker.issue event).
     Respond {
+        /// The task id.
         id: Uuid,
+        /// Id of the worker.issue event (shown by `task watch`).
         event_id: i64,
         /// clarify and acknowledge need --text; cancel also cancels the task.
         #[arg(long, value_enum)]
@@ -117,16 +126,22 @@ pub enum TaskCommand {
         text: Option<String>,
     },
     /// Cancel a task that has not ended.
-    Cancel { id: Uuid },
+    Cancel {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
     /// Give a task more time (it never shortens one).
     Extend {
+        /// The task id.
         id: Uuid,
         #[command(flatten)]
         by: ExtendBy,
     },
     /// Save a photo a worker sent (PHOTO_ID from its worker.photo event).
     Photo {
+        /// The task id.
         id: Uuid,
+        /// The photo_id of the worker.photo event.
         photo_id: Uuid,
         /// File to write (default: <PHOTO_ID>.<jpg|png|webp> here).
         #[arg(long, value_name = "FILE")]
@@ -201,25 +216,48 @@ pub enum WorkerCommand {
         limit: u32,
     },
     /// Show one task (open, or assigned to you).
-    Get { id: Uuid },
+    Get {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
     /// Claim an open task (exactly one of several racing workers wins).
-    Claim { id: Uuid },
+    Claim {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
     /// Start the task you claimed.
-    Start { id: Uuid },
+    Start {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
     /// Send the agent a text message.
-    Message { id: Uuid, text: String },
+    Message {
+        /// The task id.
+        id: Uuid,
+        /// The message (1-4000 characters).
+        text: String,
+    },
     /// Send the agent a photo (JPEG, PNG or WebP).
-    Photo { id: Uuid, file: PathBuf },
+    Photo {
+        /// The task id.
+        id: Uuid,
+        /// A JPEG, PNG or WebP file; the server strips its metadata.
+        file: PathBuf,
+    },
     /// Raise a typed issue for the agent to answer.
     Issue {
+        /// The task id.
         id: Uuid,
+        /// What kind of problem it is.
         #[arg(long, value_enum)]
         kind: IssueKindArg,
+        /// What the agent should know (1-4000 characters).
         #[arg(long)]
         text: String,
     },
     /// Complete the task you are doing.
     Complete {
+        /// The task id.
         id: Uuid,
         /// A note for the agent.
         #[arg(long)]
@@ -227,6 +265,7 @@ pub enum WorkerCommand {
     },
     /// Stop the task (always allowed to the assigned worker).
     Stop {
+        /// The task id.
         id: Uuid,
         /// Why, for the agent.
         #[arg(long)]
