@@ -108,7 +108,42 @@ impl StateDir {
 
     pub fn save_task(&self, record: &TaskRecord) -> Result<()> {
         self.ensure_dirs()?;
+        let _lock = self.lock()?;
         write_json(&self.task_file(record.id), record)
+    }
+
+    /// Reads, changes and writes the record of `id` under the directory's
+    /// lock, so a `watch` storing its cursor and another command storing a
+    /// new state cannot undo each other's write.
+    pub fn update_task(
+        &self,
+        id: Uuid,
+        change: impl FnOnce(&mut TaskRecord),
+    ) -> Result<TaskRecord> {
+        self.ensure_dirs()?;
+        let _lock = self.lock()?;
+        let mut record = self.task(id)?;
+        change(&mut record);
+        record.updated_at = Utc::now();
+        write_json(&self.task_file(id), &record)?;
+        Ok(record)
+    }
+
+    /// An exclusive lock on the state directory, released when dropped
+    /// (or when the process dies, so a SIGKILL leaves no stale lock).
+    fn lock(&self) -> Result<File> {
+        let path = self.root.join("lock");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        f.lock()
+            .with_context(|| format!("lock {}", path.display()))?;
+        Ok(f)
     }
 
     /// Every task record, newest first.
@@ -150,18 +185,17 @@ impl StateDir {
 
     pub fn save_worker(&self, record: &WorkerRecord) -> Result<()> {
         self.ensure_dirs()?;
+        let _lock = self.lock()?;
         write_json(&self.worker_file(), record)
     }
 }
 
-/// Updates the stored record of a task after an answer from the server,
-/// keeping the newer of the two copies.
+/// Updates the stored copy of a task after an answer from the server,
+/// keeping the newer of the two.
 pub fn merge_task(record: &mut TaskRecord, task: Task) {
-    let newer = task.updated_at >= record.task.updated_at || task.state.is_terminal();
-    if newer {
+    if task.updated_at >= record.task.updated_at || task.state.is_terminal() {
         record.task = task;
     }
-    record.updated_at = Utc::now();
 }
 
 fn default_root() -> Result<PathBuf> {
@@ -254,13 +288,19 @@ mod tests {
         assert_eq!(mode(dir.root()), 0o700);
         assert_eq!(mode(&dir.tasks_dir()), 0o700);
         assert_eq!(mode(&dir.worker_file()), 0o600);
+        assert_eq!(mode(&dir.root().join("lock")), 0o600);
         assert_eq!(dir.worker().unwrap().worker_token, "secret");
         // No temporary file is left behind.
-        let names: Vec<_> = fs::read_dir(dir.root())
+        let mut names: Vec<_> = fs::read_dir(dir.root())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(names.len(), 2, "{names:?}");
+        names.sort();
+        assert_eq!(
+            names,
+            ["lock", "tasks", "worker.json"],
+            "no temporary file is left"
+        );
     }
 
     #[test]

@@ -148,8 +148,9 @@ async fn create(
             )
         })?;
         task = change.task;
-        merge_task(&mut record, task.clone());
-        ctx.state.save_task(&record)?;
+        record = ctx
+            .state
+            .update_task(record.id, |r| merge_task(r, task.clone()))?;
     }
     let file = ctx.state.task_file(record.id);
     emit(
@@ -187,10 +188,9 @@ where
 {
     let (_, h) = handle(ctx, id)?;
     let change = f(h).await?;
-    // Re-read: a concurrent `watch` may have moved the cursor meanwhile.
-    let mut record = ctx.state.task(id)?;
-    merge_task(&mut record, change.task.clone());
-    ctx.state.save_task(&record)?;
+    // Under the lock: a concurrent `watch` may be storing its cursor.
+    ctx.state
+        .update_task(id, |r| merge_task(r, change.task.clone()))?;
     emit(ctx.global.output, &change, || {
         format!("{verb} {}", task_summary(&change.task))
     })
@@ -199,9 +199,7 @@ where
 async fn get(ctx: &Ctx, id: Uuid) -> Result<()> {
     let (_, h) = handle(ctx, id)?;
     let task = h.get().await?;
-    let mut record = ctx.state.task(id)?;
-    merge_task(&mut record, task.clone());
-    ctx.state.save_task(&record)?;
+    ctx.state.update_task(id, |r| merge_task(r, task.clone()))?;
     emit(ctx.global.output, &task, || task_summary(&task))
 }
 
@@ -275,10 +273,9 @@ async fn watch(ctx: &Ctx, id: Uuid, transport: TransportArg, from_start: bool) -
             }
             stdout.flush()?;
         }
-        let mut record = ctx.state.task(id)?;
-        record.cursor = record.cursor.max(batch.cursor);
-        record.updated_at = Utc::now();
-        ctx.state.save_task(&record)?;
+        // Only forward: another watch of the same task may be ahead.
+        ctx.state
+            .update_task(id, |r| r.cursor = r.cursor.max(batch.cursor))?;
         if batch.terminal {
             break;
         }
@@ -295,7 +292,6 @@ async fn watch(ctx: &Ctx, id: Uuid, transport: TransportArg, from_start: bool) -
 }
 
 fn finish(ctx: &Ctx, id: Uuid, task: &Task) -> Result<()> {
-    let mut record = ctx.state.task(id)?;
-    merge_task(&mut record, task.clone());
-    ctx.state.save_task(&record)
+    ctx.state.update_task(id, |r| merge_task(r, task.clone()))?;
+    Ok(())
 }
