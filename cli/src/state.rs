@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// What the CLI remembers about one task it created.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct TaskRecord {
     pub id: Uuid,
     /// The server the task lives on (its token is valid only there).
@@ -38,13 +38,34 @@ pub struct TaskRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+impl std::fmt::Debug for TaskRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Credentials stay out of debug output.
+        f.debug_struct("TaskRecord")
+            .field("id", &self.id)
+            .field("server", &self.server)
+            .field("cursor", &self.cursor)
+            .field("state", &self.task.state)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What the CLI remembers about the worker it registered.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct WorkerRecord {
     pub id: Uuid,
     pub name: String,
     pub server: String,
     pub worker_token: String,
+}
+
+impl std::fmt::Debug for WorkerRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerRecord")
+            .field("id", &self.id)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The state directory, created on first use.

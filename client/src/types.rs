@@ -152,5 +152,16 @@ mod tests {
             serde_json::to_value(CreateTask::new("x")).unwrap(),
             serde_json::json!({ "description": "x" })
         );
+        let mut full = CreateTask::new("x");
+        full.expires_in_seconds = Some(60);
+        full.webhook_url = Some("https://agent.example/hook".into());
+        assert_eq!(
+            serde_json::to_value(full).unwrap(),
+            serde_json::json!({
+                "description": "x",
+                "expires_in_seconds": 60,
+                "webhook_url": "https://agent.example/hook"
+            })
+        );
     }
 }

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 api_tests!(
     client_drives_a_whole_lifecycle,
     problems_are_typed_errors,
-    auto_transport_falls_back_to_long_poll,
+    auto_transport_follows_the_whole_feed,
     retries_reuse_one_idempotency_key,
 );
 
@@ -273,7 +273,7 @@ async fn problems_are_typed_errors(db: Db) {
     server.stop().await;
 }
 
-async fn auto_transport_falls_back_to_long_poll(db: Db) {
+async fn auto_transport_follows_the_whole_feed(db: Db) {
     // With a server that has no stream route, Auto follows by long poll;
     // with one, by SSE. Either way the follower sees the whole feed.
     let server = TestServer::start(db).await;
