@@ -1,0 +1,274 @@
+//! The command line: `meatspace <noun> <verb>`, every option documented so
+//! that `--help` is the manual.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use uuid::Uuid;
+
+/// meatspace: hire people for work in the physical world, from the shell.
+///
+/// Agents create a task, publish it and watch its event feed until it ends;
+/// workers register, claim tasks, send messages, photos and issues, and
+/// complete or stop. Task tokens, feed cursors and last known states are
+/// kept in a private state directory (0700, files 0600), so a `watch` that
+/// is interrupted resumes where it stopped.
+///
+/// Text written by workers is untrusted data: the CLI marks it as such and
+/// never interprets it.
+#[derive(Debug, Parser)]
+#[command(name = "meatspace", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Base URL of the meatspace API server. When unset, a task's commands
+    /// use the server the task was created on, and anything else
+    /// http://127.0.0.1:8080.
+    #[arg(long, env = "MEATSPACE_URL", global = true)]
+    pub url: Option<String>,
+
+    /// Development key, needed by `task create` and `worker register` (the
+    /// server prints it when it starts).
+    #[arg(long, env = "MEATSPACE_DEV_KEY", global = true, hide_env_values = true)]
+    pub dev_key: Option<String>,
+
+    /// Where tokens, cursors and last known states are kept. Default:
+    /// $XDG_STATE_HOME/meatspace, or ~/.local/state/meatspace.
+    #[arg(long, env = "MEATSPACE_STATE_DIR", global = true)]
+    pub state_dir: Option<PathBuf>,
+
+    /// Output format: text for people, or JSON for scripts (one JSON
+    /// document per command; `task watch` prints one JSON object per line).
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Human, env = "MEATSPACE_OUTPUT", global = true)]
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tasks, as the agent that created them.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// The worker side: register, find tasks, do them.
+    #[command(subcommand)]
+    Worker(WorkerCommand),
+    // `meatspace mcp` (a stdio MCP server over the same client) goes here.
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Create a task (a draft unless --publish) and keep its token locally.
+    Create {
+        /// What a person should do, in plain text (1-4000 characters).
+        #[arg(long, short = 'd')]
+        description: String,
+        /// Lifetime in seconds from now (the server's default otherwise;
+        /// `GET /api/v1/capabilities` lists the bounds).
+        #[arg(long, value_name = "SECONDS")]
+        lifetime: Option<i64>,
+        /// Publish it at once, so workers can claim it.
+        #[arg(long)]
+        publish: bool,
+        /// Deliver the task's events to this URL as signed webhooks. The
+        /// signing secret is printed once and kept in the state directory.
+        #[arg(long, value_name = "URL")]
+        webhook: Option<String>,
+    },
+    /// Publish a draft: workers can now see and claim it.
+    Publish {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
+    /// Show a task's current state (from the server) and update the local copy.
+    Get {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
+    /// List the tasks in the state directory with their last known states.
+    List,
+    /// Follow a task's events until it ends. Prints each event, stores the
+    /// cursor after printing, and resumes from it when run again. Exits 0
+    /// with the final state once the task is terminal.
+    Watch {
+        /// The task id.
+        id: Uuid,
+        /// How to wait for events: Server-Sent Events with long poll as the
+        /// fallback (auto), or one of them only.
+        #[arg(long, value_enum, default_value_t = TransportArg::Auto, env = "MEATSPACE_TRANSPORT")]
+        transport: TransportArg,
+        /// Start from the first event instead of the stored cursor.
+        #[arg(long)]
+        from_start: bool,
+    },
+    /// Answer a worker's issue (EVENT_ID is the id of its worker.issue event).
+    Respond {
+        /// The task id.
+        id: Uuid,
+        /// Id of the worker.issue event (shown by `task watch`).
+        event_id: i64,
+        /// clarify and acknowledge need --text; cancel also cancels the task.
+        #[arg(long, value_enum)]
+        action: ActionArg,
+        /// The answer for the worker.
+        #[arg(long)]
+        text: Option<String>,
+    },
+    /// Cancel a task that has not ended.
+    Cancel {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
+    /// Give a task more time (it never shortens one).
+    Extend {
+        /// The task id.
+        id: Uuid,
+        #[command(flatten)]
+        by: ExtendBy,
+    },
+    /// Save a photo a worker sent (PHOTO_ID from its worker.photo event).
+    Photo {
+        /// The task id.
+        id: Uuid,
+        /// The photo_id of the worker.photo event.
+        photo_id: Uuid,
+        /// File to write (default: <PHOTO_ID>.<jpg|png|webp> here).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ExtendBy {
+    /// Seconds to add to the current deadline.
+    #[arg(long, value_name = "N")]
+    pub add_seconds: Option<i64>,
+    /// The new deadline (RFC 3339, e.g. 2030-01-02T15:04:05Z).
+    #[arg(long, value_name = "T")]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// Server-Sent Events; long poll when the server has no stream.
+    Auto,
+    /// Server-Sent Events only.
+    Sse,
+    /// Long poll only.
+    LongPoll,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ActionArg {
+    /// Answer the question; the worker carries on.
+    Clarify,
+    /// Note the issue; the worker carries on.
+    Acknowledge,
+    /// Cancel the task because of the issue.
+    Cancel,
+}
+
+/// The issue kinds of the API (`GET /api/v1/capabilities` describes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum IssueKindArg {
+    /// The instructions are ambiguous or incomplete.
+    UnclearInstructions,
+    /// You cannot reach or enter the place.
+    AccessBlocked,
+    /// What the task is about is missing, closed or sold out.
+    ItemUnavailable,
+    /// Doing the task as described would be unsafe.
+    SafetyConcern,
+    /// The task will take longer than expected.
+    NeedsMoreTime,
+    /// Anything else; the text says what.
+    Other,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkerCommand {
+    /// Register as a worker (needs the dev key); the token is kept locally.
+    Register {
+        /// Display name (1-200 characters).
+        #[arg(long)]
+        name: String,
+        /// Replace the worker already registered in this state directory.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// List open tasks, oldest first.
+    Tasks {
+        /// Largest number of tasks to show (1-100).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one task (open, or assigned to you).
+    Get {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
+    /// Claim an open task (exactly one of several racing workers wins).
+    Claim {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
+    /// Start the task you claimed.
+    Start {
+        /// The task id (as `task create` or `worker tasks` printed it).
+        id: Uuid,
+    },
+    /// Send the agent a text message.
+    Message {
+        /// The task id.
+        id: Uuid,
+        /// The message (1-4000 characters).
+        text: String,
+    },
+    /// Send the agent a photo (JPEG, PNG or WebP).
+    Photo {
+        /// The task id.
+        id: Uuid,
+        /// A JPEG, PNG or WebP file; the server strips its metadata.
+        file: PathBuf,
+    },
+    /// Raise a typed issue for the agent to answer.
+    Issue {
+        /// The task id.
+        id: Uuid,
+        /// What kind of problem it is.
+        #[arg(long, value_enum)]
+        kind: IssueKindArg,
+        /// What the agent should know (1-4000 characters).
+        #[arg(long)]
+        text: String,
+    },
+    /// Complete the task you are doing.
+    Complete {
+        /// The task id.
+        id: Uuid,
+        /// A note for the agent.
+        #[arg(long)]
+        text: Option<String>,
+    },
+    /// Stop the task (always allowed to the assigned worker).
+    Stop {
+        /// The task id.
+        id: Uuid,
+        /// Why, for the agent.
+        #[arg(long)]
+        text: Option<String>,
+    },
+}

@@ -1,0 +1,340 @@
+//! The local state directory: one file per task (its agent token, feed
+//! cursor and last known state) and one for the registered worker.
+//!
+//! Tokens are credentials, so the directory is 0700 and every file 0600,
+//! created with those modes (never widened then narrowed). Every write goes
+//! to a temporary file in the same directory that is fsynced, renamed over
+//! the old file, and followed by an fsync of the directory: a crash leaves
+//! either the old or the new file, never a torn one — which is what lets
+//! `task watch` trust its stored cursor after a SIGKILL.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use chrono::{DateTime, Utc};
+use meatspace_client::Task;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// What the CLI remembers about one task it created.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub id: Uuid,
+    /// The server the task lives on (its token is valid only there).
+    pub server: String,
+    pub agent_token: String,
+    /// Signing secret of the task's webhook endpoint, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+    /// Id of the last event `task watch` printed: it resumes after it.
+    pub cursor: i64,
+    /// The task as last seen.
+    pub task: Task,
+    /// When this record was last written.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for TaskRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Credentials stay out of debug output.
+        f.debug_struct("TaskRecord")
+            .field("id", &self.id)
+            .field("server", &self.server)
+            .field("cursor", &self.cursor)
+            .field("state", &self.task.state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the CLI remembers about the worker it registered.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    pub id: Uuid,
+    pub name: String,
+    pub server: String,
+    pub worker_token: String,
+}
+
+impl std::fmt::Debug for WorkerRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerRecord")
+            .field("id", &self.id)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The state directory, created on first use.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    /// `explicit` (flag or MEATSPACE_STATE_DIR), else
+    /// $XDG_STATE_HOME/meatspace, else ~/.local/state/meatspace.
+    pub fn resolve(explicit: Option<PathBuf>) -> Result<StateDir> {
+        let root = match explicit {
+            Some(p) => p,
+            None => default_root()?,
+        };
+        Ok(StateDir { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn tasks_dir(&self) -> PathBuf {
+        self.root.join("tasks")
+    }
+
+    pub fn task_file(&self, id: Uuid) -> PathBuf {
+        self.tasks_dir().join(format!("{id}.json"))
+    }
+
+    fn worker_file(&self) -> PathBuf {
+        self.root.join("worker.json")
+    }
+
+    /// Creates the directories (0700) when they do not exist, and refuses
+    /// to use ones that others can read.
+    fn ensure_dirs(&self) -> Result<()> {
+        for dir in [self.root.clone(), self.tasks_dir()] {
+            private_dir(&dir)?;
+        }
+        Ok(())
+    }
+
+    pub fn load_task(&self, id: Uuid) -> Result<Option<TaskRecord>> {
+        read_json(&self.task_file(id))
+    }
+
+    /// The record of `id`, or an error that says how such a record comes
+    /// to exist.
+    pub fn task(&self, id: Uuid) -> Result<TaskRecord> {
+        self.load_task(id)?.with_context(|| {
+            format!(
+                "no local record of task {id} in {}: only tasks created with `meatspace task create` \
+                 with this state directory have their token here (pass --state-dir or set \
+                 MEATSPACE_STATE_DIR if you used another one; `meatspace task list` shows what is here)",
+                self.root.display()
+            )
+        })
+    }
+
+    pub fn save_task(&self, record: &TaskRecord) -> Result<()> {
+        self.ensure_dirs()?;
+        let _lock = self.lock()?;
+        write_json(&self.task_file(record.id), record)
+    }
+
+    /// Reads, changes and writes the record of `id` under the directory's
+    /// lock, so a `watch` storing its cursor and another command storing a
+    /// new state cannot undo each other's write.
+    pub fn update_task(
+        &self,
+        id: Uuid,
+        change: impl FnOnce(&mut TaskRecord),
+    ) -> Result<TaskRecord> {
+        self.ensure_dirs()?;
+        let _lock = self.lock()?;
+        let mut record = self.task(id)?;
+        change(&mut record);
+        record.updated_at = Utc::now();
+        write_json(&self.task_file(id), &record)?;
+        Ok(record)
+    }
+
+    /// An exclusive lock on the state directory, released when dropped
+    /// (or when the process dies, so a SIGKILL leaves no stale lock).
+    fn lock(&self) -> Result<File> {
+        let path = self.root.join("lock");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        f.lock()
+            .with_context(|| format!("lock {}", path.display()))?;
+        Ok(f)
+    }
+
+    /// Every task record, newest first.
+    pub fn tasks(&self) -> Result<Vec<TaskRecord>> {
+        let dir = self.tasks_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("read {}", dir.display())),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let path = entry?.path();
+            let is_record = path.extension().is_some_and(|x| x == "json")
+                && !path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+            if is_record && let Some(r) = read_json::<TaskRecord>(&path)? {
+                out.push(r);
+            }
+        }
+        out.sort_by_key(|r| std::cmp::Reverse(r.task.created_at));
+        Ok(out)
+    }
+
+    pub fn load_worker(&self) -> Result<Option<WorkerRecord>> {
+        read_json(&self.worker_file())
+    }
+
+    pub fn worker(&self) -> Result<WorkerRecord> {
+        self.load_worker()?.with_context(|| {
+            format!(
+                "no worker registered in {}: run `meatspace worker register --name NAME` first \
+                 (or pass the --state-dir you registered with)",
+                self.root.display()
+            )
+        })
+    }
+
+    pub fn save_worker(&self, record: &WorkerRecord) -> Result<()> {
+        self.ensure_dirs()?;
+        let _lock = self.lock()?;
+        write_json(&self.worker_file(), record)
+    }
+}
+
+/// Updates the stored copy of a task after an answer from the server,
+/// keeping the newer of the two.
+pub fn merge_task(record: &mut TaskRecord, task: Task) {
+    if task.updated_at >= record.task.updated_at || task.state.is_terminal() {
+        record.task = task;
+    }
+}
+
+fn default_root() -> Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        return Ok(PathBuf::from(x).join("meatspace"));
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".local/state/meatspace")),
+        None => bail!(
+            "cannot choose a state directory: neither XDG_STATE_HOME nor HOME is set; \
+             pass --state-dir DIR or set MEATSPACE_STATE_DIR"
+        ),
+    }
+}
+
+/// Makes sure `dir` exists with mode 0700.
+fn private_dir(dir: &Path) -> Result<()> {
+    match DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) => return Err(e).with_context(|| format!("create {}", dir.display())),
+    }
+    let meta = fs::metadata(dir).with_context(|| format!("read {}", dir.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode != 0o700 {
+        // An existing directory (made by hand, say): tighten it rather
+        // than leave tokens readable by others.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("restrict {} to 0700", dir.display()))?;
+    }
+    Ok(())
+}
+
+fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("{} is not a valid state file", path.display())),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
+/// Writes `value` to `path` atomically and durably, mode 0600.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value)?;
+    let dir = path.parent().context("state file without a directory")?;
+    let name = path
+        .file_name()
+        .context("state file without a name")?
+        .to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&bytes)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        // The rename is durable only once the directory is.
+        File::open(dir)?.sync_all()
+    };
+    write()
+        .inspect_err(|_| {
+            let _ = fs::remove_file(&tmp);
+        })
+        .with_context(|| format!("write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_private_files_in_private_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::resolve(Some(tmp.path().join("state"))).unwrap();
+        let record = WorkerRecord {
+            id: Uuid::new_v4(),
+            name: "Ada".into(),
+            server: "http://127.0.0.1:1".into(),
+            worker_token: "secret".into(),
+        };
+        dir.save_worker(&record).unwrap();
+        dir.save_worker(&record).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(dir.root()), 0o700);
+        assert_eq!(mode(&dir.tasks_dir()), 0o700);
+        assert_eq!(mode(&dir.worker_file()), 0o600);
+        assert_eq!(mode(&dir.root().join("lock")), 0o600);
+        assert_eq!(dir.worker().unwrap().worker_token, "secret");
+        // No temporary file is left behind.
+        let mut names: Vec<_> = fs::read_dir(dir.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["lock", "tasks", "worker.json"],
+            "no temporary file is left"
+        );
+    }
+
+    #[test]
+    fn tightens_a_loose_existing_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("state");
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = StateDir::resolve(Some(root.clone())).unwrap();
+        dir.ensure_dirs().unwrap();
+        assert_eq!(
+            fs::metadata(&root).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! `meatspace worker …`: the worker's side, with the worker token kept in
+//! the state directory.
+
+use anyhow::{Context, Result, bail};
+use meatspace_client::types::TaskChange;
+use meatspace_client::{IssueKind, WorkerHandle};
+use serde_json::json;
+
+use crate::Ctx;
+use crate::args::{IssueKindArg, WorkerCommand};
+use crate::output::{emit, one_line, task_summary};
+use crate::state::WorkerRecord;
+
+pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
+    if let WorkerCommand::Register { name, replace } = &cmd {
+        return register(ctx, name, *replace).await;
+    }
+    let record = ctx.state.worker()?;
+    let h = ctx
+        .client(Some(&record.server))?
+        .worker(record.worker_token);
+    match cmd {
+        WorkerCommand::Register { .. } => unreachable!("handled above"),
+        WorkerCommand::Tasks { limit } => {
+            let page = h.open_tasks(None, Some(limit)).await?;
+            emit(ctx.global.output, &page, || {
+                if page.tasks.is_empty() {
+                    return "no open tasks".into();
+                }
+                let mut s = format!("{:<36}  {:<25}  DESCRIPTION", "ID", "EXPIRES AT");
+                for t in &page.tasks {
+                    s.push_str(&format!(
+                        "\n{:<36}  {:<25}  {}",
+                        t.id,
+                        t.expires_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        one_line(&t.description)
+                    ));
+                }
+                s
+            })
+        }
+        WorkerCommand::Get { id } => {
+            let task = h.task(id).await?;
+            emit(ctx.global.output, &task, || task_summary(&task))
+        }
+        WorkerCommand::Claim { id } => show(ctx, "claimed", h.claim(id).await?),
+        WorkerCommand::Start { id } => show(ctx, "started", h.start(id).await?),
+        WorkerCommand::Message { id, text } => show(ctx, "sent", h.message(id, &text).await?),
+        WorkerCommand::Photo { id, file } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
+            let Some(content_type) = sniff_image(&bytes) else {
+                bail!(
+                    "{} is not a JPEG, PNG or WebP image (the formats the server accepts)",
+                    file.display()
+                );
+            };
+            show(ctx, "sent photo", h.photo(id, content_type, bytes).await?)
+        }
+        WorkerCommand::Issue { id, kind, text } => show(
+            ctx,
+            "raised issue",
+            h.issue(id, issue_kind(kind), &text).await?,
+        ),
+        WorkerCommand::Complete { id, text } => {
+            show(ctx, "completed", h.complete(id, text.as_deref()).await?)
+        }
+        WorkerCommand::Stop { id, text } => {
+            show(ctx, "stopped", h.stop(id, text.as_deref()).await?)
+        }
+    }
+}
+
+async fn register(ctx: &Ctx, name: &str, replace: bool) -> Result<()> {
+    if let Some(existing) = ctx.state.load_worker()?
+        && !replace
+    {
+        bail!(
+            "a worker ({} \"{}\") is already registered in {}; pass --replace to register a new \
+             one (the old token is then forgotten), or use another --state-dir",
+            existing.id,
+            one_line(&existing.name),
+            ctx.state.root().display()
+        );
+    }
+    if ctx.global.dev_key.is_none() {
+        bail!(
+            "registering a worker needs the development key: pass --dev-key KEY or set \
+             MEATSPACE_DEV_KEY (the server prints it when it starts)"
+        );
+    }
+    let client = ctx.client(None)?;
+    let (registered, _): (_, WorkerHandle) = client.register_worker(name).await?;
+    ctx.state.save_worker(&WorkerRecord {
+        id: registered.worker.id,
+        name: registered.worker.name.clone(),
+        server: client.base_url().to_owned(),
+        worker_token: registered.worker_token,
+    })?;
+    emit(
+        ctx.global.output,
+        &json!({ "worker": registered.worker }),
+        || {
+            format!(
+                "registered worker {} ({}); token stored in {}\nfind work with: meatspace worker tasks",
+                registered.worker.id,
+                one_line(&registered.worker.name),
+                ctx.state.root().display()
+            )
+        },
+    )
+}
+
+fn show(ctx: &Ctx, verb: &str, change: TaskChange) -> Result<()> {
+    emit(ctx.global.output, &change, || {
+        let ids: Vec<String> = change.events.iter().map(|e| format!("#{}", e.id)).collect();
+        format!(
+            "{verb} ({})\n{}",
+            ids.join(", "),
+            task_summary(&change.task)
+        )
+    })
+}
+
+fn issue_kind(k: IssueKindArg) -> IssueKind {
+    match k {
+        IssueKindArg::UnclearInstructions => IssueKind::UnclearInstructions,
+        IssueKindArg::AccessBlocked => IssueKind::AccessBlocked,
+        IssueKindArg::ItemUnavailable => IssueKind::ItemUnavailable,
+        IssueKindArg::SafetyConcern => IssueKind::SafetyConcern,
+        IssueKindArg::NeedsMoreTime => IssueKind::NeedsMoreTime,
+        IssueKindArg::Other => IssueKind::Other,
+    }
+}
+
+/// The media type of an image from its first bytes.
+fn sniff_image(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}

@@ -1,0 +1,76 @@
+//! The client's one error type. A problem document from the server keeps
+//! its status, `type`, `title` and `detail`, so callers can branch on them
+//! (`err.problem_slug() == Some("wrong-state")`) instead of parsing text.
+
+use meatspace_core::TaskState;
+use serde::Deserialize;
+
+/// An RFC 9457 problem document as the server sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Problem {
+    /// HTTP status of the answer.
+    pub status: u16,
+    /// Stable identifier of the kind of problem (a URI).
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub title: String,
+    #[serde(default)]
+    pub detail: String,
+    /// The task's current state, for state conflicts.
+    #[serde(default)]
+    pub task_state: Option<TaskState>,
+}
+
+impl Problem {
+    /// The last segment of `type` (`https://…/problems/wrong-state` →
+    /// `wrong-state`).
+    pub fn slug(&self) -> &str {
+        self.kind.rsplit('/').next().unwrap_or(&self.kind)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server refused the request with a problem document.
+    #[error("{} ({}): {}", .0.title, .0.status, .0.detail)]
+    Problem(Problem),
+    /// The server answered an error that is not a problem document (a
+    /// proxy in between, for example).
+    #[error("HTTP {status}: {body}")]
+    Http { status: u16, body: String },
+    /// The server could not be reached, or the connection broke, after
+    /// every retry.
+    #[error("cannot reach the server: {0}")]
+    Transport(#[source] reqwest::Error),
+    /// A success answer the client cannot read.
+    #[error("unexpected answer from the server: {0}")]
+    Decode(String),
+    /// The caller's input cannot be sent (an invalid base URL, say).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The HTTP status, when the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Problem(p) => Some(p.status),
+            Error::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The problem document, when the server sent one.
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            Error::Problem(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The problem's slug (`wrong-state`, `not-found`, …).
+    pub fn problem_slug(&self) -> Option<&str> {
+        self.problem().map(Problem::slug)
+    }
+}

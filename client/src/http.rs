@@ -1,0 +1,469 @@
+//! The shared HTTP core: base URL, credentials, retries and error mapping.
+//! Every resource handle sends through [`Client::send`].
+//!
+//! Retries: a connection that fails, breaks or times out, and an answer of
+//! 429 or 503, are retried with exponential backoff and jitter (or after
+//! the server's `Retry-After`), up to [`RetryPolicy::max_attempts`]. A POST
+//! carries one `Idempotency-Key` for all its attempts: when an attempt
+//! reached the server but its answer was lost, the retry replays that
+//! answer instead of applying the change a second time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::error::{Error, Problem};
+use crate::types::{CreateTask, CreatedTask, RegisteredWorker};
+use crate::{DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, TaskHandle, WorkerHandle};
+
+/// How often and how patiently transient failures are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts per call, the first one included (1 = no retry).
+    pub max_attempts: u32,
+    /// Backoff before the first retry; doubles per retry.
+    pub initial_backoff: Duration,
+    /// Longest backoff, and the cap on a server's `Retry-After`.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Backoff before retry number `retry` (0-based): exponential with
+    /// "equal jitter", so concurrent clients spread out but never retry at
+    /// once.
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let exp = self
+            .initial_backoff
+            .saturating_mul(2u32.saturating_pow(retry.min(16)));
+        let capped = exp.min(self.max_backoff);
+        let half = capped / 2;
+        half + rand::thread_rng().gen_range(Duration::ZERO..=half)
+    }
+}
+
+/// Builds a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    base_url: String,
+    dev_key: Option<String>,
+    retry: RetryPolicy,
+    timeout: Duration,
+    stream_idle_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// The development key, needed to create tasks and register workers.
+    pub fn dev_key(mut self, key: impl Into<String>) -> Self {
+        self.dev_key = Some(key.into());
+        self
+    }
+
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Time limit of one ordinary request. A long poll adds its `wait`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long an event stream may stay silent (no event, no heartbeat)
+    /// before the client reconnects.
+    pub fn stream_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.stream_idle_timeout = timeout;
+        self
+    }
+
+    pub fn build(self) -> Result<Client, Error> {
+        let base = self.base_url.trim_end_matches('/').to_owned();
+        let parsed = reqwest::Url::parse(&base)
+            .map_err(|e| Error::Invalid(format!("the server URL {base:?} is not valid: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(Error::Invalid(format!(
+                "the server URL {base:?} must start with http:// or https://"
+            )));
+        }
+        let user_agent = concat!("meatspace-client/", env!("CARGO_PKG_VERSION"));
+        let http = reqwest::Client::builder()
+            .user_agent(user_agent)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(Error::Transport)?;
+        // Streams have no overall time limit, only an idle one: the
+        // server's heartbeat comments keep a healthy stream busy.
+        let stream = reqwest::Client::builder()
+            .user_agent(user_agent)
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(self.stream_idle_timeout)
+            .build()
+            .map_err(Error::Transport)?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                base,
+                http,
+                stream,
+                dev_key: self.dev_key,
+                retry: self.retry,
+                timeout: self.timeout,
+            }),
+        })
+    }
+}
+
+/// The shared HTTP core. Cheap to clone; handles borrow nothing from it.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    base: String,
+    http: reqwest::Client,
+    stream: reqwest::Client,
+    dev_key: Option<String>,
+    retry: RetryPolicy,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The dev key stays out of logs.
+        f.debug_struct("Client")
+            .field("base_url", &self.inner.base)
+            .field("dev_key", &self.inner.dev_key.as_ref().map(|_| ".."))
+            .field("retry", &self.inner.retry)
+            .finish()
+    }
+}
+
+/// Which credential a request carries.
+#[derive(Clone, Copy)]
+pub(crate) enum Auth<'a> {
+    DevKey,
+    Bearer(&'a str),
+}
+
+/// A request body, kept as bytes so every retry sends the same one.
+#[derive(Clone)]
+pub(crate) enum Body {
+    Empty,
+    Json(Vec<u8>),
+    Raw {
+        content_type: String,
+        bytes: Vec<u8>,
+    },
+}
+
+impl Body {
+    pub(crate) fn json(value: &impl Serialize) -> Result<Body, Error> {
+        serde_json::to_vec(value)
+            .map(Body::Json)
+            .map_err(|e| Error::Invalid(e.to_string()))
+    }
+}
+
+/// One logical call: all its attempts share these.
+pub(crate) struct Call<'a> {
+    pub method: Method,
+    pub path: String,
+    pub auth: Auth<'a>,
+    pub query: Vec<(&'static str, String)>,
+    pub body: Body,
+    /// Added to the client's timeout (a long poll's `wait`).
+    pub extra_time: Duration,
+    /// Send through the streaming client (no overall time limit).
+    pub stream: bool,
+    /// Further request headers (`Accept`, `Last-Event-ID`).
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl<'a> Call<'a> {
+    pub(crate) fn new(method: Method, path: String, auth: Auth<'a>) -> Self {
+        Call {
+            method,
+            path,
+            auth,
+            query: Vec::new(),
+            body: Body::Empty,
+            extra_time: Duration::ZERO,
+            stream: false,
+            headers: Vec::new(),
+        }
+    }
+
+    pub(crate) fn body(mut self, body: Body) -> Self {
+        self.body = body;
+        self
+    }
+}
+
+impl Client {
+    /// A client of the server at `base_url` (`http://127.0.0.1:8080`).
+    pub fn builder(base_url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            base_url: base_url.into(),
+            dev_key: None,
+            retry: RetryPolicy::default(),
+            timeout: Duration::from_secs(30),
+            stream_idle_timeout: Duration::from_secs(45),
+        }
+    }
+
+    pub fn new(base_url: impl Into<String>) -> Result<Client, Error> {
+        Client::builder(base_url).build()
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.inner.retry
+    }
+
+    /// Creates a task (development key); the handle carries its token.
+    pub async fn create_task(&self, req: &CreateTask) -> Result<(CreatedTask, TaskHandle), Error> {
+        let call =
+            Call::new(Method::POST, "/api/v1/tasks".into(), Auth::DevKey).body(Body::json(req)?);
+        let created: CreatedTask = self.json(call).await?;
+        let handle = self.task(created.task.id, created.agent_token.clone());
+        Ok((created, handle))
+    }
+
+    /// The handle of an existing task, from its id and agent token.
+    pub fn task(&self, id: Uuid, agent_token: impl Into<String>) -> TaskHandle {
+        TaskHandle::new(self.clone(), id, agent_token.into())
+    }
+
+    /// Registers a worker (development key); the handle carries its token.
+    pub async fn register_worker(
+        &self,
+        name: &str,
+    ) -> Result<(RegisteredWorker, WorkerHandle), Error> {
+        let call = Call::new(Method::POST, "/api/v1/workers".into(), Auth::DevKey)
+            .body(Body::json(&serde_json::json!({ "name": name }))?);
+        let registered: RegisteredWorker = self.json(call).await?;
+        let handle = self.worker(registered.worker_token.clone());
+        Ok((registered, handle))
+    }
+
+    /// The handle of a registered worker, from its token.
+    pub fn worker(&self, worker_token: impl Into<String>) -> WorkerHandle {
+        WorkerHandle::new(self.clone(), worker_token.into())
+    }
+
+    /// Sends a call and decodes a JSON answer.
+    pub(crate) async fn json<T: DeserializeOwned>(&self, call: Call<'_>) -> Result<T, Error> {
+        let res = self.send(call).await?;
+        let bytes = res.bytes().await.map_err(Error::Transport)?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// Sends a call with retries and returns the first success answer, or
+    /// the error of the last attempt.
+    pub(crate) async fn send(&self, call: Call<'_>) -> Result<reqwest::Response, Error> {
+        let retry = self.inner.retry;
+        // One key for every attempt of this call: the server replays the
+        // first answer rather than apply the change again.
+        let idempotency_key = (call.method == Method::POST).then(|| Uuid::new_v4().to_string());
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let last = attempt >= retry.max_attempts.max(1);
+            let req = self.request(&call, idempotency_key.as_deref())?;
+            match req.send().await {
+                Ok(res) if res.status().is_success() => return Ok(res),
+                Ok(res) => {
+                    let status = res.status();
+                    if !last && retriable_status(status) {
+                        let delay = retry_after(res.headers())
+                            .map(|d| d.min(retry.max_backoff))
+                            .unwrap_or_else(|| retry.backoff(attempt - 1));
+                        tracing::debug!(%status, ?delay, attempt, path = %call.path, "retrying");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    return Err(error_from(res).await);
+                }
+                Err(e) => {
+                    if !last && transient(&e) {
+                        let delay = retry.backoff(attempt - 1);
+                        tracing::debug!(error = %e, ?delay, attempt, path = %call.path, "retrying");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    return Err(Error::Transport(e));
+                }
+            }
+        }
+    }
+
+    fn request(
+        &self,
+        call: &Call<'_>,
+        idempotency_key: Option<&str>,
+    ) -> Result<reqwest::RequestBuilder, Error> {
+        let url = format!("{}{}", self.inner.base, call.path);
+        let mut req = if call.stream {
+            self.inner.stream.request(call.method.clone(), url)
+        } else {
+            self.inner
+                .http
+                .request(call.method.clone(), url)
+                .timeout(self.inner.timeout + call.extra_time)
+        };
+        if !call.query.is_empty() {
+            req = req.query(&call.query);
+        }
+        req = match call.auth {
+            Auth::DevKey => {
+                let key = self.inner.dev_key.as_deref().ok_or_else(|| {
+                    Error::Invalid("this call needs the development key; none was given".into())
+                })?;
+                req.header(DEV_KEY_HEADER, key)
+            }
+            Auth::Bearer(token) => req.header(AUTHORIZATION, format!("Bearer {token}")),
+        };
+        for (name, value) in &call.headers {
+            req = req.header(*name, value.as_str());
+        }
+        if let Some(key) = idempotency_key {
+            req = req.header(IDEMPOTENCY_KEY_HEADER, key);
+        }
+        req = match &call.body {
+            Body::Empty => req,
+            Body::Json(bytes) => req
+                .header(CONTENT_TYPE, "application/json")
+                .body(bytes.clone()),
+            Body::Raw {
+                content_type,
+                bytes,
+            } => req
+                .header(CONTENT_TYPE, content_type.as_str())
+                .body(bytes.clone()),
+        };
+        Ok(req)
+    }
+}
+
+/// 429 and 503 say "try again later"; 502 and 504 come from a proxy whose
+/// upstream is restarting.
+fn retriable_status(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+/// Failures worth another attempt: the server was not reached, or the
+/// connection broke before the answer. A POST is still safe to repeat
+/// because its Idempotency-Key makes the server replay the first answer.
+fn transient(e: &reqwest::Error) -> bool {
+    e.is_connect() || e.is_timeout() || e.is_request()
+}
+
+/// `Retry-After` as seconds or as an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    (at.to_utc() - chrono::Utc::now()).to_std().ok()
+}
+
+/// The typed error of a failed answer.
+pub(crate) async fn error_from(res: reqwest::Response) -> Error {
+    let status = res.status().as_u16();
+    let is_problem = res
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/problem+json"));
+    let body = match res.bytes().await {
+        Ok(b) => b,
+        Err(e) => return Error::Transport(e),
+    };
+    if is_problem && let Ok(mut problem) = serde_json::from_slice::<Problem>(&body) {
+        problem.status = status;
+        return Error::Problem(problem);
+    }
+    let mut text = String::from_utf8_lossy(&body).into_owned();
+    if text.len() > 500 {
+        let mut cut = 500;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    Error::Http { status, body: text }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy {
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+        };
+        for _ in 0..50 {
+            let first = p.backoff(0);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let third = p.backoff(2);
+            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+            assert!(p.backoff(30) <= Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn reads_retry_after_seconds_and_dates() {
+        let mut h = HeaderMap::new();
+        h.insert(RETRY_AFTER, HeaderValue::from_static("5"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(5)));
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        // A date in the past means "now": no usable delay.
+        assert_eq!(retry_after(&h), None);
+        let later = (chrono::Utc::now() + chrono::TimeDelta::seconds(120)).to_rfc2822();
+        h.insert(RETRY_AFTER, HeaderValue::from_str(&later).unwrap());
+        let d = retry_after(&h).unwrap();
+        assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120));
+    }
+
+    #[test]
+    fn only_temporary_statuses_are_retried() {
+        assert!(retriable_status(StatusCode::SERVICE_UNAVAILABLE));
+        assert!(retriable_status(StatusCode::TOO_MANY_REQUESTS));
+        assert!(!retriable_status(StatusCode::CONFLICT));
+        assert!(!retriable_status(StatusCode::UNPROCESSABLE_ENTITY));
+        assert!(!retriable_status(StatusCode::INTERNAL_SERVER_ERROR));
+    }
+}

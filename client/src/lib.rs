@@ -1,0 +1,44 @@
+//! Typed Rust client of the meatspace HTTP API.
+//!
+//! One shared HTTP core ([`Client`]) and a typed handle per resource, the
+//! way kube-client's `Api<K>` and octocrab's per-resource handlers work:
+//!
+//! * [`Client::create_task`] (development key) creates a task and returns
+//!   its [`TaskHandle`], which carries the task's own agent token;
+//! * [`TaskHandle`] publishes, reads, answers issues, cancels, extends and
+//!   follows the task's event feed ([`Feed`]: SSE with long poll as the
+//!   fallback, both resumable from a cursor);
+//! * [`Client::register_worker`] returns a [`WorkerHandle`] for the worker
+//!   API (list, claim, start, message, photo, issue, complete, stop, feed).
+//!
+//! The domain types ([`Task`], [`Event`], [`TaskState`], [`IssueKind`],
+//! [`IssueAction`]) are the server's own, from `meatspace-core`; the
+//! envelopes around them live in [`types`].
+//!
+//! Every state-changing POST carries an `Idempotency-Key` generated once per
+//! logical call, so the retries of transient failures (connection errors,
+//! 429 and 503 with `Retry-After`) cannot apply a change twice. Errors the
+//! server answers as `application/problem+json` become
+//! [`Error::Problem`] with the status, type and detail.
+
+mod error;
+mod feed;
+mod http;
+mod sse;
+mod task;
+pub mod types;
+mod worker;
+
+pub use error::{Error, Problem};
+pub use feed::{Feed, FeedBatch, Transport};
+pub use http::{Client, ClientBuilder, RetryPolicy};
+pub use meatspace_core::{Actor, Event, EventType, IssueAction, IssueKind, Task, TaskState};
+pub use task::TaskHandle;
+pub use worker::WorkerHandle;
+
+/// Header carrying the development key on create and register.
+pub const DEV_KEY_HEADER: &str = "x-meatspace-dev-key";
+/// Request header making a POST safe to retry.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// Response header the server sets on a replayed answer.
+pub const IDEMPOTENCY_REPLAYED_HEADER: &str = "idempotency-replayed";

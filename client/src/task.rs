@@ -1,0 +1,133 @@
+//! [`TaskHandle`]: everything an agent does with one task, authorised by
+//! the task's own agent token.
+
+use meatspace_core::{IssueAction, Task};
+use reqwest::Method;
+use reqwest::header::CONTENT_TYPE;
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::feed::Feed;
+use crate::http::{Auth, Body, Call, Client};
+use crate::types::{EventPage, Extension, Photo, Respond, TaskChange};
+
+/// One task, as its agent sees it.
+#[derive(Clone)]
+pub struct TaskHandle {
+    client: Client,
+    id: Uuid,
+    token: String,
+}
+
+impl std::fmt::Debug for TaskHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token stays out of logs.
+        f.debug_struct("TaskHandle").field("id", &self.id).finish()
+    }
+}
+
+impl TaskHandle {
+    pub(crate) fn new(client: Client, id: Uuid, token: String) -> Self {
+        TaskHandle { client, id, token }
+    }
+
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// The agent token (to store it; it is shown only once by the server).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn call(&self, method: Method, suffix: &str) -> Call<'_> {
+        Call::new(
+            method,
+            format!("/api/v1/tasks/{}{suffix}", self.id),
+            Auth::Bearer(&self.token),
+        )
+    }
+
+    /// The task and its authoritative state.
+    pub async fn get(&self) -> Result<Task, Error> {
+        self.client.json(self.call(Method::GET, "")).await
+    }
+
+    /// draft → open: workers can see and claim it.
+    pub async fn publish(&self) -> Result<TaskChange, Error> {
+        self.client.json(self.call(Method::POST, "/publish")).await
+    }
+
+    /// Cancels the task (refused with 409 once it is terminal).
+    pub async fn cancel(&self) -> Result<TaskChange, Error> {
+        self.client.json(self.call(Method::POST, "/cancel")).await
+    }
+
+    /// Gives the task more time (never less); a `task.extended` event.
+    pub async fn extend(&self, extension: Extension) -> Result<TaskChange, Error> {
+        let call = self
+            .call(Method::POST, "/extend")
+            .body(Body::json(&extension)?);
+        self.client.json(call).await
+    }
+
+    /// Answers the worker issue raised by event `issue_event_id`.
+    pub async fn respond(
+        &self,
+        issue_event_id: i64,
+        action: IssueAction,
+        text: Option<String>,
+    ) -> Result<TaskChange, Error> {
+        let call = self
+            .call(Method::POST, &format!("/issues/{issue_event_id}/respond"))
+            .body(Body::json(&Respond { action, text })?);
+        self.client.json(call).await
+    }
+
+    /// One page of the feed: events with `id > after`, at most `limit`,
+    /// waiting up to `wait_seconds` (0-30) for the first one.
+    pub async fn events(
+        &self,
+        after: i64,
+        limit: Option<u32>,
+        wait_seconds: u32,
+    ) -> Result<EventPage, Error> {
+        let mut call = self.call(Method::GET, "/events");
+        call.query.push(("after", after.to_string()));
+        if let Some(limit) = limit {
+            call.query.push(("limit", limit.to_string()));
+        }
+        call.query.push(("wait", wait_seconds.to_string()));
+        call.extra_time = std::time::Duration::from_secs(u64::from(wait_seconds));
+        self.client.json(call).await
+    }
+
+    /// Follows the feed from `after` (0: from the first event).
+    pub fn follow(&self, after: i64) -> Feed {
+        Feed::new(
+            self.client.clone(),
+            format!("/api/v1/tasks/{}/events", self.id),
+            self.token.clone(),
+            after,
+        )
+    }
+
+    /// A photo a worker sent (`photo_id` from a `worker.photo` event).
+    pub async fn photo(&self, photo_id: Uuid) -> Result<Photo, Error> {
+        let res = self
+            .client
+            .send(self.call(Method::GET, &format!("/photos/{photo_id}")))
+            .await?;
+        let content_type = res
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/octet-stream")
+            .to_owned();
+        let bytes = res.bytes().await.map_err(Error::Transport)?.to_vec();
+        Ok(Photo {
+            content_type,
+            bytes,
+        })
+    }
+}

@@ -1,0 +1,683 @@
+//! The `meatspace` command-line tool as a real subprocess (the built
+//! binary) against the real server on both backends: create, publish and
+//! watch a task; a watch killed with SIGKILL mid-stream resumes from its
+//! persisted cursor with no gap and no duplicate; the worker commands;
+//! private state files; JSON output that parses; errors that say what to do.
+//!
+//! The binary is the one `cargo build --workspace --bins` (run by
+//! scripts/test) put next to this test, or `MEATSPACE_CLI_BIN`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use meatspace_tests::server::{Expect, TestServer, ids, images, types};
+use meatspace_tests::{Db, api_tests};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+api_tests!(
+    watch_resumes_after_sigkill_without_gap_or_duplicate,
+    worker_commands_do_a_task,
+    errors_say_what_to_do_next,
+);
+
+/// Path of the `meatspace` binary.
+fn cli_bin() -> PathBuf {
+    let path = match std::env::var_os("MEATSPACE_CLI_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()
+            .expect("test binary path")
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("target directory")
+            .join("meatspace"),
+    };
+    assert!(
+        path.is_file(),
+        "the CLI binary {} does not exist: build it first with `cargo build -p meatspace-cli` \
+         (scripts/test builds every binary), or set MEATSPACE_CLI_BIN",
+        path.display()
+    );
+    path
+}
+
+/// A `meatspace` command aimed at `server`, keeping its state in `state`.
+fn cli(server: &TestServer, state: &Path) -> Command {
+    let mut cmd = Command::new(cli_bin());
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("MEATSPACE_URL", &server.base_url)
+        .env("MEATSPACE_DEV_KEY", &server.dev_key)
+        .env("MEATSPACE_STATE_DIR", state)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+struct Ran {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+async fn run(mut cmd: Command, args: &[&str]) -> Ran {
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.args(args).output())
+        .await
+        .expect("the command finishes")
+        .expect("run the CLI");
+    Ran {
+        status: out.status,
+        stdout: String::from_utf8(out.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+/// Runs a command that must succeed and print one JSON document.
+async fn run_json(cmd: Command, args: &[&str]) -> Value {
+    let ran = run(cmd, &[&["--output", "json"], args].concat()).await;
+    assert!(
+        ran.status.success(),
+        "meatspace {args:?} failed: {}\n{}",
+        ran.stderr,
+        ran.stdout
+    );
+    serde_json::from_str(ran.stdout.trim())
+        .unwrap_or_else(|e| panic!("meatspace {args:?} printed no JSON ({e}): {}", ran.stdout))
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).expect("stat").permissions().mode() & 0o777
+}
+
+fn stored_cursor(state: &Path, id: Uuid) -> i64 {
+    let text = std::fs::read_to_string(state.join(format!("tasks/{id}.json"))).expect("task file");
+    let v: Value = serde_json::from_str(&text).expect("task file is JSON");
+    v["cursor"].as_i64().expect("cursor")
+}
+
+/// A running `task watch --output json`, read line by line.
+struct Watch {
+    child: Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Watch {
+    fn spawn(server: &TestServer, state: &Path, id: Uuid, transport: &str) -> Watch {
+        let mut cmd = cli(server, state);
+        cmd.args(["--output", "json", "task", "watch", &id.to_string()])
+            .args(["--transport", transport])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("start meatspace task watch");
+        let stdout = child.stdout.take().expect("stdout");
+        Watch {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next printed line as JSON; `None` at the end of output.
+    async fn line(&mut self) -> Option<Value> {
+        let line = tokio::time::timeout(Duration::from_secs(90), self.lines.next_line())
+            .await
+            .expect("watch prints within the bound")
+            .expect("read watch output")?;
+        Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+    }
+
+    /// Reads event lines until the one with id `last`; returns their ids.
+    async fn events_through(&mut self, last: i64) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let v = self.line().await.expect("watch ended early");
+            assert_eq!(v["kind"], "event", "{v}");
+            let id = v["event"]["id"].as_i64().expect("event id");
+            out.push(v["event"].clone());
+            if id >= last {
+                return out;
+            }
+        }
+    }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn watch_resumes_after_sigkill_without_gap_or_duplicate(db: Db) {
+    // Long poll: the transport every server has. An SSE variant is the
+    // same body with "sse".
+    watch_resumes_after_sigkill(db, "long-poll").await;
+}
+
+/// `task watch --transport TRANSPORT` killed with SIGKILL after printing
+/// some events, restarted: together the two runs print the feed exactly.
+async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
+    let server = TestServer::start(db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+
+    let created = run_json(
+        cli(&server, &state),
+        &[
+            "task",
+            "create",
+            "--description",
+            "Read the gas meter",
+            "--lifetime",
+            "3600",
+            "--publish",
+        ],
+    )
+    .await;
+    assert_eq!(created["task"]["state"], "open", "{created}");
+    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+    let file = state.join(format!("tasks/{id}.json"));
+    assert_eq!(created["state_file"], json!(file));
+    assert_eq!(mode(&state), 0o700, "state directory is private");
+    assert_eq!(mode(&state.join("tasks")), 0o700);
+    assert_eq!(mode(&file), 0o600, "the token file is private");
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let token = stored["agent_token"]
+        .as_str()
+        .expect("token stored")
+        .to_owned();
+    // The stored token is the task's working credential.
+    server.task(id, &token).await;
+
+    let (_, worker_token) = server.register_worker("Ada").await;
+    let worker = server.worker(&worker_token);
+    for action in ["claim", "start"] {
+        worker
+            .post(&format!("/api/v1/worker/tasks/{id}/{action}"))
+            .expect_json(StatusCode::OK)
+            .await;
+    }
+    let message = |text: String| {
+        let worker = server.worker(&worker_token);
+        async move {
+            worker
+                .post(&format!("/api/v1/worker/tasks/{id}/messages"))
+                .json(&json!({ "text": text }))
+                .expect_json(StatusCode::OK)
+                .await
+        }
+    };
+    for i in 0..3 {
+        message(format!("reading {i}")).await;
+    }
+    // published, assigned, started, 3 messages.
+    let mut first = Watch::spawn(&server, &state, id, transport);
+    let printed = first.events_through(6).await;
+    // Mid-stream: more events arrive while it is following.
+    message("reading 3 \u{1b}[2J".into()).await;
+    let mut more = first.events_through(7).await;
+    let mut printed_first = printed;
+    printed_first.append(&mut more);
+    // The cursor is stored once the batch is printed; kill it after that.
+    eventually("the cursor of the printed events is stored", || {
+        stored_cursor(&state, id) == 7
+    })
+    .await;
+    first.child.start_kill().expect("SIGKILL");
+    let status = first.child.wait().await.expect("wait for the killed watch");
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL");
+
+    // While it is down, the feed moves on.
+    message("reading 4".into()).await;
+    message("reading 5".into()).await;
+    let issue = worker
+        .post(&format!("/api/v1/worker/tasks/{id}/issues"))
+        .json(&json!({ "kind": "unclear_instructions", "text": "Which meter?" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let issue_id = issue["events"][0]["id"].as_i64().unwrap();
+
+    let mut second = Watch::spawn(&server, &state, id, transport);
+    let mut printed_second = second.events_through(issue_id).await;
+    // The agent answers the issue through the CLI while watch runs.
+    let answered = run_json(
+        cli(&server, &state),
+        &[
+            "task",
+            "respond",
+            &id.to_string(),
+            &issue_id.to_string(),
+            "--action",
+            "clarify",
+            "--text",
+            "The one in the hall",
+        ],
+    )
+    .await;
+    assert_eq!(
+        answered["events"][0]["type"], "agent.issue_response",
+        "{answered}"
+    );
+    worker
+        .post(&format!("/api/v1/worker/tasks/{id}/complete"))
+        .json(&json!({ "text": "42 units" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let final_line = loop {
+        let v = second.line().await.expect("watch prints the final state");
+        if v["kind"] == "final" {
+            break v;
+        }
+        printed_second.push(v["event"].clone());
+    };
+    assert_eq!(final_line["task"]["state"], "completed", "{final_line}");
+    assert!(
+        second.line().await.is_none(),
+        "nothing after the final state"
+    );
+    let status = second.child.wait().await.unwrap();
+    assert!(
+        status.success(),
+        "watch exits 0 on a terminal task: {status}"
+    );
+
+    let feed = server.feed(id, &token).await;
+    let mut all = printed_first.clone();
+    all.extend(printed_second.iter().cloned());
+    assert_eq!(
+        ids(&all),
+        ids(&feed),
+        "no gap, no duplicate across the kill"
+    );
+    assert_eq!(all, feed, "every event printed as the server serves it");
+    assert_eq!(
+        ids(&printed_second)[0],
+        8,
+        "the restart resumed after the stored cursor"
+    );
+    assert_eq!(types(&all).last(), Some(&"task.completed"));
+    for e in &all {
+        if e["type"] == "worker.message" {
+            assert_eq!(
+                e["untrusted"], true,
+                "worker text is flagged untrusted: {e}"
+            );
+        }
+    }
+    assert_eq!(stored_cursor(&state, id), *ids(&feed).last().unwrap());
+
+    // The local listing shows the last known state.
+    let list = run_json(cli(&server, &state), &["task", "list"]).await;
+    assert_eq!(list[0]["id"], id.to_string(), "{list}");
+    assert_eq!(list[0]["state"], "completed", "{list}");
+    assert!(
+        list[0].get("agent_token").is_none(),
+        "listings never print tokens"
+    );
+
+    // For people: worker text is framed as untrusted and cannot drive the terminal.
+    let human = run(
+        cli(&server, &state),
+        &[
+            "task",
+            "watch",
+            &id.to_string(),
+            "--from-start",
+            "--transport",
+            transport,
+        ],
+    )
+    .await;
+    assert!(human.status.success(), "{}", human.stderr);
+    assert!(
+        human.stdout.contains("UNTRUSTED worker-provided data"),
+        "{}",
+        human.stdout
+    );
+    assert!(human.stdout.contains("text: reading 0"), "{}", human.stdout);
+    assert!(
+        human.stdout.contains("reading 3 \\u{1b}[2J"),
+        "{}",
+        human.stdout
+    );
+    assert!(
+        !human.stdout.contains('\u{1b}'),
+        "no raw escape reaches the terminal"
+    );
+    assert!(human.stdout.contains("task ended"), "{}", human.stdout);
+    server.stop().await;
+}
+
+async fn worker_commands_do_a_task(db: Db) {
+    let server = TestServer::start(db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent_state = dir.path().join("agent");
+    let worker_state = dir.path().join("worker");
+    let agent = || cli(&server, &agent_state);
+    let worker = || cli(&server, &worker_state);
+
+    let created = run_json(
+        agent(),
+        &["task", "create", "--description", "Feed the cat"],
+    )
+    .await;
+    assert_eq!(created["task"]["state"], "draft");
+    let id = created["task"]["id"].as_str().unwrap().to_owned();
+    let published = run_json(agent(), &["task", "publish", &id]).await;
+    assert_eq!(published["task"]["state"], "open");
+
+    let registered = run_json(worker(), &["worker", "register", "--name", "Lin"]).await;
+    assert_eq!(registered["worker"]["name"], "Lin");
+    assert_eq!(mode(&worker_state.join("worker.json")), 0o600);
+    let again = run(worker(), &["worker", "register", "--name", "Lin"]).await;
+    assert!(!again.status.success(), "a second register needs --replace");
+    assert!(again.stderr.contains("--replace"), "{}", again.stderr);
+
+    let open = run_json(worker(), &["worker", "tasks"]).await;
+    assert!(
+        open["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == id),
+        "{open}"
+    );
+    assert_eq!(
+        run_json(worker(), &["worker", "get", &id]).await["state"],
+        "open"
+    );
+    run_json(worker(), &["worker", "claim", &id]).await;
+    let started = run_json(worker(), &["worker", "start", &id]).await;
+    assert_eq!(started["task"]["state"], "active");
+    run_json(worker(), &["worker", "message", &id, "At the door"]).await;
+    let png = dir.path().join("cat.png");
+    std::fs::write(&png, images::png(20, 20)).unwrap();
+    let photo = run_json(worker(), &["worker", "photo", &id, png.to_str().unwrap()]).await;
+    assert_eq!(photo["events"][0]["type"], "worker.photo");
+    let photo_id = photo["events"][0]["data"]["photo_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let issue = run_json(
+        worker(),
+        &[
+            "worker",
+            "issue",
+            &id,
+            "--kind",
+            "item_unavailable",
+            "--text",
+            "No cat food",
+        ],
+    )
+    .await;
+    assert_eq!(issue["events"][0]["data"]["kind"], "item_unavailable");
+    let issue_id = issue["events"][0]["id"].as_i64().unwrap().to_string();
+    run_json(
+        agent(),
+        &[
+            "task",
+            "respond",
+            &id,
+            &issue_id,
+            "--action",
+            "acknowledge",
+            "--text",
+            "Buy some",
+        ],
+    )
+    .await;
+    let done = run_json(worker(), &["worker", "complete", &id, "--text", "Cat fed"]).await;
+    assert_eq!(done["task"]["state"], "completed");
+
+    let saved = dir.path().join("photo.png");
+    let got = run_json(
+        agent(),
+        &[
+            "task",
+            "photo",
+            &id,
+            &photo_id,
+            "--out",
+            saved.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(got["content_type"], "image/png");
+    assert!(std::fs::read(&saved).unwrap().starts_with(b"\x89PNG"));
+
+    let task = run_json(agent(), &["task", "get", &id]).await;
+    assert_eq!(task["state"], "completed");
+    let id: Uuid = id.parse().unwrap();
+    let token = serde_json::from_str::<Value>(
+        &std::fs::read_to_string(agent_state.join(format!("tasks/{id}.json"))).unwrap(),
+    )
+    .unwrap()["agent_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        types(&server.feed(id, &token).await),
+        [
+            "task.published",
+            "task.assigned",
+            "task.started",
+            "worker.message",
+            "worker.photo",
+            "worker.issue",
+            "agent.issue_response",
+            "task.completed"
+        ]
+    );
+
+    // Cancel and stop, on tasks of their own.
+    let other = run_json(
+        agent(),
+        &[
+            "task",
+            "create",
+            "--description",
+            "Walk the dog",
+            "--publish",
+        ],
+    )
+    .await;
+    let other_id = other["task"]["id"].as_str().unwrap().to_owned();
+    let cancelled = run_json(agent(), &["task", "cancel", &other_id]).await;
+    assert_eq!(cancelled["task"]["state"], "cancelled");
+    let third = run_json(
+        agent(),
+        &[
+            "task",
+            "create",
+            "--description",
+            "Water the roses",
+            "--publish",
+        ],
+    )
+    .await;
+    let third_id = third["task"]["id"].as_str().unwrap().to_owned();
+    run_json(worker(), &["worker", "claim", &third_id]).await;
+    let stopped = run_json(
+        worker(),
+        &["worker", "stop", &third_id, "--text", "Hose broken"],
+    )
+    .await;
+    assert_eq!(stopped["task"]["state"], "stopped");
+    let list = run_json(agent(), &["task", "list"]).await;
+    assert_eq!(list.as_array().unwrap().len(), 3, "{list}");
+    server.stop().await;
+}
+
+async fn errors_say_what_to_do_next(db: Db) {
+    let server = TestServer::start(db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+
+    let mut no_key = cli(&server, &state);
+    no_key.env_remove("MEATSPACE_DEV_KEY");
+    let ran = run(no_key, &["task", "create", "--description", "x"]).await;
+    assert_eq!(ran.status.code(), Some(1));
+    assert!(ran.stderr.contains("MEATSPACE_DEV_KEY"), "{}", ran.stderr);
+
+    let unknown = Uuid::new_v4().to_string();
+    let ran = run(cli(&server, &state), &["task", "get", &unknown]).await;
+    assert_eq!(ran.status.code(), Some(1));
+    assert!(ran.stderr.contains("no local record"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("meatspace task list"), "{}", ran.stderr);
+
+    let created = run_json(
+        cli(&server, &state),
+        &["task", "create", "--description", "Buy stamps", "--publish"],
+    )
+    .await;
+    let id = created["task"]["id"].as_str().unwrap().to_owned();
+    let ran = run(cli(&server, &state), &["task", "publish", &id]).await;
+    assert_eq!(ran.status.code(), Some(1));
+    assert!(ran.stderr.contains("409"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("meatspace task get"), "{}", ran.stderr);
+
+    let ran = run(
+        cli(&server, &state),
+        &["task", "respond", &id, "1", "--action", "clarify"],
+    )
+    .await;
+    assert_eq!(ran.status.code(), Some(1));
+    assert!(ran.stderr.contains("--text"), "{}", ran.stderr);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut dead = cli(&server, &state);
+    dead.env("MEATSPACE_URL", format!("http://127.0.0.1:{port}"));
+    let ran = run(dead, &["task", "get", &id]).await;
+    assert_eq!(ran.status.code(), Some(1));
+    assert!(
+        ran.stderr.contains("is the server running"),
+        "{}",
+        ran.stderr
+    );
+
+    let ran = run(cli(&server, &state), &["task", "extend", &id]).await;
+    assert_eq!(ran.status.code(), Some(2), "a usage error: {}", ran.stderr);
+    assert!(ran.stderr.contains("--add-seconds"), "{}", ran.stderr);
+
+    // --help documents every command.
+    let help = run(cli(&server, &state), &["task", "--help"]).await;
+    for verb in [
+        "create", "publish", "get", "list", "watch", "respond", "cancel", "extend", "photo",
+    ] {
+        assert!(
+            help.stdout.contains(verb),
+            "task --help lacks {verb}: {}",
+            help.stdout
+        );
+    }
+    let help = run(cli(&server, &state), &["worker", "--help"]).await;
+    for verb in [
+        "register", "tasks", "claim", "start", "message", "photo", "issue", "complete", "stop",
+    ] {
+        assert!(
+            help.stdout.contains(verb),
+            "worker --help lacks {verb}: {}",
+            help.stdout
+        );
+    }
+    server.stop().await;
+}
+
+// ---- commands whose server side is not on this branch yet -----------------
+//
+// Issue 9 adds the event stream (SSE) routes and POST /extend on the
+// server; these run once it is merged (then drop the `#[ignore]`s).
+
+macro_rules! pending_tests {
+    ($reason:literal; $($name:ident),+ $(,)?) => {
+        mod pending_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[ignore = $reason]
+                async fn $name() {
+                    super::$name(meatspace_tests::Db::Postgres).await;
+                }
+            )+
+        }
+        mod pending_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[ignore = $reason]
+                async fn $name() {
+                    super::$name(meatspace_tests::Db::Sqlite).await;
+                }
+            )+
+        }
+    };
+}
+
+pending_tests!(
+    "needs the issue 9 server side (SSE routes, POST /extend)";
+    watch_over_sse_resumes_after_sigkill,
+    extend_moves_the_deadline,
+);
+
+async fn watch_over_sse_resumes_after_sigkill(db: Db) {
+    watch_resumes_after_sigkill(db, "sse").await;
+}
+
+async fn extend_moves_the_deadline(db: Db) {
+    let server = TestServer::start(db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let created = run_json(
+        cli(&server, &state),
+        &[
+            "task",
+            "create",
+            "--description",
+            "Queue for tickets",
+            "--lifetime",
+            "600",
+        ],
+    )
+    .await;
+    let id = created["task"]["id"].as_str().unwrap().to_owned();
+    let before: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(created["task"]["expires_at"].clone()).unwrap();
+    let extended = run_json(
+        cli(&server, &state),
+        &["task", "extend", &id, "--add-seconds", "120"],
+    )
+    .await;
+    assert_eq!(extended["events"][0]["type"], "task.extended", "{extended}");
+    let after: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(extended["task"]["expires_at"].clone()).unwrap();
+    assert_eq!(after - before, chrono::TimeDelta::seconds(120));
+    let target = (after + chrono::TimeDelta::seconds(60)).to_rfc3339();
+    let extended = run_json(
+        cli(&server, &state),
+        &["task", "extend", &id, "--expires-at", &target],
+    )
+    .await;
+    assert_eq!(
+        serde_json::from_value::<chrono::DateTime<chrono::Utc>>(
+            extended["task"]["expires_at"].clone()
+        )
+        .unwrap(),
+        after + chrono::TimeDelta::seconds(60)
+    );
+    // The local copy follows.
+    let list = run_json(cli(&server, &state), &["task", "list"]).await;
+    assert_eq!(list[0]["expires_at"], extended["task"]["expires_at"]);
+    server.stop().await;
+}
