@@ -75,6 +75,10 @@ const DEFAULT_EVENTS_PAGE: u32 = 100;
 /// Longest long poll, in seconds.
 pub const MAX_WAIT_SECONDS: u32 = 30;
 
+// Schema attributes of [`EventsQuery`] take literals only: this keeps them
+// equal to the limits.
+const _: () = assert!(MAX_EVENTS_PAGE == 1000 && MAX_WAIT_SECONDS == 30);
+
 /// A checked [`EventsQuery`].
 #[derive(Debug, Clone, Copy)]
 struct PageQuery {

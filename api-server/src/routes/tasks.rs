@@ -34,6 +34,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_photo))
 }
 
+// Schema attributes take literals only: these keep them equal to the limits.
+const _: () = assert!(MAX_DESCRIPTION_CHARS == 4000 && MAX_TEXT_CHARS == 4000);
+
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTaskRequest {

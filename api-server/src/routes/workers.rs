@@ -32,6 +32,9 @@ use crate::photo::{self, ACCEPTED_TYPES, ImageBytes, PhotoError};
 /// Longest worker name.
 const MAX_NAME_CHARS: usize = 200;
 
+// Schema attributes take literals only: this keeps them equal to the limits.
+const _: () = assert!(MAX_NAME_CHARS == 200 && MAX_TEXT_CHARS == 4000);
+
 pub fn router(max_photo_bytes: usize) -> OpenApiRouter<AppState> {
     let photos = OpenApiRouter::new()
         .routes(routes!(send_photo))
