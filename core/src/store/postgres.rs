@@ -942,3 +942,56 @@ async fn reconnect(
         backoff = (backoff * 2).min(RECONNECT_MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    #[tokio::test]
+    async fn changes_arrive_in_order_and_a_gap_supersedes_what_was_pending() {
+        let p = Pending::default();
+        p.task(id(1));
+        p.task(id(2));
+        assert_eq!(p.next().await, Some(Change::Task(id(1))));
+        // A gap makes the consumer re-read everything: the ids still
+        // pending, and those arriving before it takes the gap, add nothing.
+        p.gap();
+        p.task(id(3));
+        assert_eq!(p.next().await, Some(Change::Gap));
+        p.task(id(4));
+        assert_eq!(p.next().await, Some(Change::Task(id(4))));
+        p.end();
+        assert_eq!(p.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_that_falls_behind_gets_one_gap_not_unbounded_memory() {
+        let p = Pending::default();
+        for n in 0..=PENDING_CAPACITY as u128 {
+            p.task(id(n));
+        }
+        assert_eq!(p.next().await, Some(Change::Gap));
+        p.end();
+        assert_eq!(p.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_consumer_is_woken() {
+        let p = Arc::new(Pending::default());
+        let waiting = tokio::spawn({
+            let p = p.clone();
+            async move { p.next().await }
+        });
+        tokio::task::yield_now().await;
+        p.gap();
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .expect("no panic");
+        assert_eq!(got, Some(Change::Gap));
+    }
+}
