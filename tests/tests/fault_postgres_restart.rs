@@ -260,3 +260,56 @@ async fn a_fast_shutdown_completes_promptly_and_the_controller_wakes_after_the_r
         .expect("the controller stops cleanly");
     srv.stop().await;
 }
+
+/// Each subscription to the change stream owns a listening connection; a
+/// consumer that goes away (a controller restarting a reconciler, the hub
+/// resubscribing) must not leave it behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_change_streams_release_their_connections() {
+    use futures::StreamExt;
+    use sqlx::Connection;
+
+    let db = TestDb::new(Db::Postgres).await;
+    let store = db.store(Policy::default()).await;
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    async fn listening(admin: &mut sqlx::PgConnection) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+        )
+        .fetch_one(admin)
+        .await
+        .expect("count listeners")
+    }
+    let mut streams = Vec::new();
+    for _ in 0..10 {
+        streams.push(store.changes().await.expect("subscribe"));
+    }
+    assert_eq!(listening(&mut admin).await, 10);
+    // One is still served while the others go.
+    let mut kept = streams.pop().expect("a stream");
+    drop(streams);
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while listening(&mut admin).await > 1 {
+        assert!(
+            Instant::now() < give_up,
+            "dropped subscriptions still listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let task_id = uuid::Uuid::new_v4();
+    store
+        .create_task(meatspace_core::store::NewTask {
+            id: task_id,
+            description: "Still heard.".into(),
+            agent_token_hash: meatspace_core::token::TokenHash::of("x"),
+            created_at: chrono::Utc::now(),
+            expires_at: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+        })
+        .await
+        .expect("create");
+    let next = tokio::time::timeout(Duration::from_secs(10), kept.next())
+        .await
+        .expect("the kept stream still delivers");
+    assert_eq!(next, Some(meatspace_core::Change::Task(task_id)));
+}

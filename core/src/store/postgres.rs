@@ -879,14 +879,28 @@ impl Pending {
 async fn follow(
     store_pool: PgPool,
     pool: PgPool,
-    mut listener: PgListener,
+    listener: PgListener,
     pending: Arc<Pending>,
     mut consumer: oneshot::Sender<()>,
 ) {
+    // The listener lives (and holds its connection) only inside `drive`,
+    // so the pool can close once it returns.
+    drive(&store_pool, &pool, listener, &pending, &mut consumer).await;
+    pending.end();
+    pool.close().await;
+}
+
+async fn drive(
+    store_pool: &PgPool,
+    pool: &PgPool,
+    mut listener: PgListener,
+    pending: &Pending,
+    consumer: &mut oneshot::Sender<()>,
+) {
     loop {
         let received = tokio::select! {
-            () = consumer.closed() => break,
-            () = store_pool.close_event() => break,
+            () = consumer.closed() => return,
+            () = store_pool.close_event() => return,
             received = listener.try_recv() => received,
         };
         match received {
@@ -904,17 +918,15 @@ async fn follow(
                     tracing::warn!("task change connection lost; reconnecting");
                 }
                 drop(listener);
-                match reconnect(&store_pool, &pool, &mut consumer).await {
+                match reconnect(store_pool, pool, consumer).await {
                     Some(l) => listener = l,
-                    None => break,
+                    None => return,
                 }
                 tracing::info!("listening for task changes again");
                 pending.gap();
             }
         }
     }
-    pending.end();
-    pool.close().await;
 }
 
 /// Listens again after a lost connection, retrying with backoff; `None`
