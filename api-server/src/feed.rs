@@ -9,17 +9,24 @@
 //! A wake-up is a hint to re-read, never data: the feed in the database is
 //! the authority. So a waiter subscribes ([`Feed::watch`]) *before* it reads
 //! the events, and re-reads on every hint that may concern its task: its own
-//! id, a lagged receiver (ids were skipped), or a resubscription of the hub
-//! (notifications may have been lost while it was not listening).
+//! id, a lagged receiver (ids were skipped), a resubscription of the hub, or
+//! a gap the store reports in its change stream (its notification
+//! connection was lost and re-established): in the last two, notifications
+//! may have been lost while nobody was listening.
+//!
+//! The hub counts the requests waiting in [`Watch::changed`]
+//! ([`Feed::waiting`], and the `meatspace_long_polls_waiting` gauge on
+//! `/metrics`), so an operator sees how many long polls are held open.
 //!
 //! [`Feed::close`] is the server's shutdown: every waiter answers at once
 //! with what it has, and the hub stops.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use meatspace_core::Store;
+use meatspace_core::{Change, Store};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -49,6 +56,8 @@ pub struct Feed {
 struct Inner {
     wakes: broadcast::Sender<Wake>,
     closed: watch::Sender<bool>,
+    /// Requests inside [`Watch::changed`] right now.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Feed {
@@ -60,7 +69,11 @@ impl Feed {
         let (closed, closed_rx) = watch::channel(false);
         tokio::spawn(follow(store, wakes.clone(), closed_rx));
         Feed {
-            inner: Arc::new(Inner { wakes, closed }),
+            inner: Arc::new(Inner {
+                wakes,
+                closed,
+                waiting: Arc::default(),
+            }),
         }
     }
 
@@ -82,7 +95,15 @@ impl Feed {
             task_id,
             wakes: self.inner.wakes.subscribe(),
             closed: self.inner.closed.subscribe(),
+            waiting: self.inner.waiting.clone(),
         }
+    }
+
+    /// How many requests of this hub are waiting for a change right now
+    /// (subscribed, feed read and found empty). Also the
+    /// `meatspace_long_polls_waiting` gauge, summed over the process.
+    pub fn waiting(&self) -> usize {
+        self.inner.waiting.load(Ordering::SeqCst)
     }
 }
 
@@ -103,13 +124,37 @@ pub struct Watch {
     task_id: Uuid,
     wakes: broadcast::Receiver<Wake>,
     closed: watch::Receiver<bool>,
+    waiting: Arc<AtomicUsize>,
 }
+
+/// Counts one request as waiting for as long as it exists (the wait may
+/// end by being dropped, when the client goes away).
+struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!(WAITING_GAUGE).increment(1.0);
+        Waiting(count.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+        metrics::gauge!(WAITING_GAUGE).decrement(1.0);
+    }
+}
+
+/// Gauge of the long polls waiting for a change, process-wide.
+const WAITING_GAUGE: &str = "meatspace_long_polls_waiting";
 
 impl Watch {
     /// Waits until the task may have changed since the subscription (or the
     /// previous call), the deadline passes, or the feed closes. Wake-ups
     /// for other tasks are skipped without touching the database.
     pub async fn changed(&mut self, deadline: Instant) -> Woken {
+        let _waiting = Waiting::new(&self.waiting);
         let sleep = tokio::time::sleep_until(deadline);
         tokio::pin!(sleep);
         loop {
@@ -154,7 +199,11 @@ async fn follow(
                         _ = closed.wait_for(|c| *c) => return,
                         change = changes.next() => match change {
                             // No receiver just means nobody is waiting.
-                            Some(id) => { let _ = wakes.send(Wake::Task(id)); }
+                            Some(Change::Task(id)) => { let _ = wakes.send(Wake::Task(id)); }
+                            // Notifications were lost (the database
+                            // connection dropped and came back): every
+                            // waiter re-reads.
+                            Some(Change::Gap) => { let _ = wakes.send(Wake::All); }
                             None => break,
                         },
                     }
@@ -185,7 +234,11 @@ mod tests {
         let (wakes, _) = broadcast::channel(4);
         let (closed, _) = watch::channel(false);
         Feed {
-            inner: Arc::new(Inner { wakes, closed }),
+            inner: Arc::new(Inner {
+                wakes,
+                closed,
+                waiting: Arc::default(),
+            }),
         }
     }
 

@@ -2,7 +2,27 @@
 //! `error` label of `meatspace_reconcile_errors_total`, so an alert can tell
 //! an unreachable database from a real fault.
 
+use std::future::Future;
+use std::time::Duration;
+
 use meatspace_core::StoreError;
+
+/// Longest wait for one apiserver request (not a watch). kube's client sets
+/// no read timeout, so without this a hung apiserver would hold a
+/// reconciler (or the leader elector) for ever.
+pub const KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs one apiserver request with [`KUBE_CALL_TIMEOUT`]; `what` names it
+/// in the error.
+pub(crate) async fn kube_call<T>(
+    what: &'static str,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(KUBE_CALL_TIMEOUT, call)
+        .await
+        .map_err(|_| Error::KubeTimeout(what))?
+        .map_err(Error::Kube)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -16,6 +36,9 @@ pub enum Error {
     /// A call to the Kubernetes apiserver failed.
     #[error("kubernetes: {0}")]
     Kube(#[from] kube::Error),
+    /// A call to the Kubernetes apiserver got no answer in time.
+    #[error("kubernetes: no answer to {0} within {KUBE_CALL_TIMEOUT:?}")]
+    KubeTimeout(&'static str),
     /// No usable kubeconfig or in-cluster configuration.
     #[error("kubernetes configuration: {0}")]
     KubeConfig(String),
@@ -31,6 +54,7 @@ impl Error {
             Error::StoreUnavailable(_) => "store_unavailable",
             Error::Store(_) => "store",
             Error::Kube(_) => "kube",
+            Error::KubeTimeout(_) => "kube_timeout",
             Error::KubeConfig(_) => "kube_config",
             Error::ReconcilerStopped(_) => "reconciler_stopped",
         }

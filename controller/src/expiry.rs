@@ -24,9 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use meatspace_core::{Due, ExpiryReason, Store, clock};
+use meatspace_core::{Change, Due, ExpiryReason, Store, clock};
 use tracing::Instrument;
-use uuid::Uuid;
 
 use crate::{ControllerConfig, Error, Shutdown, metrics};
 
@@ -81,8 +80,8 @@ pub struct Expiry {
     max_sleep: TimeDelta,
 }
 
-/// Task ids changed anywhere, or `None` until subscribed.
-type Changes = Option<BoxStream<'static, Uuid>>;
+/// Task changes anywhere, or `None` until subscribed.
+type Changes = Option<BoxStream<'static, Change>>;
 
 impl Expiry {
     pub(crate) fn new(store: Arc<dyn Store>, config: &ControllerConfig) -> Self {
@@ -223,8 +222,10 @@ async fn wait(
             biased;
             () = shutdown.requested() => return,
             () = tokio::time::sleep_until(wake) => return,
+            // A task change may bring an earlier deadline; a gap (lost
+            // notifications) may hide one: either way, re-read it.
             change = change => match change {
-                Some(_) if !changed => {
+                Some(Change::Task(_) | Change::Gap) if !changed => {
                     changed = true;
                     wake = wake.min(tokio::time::Instant::now() + coalesce);
                 }

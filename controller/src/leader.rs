@@ -6,6 +6,11 @@
 //! takes it over only once `renewTime + leaseDurationSeconds` has passed.
 //! Every write carries the Lease's `resourceVersion`, so when two replicas
 //! race for an expired Lease the apiserver accepts exactly one of them.
+//!
+//! A holder judges its own lead by a local monotonic deadline taken before
+//! each renewal request (see [`run`]), with a timeout on every renewal, so
+//! a hung apiserver makes it stop mirroring before a follower may take the
+//! Lease over; `meatspace_leader{lease,identity}` shows who leads.
 
 use std::time::Duration;
 
@@ -16,7 +21,10 @@ use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::watch;
 
+use tokio::time::Instant;
+
 use crate::Shutdown;
+use crate::error::KUBE_CALL_TIMEOUT;
 
 /// Which Lease to hold, and as whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,9 +104,35 @@ async fn try_hold(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::Err
     }
 }
 
+/// Gauge of leadership: 1 while this replica (label `identity`) holds the
+/// Lease (label `lease`) and may mirror, else 0.
+pub const LEADER_GAUGE: &str = "meatspace_leader";
+
+/// How long this replica may keep leading after the *start* of its last
+/// successful renewal. Another replica takes over once the renewal time it
+/// reads plus the Lease duration has passed on its clock; our renewal
+/// time was taken just after this start, so stopping at two thirds of the
+/// duration leaves a third (a second of a 3 s Lease) for clock skew and
+/// for the follower's own polling.
+fn leading_for(duration: Duration) -> Duration {
+    duration * 2 / 3
+}
+
+/// Longest wait for one Lease renewal (a read and a write): a hung
+/// apiserver must not keep the elector from noticing its deadline.
+fn renewal_timeout(duration: Duration) -> Duration {
+    (duration / 3).clamp(Duration::from_millis(500), KUBE_CALL_TIMEOUT)
+}
+
 /// Holds the Lease until shutdown, publishing whether this replica leads.
-/// A replica that cannot renew in time steps down before its Lease could
-/// pass to another, so two leaders never overlap by more than clock skew.
+///
+/// Leadership is judged by a local monotonic deadline, taken *before* each
+/// renewal request is sent, never by the time a response arrives or by the
+/// apiserver's clock: after a successful renewal that started at `t`, this
+/// replica leads until `t + 2/3 × duration`. Every renewal has a timeout,
+/// and the deadline is enforced while a renewal is in flight, so a hung
+/// apiserver makes this replica step down (and the mirror stop) before
+/// another replica may take the Lease over.
 pub(crate) async fn run(
     client: kube::Client,
     settings: LeaseSettings,
@@ -107,19 +141,10 @@ pub(crate) async fn run(
 ) {
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let renew_every = settings.duration / 3;
-    let mut last_held = None::<tokio::time::Instant>;
-    while !shutdown.is_requested() {
-        let held = match try_hold(&api, &settings).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!(error = %e, lease = %settings.name, "lease renewal failed");
-                // Keep leading only while the last renewal is still valid.
-                last_held.is_some_and(|t| t.elapsed() < settings.duration * 2 / 3)
-            }
-        };
-        if held {
-            last_held = Some(tokio::time::Instant::now());
-        }
+    let timeout = renewal_timeout(settings.duration);
+    let publish = |held: bool| {
+        metrics::gauge!(LEADER_GAUGE, "lease" => settings.name.clone(), "identity" => settings.identity.clone())
+            .set(if held { 1.0 } else { 0.0 });
         leading.send_if_modified(|was| {
             let changed = *was != held;
             if changed {
@@ -128,8 +153,56 @@ pub(crate) async fn run(
             *was = held;
             changed
         });
+    };
+    publish(false);
+    // While leading: when leadership ends unless a renewal succeeds first.
+    let mut lead_until: Option<Instant> = None;
+    while !shutdown.is_requested() {
+        let started = Instant::now();
+        let expires = async {
+            match lead_until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let attempt = tokio::time::timeout(timeout, try_hold(&api, &settings));
+        let outcome = tokio::select! {
+            biased;
+            () = shutdown.requested() => break,
+            () = expires => None,
+            r = attempt => Some(r),
+        };
+        match outcome {
+            Some(Ok(Ok(true))) => {
+                lead_until = Some(started + leading_for(settings.duration));
+                publish(true);
+            }
+            Some(Ok(Ok(false))) => {
+                lead_until = None;
+                publish(false);
+            }
+            Some(Ok(Err(e))) => {
+                tracing::warn!(error = %e, lease = %settings.name, "lease renewal failed");
+            }
+            Some(Err(_)) => {
+                tracing::warn!(lease = %settings.name, ?timeout, "lease renewal got no answer in time");
+            }
+            None => {}
+        }
+        if lead_until.is_some_and(|t| Instant::now() >= t) {
+            tracing::warn!(lease = %settings.name, "lease not renewed in time: stepping down");
+            lead_until = None;
+            publish(false);
+        }
+        let next = started + renew_every;
+        let step_down_at = lead_until.filter(|t| *t < next);
         tokio::select! {
-            () = tokio::time::sleep(renew_every) => {}
+            () = tokio::time::sleep_until(next) => {}
+            () = async { tokio::time::sleep_until(step_down_at.unwrap_or(next)).await }, if step_down_at.is_some() => {
+                tracing::warn!(lease = %settings.name, "lease not renewed in time: stepping down");
+                lead_until = None;
+                publish(false);
+            }
             // Also resolves when the shutdown sender is gone: without this
             // break the loop would spin, renewing as fast as it can.
             () = shutdown.requested() => break,
@@ -137,19 +210,22 @@ pub(crate) async fn run(
     }
     // Step down so a successor need not wait out the Lease.
     if *leading.borrow() {
-        if let Ok(Some(mut lease)) = api.get_opt(&settings.name).await
-            && let Some(spec) = lease
-                .spec
-                .as_mut()
-                .filter(|s| s.holder_identity.as_deref() == Some(&settings.identity))
-        {
-            spec.holder_identity = None;
-            spec.renew_time = None;
-            let _ = api
-                .replace(&settings.name, &PostParams::default(), &lease)
-                .await;
-        }
-        let _ = leading.send(false);
+        publish(false);
+        let release = async {
+            if let Ok(Some(mut lease)) = api.get_opt(&settings.name).await
+                && let Some(spec) = lease
+                    .spec
+                    .as_mut()
+                    .filter(|s| s.holder_identity.as_deref() == Some(&settings.identity))
+            {
+                spec.holder_identity = None;
+                spec.renew_time = None;
+                let _ = api
+                    .replace(&settings.name, &PostParams::default(), &lease)
+                    .await;
+            }
+        };
+        let _ = tokio::time::timeout(timeout, release).await;
     }
 }
 

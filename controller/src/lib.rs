@@ -71,6 +71,7 @@ pub mod leader;
 pub mod metrics;
 pub mod mirror;
 pub mod retention;
+mod supervisor;
 pub mod telemetry;
 
 pub use config::{Config, ControllerArgs, ControllerConfig};
@@ -80,8 +81,11 @@ pub use error::Error;
 ///
 /// Database errors do not end it: each reconciler logs them, counts them in
 /// `meatspace_reconcile_errors_total` and retries with backoff, because a
-/// controller must outlive a database restart. It returns an error only if
-/// a reconciler stops by itself (a panic).
+/// controller must outlive a database restart. A reconciler that panics is
+/// restarted with backoff by its [`supervisor`] (and counted in
+/// `meatspace_reconciler_restarts_total`), so no reconciler stays dead
+/// while the process serves. It returns an error only if a supervisor
+/// itself ends before shutdown, which would be a bug.
 pub async fn run(
     store: Arc<dyn Store>,
     config: ControllerConfig,
@@ -90,12 +94,28 @@ pub async fn run(
     metrics::describe();
     let (stop, stopped) = watch::channel(false);
     let mut reconcilers = tokio::task::JoinSet::new();
-    let expiry = expiry::Expiry::new(store.clone(), &config);
-    reconcilers.spawn(expiry.run(Shutdown(stopped.clone())));
-    let retention = retention::Retention::new(store.clone(), &config);
-    reconcilers.spawn(retention.run(Shutdown(stopped.clone())));
+    {
+        let (store, config) = (store.clone(), config.clone());
+        reconcilers.spawn(supervisor::supervise(
+            "expiry",
+            move |s| expiry::Expiry::new(store.clone(), &config).run(s),
+            Shutdown(stopped.clone()),
+        ));
+    }
+    {
+        let (store, config) = (store.clone(), config.clone());
+        reconcilers.spawn(supervisor::supervise(
+            "retention",
+            move |s| retention::Retention::new(store.clone(), &config).run(s),
+            Shutdown(stopped.clone()),
+        ));
+    }
     if let Some(settings) = config.mirror.clone() {
-        reconcilers.spawn(mirror::run(store, settings, Shutdown(stopped)));
+        reconcilers.spawn(supervisor::supervise(
+            "mirror",
+            move |s| mirror::run(store.clone(), settings.clone(), s),
+            Shutdown(stopped),
+        ));
     }
     tracing::info!(?config, "controller running");
 
@@ -104,7 +124,7 @@ pub async fn run(
         () = shutdown => tracing::info!("shutting down: finishing the batches in flight"),
         Some(ended) = reconcilers.join_next() => {
             result = Err(Error::ReconcilerStopped(match ended {
-                Ok(()) => "it returned".to_owned(),
+                Ok(()) => "its supervisor returned".to_owned(),
                 Err(e) => e.to_string(),
             }));
         }

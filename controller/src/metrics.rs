@@ -25,6 +25,9 @@ pub const RECONCILE_DURATION: &str = "meatspace_reconcile_duration_seconds";
 /// Failed reconcile passes, labelled `reconciler` and `error`.
 pub const RECONCILE_ERRORS: &str = "meatspace_reconcile_errors_total";
 
+/// Reconcilers restarted after a panic, labelled `reconciler`.
+pub const RECONCILER_RESTARTS: &str = "meatspace_reconciler_restarts_total";
+
 /// Buckets of [`EXPIRY_LAG`]: the target is "within about a second", so the
 /// resolution is finest below that.
 const LAG_BUCKETS: &[f64] = &[
@@ -90,6 +93,11 @@ pub fn describe() {
         Unit::Count,
         "Failed reconcile passes, by reconciler and error."
     );
+    describe_counter!(
+        RECONCILER_RESTARTS,
+        Unit::Count,
+        "Reconcilers restarted after they panicked, by reconciler."
+    );
     for reason in [ExpiryReason::Lifetime, ExpiryReason::ActiveTimeLimit] {
         counter!(TASKS_EXPIRED, "reason" => reason.as_str()).increment(0);
     }
@@ -117,4 +125,8 @@ pub(crate) fn reconciled(reconciler: &'static str, took: Duration) {
 pub(crate) fn failed(reconciler: &'static str, error: &crate::Error) {
     counter!(RECONCILE_ERRORS, "reconciler" => reconciler, "error" => error.metric_label())
         .increment(1);
+}
+
+pub(crate) fn restarted(reconciler: &'static str) {
+    counter!(RECONCILER_RESTARTS, "reconciler" => reconciler).increment(1);
 }

@@ -14,23 +14,26 @@
 //! deleted a resource), and a periodic full resync as a safety net. With
 //! leader election on, only the replica holding the Lease mirrors.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
-use meatspace_core::{Store, Task};
+use meatspace_core::{Change, Store, Task};
 use meatspace_crds::{MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired};
 use serde_json::json;
 use tokio::sync::watch;
+use tokio_util::time::{DelayQueue, delay_queue};
 use uuid::Uuid;
 
+use crate::error::kube_call;
 use crate::leader::{self, LeaseSettings};
 use crate::{Error, Shutdown};
 
@@ -145,16 +148,13 @@ impl Mirror {
             Plan::Nothing => {}
             Plan::Delete => {
                 self.count_write("delete");
-                match self
-                    .api
-                    .delete(&meatspace_crds::resource_name(id), &DeleteParams::default())
-                    .await
-                {
+                let name = meatspace_crds::resource_name(id);
+                match kube_call("delete", self.api.delete(&name, &DeleteParams::default())).await {
                     Ok(_) => {
                         tracing::debug!(task_id = %id, "deleted the resource of a removed task")
                     }
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e.into()),
+                    Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {}
+                    Err(e) => return Err(e),
                 }
             }
             Plan::Apply {
@@ -170,7 +170,11 @@ impl Mirror {
                     let mut main = (*want).clone();
                     main.status = None;
                     self.count_write("apply");
-                    let written = self.api.patch(&name, &params, &Patch::Apply(&main)).await?;
+                    let written = kube_call(
+                        "apply",
+                        self.api.patch(&name, &params, &Patch::Apply(&main)),
+                    )
+                    .await?;
                     generation = written.metadata.generation;
                     versions.extend(written.metadata.resource_version);
                 }
@@ -180,10 +184,11 @@ impl Mirror {
                     "status": with_generation(&want, generation),
                 });
                 self.count_write("apply_status");
-                let written = self
-                    .api
-                    .patch_status(&name, &params, &Patch::Apply(&body))
-                    .await?;
+                let written = kube_call(
+                    "apply status",
+                    self.api.patch_status(&name, &params, &Patch::Apply(&body)),
+                )
+                .await?;
                 versions.extend(written.metadata.resource_version);
                 // Recorded only once both writes went through: if the status
                 // write failed, the event of the spec write retries it.
@@ -204,12 +209,13 @@ impl Mirror {
     /// differences. The tasks come from the pages just read, not one read
     /// each: a task that changes meanwhile is reconciled again from its
     /// change notification, which the loop handles after the resync. A
-    /// failure on one task is reported and the others still go through.
-    async fn resync(&self) -> Result<(), Error> {
+    /// failure on one task is reported and the others still go through;
+    /// the ids that failed are returned, for retrying.
+    async fn resync(&self) -> Result<Vec<Uuid>, Error> {
         let started = std::time::Instant::now();
         let mut seen = HashSet::new();
         let mut after = None;
-        let mut failed = 0usize;
+        let mut failed = Vec::new();
         loop {
             let page = self.store.tasks_after(after, 500).await?;
             let Some(last) = page.last() else { break };
@@ -217,15 +223,19 @@ impl Mirror {
             seen.extend(page.iter().map(|t| t.id));
             // Boxed: with the plain futures, rustc cannot prove the spawned
             // mirror future Send (rust-lang/rust#102211).
-            let reconciles: Vec<BoxFuture<'_, Result<(), Error>>> = page
+            let reconciles: Vec<BoxFuture<'_, (Uuid, Result<(), Error>)>> = page
                 .iter()
-                .map(|t| self.reconcile_task(t.id, Some(t)).boxed())
+                .map(|t| {
+                    self.reconcile_task(t.id, Some(t))
+                        .map(move |r| (t.id, r))
+                        .boxed()
+                })
                 .collect();
             let mut results = futures::stream::iter(reconciles).buffer_unordered(8);
-            while let Some(result) = results.next().await {
+            while let Some((id, result)) = results.next().await {
                 if let Err(e) = result {
                     report(Err(e), "reconcile");
-                    failed += 1;
+                    failed.push(id);
                 }
             }
         }
@@ -241,13 +251,13 @@ impl Mirror {
         for id in orphans {
             if let Err(e) = self.reconcile(id).await {
                 report(Err(e), "reconcile");
-                failed += 1;
+                failed.push(id);
             }
         }
         metrics::counter!("meatspace_mirror_resyncs_total", "namespace" => self.namespace.clone())
             .increment(1);
-        tracing::debug!(tasks = seen.len(), failed, elapsed = ?started.elapsed(), "mirror resync done");
-        Ok(())
+        tracing::debug!(tasks = seen.len(), failed = failed.len(), elapsed = ?started.elapsed(), "mirror resync done");
+        Ok(failed)
     }
 
     /// Whether a watched object is in a state our own write produced (and
@@ -368,6 +378,70 @@ impl Drop for Elector {
     }
 }
 
+/// Failed reconciles waiting for their retry, per task, with capped
+/// exponential backoff (the kube-runtime `error_policy` pattern without its
+/// whole `Controller`: our work items come from the store, not only from
+/// watches). A task has at most one retry pending; any successful
+/// reconcile of it clears it.
+#[derive(Default)]
+struct Retries {
+    queue: DelayQueue<Uuid>,
+    /// The pending retry and how many reconciles failed in a row.
+    tasks: HashMap<Uuid, (Option<delay_queue::Key>, u32)>,
+}
+
+impl Retries {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(60);
+
+    /// Records the outcome of reconciling `id`.
+    fn record(&mut self, id: Uuid, result: Result<(), Error>) {
+        match result {
+            Ok(()) => {
+                if let Some((Some(key), _)) = self.tasks.remove(&id) {
+                    self.queue.remove(&key);
+                }
+            }
+            Err(e) => {
+                report(Err(e), "reconcile");
+                self.failed(id);
+            }
+        }
+    }
+
+    /// Schedules a retry of `id` after its next backoff delay.
+    fn failed(&mut self, id: Uuid) {
+        let (key, failures) = self.tasks.entry(id).or_insert((None, 0));
+        let delay = Self::FIRST
+            .saturating_mul(1 << (*failures).min(16))
+            .min(Self::MAX);
+        *failures = failures.saturating_add(1);
+        match key {
+            Some(k) => self.queue.reset(k, delay),
+            None => *key = Some(self.queue.insert(id, delay)),
+        }
+        tracing::debug!(task_id = %id, ?delay, "mirror reconcile will be retried");
+    }
+
+    /// The next task whose retry is due; pending while there is none.
+    async fn due(&mut self) -> Uuid {
+        loop {
+            match futures::future::poll_fn(|cx| self.queue.poll_expired(cx)).await {
+                Some(expired) => {
+                    let id = expired.into_inner();
+                    if let Some((key, _)) = self.tasks.get_mut(&id) {
+                        *key = None;
+                    }
+                    return id;
+                }
+                // Empty: nothing to retry until a failure is recorded,
+                // which happens outside this wait.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
 /// The mirror loop proper; runs until cancelled.
 async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSettings) {
     let api: Api<MeatspaceTask> = Api::namespaced(client, &settings.namespace);
@@ -379,15 +453,6 @@ async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSe
     )
     .default_backoff()
     .boxed();
-    let mut changes = loop {
-        match store.changes().await {
-            Ok(c) => break c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot follow task changes; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    };
     let m = Mirror {
         store,
         api,
@@ -395,35 +460,91 @@ async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSe
         cache,
         own_writes: Mutex::default(),
     };
+    // The store's changes; `None` while (re)subscribing, which is retried
+    // with backoff and followed by a resync (changes may have been missed).
+    let mut changes: Option<BoxStream<'static, Change>> = None;
+    let mut subscribe_backoff = crate::expiry::Backoff::default();
+    let mut subscribe_at = tokio::time::Instant::now();
+    let mut retries = Retries::default();
     let mut resync = tokio::time::interval(settings.resync_interval);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ready = false;
     loop {
+        let subscribed = changes.is_some();
+        let change = async {
+            match changes.as_mut() {
+                Some(stream) => stream.next().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            Some(id) = changes.next() => {
-                if ready {
-                    report(m.reconcile(id).await, "reconcile");
+            () = tokio::time::sleep_until(subscribe_at), if !subscribed => {
+                match m.store.changes().await {
+                    Ok(stream) => {
+                        changes = Some(stream);
+                        subscribe_backoff.reset();
+                        if ready {
+                            // Changes while nobody listened sent nothing.
+                            resync_and_retry(&m, &mut retries).await;
+                            resync.reset();
+                        }
+                    }
+                    Err(e) => {
+                        let e = Error::from(e);
+                        tracing::warn!(error = %e, "cannot follow task changes; retrying");
+                        subscribe_at = tokio::time::Instant::now() + subscribe_backoff.next_delay();
+                    }
                 }
             }
+            change = change => match change {
+                Some(Change::Task(id)) if ready => retries.record(id, m.reconcile(id).await),
+                Some(Change::Task(_)) => {}
+                Some(Change::Gap) if ready => {
+                    // Notifications were lost: compare everything.
+                    resync_and_retry(&m, &mut retries).await;
+                    resync.reset();
+                }
+                Some(Change::Gap) => {}
+                None => {
+                    tracing::warn!("the task change stream ended; subscribing again");
+                    changes = None;
+                    subscribe_at = tokio::time::Instant::now() + subscribe_backoff.next_delay();
+                }
+            },
             Some(event) = events.next() => match event {
                 Ok(watcher::Event::Apply(obj)) if ready && m.is_own_write(&obj) => {}
                 Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) if ready => {
                     if let Ok(id) = Uuid::parse_str(&obj.name_any()) {
-                        report(m.reconcile(id).await, "reconcile");
+                        retries.record(id, m.reconcile(id).await);
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
                     // The cache is complete: catch up with everything.
                     ready = true;
                     m.forget_own_writes();
-                    report(m.resync().await, "resync");
+                    resync_and_retry(&m, &mut retries).await;
                     resync.reset();
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "watch of MeatspaceTask resources failed"),
             },
-            _ = resync.tick(), if ready => report(m.resync().await, "resync"),
+            id = retries.due(), if ready => retries.record(id, m.reconcile(id).await),
+            _ = resync.tick(), if ready => resync_and_retry(&m, &mut retries).await,
         }
+    }
+}
+
+/// A full resync whose per-task failures are queued for retry.
+async fn resync_and_retry(m: &Mirror, retries: &mut Retries) {
+    match m.resync().await {
+        Ok(failed) => {
+            for id in failed {
+                retries.failed(id);
+            }
+        }
+        // The store could not be read; the next resync, gap or change
+        // tries again.
+        Err(e) => report(Err(e), "resync"),
     }
 }
 

@@ -14,4 +14,4 @@ pub mod token;
 
 pub use domain::*;
 pub use policy::Policy;
-pub use store::{Store, StoreError};
+pub use store::{Change, Store, StoreError};

@@ -8,7 +8,7 @@
 //! test failure, never a skip.
 
 pub mod k8s;
-pub mod postgres;
+pub mod pg;
 pub mod process;
 pub mod server;
 
@@ -54,9 +54,13 @@ impl TestDb {
         }
     }
 
-    /// A database that exists elsewhere (e.g. on an [`postgres::OwnPostgres`]).
-    pub fn at(url: String) -> TestDb {
-        TestDb { url, _dir: None }
+    /// A fresh, empty database on the PostgreSQL server at `admin_url`
+    /// (for tests that run a server of their own, see [`pg::PgServer`]).
+    pub async fn postgres_on(admin_url: &str) -> TestDb {
+        TestDb {
+            url: create_database(admin_url).await,
+            _dir: None,
+        }
     }
 
     /// Opens the store (running migrations) with the given policy.
@@ -78,8 +82,13 @@ pub async fn fresh_postgres_database() -> String {
              Run the suite with scripts/test, which starts a throwaway one."
         )
     });
+    create_database(&admin).await
+}
+
+/// Creates a new database on the server at `admin` and returns its URL.
+async fn create_database(admin: &str) -> String {
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&admin)
+    let mut conn = sqlx::PgConnection::connect(admin)
         .await
         .unwrap_or_else(|e| panic!("connect to the test PostgreSQL server: {e}"));
     sqlx::query(&format!("CREATE DATABASE {name}"))
@@ -87,7 +96,7 @@ pub async fn fresh_postgres_database() -> String {
         .await
         .expect("create test database");
     conn.close().await.ok();
-    replace_database(&admin, &name)
+    replace_database(admin, &name)
 }
 
 /// `url` with its database name replaced by `name`.

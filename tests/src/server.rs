@@ -103,6 +103,9 @@ pub struct TestServer {
     pub backend: Db,
     /// Keeps the database (and the SQLite directory) alive.
     pub db: TestDb,
+    /// The server's long-poll hub: [`Feed::waiting`] tells a test when its
+    /// long polls are really waiting, so it need not sleep to let them settle.
+    pub feed: Feed,
     pub options: ServerOptions,
     shutdown: Option<oneshot::Sender<()>>,
     serving: Option<JoinHandle<std::io::Result<()>>>,
@@ -127,10 +130,12 @@ impl TestServer {
     }
 
     pub async fn start_with(backend: Db, options: ServerOptions) -> TestServer {
-        TestServer::start_on(backend, TestDb::new(backend).await, options).await
+        let db = TestDb::new(backend).await;
+        TestServer::start_on(backend, db, options).await
     }
 
-    /// A server on a given database (of the `backend` kind).
+    /// A server on a database the test made itself (e.g. on a PostgreSQL
+    /// server it restarts, [`crate::pg::PgServer`]).
     pub async fn start_on(backend: Db, db: TestDb, options: ServerOptions) -> TestServer {
         let store = connect(&db.url, options.policy, &options.connect)
             .await
@@ -147,6 +152,7 @@ impl TestServer {
             availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
             rate_limit: RateLimit::new(options.rate_limit),
         };
+        let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -170,6 +176,7 @@ impl TestServer {
             store,
             backend,
             db,
+            feed: hub,
             options,
             shutdown: Some(tx),
             serving: Some(serving),
@@ -187,6 +194,21 @@ impl TestServer {
                 .await
                 .expect("the server task panicked")
                 .expect("the server failed");
+        }
+    }
+
+    /// Waits until `n` long polls of this server wait for a change (they
+    /// subscribed, read an empty page and sleep), so that what the test
+    /// does next exercises the wake-up. Fails after 30 s.
+    pub async fn until_waiting(&self, n: usize) {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.feed.waiting() < n {
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "{} of {n} long polls waiting after 30 s",
+                self.feed.waiting()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 

@@ -97,12 +97,16 @@ async fn an_agent_sees_its_task_expire_in_the_feed_within_a_second(db: Db) {
     let lag = ms_after(time_at(&expired, "/created_at"), expires_at);
     let seen = ms_after(seen_at, expires_at);
     println!("task.expired written {lag} ms and seen by the agent {seen} ms after the deadline");
+    // Never early. The design aims at about a second (printed above); the
+    // bound is generous for a busy CI machine and only tells a controller
+    // woken for the deadline from one that slept through it until its
+    // safety-net re-read (10 s by default).
     assert!(
-        (0..=1000).contains(&lag),
+        (0..=5000).contains(&lag),
         "expired {lag} ms after the deadline"
     );
     assert!(
-        seen <= 1500,
+        seen <= 5000,
         "the agent saw task.expired only {seen} ms after the deadline"
     );
     assert_eq!(expired["actor"], "system");

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use meatspace_tests::postgres::OwnPostgres;
+use meatspace_tests::pg::PgServer;
 use meatspace_tests::server::{ServerOptions, TestServer, ids, types};
 use meatspace_tests::{Db, TestDb};
 use reqwest::StatusCode;
@@ -44,11 +44,9 @@ struct Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
-    let pg = OwnPostgres::start().await;
-    let url = pg.database().await;
-    let srv = Arc::new(
-        TestServer::start_on(Db::Postgres, TestDb::at(url), ServerOptions::default()).await,
-    );
+    let pg = tokio::task::spawn_blocking(PgServer::start_new).await.unwrap();
+    let db = TestDb::postgres_on(&pg.admin_url).await;
+    let srv = Arc::new(TestServer::start_on(Db::Postgres, db, ServerOptions::default()).await);
     let tasks = join_all((0..WRITERS).map(|i| {
         let srv = Arc::clone(&srv);
         async move { srv.active_task(&format!("Keep writing {i}")).await }
@@ -116,7 +114,7 @@ async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
     .await;
 
     let crashed = Instant::now();
-    pg.crash().await;
+    tokio::task::block_in_place(|| pg.crash());
     let readyz = |srv: Arc<TestServer>| async move {
         srv.get("/readyz").send().await.map(|r| r.status()).ok()
     };
@@ -143,7 +141,7 @@ async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
         .map(|(at, _)| *at - crashed)
         .expect("a 503 after the crash");
 
-    pg.restart().await;
+    tokio::task::block_in_place(|| pg.restart_after_crash());
     let restarted = Instant::now();
     let before_restart = acked_total(&seen);
     let ready_after = poll_until(Duration::from_secs(30), || {

@@ -23,8 +23,9 @@ use futures::future::BoxFuture;
 use meatspace_core::store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, connect};
 use meatspace_core::token::{self, TokenHash};
 use meatspace_core::{
-    Actor, Command, Due, Event, EventType, ExpiryReason, IssueAction, IssueKind, IssueStatus,
-    MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task, TaskState,
+    Actor, Change, Command, Due, Event, EventType, ExpiryReason, IssueAction, IssueKind,
+    IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task,
+    TaskState,
 };
 use meatspace_tests::TestDb;
 use serde_json::{Value, json};
@@ -1595,7 +1596,8 @@ async fn changes_name_each_changed_task_in_order(store: Arc<dyn Store>) {
     for _ in want {
         let next = tokio::time::timeout(Duration::from_secs(10), changes.next()).await;
         match next {
-            Ok(Some(id)) => got.push(id),
+            Ok(Some(Change::Task(id))) => got.push(id),
+            Ok(Some(Change::Gap)) => panic!("a gap without any outage, after {got:?}"),
             Ok(None) => panic!("the change stream ended after {got:?}"),
             Err(_) => panic!("no change announced within 10s after {got:?}"),
         }

@@ -246,10 +246,29 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         kind: crate::EventType,
     ) -> Result<Option<i64>, StoreError>;
 
-    /// A stream that yields the id of every task changed after the call,
-    /// from any process sharing the database (PostgreSQL LISTEN/NOTIFY) or
-    /// from this process (SQLite). Used to wake the controller early.
-    async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError>;
+    /// A stream of the tasks changed after the call, from any process
+    /// sharing the database (PostgreSQL LISTEN/NOTIFY) or from this process
+    /// (SQLite). Used to wake long polls and the controller early.
+    ///
+    /// The stream never drops a change silently: when changes may have been
+    /// missed (the notification connection was lost and re-established, or
+    /// the consumer fell behind) it yields [`Change::Gap`], after which the
+    /// consumer must re-read whatever it follows. The stream is driven by
+    /// the store in the background, so a consumer that is busy elsewhere
+    /// neither stalls the reconnect nor leaves the database's side of the
+    /// connection unread. It ends only when the store is closed.
+    async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError>;
+}
+
+/// One item of [`Store::changes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// This task changed (its row, events, issues or photos), or was purged.
+    Task(Uuid),
+    /// Changes may have been missed since the previous item: re-read
+    /// everything that matters. Yielded after the stream is listening
+    /// again, so a re-read that follows it misses nothing.
+    Gap,
 }
 
 /// Connection settings shared by both backends.

@@ -10,14 +10,20 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
+use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
 use super::{
-    Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker,
+    Applied, Backend, Change, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError,
+    Worker,
 };
 use crate::token::TokenHash;
 use crate::{
@@ -786,20 +792,267 @@ impl Store for PgStore {
         )
     }
 
-    async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(CHANNEL).await?;
-        let stream = listener.into_stream().filter_map(|n| async move {
-            match n {
-                Ok(n) => n.payload().parse().ok(),
-                Err(e) => {
-                    // The stream may end after an error; consumers
-                    // subscribe again, and their periodic resyncs cover the gap.
-                    tracing::warn!(error = %e, "task change notification failed");
-                    None
-                }
-            }
+    async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError> {
+        let pool = listener_pool(&self.pool);
+        // The first LISTEN happens here, so a caller learns at once that the
+        // database is unreachable; later losses become gaps.
+        let listener = listen(&pool).await?;
+        let shared = Arc::new(Pending::default());
+        let (dropped, consumer) = oneshot::channel::<()>();
+        tokio::spawn(follow(
+            self.pool.clone(),
+            pool,
+            listener,
+            shared.clone(),
+            dropped,
+        ));
+        let stream = futures::stream::unfold((shared, consumer), |(shared, consumer)| async move {
+            let next = shared.next().await?;
+            Some((next, (shared, consumer)))
         });
         Ok(stream.boxed())
+    }
+}
+
+// ---- the change stream ------------------------------------------------------------------
+
+/// Task ids a subscription may hold for a consumer that is busy; beyond
+/// that they collapse into one [`Change::Gap`].
+const PENDING_CAPACITY: usize = 1024;
+/// How long one attempt to (re)connect the listener may wait for a
+/// connection before it counts as failed and is retried.
+const LISTENER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// First and longest pause between two attempts to reconnect the listener.
+/// Short, because a waiting long poll learns of changes lost in an outage
+/// only once the listener is back.
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
+
+/// The pool of one subscription's listener: one connection of its own (so
+/// a busy request pool never delays a reconnect) with TCP keepalives on the
+/// server's side of the socket, so that PostgreSQL drops a listener whose
+/// client host vanished instead of keeping a half-open backend.
+fn listener_pool(pool: &PgPool) -> PgPool {
+    let options = (*pool.connect_options()).clone().options([
+        ("tcp_keepalives_idle", "10"),
+        ("tcp_keepalives_interval", "5"),
+        ("tcp_keepalives_count", "3"),
+    ]);
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(LISTENER_CONNECT_TIMEOUT)
+        .connect_lazy_with(options)
+}
+
+async fn listen(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    // A lost connection is reported at once (`Ok(None)`); [`follow`]
+    // reconnects itself, so that it knows when LISTEN is in force again.
+    listener.eager_reconnect(false);
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
+/// What the listener received and the consumer has not taken yet.
+#[derive(Debug, Default)]
+struct Pending {
+    queue: Mutex<Queue>,
+    ready: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    ids: VecDeque<Uuid>,
+    /// Changes may have been lost since the consumer's last item.
+    gap: bool,
+    /// No more items will come (the store was closed).
+    ended: bool,
+}
+
+impl Pending {
+    fn update(&self, f: impl FnOnce(&mut Queue)) {
+        f(&mut self.queue.lock().unwrap_or_else(PoisonError::into_inner));
+        // One consumer: a stored permit wakes it even if it is not waiting yet.
+        self.ready.notify_one();
+    }
+
+    fn task(&self, id: Uuid) {
+        self.update(|q| {
+            if q.gap {
+                // The gap makes the consumer re-read everything anyway.
+            } else if q.ids.len() >= PENDING_CAPACITY {
+                q.ids.clear();
+                q.gap = true;
+            } else {
+                q.ids.push_back(id);
+            }
+        });
+    }
+
+    fn gap(&self) {
+        self.update(|q| {
+            q.ids.clear();
+            q.gap = true;
+        });
+    }
+
+    fn end(&self) {
+        self.update(|q| q.ended = true);
+    }
+
+    /// The next item for the consumer; `None` once the stream ended.
+    async fn next(&self) -> Option<Change> {
+        loop {
+            {
+                let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                if q.gap {
+                    q.gap = false;
+                    return Some(Change::Gap);
+                }
+                if let Some(id) = q.ids.pop_front() {
+                    return Some(Change::Task(id));
+                }
+                if q.ended {
+                    return None;
+                }
+            }
+            self.ready.notified().await;
+        }
+    }
+}
+
+/// Drives one subscription until its consumer drops the stream or the
+/// store's pool closes: reads every notification as it arrives, whatever
+/// the consumer is doing, and after a lost connection reconnects with a
+/// short backoff, re-issues LISTEN and only then reports the gap.
+async fn follow(
+    store_pool: PgPool,
+    pool: PgPool,
+    listener: PgListener,
+    pending: Arc<Pending>,
+    mut consumer: oneshot::Sender<()>,
+) {
+    // The listener lives (and holds its connection) only inside `drive`,
+    // so the pool can close once it returns.
+    drive(&store_pool, &pool, listener, &pending, &mut consumer).await;
+    pending.end();
+    pool.close().await;
+}
+
+async fn drive(
+    store_pool: &PgPool,
+    pool: &PgPool,
+    mut listener: PgListener,
+    pending: &Pending,
+    consumer: &mut oneshot::Sender<()>,
+) {
+    loop {
+        let received = tokio::select! {
+            () = consumer.closed() => return,
+            () = store_pool.close_event() => return,
+            received = listener.try_recv() => received,
+        };
+        match received {
+            Ok(Some(n)) => match n.payload().parse() {
+                Ok(id) => pending.task(id),
+                Err(_) => tracing::warn!(
+                    payload = n.payload(),
+                    "ignoring a malformed task change notification"
+                ),
+            },
+            Ok(None) | Err(_) => {
+                if let Err(e) = &received {
+                    tracing::warn!(error = %e, "task change notifications failed; reconnecting");
+                } else {
+                    tracing::warn!("task change connection lost; reconnecting");
+                }
+                drop(listener);
+                match reconnect(store_pool, pool, consumer).await {
+                    Some(l) => listener = l,
+                    None => return,
+                }
+                tracing::info!("listening for task changes again");
+                pending.gap();
+            }
+        }
+    }
+}
+
+/// Listens again after a lost connection, retrying with backoff; `None`
+/// when the consumer or the store went away meanwhile.
+async fn reconnect(
+    store_pool: &PgPool,
+    pool: &PgPool,
+    consumer: &mut oneshot::Sender<()>,
+) -> Option<PgListener> {
+    let mut backoff = RECONNECT_MIN;
+    loop {
+        let attempt = tokio::select! {
+            () = consumer.closed() => return None,
+            () = store_pool.close_event() => return None,
+            attempt = listen(pool) => attempt,
+        };
+        match attempt {
+            Ok(l) => return Some(l),
+            Err(e) => tracing::debug!(error = %e, "cannot listen for task changes yet"),
+        }
+        tokio::select! {
+            () = consumer.closed() => return None,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    #[tokio::test]
+    async fn changes_arrive_in_order_and_a_gap_supersedes_what_was_pending() {
+        let p = Pending::default();
+        p.task(id(1));
+        p.task(id(2));
+        assert_eq!(p.next().await, Some(Change::Task(id(1))));
+        // A gap makes the consumer re-read everything: the ids still
+        // pending, and those arriving before it takes the gap, add nothing.
+        p.gap();
+        p.task(id(3));
+        assert_eq!(p.next().await, Some(Change::Gap));
+        p.task(id(4));
+        assert_eq!(p.next().await, Some(Change::Task(id(4))));
+        p.end();
+        assert_eq!(p.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_that_falls_behind_gets_one_gap_not_unbounded_memory() {
+        let p = Pending::default();
+        for n in 0..=PENDING_CAPACITY as u128 {
+            p.task(id(n));
+        }
+        assert_eq!(p.next().await, Some(Change::Gap));
+        p.end();
+        assert_eq!(p.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_consumer_is_woken() {
+        let p = Arc::new(Pending::default());
+        let waiting = tokio::spawn({
+            let p = p.clone();
+            async move { p.next().await }
+        });
+        tokio::task::yield_now().await;
+        p.gap();
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .expect("no panic");
+        assert_eq!(got, Some(Change::Gap));
     }
 }

@@ -23,7 +23,8 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::{
-    Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError, Worker,
+    Applied, Backend, Change, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError,
+    Worker,
 };
 use crate::token::TokenHash;
 use crate::{
@@ -680,17 +681,16 @@ impl Store for SqliteStore {
         )
     }
 
-    async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError> {
+    async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError> {
+        // The broadcast channel is fed by the writers themselves, so nothing
+        // needs driving in the background; a receiver that falls behind
+        // learns it from `Lagged` and reports a gap.
         let rx = self.changes.subscribe();
         let stream = futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(id) => return Some((id, rx)),
-                    // A slow consumer skipped some ids; the periodic resync
-                    // covers them.
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
+            match rx.recv().await {
+                Ok(id) => Some((Change::Task(id), rx)),
+                Err(broadcast::error::RecvError::Lagged(_)) => Some((Change::Gap, rx)),
+                Err(broadcast::error::RecvError::Closed) => None,
             }
         });
         Ok(stream.boxed())
