@@ -44,7 +44,9 @@ struct Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
-    let pg = tokio::task::spawn_blocking(PgServer::start_new).await.unwrap();
+    let pg = tokio::task::spawn_blocking(PgServer::start_new)
+        .await
+        .unwrap();
     let db = TestDb::postgres_on(&pg.admin_url).await;
     let srv = Arc::new(TestServer::start_on(Db::Postgres, db, ServerOptions::default()).await);
     let tasks = join_all((0..WRITERS).map(|i| {
