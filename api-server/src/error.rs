@@ -117,6 +117,9 @@ impl From<Refusal> for ApiError {
             Refusal::NotYourTask => ApiError::task_not_found(),
             Refusal::IssueNotFound(_) => ApiError::NotFound(detail),
             Refusal::NothingDue => ApiError::Internal(anyhow::anyhow!(r)),
+            Refusal::NotAnExtension { .. } | Refusal::BeyondMaxLifetime { .. } => {
+                ApiError::Invalid(detail)
+            }
         }
     }
 }

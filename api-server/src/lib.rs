@@ -29,6 +29,8 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod feed;
+pub mod idempotency;
+pub mod integrations;
 pub mod metrics;
 pub mod photo;
 pub mod routes;
@@ -56,6 +58,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Wakes long polls of the event feed; close it when shutdown starts.
     pub feed: Feed,
+    /// Idempotency-Key, SSE and webhook settings and the server key.
+    pub integrations: integrations::Integrations,
 }
 
 impl AppState {
@@ -102,6 +106,7 @@ pub fn router(state: AppState) -> Router {
     let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(routes::capabilities::router())
         .merge(routes::tasks::router())
+        .merge(routes::stream::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
         .split_for_parts();
     let mut openapi = openapi;
@@ -132,6 +137,10 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("this route does not take that method".into())
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            idempotency::middleware,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BYTES))
         .layer(axum::middleware::from_fn(metrics::track))
         .layer(TimeoutLayer::with_status_code(

@@ -72,6 +72,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod retention;
 pub mod telemetry;
+pub mod webhooks;
 
 pub use config::{Config, ControllerArgs, ControllerConfig};
 pub use error::Error;

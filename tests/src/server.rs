@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use meatspace_api::auth::DevKey;
 use meatspace_api::feed::Feed;
+use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::{AppState, router, serve};
+use meatspace_core::secret::ServerKey;
 use meatspace_core::store::{ConnectOptions, connect};
 use meatspace_core::{Policy, Store};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -68,6 +70,8 @@ pub struct ServerOptions {
     pub policy: Policy,
     pub photo_limits: PhotoLimits,
     pub connect: ConnectOptions,
+    /// Server key, heartbeat, idempotency window, webhook allow-list.
+    pub integrations: Integrations,
 }
 
 impl Default for ServerOptions {
@@ -80,6 +84,7 @@ impl Default for ServerOptions {
                 max_dimension: 8192,
             },
             connect: ConnectOptions::default(),
+            integrations: Integrations::new(ServerKey::generate().0),
         }
     }
 }
@@ -134,6 +139,7 @@ impl TestServer {
             photo_limits: options.photo_limits,
             metrics: meatspace_api::metrics::handle(),
             feed: feed.clone(),
+            integrations: options.integrations.clone(),
         };
         let listener = TcpListener::bind("127.0.0.1:0")
             .await

@@ -23,8 +23,9 @@ use futures::future::BoxFuture;
 use meatspace_core::store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, connect};
 use meatspace_core::token::{self, TokenHash};
 use meatspace_core::{
-    Actor, Command, Due, Event, EventType, ExpiryReason, IssueAction, IssueKind, IssueStatus,
-    MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task, TaskState,
+    Actor, Command, Due, Event, EventType, ExpiryReason, Extension, IssueAction, IssueKind,
+    IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task,
+    TaskState,
 };
 use meatspace_tests::TestDb;
 use serde_json::{Value, json};
@@ -99,6 +100,7 @@ conformance! {
         stop_ends_an_assigned_or_active_task,
         cancel_ends_any_non_terminal_task,
         reconcile_command_applies_only_what_is_due,
+        an_extension_moves_the_deadline_the_controller_acts_on,
         refusals_name_the_reason_and_change_nothing,
         a_refused_command_leaves_the_task_to_the_controller,
         terminal_tasks_refuse_every_command,
@@ -732,6 +734,22 @@ async fn every_event_type_has_its_actor_trust_and_data(store: Arc<dyn Store>) {
     let cancelled = json!({ "reason": null, "issue_event_id": issue });
     check(&e[5], EventType::TaskCancelled, Actor::Agent, cancelled);
 
+    // extended by the agent
+    let (t, _) = task_in(s, TaskState::Open).await;
+    ok(
+        s,
+        t.id,
+        Command::Extend(Extension::Until(at(LIFETIME + 60))),
+        9,
+    )
+    .await;
+    let e = all_events(s, t.id).await;
+    let extended = json!({
+        "previous_expires_at": t.expires_at,
+        "expires_at": at(LIFETIME + 60),
+    });
+    check(&e[1], EventType::TaskExtended, Actor::Agent, extended);
+
     let every: BTreeSet<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
     assert_eq!(checked, every, "some event types were not checked");
 }
@@ -781,6 +799,27 @@ async fn cancel_ends_any_non_terminal_task(store: Arc<dyn Store>) {
     assert_eq!(s.next_deadline().await.expect("next deadline"), None);
     let due = s.reconcile_due(at(100 * LIFETIME), 100).await;
     assert!(due.expect("reconcile").is_empty());
+}
+
+/// The extended deadline is written, read back, and is the one the
+/// controller's index and `reconcile_due` act on: nothing at the old one.
+async fn an_extension_moves_the_deadline_the_controller_acts_on(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (t, _) = task_in(s, TaskState::Open).await;
+    let later = at(LIFETIME + 600);
+    let a = ok(s, t.id, Command::Extend(Extension::Until(later)), 10).await;
+    assert_eq!(a.task.expires_at, later);
+    let read = s.task(t.id).await.expect("read").expect("exists");
+    assert_eq!(read.expires_at, later);
+    assert_eq!(s.next_deadline().await.expect("next deadline"), Some(later));
+    let nothing = s.reconcile_due(at(LIFETIME), 10).await.expect("reconcile");
+    assert!(
+        nothing.is_empty(),
+        "expired at the old deadline: {nothing:?}"
+    );
+    let expired = s.reconcile_due(later, 10).await.expect("reconcile");
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].task.state, TaskState::Expired);
 }
 
 async fn reconcile_command_applies_only_what_is_due(store: Arc<dyn Store>) {

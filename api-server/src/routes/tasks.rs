@@ -6,7 +6,9 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use meatspace_core::store::NewTask;
-use meatspace_core::{Command, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock};
+use meatspace_core::{
+    Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock,
+};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -24,6 +26,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_task))
         .routes(routes!(publish_task))
         .routes(routes!(cancel_task))
+        .routes(routes!(extend_task))
         .routes(routes!(task_events))
         .routes(routes!(respond_to_issue))
         .routes(routes!(get_photo))
@@ -144,6 +147,54 @@ async fn cancel_task(
     AgentAuth(id): AgentAuth,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     state.act(id, Command::Cancel { reason: None }).await
+}
+
+/// Body of `POST /api/v1/tasks/{task_id}/extend`: exactly one of the two.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendRequest {
+    /// The new end of the task's lifetime (RFC 3339); must be later than
+    /// the current `expires_at`.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Seconds to add to the current `expires_at` (at least 1).
+    pub add_seconds: Option<i64>,
+}
+
+/// Extends the task's lifetime (`expires_at`): later only, at most the
+/// longest lifetime counted from creation. Appends a `task.extended` event.
+/// The active time limit of a started task is not changed.
+#[utoipa::path(post, path = "/api/v1/tasks/{task_id}/extend", tag = "agent",
+    operation_id = "extend_task",
+    params(("task_id" = Uuid, Path)),
+    request_body = ExtendRequest,
+    security(("agent_token" = [])),
+    responses((status = 200, body = TaskChange),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json")))]
+async fn extend_task(
+    State(state): State<AppState>,
+    AgentAuth(id): AgentAuth,
+    Json(req): Json<ExtendRequest>,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let max = state.policy.max_lifetime.num_seconds();
+    let extension = match (req.expires_at, req.add_seconds) {
+        (Some(t), None) => Extension::Until(t),
+        (None, Some(n)) if (1..=max).contains(&n) => Extension::By(chrono::TimeDelta::seconds(n)),
+        (None, Some(_)) => {
+            return Err(ApiError::invalid(format!(
+                "add_seconds must be between 1 and {max}"
+            )));
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "give exactly one of expires_at and add_seconds",
+            ));
+        }
+    };
+    state.act(id, Command::Extend(extension)).await
 }
 
 /// The task's events with `id > after`, ascending. With `wait`, a page

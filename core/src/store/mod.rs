@@ -17,8 +17,11 @@ use uuid::Uuid;
 use crate::token::TokenHash;
 use crate::{Command, Event, Issue, Policy, Refusal, Task};
 
+mod idempotency;
 mod postgres;
 mod sqlite;
+
+pub use idempotency::{IdempotencyBegin, IdempotencyClaim};
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -231,6 +234,33 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// from any process sharing the database (PostgreSQL LISTEN/NOTIFY) or
     /// from this process (SQLite). Used to wake the controller early.
     async fn changes(&self) -> Result<BoxStream<'static, Uuid>, StoreError>;
+
+    /// Claims an `Idempotency-Key` for a request (see [`IdempotencyBegin`]).
+    async fn idempotency_begin(
+        &self,
+        claim: &IdempotencyClaim,
+    ) -> Result<IdempotencyBegin, StoreError>;
+
+    /// Records the (sealed) answer of a request that claimed `key`.
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError>;
+
+    /// Forgets an in-flight claim whose request had no answer worth
+    /// replaying (a server error): a retry runs the request again.
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError>;
+
+    /// Deletes at most `limit` idempotency records whose window ended
+    /// before `before`. Returns how many went.
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 }
 
 /// Connection settings shared by both backends.

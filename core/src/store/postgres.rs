@@ -157,7 +157,7 @@ impl PgStore {
         let updated = sqlx::query(
             "UPDATE tasks SET state = $3, worker_id = $4, updated_at = $5, published_at = $6, \
              assigned_at = $7, started_at = $8, ended_at = $9, start_by = $10, active_until = $11, \
-             next_deadline = $12, open_issues = $13, last_event_id = $14 \
+             next_deadline = $12, open_issues = $13, last_event_id = $14, expires_at = $15 \
              WHERE id = $1 AND state = $2",
         )
         .bind(task.id)
@@ -174,6 +174,7 @@ impl PgStore {
         .bind(task.next_deadline())
         .bind(task.open_issues)
         .bind(task.last_event_id)
+        .bind(task.expires_at)
         .execute(&mut **tx)
         .await?;
         if updated.rows_affected() != 1 {
@@ -427,6 +428,35 @@ fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
 impl Store for PgStore {
     fn backend(&self) -> Backend {
         Backend::Postgres
+    }
+
+    async fn idempotency_begin(
+        &self,
+        claim: &super::IdempotencyClaim,
+    ) -> Result<super::IdempotencyBegin, StoreError> {
+        super::idempotency::pg_begin(&self.pool, claim).await
+    }
+
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError> {
+        super::idempotency::pg_complete(&self.pool, scope, key, status, response).await
+    }
+
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
+        super::idempotency::pg_release(&self.pool, scope, key).await
+    }
+
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        super::idempotency::pg_purge(&self.pool, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]

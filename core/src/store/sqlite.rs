@@ -240,7 +240,7 @@ impl SqliteStore {
         let updated = sqlx::query(
             "UPDATE tasks SET state = ?, worker_id = ?, updated_at = ?, published_at = ?, \
              assigned_at = ?, started_at = ?, ended_at = ?, start_by = ?, active_until = ?, \
-             next_deadline = ?, open_issues = ?, last_event_id = ? \
+             next_deadline = ?, open_issues = ?, last_event_id = ?, expires_at = ? \
              WHERE id = ? AND state = ?",
         )
         .bind(task.state.as_str())
@@ -255,6 +255,7 @@ impl SqliteStore {
         .bind(opt_ms(task.next_deadline()))
         .bind(task.open_issues)
         .bind(task.last_event_id)
+        .bind(ms(task.expires_at))
         .bind(&id)
         .bind(before.state.as_str())
         .execute(&mut **tx)
@@ -337,6 +338,35 @@ fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
 impl Store for SqliteStore {
     fn backend(&self) -> Backend {
         Backend::Sqlite
+    }
+
+    async fn idempotency_begin(
+        &self,
+        claim: &super::IdempotencyClaim,
+    ) -> Result<super::IdempotencyBegin, StoreError> {
+        super::idempotency::sqlite_begin(&self.writer, claim).await
+    }
+
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError> {
+        super::idempotency::sqlite_complete(&self.writer, scope, key, status, response).await
+    }
+
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
+        super::idempotency::sqlite_release(&self.writer, scope, key).await
+    }
+
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        super::idempotency::sqlite_purge(&self.writer, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]
