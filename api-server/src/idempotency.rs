@@ -237,7 +237,7 @@ fn parse_key(raw: &HeaderValue) -> Result<String, ApiError> {
 
 /// SHA-256 of the credential the request presents: the development key or
 /// the bearer token. The raw credential is never stored.
-fn scope_of(h: &HeaderMap) -> Option<[u8; 32]> {
+pub fn scope_of(h: &HeaderMap) -> Option<[u8; 32]> {
     let (kind, value) = if let Some(v) = h.get(header::AUTHORIZATION) {
         ("bearer", v)
     } else {
@@ -250,7 +250,7 @@ fn scope_of(h: &HeaderMap) -> Option<[u8; 32]> {
     Some(d.finalize().into())
 }
 
-fn fingerprint(method: &Method, uri: &axum::http::Uri, h: &HeaderMap, body: &[u8]) -> [u8; 32] {
+pub fn fingerprint(method: &Method, uri: &axum::http::Uri, h: &HeaderMap, body: &[u8]) -> [u8; 32] {
     let mut d = Sha256::new();
     for part in [
         method.as_str().as_bytes(),

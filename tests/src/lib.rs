@@ -8,6 +8,7 @@
 //! test failure, never a skip.
 
 pub mod k8s;
+pub mod process;
 pub mod server;
 
 use std::sync::Arc;

@@ -101,6 +101,7 @@ conformance! {
         cancel_ends_any_non_terminal_task,
         reconcile_command_applies_only_what_is_due,
         an_extension_moves_the_deadline_the_controller_acts_on,
+        idempotency_keys_are_claimed_once_and_replayed,
         refusals_name_the_reason_and_change_nothing,
         a_refused_command_leaves_the_task_to_the_controller,
         terminal_tasks_refuse_every_command,
@@ -799,6 +800,80 @@ async fn cancel_ends_any_non_terminal_task(store: Arc<dyn Store>) {
     assert_eq!(s.next_deadline().await.expect("next deadline"), None);
     let due = s.reconcile_due(at(100 * LIFETIME), 100).await;
     assert!(due.expect("reconcile").is_empty());
+}
+
+/// An idempotency key: claimed by one request, in flight for the others,
+/// refused for another request, replayed once completed, free again after
+/// a release, an expired window or an abandoned lease, and purged.
+async fn idempotency_keys_are_claimed_once_and_replayed(store: Arc<dyn Store>) {
+    use meatspace_core::store::{IdempotencyBegin as B, IdempotencyClaim};
+    let s = &*store;
+    let claim = |key: &str, print: u8, secs: i64| IdempotencyClaim {
+        scope: [1; 32],
+        key: key.to_owned(),
+        fingerprint: [print; 32],
+        now: at(secs),
+        lease: TimeDelta::seconds(60),
+        ttl: TimeDelta::seconds(3600),
+    };
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 1, 0)).await.unwrap(),
+        B::Started
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 1, 1)).await.unwrap(),
+        B::InFlight
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 2, 1)).await.unwrap(),
+        B::Mismatch
+    );
+    // Another scope with the same key is independent.
+    let mut other = claim("k", 2, 1);
+    other.scope = [2; 32];
+    assert_eq!(s.idempotency_begin(&other).await.unwrap(), B::Started);
+    s.idempotency_complete(&[1; 32], "k", 201, b"sealed")
+        .await
+        .unwrap();
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 1, 2)).await.unwrap(),
+        B::Completed {
+            status: 201,
+            response: b"sealed".to_vec()
+        }
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 2, 2)).await.unwrap(),
+        B::Mismatch
+    );
+    // After its window the key is new again, for any request.
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 2, 3600)).await.unwrap(),
+        B::Started
+    );
+    // A release frees an in-flight claim; a completed one is kept.
+    s.idempotency_release(&[1; 32], "k").await.unwrap();
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 3, 3601)).await.unwrap(),
+        B::Started
+    );
+    // An abandoned claim is taken over after its lease.
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 3, 3630)).await.unwrap(),
+        B::InFlight
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 4, 3661)).await.unwrap(),
+        B::Started
+    );
+    // Purging removes what expired by the cutoff (the other scope's claim),
+    // and only that.
+    assert_eq!(s.purge_idempotency_keys(at(3601), 100).await.unwrap(), 1);
+    assert_eq!(s.purge_idempotency_keys(at(3601), 100).await.unwrap(), 0);
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 4, 3662)).await.unwrap(),
+        B::InFlight
+    );
 }
 
 /// The extended deadline is written, read back, and is the one the
