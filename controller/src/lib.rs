@@ -26,6 +26,8 @@
 //!   task changes.
 //! - [`retention`]: deletes terminal tasks (with events, issues and photos)
 //!   once they have been terminal for the retention period.
+//! - [`webhooks`]: delivers every event of a task with a webhook endpoint,
+//!   signed (Standard Webhooks 1.0), at least once, with backoff.
 //! - [`mirror`] (optional): keeps a `MeatspaceTask` custom resource per
 //!   task in step with the store; with [`leader`] election, one replica
 //!   at a time does it.
@@ -95,6 +97,12 @@ pub async fn run(
     reconcilers.spawn(expiry.run(Shutdown(stopped.clone())));
     let retention = retention::Retention::new(store.clone(), &config);
     reconcilers.spawn(retention.run(Shutdown(stopped.clone())));
+    match webhooks::Webhooks::new(store.clone(), config.webhooks.clone(), config.max_sleep) {
+        Some(webhooks) => {
+            reconcilers.spawn(webhooks.run(Shutdown(stopped.clone())));
+        }
+        None => tracing::warn!("no server secret key: webhooks are not delivered"),
+    }
     if let Some(settings) = config.mirror.clone() {
         reconcilers.spawn(mirror::run(store, settings, Shutdown(stopped)));
     }

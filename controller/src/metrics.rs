@@ -25,6 +25,11 @@ pub const RECONCILE_DURATION: &str = "meatspace_reconcile_duration_seconds";
 /// Failed reconcile passes, labelled `reconciler` and `error`.
 pub const RECONCILE_ERRORS: &str = "meatspace_reconcile_errors_total";
 
+/// Webhook attempts, labelled `outcome` (`delivered`, `failed`, `gone`).
+pub const WEBHOOK_ATTEMPTS: &str = "meatspace_webhook_attempts_total";
+/// Seconds from an event's creation until its webhook delivery was acknowledged.
+pub const WEBHOOK_LAG: &str = "meatspace_webhook_delivery_lag_seconds";
+
 /// Buckets of [`EXPIRY_LAG`]: the target is "within about a second", so the
 /// resolution is finest below that.
 const LAG_BUCKETS: &[f64] = &[
@@ -39,7 +44,8 @@ const DURATION_BUCKETS: &[f64] = &[
 pub fn with_buckets(builder: PrometheusBuilder) -> Result<PrometheusBuilder, BuildError> {
     builder
         .set_buckets_for_metric(Matcher::Full(EXPIRY_LAG.into()), LAG_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(RECONCILE_DURATION.into()), DURATION_BUCKETS)
+        .set_buckets_for_metric(Matcher::Full(RECONCILE_DURATION.into()), DURATION_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(WEBHOOK_LAG.into()), LAG_BUCKETS)
 }
 
 /// Installs the global Prometheus recorder and starts its upkeep (which
@@ -95,6 +101,19 @@ pub fn describe() {
     }
     counter!(TASKS_UNASSIGNED).increment(0);
     counter!(TASKS_PURGED).increment(0);
+    describe_counter!(
+        WEBHOOK_ATTEMPTS,
+        Unit::Count,
+        "Webhook delivery attempts, by outcome (delivered, failed, gone)."
+    );
+    describe_histogram!(
+        WEBHOOK_LAG,
+        Unit::Seconds,
+        "Time from an event's creation until its webhook delivery was acknowledged."
+    );
+    for outcome in ["delivered", "failed", "gone"] {
+        counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(0);
+    }
 }
 
 pub(crate) fn expired(reason: ExpiryReason, lag: Duration) {
@@ -117,4 +136,13 @@ pub(crate) fn reconciled(reconciler: &'static str, took: Duration) {
 pub(crate) fn failed(reconciler: &'static str, error: &crate::Error) {
     counter!(RECONCILE_ERRORS, "reconciler" => reconciler, "error" => error.metric_label())
         .increment(1);
+}
+
+pub(crate) fn webhook_delivered(lag: Duration) {
+    counter!(WEBHOOK_ATTEMPTS, "outcome" => "delivered").increment(1);
+    histogram!(WEBHOOK_LAG).record(lag.as_secs_f64());
+}
+
+pub(crate) fn webhook_failed(outcome: &'static str) {
+    counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(1);
 }

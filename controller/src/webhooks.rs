@@ -1,5 +1,29 @@
-//! Webhook destinations: which URLs a task may name, checked when the task
-//! is created and again, after DNS resolution, before every delivery.
+//! Webhook delivery (Standard Webhooks 1.0), and which URLs a task may
+//! name, checked when the task is created and again, after DNS resolution,
+//! before every delivery.
+//!
+//! # Delivery
+//!
+//! The [`Webhooks`] reconciler runs in the controller, never in the request
+//! path. Its durable state is the endpoint's cursor in the store (the last
+//! event the receiver acknowledged; the events table is the outbox), so a
+//! restart of any process loses no delivery: it claims endpoints with
+//! undelivered events (a lease, so replicas share the work), POSTs each
+//! event in order, and advances the cursor only after a 2xx. Each POST
+//! carries `webhook-id` (`evt_<task>_<event id>`, stable across retries so
+//! receivers can deduplicate), `webhook-timestamp` (unix seconds) and
+//! `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`
+//! keyed with the task's secret, which is derived from the server key and
+//! never stored. The body is `{"type", "timestamp", "task_id", "event"}`,
+//! `event` being exactly the polled feed's event (worker text stays marked
+//! `"untrusted": true`).
+//!
+//! A failed attempt (connection error, timeout of 10 s, any non-2xx, and
+//! redirects, which are never followed) is retried with exponential
+//! backoff and jitter; an endpoint failing for longer than the give-up
+//! period (26 h by default) is disabled, and so is one that answers `410
+//! Gone`. The reconciler sleeps until the earliest next attempt and wakes
+//! early when a task changes (a new event).
 //!
 //! Safe by default (SSRF): only `http` and `https`, and only addresses on
 //! the public internet. Loopback, private (RFC 1918, unique local),
@@ -14,11 +38,28 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
+use chrono::TimeDelta;
+use futures::StreamExt;
 use ipnet::IpNet;
-use meatspace_core::secret::ServerKey;
+use meatspace_core::secret::{ServerKey, webhook_signature};
+use meatspace_core::store::{DueWebhook, WebhookOutcome};
+use meatspace_core::{Event, Store, clock};
+use rand::Rng;
 use reqwest::Url;
+use tracing::Instrument;
+
+use crate::expiry::Backoff;
+use crate::{Error, Shutdown, metrics};
+
+const NAME: &str = "webhooks";
+/// Endpoints claimed per pass, and delivered concurrently.
+const BATCH: u32 = 64;
+/// Events sent per endpoint per claim.
+const EVENTS_PER_CLAIM: u32 = 100;
 
 /// How webhooks are delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +222,308 @@ pub async fn check_url(raw: &str, allow: &AllowList) -> Result<Url, UrlRefused> 
         return Err(UrlRefused::NotPublic(bad));
     }
     Ok(url)
+}
+
+/// The webhook reconciler of one controller replica.
+#[derive(Debug)]
+pub struct Webhooks {
+    store: Arc<dyn Store>,
+    settings: WebhookSettings,
+    key: ServerKey,
+    client: reqwest::Client,
+    max_sleep: Duration,
+}
+
+/// A resolver that drops every address the allow-list does not permit, so
+/// a name cannot lead a delivery to an internal address (checked after
+/// resolution, at delivery time, on every connection).
+#[derive(Debug, Clone)]
+struct CheckedResolver {
+    allow: AllowList,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow = self.allow.clone();
+        Box::pin(async move {
+            let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((name.as_str(), 0))
+                .await?
+                .filter(|a| allow.permits(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(format!(
+                    "{} resolves to no address that webhooks may reach",
+                    name.as_str()
+                )
+                .into());
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+impl Webhooks {
+    /// `None` without a server key: nothing can be signed.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        settings: WebhookSettings,
+        max_sleep: Duration,
+    ) -> Option<Self> {
+        let key = settings.server_key.clone()?;
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(settings.timeout)
+            .connect_timeout(settings.timeout)
+            .no_proxy()
+            .user_agent(concat!("meatspace-webhooks/", env!("CARGO_PKG_VERSION")))
+            .dns_resolver(Arc::new(CheckedResolver {
+                allow: settings.allow.clone(),
+            }))
+            .build()
+            .ok()?;
+        Some(Webhooks {
+            store,
+            settings,
+            key,
+            client,
+            max_sleep,
+        })
+    }
+
+    pub(crate) async fn run(self, mut shutdown: Shutdown) {
+        let mut backoff = Backoff::default();
+        // Task changes (new events) wake the loop; a lost notification is
+        // covered by the max_sleep bound.
+        let mut changes = self.store.changes().await.ok();
+        while !shutdown.is_requested() {
+            match self.pass().await {
+                Ok(true) => continue,
+                Ok(false) => backoff.reset(),
+                Err(e) => {
+                    metrics::failed(NAME, &e);
+                    tracing::warn!(error = %e, "webhook delivery pass failed; retrying");
+                    backoff.wait(&mut shutdown).await;
+                    continue;
+                }
+            }
+            let sleep = match self.store.next_webhook_attempt().await {
+                Ok(Some(at)) => (at - clock::now())
+                    .to_std()
+                    .unwrap_or(Duration::ZERO)
+                    .min(self.max_sleep),
+                Ok(None) => self.max_sleep,
+                Err(_) => Duration::from_secs(1),
+            };
+            if sleep.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                () = shutdown.requested() => {}
+                () = tokio::time::sleep(sleep) => {}
+                changed = async {
+                    match changes.as_mut() {
+                        Some(c) => c.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if changed.is_none() {
+                        changes = self.store.changes().await.ok();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims and delivers one batch; true if it was full.
+    async fn pass(&self) -> Result<bool, Error> {
+        let now = clock::now();
+        // The lease outlasts one claim's worth of attempts.
+        let lease = TimeDelta::from_std(self.settings.timeout * 3)
+            .unwrap_or(TimeDelta::seconds(30))
+            + TimeDelta::seconds(5);
+        let due = self
+            .store
+            .claim_due_webhooks(now, now + lease, BATCH)
+            .await?;
+        let n = due.len();
+        let span = tracing::info_span!("reconcile", reconciler = NAME, endpoints = n);
+        async {
+            let started = std::time::Instant::now();
+            let results: Vec<Result<(), Error>> = futures::stream::iter(due)
+                .map(|d| self.deliver(d))
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            metrics::reconciled(NAME, started.elapsed());
+            results.into_iter().collect::<Result<Vec<()>, Error>>()?;
+            Ok(n >= BATCH as usize)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Sends the endpoint's undelivered events in order until one fails.
+    async fn deliver(&self, due: DueWebhook) -> Result<(), Error> {
+        let events = self
+            .store
+            .events(due.task_id, due.delivered_event_id, EVENTS_PER_CLAIM)
+            .await?;
+        let secret = self.key.webhook_secret_bytes(due.task_id);
+        let mut attempts = due.attempts;
+        let mut failing_since = due.failing_since;
+        for event in events {
+            let outcome = match self.attempt(&due.url, &secret, &event).await {
+                Ok(()) => {
+                    metrics::webhook_delivered(
+                        (clock::now() - event.created_at)
+                            .to_std()
+                            .unwrap_or_default(),
+                    );
+                    WebhookOutcome::Delivered {
+                        event_id: event.id,
+                        // After the terminal event nothing more will come.
+                        next_attempt_at: (!event.kind.is_terminal()).then(clock::now),
+                    }
+                }
+                Err(Attempt::Gone) => {
+                    metrics::webhook_failed("gone");
+                    WebhookOutcome::Disabled {
+                        error: "the receiver answered 410 Gone: endpoint disabled".into(),
+                    }
+                }
+                Err(Attempt::Failed(error)) => {
+                    metrics::webhook_failed("failed");
+                    let now = clock::now();
+                    let since = *failing_since.get_or_insert(now);
+                    let give_up = TimeDelta::from_std(self.settings.give_up_after)
+                        .unwrap_or(TimeDelta::days(1));
+                    if now - since >= give_up {
+                        WebhookOutcome::Disabled {
+                            error: format!("gave up after failing since {since}: {error}"),
+                        }
+                    } else {
+                        attempts += 1;
+                        WebhookOutcome::Failed {
+                            error,
+                            next_attempt_at: now + self.retry_delay(attempts),
+                        }
+                    }
+                }
+            };
+            let stop = !matches!(outcome, WebhookOutcome::Delivered { .. });
+            if let WebhookOutcome::Disabled { error } = &outcome {
+                tracing::warn!(task_id = %due.task_id, %error, "webhook endpoint disabled");
+            }
+            self.store
+                .record_webhook(due.task_id, &outcome, clock::now())
+                .await?;
+            if stop {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Exponential backoff with equal jitter: half the delay fixed, half
+    /// random, so retries of many endpoints do not arrive in step.
+    fn retry_delay(&self, attempts: i32) -> TimeDelta {
+        let exp = u32::try_from(attempts.clamp(1, 30) - 1).unwrap_or(0);
+        let base = self
+            .settings
+            .retry_base
+            .saturating_mul(2u32.saturating_pow(exp))
+            .min(self.settings.retry_max);
+        let half = base / 2;
+        let jitter = rand::thread_rng().gen_range(0..=half.as_millis().max(1) as u64);
+        TimeDelta::from_std(half + Duration::from_millis(jitter)).unwrap_or(TimeDelta::seconds(1))
+    }
+
+    /// One POST of one event.
+    async fn attempt(&self, raw_url: &str, secret: &[u8], event: &Event) -> Result<(), Attempt> {
+        let url = parse_url(raw_url).map_err(|e| Attempt::Failed(e.to_string()))?;
+        // A literal address never reaches the resolver: check it here.
+        let literal = match url.host() {
+            Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
+            Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
+            _ => None,
+        };
+        if let Some(ip) = literal
+            && !self.settings.allow.permits(ip)
+        {
+            return Err(Attempt::Failed(UrlRefused::NotPublic(ip).to_string()));
+        }
+        let id = format!("evt_{}_{}", event.task_id.simple(), event.id);
+        let timestamp = clock::now().timestamp();
+        let body = serde_json::to_vec(&serde_json::json!({
+            "type": event.kind.as_str(),
+            "timestamp": event.created_at,
+            "task_id": event.task_id,
+            "event": event,
+        }))
+        .map_err(|e| Attempt::Failed(e.to_string()))?;
+        let signature = webhook_signature(secret, &id, timestamp, &body);
+        let res = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| Attempt::Failed(describe(&e)))?;
+        let status = res.status();
+        if status.is_success() {
+            Ok(())
+        } else if status == reqwest::StatusCode::GONE {
+            Err(Attempt::Gone)
+        } else if status.is_redirection() {
+            Err(Attempt::Failed(format!(
+                "the receiver answered {status}; redirects are not followed"
+            )))
+        } else {
+            Err(Attempt::Failed(format!("the receiver answered {status}")))
+        }
+    }
+}
+
+/// Why an attempt did not deliver.
+#[derive(Debug)]
+enum Attempt {
+    Gone,
+    Failed(String),
+}
+
+/// A transport error in words, without the URL's query (which might hold
+/// a token of the receiver's).
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else {
+        "request failed"
+    };
+    let mut cause = String::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        cause = s.to_string();
+        source = s.source();
+    }
+    if cause.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}: {cause}")
+    }
+}
+
+/// The `whsec_` secret's bytes, as a receiver decodes them (for tests and
+/// tools that verify signatures).
+pub fn decode_secret(secret: &str) -> Option<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(secret.strip_prefix("whsec_")?)
+        .ok()
 }
 
 #[cfg(test)]

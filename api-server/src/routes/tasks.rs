@@ -5,7 +5,8 @@
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_core::store::NewTask;
+use meatspace_controller::webhooks::check_url;
+use meatspace_core::store::{NewTask, Webhook};
 use meatspace_core::{
     Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock,
 };
@@ -40,6 +41,10 @@ pub struct CreateTaskRequest {
     /// Lifetime of the task in seconds from now; bounds in the capabilities
     /// document. When it ends, a task that has not started expires.
     pub expires_in_seconds: Option<i64>,
+    /// Where to POST every event of the task (Standard Webhooks 1.0,
+    /// signed with the `webhook_secret` of the answer). http or https, to a
+    /// public address unless the server's allow-list permits others.
+    pub webhook_url: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -47,6 +52,20 @@ pub struct CreatedTask {
     pub task: Task,
     /// Task-scoped bearer credential. Shown only now; store it securely.
     pub agent_token: String,
+    /// With `webhook_url`: the `whsec_…` secret that signs the deliveries.
+    /// Shown only now; store it securely.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+}
+
+/// The task resource: the task, plus its webhook's delivery state when it
+/// has one (never the secret).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TaskResource {
+    #[serde(flatten)]
+    pub task: Task,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<Webhook>,
 }
 
 /// Creates a task in the draft state.
@@ -80,24 +99,43 @@ async fn create_task(
             chrono::TimeDelta::seconds(s)
         }
     };
+    // Refused before anything is written and without contacting the URL
+    // (an IP literal is checked as is; a name is only resolved).
+    let webhook_url = match req.webhook_url.as_deref() {
+        None => None,
+        Some(raw) => Some(
+            check_url(raw, &state.integrations.webhook_allow)
+                .await
+                .map_err(|e| ApiError::invalid(e.to_string()))?
+                .to_string(),
+        ),
+    };
     let now = clock::now();
     let id = Uuid::new_v4();
     let (agent_token, agent_token_hash) = issue_agent_token(id);
-    let task = state
-        .store
-        .create_task(NewTask {
-            id,
-            description,
-            agent_token_hash,
-            created_at: now,
-            expires_at: now + lifetime,
-        })
-        .await?;
+    let new = NewTask {
+        id,
+        description,
+        agent_token_hash,
+        created_at: now,
+        expires_at: now + lifetime,
+    };
+    let (task, webhook_secret) = match webhook_url {
+        None => (state.store.create_task(new).await?, None),
+        Some(url) => (
+            state.store.create_task_with_webhook(new, &url).await?,
+            Some(state.integrations.server_key.webhook_secret(id)),
+        ),
+    };
     let location = HeaderValue::from_str(&format!("/api/v1/tasks/{id}"))
         .map_err(|e| ApiError::Internal(e.into()))?;
     let mut res = (
         StatusCode::CREATED,
-        axum::Json(CreatedTask { task, agent_token }),
+        axum::Json(CreatedTask {
+            task,
+            agent_token,
+            webhook_secret,
+        }),
     )
         .into_response();
     res.headers_mut().insert(header::LOCATION, location);
@@ -110,17 +148,18 @@ async fn create_task(
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}", tag = "agent",
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
-    responses((status = 200, body = Task), (status = 401, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 200, body = TaskResource), (status = 401, body = Problem), (status = 404, body = Problem)))]
 async fn get_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
-) -> Result<axum::Json<Task>, ApiError> {
+) -> Result<axum::Json<TaskResource>, ApiError> {
     let task = state
         .store
         .task(id)
         .await?
         .ok_or_else(ApiError::task_not_found)?;
-    Ok(axum::Json(task))
+    let webhook = state.store.webhook(id).await?;
+    Ok(axum::Json(TaskResource { task, webhook }))
 }
 
 /// Publishes a draft: draft → open. Workers can now see and claim it.

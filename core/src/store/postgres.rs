@@ -430,6 +430,74 @@ impl Store for PgStore {
         Backend::Postgres
     }
 
+    async fn create_task_with_webhook(
+        &self,
+        new: NewTask,
+        webhook_url: &str,
+    ) -> Result<Task, StoreError> {
+        // create_task's insert, plus the endpoint, in one transaction.
+        let task = Task {
+            id: new.id,
+            description: new.description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: new.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
+        )
+        .bind(task.id)
+        .bind(&task.description)
+        .bind(&new.agent_token_hash.0[..])
+        .bind(task.created_at)
+        .bind(task.expires_at)
+        .bind(task.next_deadline())
+        .execute(&mut *tx)
+        .await?;
+        super::webhooks::pg_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
+        notify(&mut tx, task.id).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
+        super::webhooks::pg_get(&self.pool, task_id).await
+    }
+
+    async fn claim_due_webhooks(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<super::DueWebhook>, StoreError> {
+        super::webhooks::pg_claim_due(&self.pool, now, lease_until, limit).await
+    }
+
+    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        super::webhooks::pg_next_attempt(&self.pool).await
+    }
+
+    async fn record_webhook(
+        &self,
+        task_id: Uuid,
+        outcome: &super::WebhookOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        super::webhooks::pg_record(&self.pool, task_id, outcome, now).await
+    }
+
     async fn idempotency_begin(
         &self,
         claim: &super::IdempotencyClaim,

@@ -340,6 +340,75 @@ impl Store for SqliteStore {
         Backend::Sqlite
     }
 
+    async fn create_task_with_webhook(
+        &self,
+        new: NewTask,
+        webhook_url: &str,
+    ) -> Result<Task, StoreError> {
+        // create_task's insert, plus the endpoint, in one transaction.
+        let task = Task {
+            id: new.id,
+            description: new.description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: new.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
+        )
+        .bind(task.id.to_string())
+        .bind(&task.description)
+        .bind(&new.agent_token_hash.0[..])
+        .bind(ms(task.created_at))
+        .bind(ms(task.created_at))
+        .bind(ms(task.expires_at))
+        .bind(opt_ms(task.next_deadline()))
+        .execute(&mut *tx)
+        .await?;
+        super::webhooks::sqlite_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
+        tx.commit().await?;
+        self.announce(task.id);
+        Ok(task)
+    }
+
+    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
+        super::webhooks::sqlite_get(&self.reader, task_id).await
+    }
+
+    async fn claim_due_webhooks(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<super::DueWebhook>, StoreError> {
+        super::webhooks::sqlite_claim_due(&self.writer, now, lease_until, limit).await
+    }
+
+    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        super::webhooks::sqlite_next_attempt(&self.reader).await
+    }
+
+    async fn record_webhook(
+        &self,
+        task_id: Uuid,
+        outcome: &super::WebhookOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        super::webhooks::sqlite_record(&self.writer, task_id, outcome, now).await
+    }
+
     async fn idempotency_begin(
         &self,
         claim: &super::IdempotencyClaim,
