@@ -37,6 +37,7 @@ meatspace_tests::api_tests!(
     a_410_disables_the_endpoint,
     unsafe_urls_are_refused_at_creation_without_traffic,
     redirects_are_not_followed,
+    events_are_delivered_in_order_as_they_happen,
 );
 
 // ---- the receiver ----------------------------------------------------------
@@ -448,4 +449,61 @@ async fn redirects_are_not_followed(db: Db) {
     controller.stop().await;
     redirector.stop().await;
     target.stop().await;
+}
+
+/// With the receiver up, each event is delivered once it is committed, in
+/// order; prints the delivery lag (event creation → receipt).
+async fn events_are_delivered_in_order_as_they_happen(db: Db) {
+    let sys = System::start(db, "127.0.0.1/32").await;
+    let receiver = Receiver::start(0, Mode::Ok, None).await;
+    let controller = sys.controller();
+    let (id, token, secret) = sys.create(&receiver.url()).await;
+    sys.server.publish(id, &token).await;
+    let (_, worker) = sys.server.register_worker("Ada").await;
+    let w_api = sys.server.worker(&worker);
+    for action in ["claim", "start"] {
+        w_api
+            .post(&format!("/api/v1/worker/tasks/{id}/{action}"))
+            .expect_json(StatusCode::OK)
+            .await;
+    }
+    for n in 0..40 {
+        w_api
+            .post(&format!("/api/v1/worker/tasks/{id}/messages"))
+            .json(&json!({ "text": format!("update {n}") }))
+            .expect_json(StatusCode::OK)
+            .await;
+        // Spread the events out so each is delivered on its own.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w_api
+        .post(&format!("/api/v1/worker/tasks/{id}/complete"))
+        .json(&json!({}))
+        .expect_json(StatusCode::OK)
+        .await;
+    let feed = sys.server.feed(id, &token).await;
+    let last = *ids(&feed).last().unwrap();
+    sys.wait_webhook(id, &token, "everything delivered", |w| {
+        w["last_delivered_event_id"] == last
+    })
+    .await;
+    let mut seen: Vec<Value> = Vec::new();
+    let mut lags = Vec::new();
+    for r in receiver.received() {
+        let event = verify(&secret, &r)["event"].clone();
+        if seen.iter().any(|e| e["id"] == event["id"]) {
+            continue;
+        }
+        let created: DateTime<Utc> = event["created_at"].as_str().unwrap().parse().unwrap();
+        lags.push((r.at - created).num_milliseconds());
+        seen.push(event);
+    }
+    assert_eq!(seen, feed);
+    let (median, worst) = median_and_max(&lags);
+    println!(
+        "webhook delivery lag ({db:?}, {} events, receiver up): median {median} ms, worst {worst} ms",
+        lags.len()
+    );
+    controller.stop().await;
+    receiver.stop().await;
 }

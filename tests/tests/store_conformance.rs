@@ -102,6 +102,7 @@ conformance! {
         reconcile_command_applies_only_what_is_due,
         an_extension_moves_the_deadline_the_controller_acts_on,
         idempotency_keys_are_claimed_once_and_replayed,
+        webhook_endpoints_deliver_from_a_durable_cursor,
         refusals_name_the_reason_and_change_nothing,
         a_refused_command_leaves_the_task_to_the_controller,
         terminal_tasks_refuse_every_command,
@@ -800,6 +801,129 @@ async fn cancel_ends_any_non_terminal_task(store: Arc<dyn Store>) {
     assert_eq!(s.next_deadline().await.expect("next deadline"), None);
     let due = s.reconcile_due(at(100 * LIFETIME), 100).await;
     assert!(due.expect("reconcile").is_empty());
+}
+
+/// A webhook endpoint is created with its task; it is due while its task
+/// has events after its cursor; a claim leases it (no second claim until
+/// the lease ends); outcomes move the cursor, the failure count and the
+/// state; a disabled endpoint is never due again; it goes with its task.
+async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) {
+    use meatspace_core::store::{WebhookOutcome as O, WebhookState};
+    let s = &*store;
+    let id = Uuid::new_v4();
+    let task = s
+        .create_task_with_webhook(
+            NewTask {
+                id,
+                description: "hooked".into(),
+                agent_token_hash: TokenHash::of("mst_x"),
+                created_at: at(0),
+                expires_at: at(LIFETIME),
+            },
+            "https://example.test/hook",
+        )
+        .await
+        .expect("create with webhook");
+    assert_eq!(task.id, id);
+    let w = s.webhook(id).await.unwrap().expect("endpoint");
+    assert_eq!(w.url, "https://example.test/hook");
+    assert_eq!(w.state, WebhookState::Active);
+    assert_eq!(w.last_delivered_event_id, 0);
+    assert_eq!(s.webhook(create(s).await.id).await.unwrap(), None);
+    // No event yet: nothing due.
+    assert!(
+        s.claim_due_webhooks(at(1), at(31), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), None);
+    let published = ok(s, id, Command::Publish, 1).await.events[0].id;
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), Some(at(0)));
+    let due = s.claim_due_webhooks(at(2), at(32), 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].task_id, due[0].delivered_event_id), (id, 0));
+    // Leased: not due again before the lease ends.
+    assert!(
+        s.claim_due_webhooks(at(3), at(33), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), Some(at(32)));
+    // A failure counts and schedules the retry.
+    let failed = O::Failed {
+        error: "could not connect".into(),
+        next_attempt_at: at(10),
+    };
+    s.record_webhook(id, &failed, at(4)).await.unwrap();
+    let w = s.webhook(id).await.unwrap().unwrap();
+    assert_eq!((w.state, w.attempts), (WebhookState::Failing, 1));
+    assert_eq!(w.failing_since, Some(at(4)));
+    assert_eq!(w.last_error.as_deref(), Some("could not connect"));
+    assert!(
+        s.claim_due_webhooks(at(9), at(39), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = s.claim_due_webhooks(at(10), at(40), 10).await.unwrap();
+    assert_eq!((due[0].attempts, due[0].failing_since), (1, Some(at(4))));
+    // Delivered: the cursor moves, the failure is forgotten, nothing is due.
+    let delivered = O::Delivered {
+        event_id: published,
+        next_attempt_at: Some(at(11)),
+    };
+    s.record_webhook(id, &delivered, at(11)).await.unwrap();
+    let w = s.webhook(id).await.unwrap().unwrap();
+    assert_eq!(w.last_delivered_event_id, published);
+    assert_eq!(
+        (w.state, w.attempts, w.last_error),
+        (WebhookState::Active, 0, None)
+    );
+    assert!(
+        s.claim_due_webhooks(at(12), at(42), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A new event makes it due again; disabling ends it for good.
+    ok(s, id, Command::Cancel { reason: None }, 13).await;
+    assert_eq!(
+        s.claim_due_webhooks(at(14), at(44), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    s.record_webhook(
+        id,
+        &O::Disabled {
+            error: "410 Gone".into(),
+        },
+        at(15),
+    )
+    .await
+    .unwrap();
+    let w = s.webhook(id).await.unwrap().unwrap();
+    assert_eq!(w.state, WebhookState::Disabled);
+    assert_eq!(w.next_attempt_at, None);
+    // Later outcomes of a delivery in flight do not revive it.
+    s.record_webhook(id, &delivered, at(16)).await.unwrap();
+    assert_eq!(
+        s.webhook(id).await.unwrap().unwrap().state,
+        WebhookState::Disabled
+    );
+    assert!(
+        s.claim_due_webhooks(at(1000), at(1030), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), None);
+    // Retention removes the endpoint with its task.
+    s.purge_ended_before(at(100), 10).await.unwrap();
+    assert_eq!(s.webhook(id).await.unwrap(), None);
 }
 
 /// An idempotency key: claimed by one request, in flight for the others,
