@@ -56,13 +56,15 @@ async fn main() {
     let streams: usize = arg("--streams")
         .map(|s| s.parse().expect("--streams N"))
         .unwrap_or(10_000);
-    let server = arg("--server").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        let exe = std::env::current_exe().expect("own path");
-        exe.parent()
-            .and_then(|examples| examples.parent())
-            .expect("target directory")
-            .join("meatspace-api-server")
-    });
+    let server = arg("--server")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("own path");
+            exe.parent()
+                .and_then(|examples| examples.parent())
+                .expect("target directory")
+                .join("meatspace-api-server")
+        });
     let dir = tempfile::tempdir().expect("temporary directory");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -149,7 +151,10 @@ async fn main() {
             loop {
                 match s.read(&mut chunk).await {
                     Ok(0) | Err(_) => {
-                        return ready.send(Err("closed before the head".into())).await.unwrap_or(());
+                        return ready
+                            .send(Err("closed before the head".into()))
+                            .await
+                            .unwrap_or(());
                     }
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
@@ -196,7 +201,9 @@ async fn main() {
     println!(
         "opened {open} of {streams} streams in {:.1} s ({failures} failed{})",
         started.elapsed().as_secs_f64(),
-        first_failure.map(|e| format!(", first: {e}")).unwrap_or_default()
+        first_failure
+            .map(|e| format!(", first: {e}"))
+            .unwrap_or_default()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss = status_field(pid, "VmRSS:");
