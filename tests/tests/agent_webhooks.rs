@@ -328,7 +328,10 @@ async fn every_event_arrives_signed_once_the_receiver_is_up(db: Db) {
     );
     assert!(shared.got.lock().unwrap().is_empty());
 
-    // Up again on the same port: everything arrives, then more.
+    // The controller restarts (a new instance: nothing in memory), and the
+    // receiver is up again on the same port: everything arrives, then more.
+    controller.stop().await;
+    let controller = sys.controller();
     let receiver = Receiver::start(port, Mode::Ok, Some(shared)).await;
     w_api
         .post(&format!("/api/v1/worker/tasks/{id}/complete"))
