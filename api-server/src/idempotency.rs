@@ -274,6 +274,35 @@ fn seal_context(scope: &[u8; 32], key: &str) -> Vec<u8> {
     c
 }
 
+/// Documents the header on every `POST` of the OpenAPI document, and the
+/// 409 and 422 it may cause.
+pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::{ObjectBuilder, Required, Type};
+    for item in openapi.paths.paths.values_mut() {
+        let Some(op) = item.post.as_mut() else {
+            continue;
+        };
+        let param = ParameterBuilder::new()
+            .name("Idempotency-Key")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "Makes the request safe to retry: the same key with the same request within the replay \
+                 window returns the first answer (with `Idempotency-Replayed: true`); with another \
+                 request 422; while the first is in flight 409. Scoped to the credential.",
+            ))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .max_length(Some(MAX_KEY_LEN)),
+            ))
+            .build();
+        op.parameters.get_or_insert_with(Vec::new).push(param);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -110,6 +110,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::workers::router(state.photo_limits.max_bytes))
         .split_for_parts();
     let mut openapi = openapi;
+    idempotency::document(&mut openapi);
     // The document lists itself: the capabilities document names it as an
     // endpoint, and clients discover routes from here.
     openapi.paths.add_path_operation(
