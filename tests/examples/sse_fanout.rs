@@ -13,13 +13,13 @@
 //!
 //! It starts the binary on the embedded SQLite default (a temporary data
 //! directory, a free 127.0.0.1 port, `RUST_LOG=warn`), creates one task,
-//! prints the server's resident memory (`VmRSS`) at idle, opens N streams
-//! of that task's feed (`GET /api/v1/tasks/{id}/events/stream`, one TCP
-//! connection each, 256 opening at a time), prints the memory and thread
-//! count again with every stream idle, then publishes the task and
-//! measures how long until every stream has received the `task.published`
-//! event (the fan-out: one commit wakes N streams through the process-wide
-//! hub; each reads the database once). The database pool stays at its
+//! publishes it, prints the server's resident memory (`VmRSS`) at idle,
+//! opens N streams of that task's feed (`GET /api/v1/tasks/{id}/events/stream`,
+//! one TCP connection each, 256 opening at a time, each until it has read
+//! `task.published`), prints the memory and thread count again with every
+//! stream idle, then cancels the task and measures how long until every
+//! stream has received `task.cancelled` (the fan-out: one commit wakes N
+//! streams through the process-wide hub; each reads the database once). The database pool stays at its
 //! configured size throughout: idle streams hold no connection.
 
 use std::process::Stdio;
@@ -45,6 +45,20 @@ fn status_field(pid: u32, field: &str) -> String {
         .find(|l| l.starts_with(field))
         .map(|l| l[field.len()..].trim().to_owned())
         .unwrap_or_default()
+}
+
+/// Reads until `marker` has arrived; false if the stream ended first.
+async fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, marker: &str) -> bool {
+    let mut chunk = [0u8; 1024];
+    loop {
+        if String::from_utf8_lossy(buf).contains(marker) {
+            return true;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -79,6 +93,8 @@ async fn main() {
         .env("MEATSPACE_DEV_KEY", dev_key)
         .env("MEATSPACE_LISTEN_ADDR", &addr)
         .env("RUST_LOG", "warn")
+        // Allocator tuning passes through (e.g. MALLOC_ARENA_MAX=2).
+        .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .kill_on_drop(true)
@@ -110,6 +126,14 @@ async fn main() {
         .unwrap();
     let id = created["task"]["id"].as_str().unwrap().to_owned();
     let token = created["agent_token"].as_str().unwrap().to_owned();
+    // Published first, so every stream starts by reading one event.
+    let r = client
+        .post(format!("{base}/api/v1/tasks/{id}/publish"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "publish");
     println!(
         "server idle: VmRSS {}, threads {}, open fds {}",
         status_field(pid, "VmRSS:"),
@@ -166,19 +190,16 @@ async fn main() {
                 let head = String::from_utf8_lossy(&buf[..buf.len().min(80)]).into_owned();
                 return ready.send(Err(head)).await.unwrap_or(());
             }
+            // The first event (the stream's first database read), then idle.
+            // Holding the permit until then bounds the reads in flight.
+            if !read_until(&mut s, &mut buf, "event: task.published").await {
+                return ready.send(Err("no first event".into())).await.unwrap_or(());
+            }
             opened.fetch_add(1, Ordering::Relaxed);
             drop(permit);
             let _ = ready.send(Ok(())).await;
-            // Idle until the event arrives.
-            loop {
-                if String::from_utf8_lossy(&buf).contains("event: task.published") {
-                    got_event.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
+            if read_until(&mut s, &mut buf, "event: task.cancelled").await {
+                got_event.fetch_add(1, Ordering::Relaxed);
             }
             // Hold the connection until the program ends.
             std::future::pending::<()>().await;
@@ -213,21 +234,21 @@ async fn main() {
         open_fds(pid)
     );
 
-    // Fan-out: one event to every stream.
+    // Fan-out: one event to every stream (the terminal one: the streams end).
     let t0 = Instant::now();
     let r = client
-        .post(format!("{base}/api/v1/tasks/{id}/publish"))
+        .post(format!("{base}/api/v1/tasks/{id}/cancel"))
         .bearer_auth(&token)
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200, "publish");
+    assert_eq!(r.status(), 200, "cancel");
     let give_up = Instant::now() + Duration::from_secs(120);
     while got_event.load(Ordering::Relaxed) < open && Instant::now() < give_up {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     println!(
-        "fan-out: {} of {open} streams received task.published within {:.0} ms of the publish",
+        "fan-out: {} of {open} streams received task.cancelled within {:.0} ms of the cancel",
         got_event.load(Ordering::Relaxed),
         t0.elapsed().as_secs_f64() * 1000.0
     );
