@@ -232,7 +232,7 @@ if [[ -f $WORK/existing-secret.yaml ]]; then
   s=$WORK/existing-secret.yaml
   expect_rule "existing Secret: the chart creates no Secret" not grep -q '^kind: Secret$' "$s"
   expect_rule "existing Secret: the pods read it by its keys" \
-    grep -c -E 'name: meatspace-credentials$' "$s" | grep -qx 3
+    grep -c -E 'name: meatspace-credentials$' "$s" | grep -qx 5
   expect_rule "leader election off: no Lease Role" not has_object "$s" Role/meatspace-controller-leader-election
 fi
 
@@ -472,7 +472,7 @@ check_controller_env() {
   local extra
   mapfile -t extra < <(sed -n -e '/^MEATSPACE_RETENTION_SECONDS=/d' \
     -e 's/^\(MEATSPACE_CONTROLLER_BATCH_SIZE\|MEATSPACE_[A-Z_]*_SECONDS\)=.*/\1/p' "$WORK/controller.env")
-  if diff <(printf '%s\n' DATABASE_URL MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_SECONDS RUST_LOG \
+  if diff <(printf '%s\n' DATABASE_URL MEATSPACE_SECRET_KEY MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_SECONDS RUST_LOG \
               MEATSPACE_LOG_FORMAT MEATSPACE_MIRROR_ENABLED MEATSPACE_MIRROR_NAMESPACE \
               MEATSPACE_LEADER_ELECTION MEATSPACE_LEASE_NAME POD_NAME POD_NAMESPACE "${extra[@]}" | sort) \
             <(cut -d= -f1 "$WORK/controller.env") >"$WORK/env.diff"; then
@@ -563,7 +563,8 @@ check_local_controller() {
   ctl_port=$(free_port) || { fail "no free local port"; return; }
   api_port=$(free_port) || { fail "no free local port"; return; }
   [[ $api_port != "$ctl_port" ]] || api_port=$((ctl_port + 1))
-  local env=() name value line
+  local env=() name value line secret_key
+  secret_key=$(tr -dc 'A-Za-z0-9' </dev/urandom | head -c 48 || true)
   k -n "$NS" get deployment meatspace-controller -o json \
     | jq -c '.spec.template.spec.containers[0].env[]' >"$WORK/deployment.env" \
     || { fail "reading the controller Deployment's environment"; return; }
@@ -571,6 +572,8 @@ check_local_controller() {
     name=$(jq -r .name <<<"$line")
     case $name in
       DATABASE_URL) value=$db_url ;;
+      # From the Secret in the cluster; locally the same key as the API server's.
+      MEATSPACE_SECRET_KEY) value=$secret_key ;;
       POD_NAME) value=$pod ;;
       POD_NAMESPACE) value=$NS ;;
       MEATSPACE_CONTROLLER_LISTEN_ADDR) value=127.0.0.1:$ctl_port ;;
@@ -585,14 +588,14 @@ check_local_controller() {
     env+=("$name=$value")
   done <"$WORK/deployment.env"
   env+=("KUBECONFIG=$kubeconfig")
-  printf '%s\n' "${env[@]}" | sed 's#^\(DATABASE_URL=\).*#\1(the test database)#' >"$WORK/local-controller.env"
+  printf '%s\n' "${env[@]}" | sed -e 's#^\(DATABASE_URL=\).*#\1(the test database)#' -e 's#^\(MEATSPACE_SECRET_KEY=\).*#\1(redacted)#' >"$WORK/local-controller.env"
 
   local ctl_pid api_pid
   env -i PATH="$PATH" HOME="$HOME" "${env[@]}" "$bin/meatspace-controller" >"$WORK/local-controller.log" 2>&1 &
   ctl_pid=$!; LOCAL_PIDS+=("$ctl_pid")
   local dev_key
   dev_key=msd_$(tr -dc 'A-Za-z0-9' </dev/urandom | head -c 40 || true)
-  env -i PATH="$PATH" HOME="$HOME" DATABASE_URL="$db_url" MEATSPACE_DEV_KEY="$dev_key" \
+  env -i PATH="$PATH" HOME="$HOME" DATABASE_URL="$db_url" MEATSPACE_DEV_KEY="$dev_key" MEATSPACE_SECRET_KEY="$secret_key" \
     MEATSPACE_LISTEN_ADDR="127.0.0.1:$api_port" MEATSPACE_EMBEDDED_CONTROLLER=never RUST_LOG=info \
     "$bin/meatspace-api-server" >"$WORK/local-api-server.log" 2>&1 &
   api_pid=$!; LOCAL_PIDS+=("$api_pid")

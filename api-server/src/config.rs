@@ -96,6 +96,24 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", default_value = "text")]
     pub log_format: crate::telemetry::LogFormat,
 
+    /// Server secret key (at least 32 characters, e.g. `openssl rand
+    /// -base64 32`): seals the answers replayed for Idempotency-Key and
+    /// derives webhook signing secrets. Give the controller the same key.
+    /// Required with PostgreSQL; with SQLite one is generated once and kept
+    /// in --data-dir/secret.key (mode 0600) when unset.
+    #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<String>,
+
+    /// Seconds between the `: keep-alive` comments of event streams.
+    #[arg(long, env = "MEATSPACE_SSE_HEARTBEAT_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub sse_heartbeat_seconds: u64,
+
+    /// Seconds an Idempotency-Key answer is replayed (default 24 h).
+    #[arg(long, env = "MEATSPACE_IDEMPOTENCY_TTL_SECONDS", default_value_t = 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(60..=30 * 24 * 3600))]
+    pub idempotency_ttl_seconds: u64,
+
     #[command(flatten)]
     pub policy: PolicyArgs,
 
@@ -148,6 +166,12 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("database_url", &redact_url(&self.database_url()))
             .field("dev_key", &self.dev_key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "secret_key",
+                &self.secret_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sse_heartbeat_seconds", &self.sse_heartbeat_seconds)
+            .field("idempotency_ttl_seconds", &self.idempotency_ttl_seconds)
             .field("listen_addr", &self.listen_addr)
             .field("embedded_controller", &self.embedded_controller)
             .field("max_photo_bytes", &self.max_photo_bytes)

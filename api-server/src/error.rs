@@ -184,6 +184,9 @@ impl From<Refusal> for ApiError {
             Refusal::IssueNotFound(_) => ApiError::NotFound(detail),
             Refusal::TextRequired(_) => ApiError::Invalid(detail),
             Refusal::NothingDue => ApiError::Internal(anyhow::anyhow!(r)),
+            Refusal::NotAnExtension { .. } | Refusal::BeyondMaxLifetime { .. } => {
+                ApiError::Invalid(detail)
+            }
         }
     }
 }

@@ -32,6 +32,8 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod feed;
+pub mod idempotency;
+pub mod integrations;
 pub mod metrics;
 pub mod photo;
 pub mod rate_limit;
@@ -66,6 +68,8 @@ pub struct AppState {
     pub availability: Availability,
     /// Per-credential request limits of the API routes.
     pub rate_limit: RateLimit,
+    /// Idempotency-Key, SSE and webhook settings and the server key.
+    pub integrations: integrations::Integrations,
 }
 
 impl AppState {
@@ -114,6 +118,7 @@ pub fn router(state: AppState) -> Router {
     // Every route that needs the database fails fast while it is down.
     let needs_database = OpenApiRouter::new()
         .merge(routes::tasks::router())
+        .merge(routes::stream::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -128,6 +133,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .split_for_parts();
     let mut openapi = openapi;
+    idempotency::document(&mut openapi);
     // The document lists itself: the capabilities document names it as an
     // endpoint, and clients discover routes from here.
     openapi.paths.add_path_operation(
@@ -164,6 +170,10 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("this route does not take that method".into())
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            idempotency::middleware,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BYTES))
         .layer(axum::middleware::from_fn(metrics::track))
         .layer(TimeoutLayer::with_status_code(

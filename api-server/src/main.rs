@@ -7,9 +7,11 @@ use clap::Parser;
 use meatspace_api::auth::DevKey;
 use meatspace_api::config::Config;
 use meatspace_api::feed::Feed;
+use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::{AppState, router, serve, telemetry};
 use meatspace_core::Policy;
+use meatspace_core::secret::ServerKey;
 use meatspace_core::store::{ConnectOptions, connect, redact_url};
 use tokio::sync::watch;
 
@@ -35,6 +37,24 @@ async fn main() -> anyhow::Result<()> {
         }
         (_, false) => {
             anyhow::bail!("MEATSPACE_DEV_KEY must be set when the database is PostgreSQL")
+        }
+    };
+
+    // The server key: configured, or for the embedded default generated once
+    // and kept next to the database (0600), so replays and webhook secrets
+    // survive a restart. Never generated for PostgreSQL: several replicas
+    // and the controller must share one key.
+    let server_key = match (&config.secret_key, config.is_sqlite()) {
+        (Some(text), _) if !text.is_empty() => {
+            ServerKey::from_text(text).context("MEATSPACE_SECRET_KEY")?
+        }
+        (_, true) => {
+            std::fs::create_dir_all(&config.data_dir)
+                .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+            ServerKey::load_or_create(&config.data_dir).context("the server secret key")?
+        }
+        (_, false) => {
+            anyhow::bail!("MEATSPACE_SECRET_KEY must be set when the database is PostgreSQL")
         }
     };
 
@@ -70,7 +90,9 @@ async fn main() -> anyhow::Result<()> {
     // whole system.
     let controller = config.run_controller_here().then(|| {
         let store = Arc::clone(&store);
-        let controller_config = config.controller.clone().into();
+        let mut controller_config: meatspace_controller::ControllerConfig =
+            config.controller.clone().into();
+        controller_config.webhooks.server_key = Some(server_key.clone());
         let mut rx = stop_rx.clone();
         tokio::spawn(async move {
             meatspace_controller::run(store, controller_config, async move {
@@ -94,6 +116,14 @@ async fn main() -> anyhow::Result<()> {
         availability,
         rate_limit: meatspace_api::rate_limit::RateLimit::new(config.rate_limit()),
         feed,
+        integrations: Integrations {
+            server_key: server_key.clone(),
+            sse_heartbeat: std::time::Duration::from_secs(config.sse_heartbeat_seconds),
+            idempotency_ttl: chrono::TimeDelta::seconds(
+                i64::try_from(config.idempotency_ttl_seconds).unwrap_or(86_400),
+            ),
+            webhook_allow: config.controller.webhooks.webhook_allow.clone(),
+        },
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

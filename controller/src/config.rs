@@ -14,6 +14,7 @@ use meatspace_core::store::redact_url;
 use crate::leader::LeaseSettings;
 use crate::mirror::MirrorSettings;
 use crate::telemetry::LogFormat;
+use crate::webhooks::{AllowList, WebhookSettings};
 
 /// Tuning of the reconcilers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub struct ControllerConfig {
     pub max_sleep: Duration,
     /// Mirror tasks into Kubernetes custom resources; `None` leaves it off.
     pub mirror: Option<MirrorSettings>,
+    /// Webhook delivery.
+    pub webhooks: WebhookSettings,
 }
 
 impl Default for ControllerConfig {
@@ -77,6 +80,62 @@ pub struct ControllerArgs {
     pub max_sleep_seconds: u64,
     #[command(flatten)]
     pub mirror: MirrorArgs,
+    #[command(flatten)]
+    pub webhooks: WebhookArgs,
+}
+
+/// Command-line and environment form of [`WebhookSettings`] (the server
+/// key comes separately: `MEATSPACE_SECRET_KEY`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Non-public networks webhooks may be delivered to, as comma-separated
+    /// CIDRs (e.g. `127.0.0.1/32,10.20.0.0/16`). Loopback, private,
+    /// link-local and metadata addresses are refused unless listed here.
+    #[arg(long, env = "MEATSPACE_WEBHOOK_ALLOW", default_value = "")]
+    pub webhook_allow: AllowList,
+    /// Seconds before the first retry of a failed delivery; each further
+    /// retry waits twice as long (with random jitter).
+    #[arg(long, env = "MEATSPACE_WEBHOOK_RETRY_BASE_SECONDS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub webhook_retry_base_seconds: u64,
+    /// Longest wait between two delivery attempts, in seconds.
+    #[arg(long, env = "MEATSPACE_WEBHOOK_RETRY_MAX_SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub webhook_retry_max_seconds: u64,
+    /// Seconds of failed attempts after which an endpoint is disabled
+    /// (default 26 h; at least 24 h is the contract).
+    #[arg(long, env = "MEATSPACE_WEBHOOK_GIVE_UP_SECONDS", default_value_t = 26 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub webhook_give_up_seconds: u64,
+    /// Seconds one delivery attempt may take.
+    #[arg(long, env = "MEATSPACE_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub webhook_timeout_seconds: u64,
+}
+
+impl Default for WebhookArgs {
+    fn default() -> Self {
+        WebhookArgs {
+            webhook_allow: AllowList::default(),
+            webhook_retry_base_seconds: 5,
+            webhook_retry_max_seconds: 3600,
+            webhook_give_up_seconds: 26 * 3600,
+            webhook_timeout_seconds: 10,
+        }
+    }
+}
+
+impl From<WebhookArgs> for WebhookSettings {
+    fn from(a: WebhookArgs) -> Self {
+        WebhookSettings {
+            allow: a.webhook_allow,
+            retry_base: Duration::from_secs(a.webhook_retry_base_seconds),
+            retry_max: Duration::from_secs(a.webhook_retry_max_seconds),
+            give_up_after: Duration::from_secs(a.webhook_give_up_seconds),
+            timeout: Duration::from_secs(a.webhook_timeout_seconds),
+            server_key: None,
+        }
+    }
 }
 
 /// Command-line and environment form of [`MirrorSettings`].
@@ -160,6 +219,7 @@ impl Default for ControllerArgs {
                 lease_name: "meatspace-controller".to_owned(),
                 ..MirrorArgs::default()
             },
+            webhooks: WebhookArgs::default(),
         }
     }
 }
@@ -177,6 +237,7 @@ impl From<ControllerArgs> for ControllerConfig {
             batch_size: a.batch_size,
             max_sleep: Duration::from_secs(a.max_sleep_seconds),
             mirror: a.mirror.settings(),
+            webhooks: a.webhooks.into(),
         }
     }
 }
@@ -214,6 +275,10 @@ pub struct Config {
     /// Log format: `text` for people, `json` for log collectors.
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Server secret key, the same as the API server's: derives the
+    /// webhook signing secrets. Without it no webhook is delivered.
+    #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<String>,
     #[command(flatten)]
     pub controller: ControllerArgs,
     #[command(flatten)]
@@ -228,6 +293,10 @@ impl std::fmt::Debug for Config {
             .field("db_max_connections", &self.db_max_connections)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
+            .field(
+                "secret_key",
+                &self.secret_key.as_ref().map(|_| "<redacted>"),
+            )
             .field("controller", &self.controller)
             .field("policy", &self.policy)
             .finish()

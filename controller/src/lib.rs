@@ -26,6 +26,8 @@
 //!   task changes.
 //! - [`retention`]: deletes terminal tasks (with events, issues and photos)
 //!   once they have been terminal for the retention period.
+//! - [`webhooks`]: delivers every event of a task with a webhook endpoint,
+//!   signed (Standard Webhooks 1.0), at least once, with backoff.
 //! - [`mirror`] (optional): keeps a `MeatspaceTask` custom resource per
 //!   task in step with the store; with [`leader`] election, one replica
 //!   at a time does it.
@@ -73,6 +75,7 @@ pub mod mirror;
 pub mod retention;
 mod supervisor;
 pub mod telemetry;
+pub mod webhooks;
 
 pub use config::{Config, ControllerArgs, ControllerConfig};
 pub use error::Error;
@@ -109,6 +112,21 @@ pub async fn run(
             move |s| retention::Retention::new(store.clone(), &config).run(s),
             Shutdown(stopped.clone()),
         ));
+    }
+    // Without a server key nothing can be signed, so nothing is delivered.
+    if config.webhooks.server_key.is_some() {
+        let (store, config) = (store.clone(), config.clone());
+        reconcilers.spawn(supervisor::supervise(
+            "webhooks",
+            move |s| {
+                webhooks::Webhooks::new(store.clone(), config.webhooks.clone(), config.max_sleep)
+                    .expect("a server key is set and the HTTP client builds")
+                    .run(s)
+            },
+            Shutdown(stopped.clone()),
+        ));
+    } else {
+        tracing::warn!("no server secret key: webhooks are not delivered");
     }
     if let Some(settings) = config.mirror.clone() {
         reconcilers.spawn(supervisor::supervise(

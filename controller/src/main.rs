@@ -48,8 +48,20 @@ async fn main() -> anyhow::Result<()> {
             .into_future(),
     );
 
-    let result =
-        meatspace_controller::run(store, config.controller.into(), shutdown_signal()).await;
+    let mut controller_config: meatspace_controller::ControllerConfig =
+        config.controller.clone().into();
+    match config.secret_key.as_deref().filter(|k| !k.is_empty()) {
+        Some(text) => {
+            controller_config.webhooks.server_key = Some(
+                meatspace_core::secret::ServerKey::from_text(text)
+                    .context("MEATSPACE_SECRET_KEY")?,
+            );
+        }
+        None => tracing::warn!(
+            "MEATSPACE_SECRET_KEY is not set: webhooks cannot be signed and are not delivered"
+        ),
+    }
+    let result = meatspace_controller::run(store, controller_config, shutdown_signal()).await;
     // Probes keep answering until the reconcilers have finished their batches.
     let _ = stop_http.send(true);
     http.await

@@ -27,6 +27,10 @@ pub const RECONCILE_ERRORS: &str = "meatspace_reconcile_errors_total";
 
 /// Reconcilers restarted after a panic, labelled `reconciler`.
 pub const RECONCILER_RESTARTS: &str = "meatspace_reconciler_restarts_total";
+/// Webhook attempts, labelled `outcome` (`delivered`, `failed`, `gone`).
+pub const WEBHOOK_ATTEMPTS: &str = "meatspace_webhook_attempts_total";
+/// Seconds from an event's creation until its webhook delivery was acknowledged.
+pub const WEBHOOK_LAG: &str = "meatspace_webhook_delivery_lag_seconds";
 
 /// Buckets of [`EXPIRY_LAG`]: the target is "within about a second", so the
 /// resolution is finest below that.
@@ -42,7 +46,8 @@ const DURATION_BUCKETS: &[f64] = &[
 pub fn with_buckets(builder: PrometheusBuilder) -> Result<PrometheusBuilder, BuildError> {
     builder
         .set_buckets_for_metric(Matcher::Full(EXPIRY_LAG.into()), LAG_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(RECONCILE_DURATION.into()), DURATION_BUCKETS)
+        .set_buckets_for_metric(Matcher::Full(RECONCILE_DURATION.into()), DURATION_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(WEBHOOK_LAG.into()), LAG_BUCKETS)
 }
 
 /// Installs the global Prometheus recorder and starts its upkeep (which
@@ -103,6 +108,19 @@ pub fn describe() {
     }
     counter!(TASKS_UNASSIGNED).increment(0);
     counter!(TASKS_PURGED).increment(0);
+    describe_counter!(
+        WEBHOOK_ATTEMPTS,
+        Unit::Count,
+        "Webhook delivery attempts, by outcome (delivered, failed, gone)."
+    );
+    describe_histogram!(
+        WEBHOOK_LAG,
+        Unit::Seconds,
+        "Time from an event's creation until its webhook delivery was acknowledged."
+    );
+    for outcome in ["delivered", "failed", "gone"] {
+        counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(0);
+    }
 }
 
 pub(crate) fn expired(reason: ExpiryReason, lag: Duration) {
@@ -129,4 +147,13 @@ pub(crate) fn failed(reconciler: &'static str, error: &crate::Error) {
 
 pub(crate) fn restarted(reconciler: &'static str) {
     counter!(RECONCILER_RESTARTS, "reconciler" => reconciler).increment(1);
+}
+
+pub(crate) fn webhook_delivered(lag: Duration) {
+    counter!(WEBHOOK_ATTEMPTS, "outcome" => "delivered").increment(1);
+    histogram!(WEBHOOK_LAG).record(lag.as_secs_f64());
+}
+
+pub(crate) fn webhook_failed(outcome: &'static str) {
+    counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(1);
 }

@@ -1,7 +1,8 @@
 //! The retention reconciler: deletes terminal tasks, with their events,
 //! issues and photos, once they have been terminal for the retention period
 //! (30 days by default). After that the API answers 404 for them, until
-//! their tombstones are forgotten too (another 30 days by default).
+//! their tombstones are forgotten too (another 30 days by default). It also
+//! deletes Idempotency-Key records whose replay window has ended.
 //!
 //! Unlike expiry it polls, every [`ControllerConfig::retention_interval`]:
 //! nobody waits on a deletion to the second, and a poll that finds nothing
@@ -85,13 +86,19 @@ impl Retention {
                 .store
                 .forget_purged_before(now - self.tombstone_retention, self.batch_size)
                 .await?;
+            // Idempotency-Key answers (sealed, but holding credentials)
+            // go when their replay window ends.
+            let keys = self
+                .store
+                .purge_idempotency_keys(clock::now(), self.batch_size)
+                .await?;
             metrics::reconciled(NAME, started.elapsed());
             metrics::purged(purged);
             tracing::Span::current().record("purged", purged);
             if purged > 0 {
                 tracing::info!(purged, "deleted terminal tasks past retention");
             }
-            Ok(purged.max(forgotten) >= u64::from(self.batch_size))
+            Ok(purged.max(forgotten).max(keys) >= u64::from(self.batch_size))
         }
         .instrument(span)
         .await

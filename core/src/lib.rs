@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod domain;
 pub mod policy;
+pub mod secret;
 pub mod store;
 pub mod token;
 

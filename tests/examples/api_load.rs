@@ -253,6 +253,11 @@ impl Server {
             .current_dir(dir)
             .env("DATABASE_URL", database_url)
             .env("MEATSPACE_DEV_KEY", &dev_key)
+            // Required with PostgreSQL (seals Idempotency-Key replays).
+            .env(
+                "MEATSPACE_SECRET_KEY",
+                meatspace_core::secret::ServerKey::generate().1,
+            )
             .env("MEATSPACE_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env("MEATSPACE_DATA_DIR", dir)
             .env("RUST_LOG", "warn")

@@ -94,6 +94,11 @@ impl ServerProcess {
         }
     }
 
+    /// `http://host:port`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
@@ -128,5 +133,19 @@ impl ServerProcess {
     /// SIGKILL, and waits for it to be gone.
     pub async fn kill(&mut self) {
         self.child.kill().await.expect("kill -9");
+    }
+
+    /// SIGTERM, then waits for the exit; returns whether it exited 0 within 30 s.
+    pub async fn terminate(&mut self) -> bool {
+        let pid = self.child.id().expect("still running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(Ok(status)) => status.success(),
+            _ => false,
+        }
     }
 }

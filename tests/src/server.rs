@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use meatspace_api::auth::DevKey;
 use meatspace_api::feed::Feed;
+use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::rate_limit::{RateLimit, RateLimitSettings};
 use meatspace_api::{AppState, ServeOptions, router, serve};
+use meatspace_core::secret::ServerKey;
 use meatspace_core::store::{ConnectOptions, connect};
 use meatspace_core::{Policy, Store};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -72,6 +74,8 @@ pub struct ServerOptions {
     /// Off unless a test is about limiting: the suites send bursts.
     pub rate_limit: RateLimitSettings,
     pub serve: ServeOptions,
+    /// Server key, heartbeat, idempotency window, webhook allow-list.
+    pub integrations: Integrations,
 }
 
 impl Default for ServerOptions {
@@ -86,6 +90,7 @@ impl Default for ServerOptions {
             connect: ConnectOptions::default(),
             rate_limit: RateLimitSettings::OFF,
             serve: ServeOptions::default(),
+            integrations: Integrations::new(ServerKey::generate().0),
         }
     }
 }
@@ -151,6 +156,7 @@ impl TestServer {
             feed: feed.clone(),
             availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
             rate_limit: RateLimit::new(options.rate_limit),
+            integrations: options.integrations.clone(),
         };
         let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")

@@ -23,7 +23,7 @@ use futures::future::BoxFuture;
 use meatspace_core::store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, connect};
 use meatspace_core::token::{self, TokenHash};
 use meatspace_core::{
-    Actor, Change, Command, Due, Event, EventType, ExpiryReason, IssueAction, IssueKind,
+    Actor, Change, Command, Due, Event, EventType, ExpiryReason, Extension, IssueAction, IssueKind,
     IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task,
     TaskState,
 };
@@ -100,6 +100,9 @@ conformance! {
         stop_ends_an_assigned_or_active_task,
         cancel_ends_any_non_terminal_task,
         reconcile_command_applies_only_what_is_due,
+        an_extension_moves_the_deadline_the_controller_acts_on,
+        idempotency_keys_are_claimed_once_and_replayed,
+        webhook_endpoints_deliver_from_a_durable_cursor,
         refusals_name_the_reason_and_change_nothing,
         a_refused_command_leaves_the_task_to_the_controller,
         terminal_tasks_refuse_every_command,
@@ -737,6 +740,22 @@ async fn every_event_type_has_its_actor_trust_and_data(store: Arc<dyn Store>) {
     let cancelled = json!({ "reason": null, "issue_event_id": issue });
     check(&e[5], EventType::TaskCancelled, Actor::Agent, cancelled);
 
+    // extended by the agent
+    let (t, _) = task_in(s, TaskState::Open).await;
+    ok(
+        s,
+        t.id,
+        Command::Extend(Extension::Until(at(LIFETIME + 60))),
+        9,
+    )
+    .await;
+    let e = all_events(s, t.id).await;
+    let extended = json!({
+        "previous_expires_at": t.expires_at,
+        "expires_at": at(LIFETIME + 60),
+    });
+    check(&e[1], EventType::TaskExtended, Actor::Agent, extended);
+
     let every: BTreeSet<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
     assert_eq!(checked, every, "some event types were not checked");
 }
@@ -786,6 +805,224 @@ async fn cancel_ends_any_non_terminal_task(store: Arc<dyn Store>) {
     assert_eq!(s.next_deadline().await.expect("next deadline"), None);
     let due = s.reconcile_due(at(100 * LIFETIME), 100).await;
     assert!(due.expect("reconcile").is_empty());
+}
+
+/// A webhook endpoint is created with its task; it is due while its task
+/// has events after its cursor; a claim leases it (no second claim until
+/// the lease ends); outcomes move the cursor, the failure count and the
+/// state; a disabled endpoint is never due again; it goes with its task.
+async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) {
+    use meatspace_core::store::{WebhookOutcome as O, WebhookState};
+    let s = &*store;
+    let id = Uuid::new_v4();
+    let task = s
+        .create_task_with_webhook(
+            NewTask {
+                id,
+                description: "hooked".into(),
+                agent_token_hash: TokenHash::of("mst_x"),
+                created_at: at(0),
+                expires_at: at(LIFETIME),
+            },
+            "https://example.test/hook",
+        )
+        .await
+        .expect("create with webhook");
+    assert_eq!(task.id, id);
+    let w = s.webhook(id).await.unwrap().expect("endpoint");
+    assert_eq!(w.url, "https://example.test/hook");
+    assert_eq!(w.state, WebhookState::Active);
+    assert_eq!(w.last_delivered_event_id, 0);
+    assert_eq!(s.webhook(create(s).await.id).await.unwrap(), None);
+    // No event yet: nothing due.
+    assert!(
+        s.claim_due_webhooks(at(1), at(31), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), None);
+    let published = ok(s, id, Command::Publish, 1).await.events[0].id;
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), Some(at(0)));
+    let due = s.claim_due_webhooks(at(2), at(32), 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].task_id, due[0].delivered_event_id), (id, 0));
+    // Leased: not due again before the lease ends.
+    assert!(
+        s.claim_due_webhooks(at(3), at(33), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), Some(at(32)));
+    // A failure counts and schedules the retry.
+    let failed = O::Failed {
+        error: "could not connect".into(),
+        next_attempt_at: at(10),
+    };
+    s.record_webhook(id, &failed, at(4)).await.unwrap();
+    let w = s.webhook(id).await.unwrap().unwrap();
+    assert_eq!((w.state, w.attempts), (WebhookState::Failing, 1));
+    assert_eq!(w.failing_since, Some(at(4)));
+    assert_eq!(w.last_error.as_deref(), Some("could not connect"));
+    assert!(
+        s.claim_due_webhooks(at(9), at(39), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = s.claim_due_webhooks(at(10), at(40), 10).await.unwrap();
+    assert_eq!((due[0].attempts, due[0].failing_since), (1, Some(at(4))));
+    // Delivered: the cursor moves, the failure is forgotten, nothing is due.
+    let delivered = O::Delivered {
+        event_id: published,
+        next_attempt_at: Some(at(11)),
+    };
+    s.record_webhook(id, &delivered, at(11)).await.unwrap();
+    let w = s.webhook(id).await.unwrap().unwrap();
+    assert_eq!(w.last_delivered_event_id, published);
+    assert_eq!(
+        (w.state, w.attempts, w.last_error),
+        (WebhookState::Active, 0, None)
+    );
+    assert!(
+        s.claim_due_webhooks(at(12), at(42), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A new event makes it due again; disabling ends it for good.
+    ok(s, id, Command::Cancel { reason: None }, 13).await;
+    assert_eq!(
+        s.claim_due_webhooks(at(14), at(44), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    s.record_webhook(
+        id,
+        &O::Disabled {
+            error: "410 Gone".into(),
+        },
+        at(15),
+    )
+    .await
+    .unwrap();
+    let w = s.webhook(id).await.unwrap().unwrap();
+    assert_eq!(w.state, WebhookState::Disabled);
+    assert_eq!(w.next_attempt_at, None);
+    // Later outcomes of a delivery in flight do not revive it.
+    s.record_webhook(id, &delivered, at(16)).await.unwrap();
+    assert_eq!(
+        s.webhook(id).await.unwrap().unwrap().state,
+        WebhookState::Disabled
+    );
+    assert!(
+        s.claim_due_webhooks(at(1000), at(1030), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_webhook_attempt().await.unwrap(), None);
+    // Retention removes the endpoint with its task.
+    s.purge_ended_before(at(100), at(100), 10).await.unwrap();
+    assert_eq!(s.webhook(id).await.unwrap(), None);
+}
+
+/// An idempotency key: claimed by one request, in flight for the others,
+/// refused for another request, replayed once completed, free again after
+/// a release, an expired window or an abandoned lease, and purged.
+async fn idempotency_keys_are_claimed_once_and_replayed(store: Arc<dyn Store>) {
+    use meatspace_core::store::{IdempotencyBegin as B, IdempotencyClaim};
+    let s = &*store;
+    let claim = |key: &str, print: u8, secs: i64| IdempotencyClaim {
+        scope: [1; 32],
+        key: key.to_owned(),
+        fingerprint: [print; 32],
+        now: at(secs),
+        lease: TimeDelta::seconds(60),
+        ttl: TimeDelta::seconds(3600),
+    };
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 1, 0)).await.unwrap(),
+        B::Started
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 1, 1)).await.unwrap(),
+        B::InFlight
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 2, 1)).await.unwrap(),
+        B::Mismatch
+    );
+    // Another scope with the same key is independent.
+    let mut other = claim("k", 2, 1);
+    other.scope = [2; 32];
+    assert_eq!(s.idempotency_begin(&other).await.unwrap(), B::Started);
+    s.idempotency_complete(&[1; 32], "k", 201, b"sealed")
+        .await
+        .unwrap();
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 1, 2)).await.unwrap(),
+        B::Completed {
+            status: 201,
+            response: b"sealed".to_vec()
+        }
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 2, 2)).await.unwrap(),
+        B::Mismatch
+    );
+    // After its window the key is new again, for any request.
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 2, 3600)).await.unwrap(),
+        B::Started
+    );
+    // A release frees an in-flight claim; a completed one is kept.
+    s.idempotency_release(&[1; 32], "k").await.unwrap();
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 3, 3601)).await.unwrap(),
+        B::Started
+    );
+    // An abandoned claim is taken over after its lease.
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 3, 3630)).await.unwrap(),
+        B::InFlight
+    );
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 4, 3661)).await.unwrap(),
+        B::Started
+    );
+    // Purging removes what expired by the cutoff (the other scope's claim),
+    // and only that.
+    assert_eq!(s.purge_idempotency_keys(at(3601), 100).await.unwrap(), 1);
+    assert_eq!(s.purge_idempotency_keys(at(3601), 100).await.unwrap(), 0);
+    assert_eq!(
+        s.idempotency_begin(&claim("k", 4, 3662)).await.unwrap(),
+        B::InFlight
+    );
+}
+
+/// The extended deadline is written, read back, and is the one the
+/// controller's index and `reconcile_due` act on: nothing at the old one.
+async fn an_extension_moves_the_deadline_the_controller_acts_on(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (t, _) = task_in(s, TaskState::Open).await;
+    let later = at(LIFETIME + 600);
+    let a = ok(s, t.id, Command::Extend(Extension::Until(later)), 10).await;
+    assert_eq!(a.task.expires_at, later);
+    let read = s.task(t.id).await.expect("read").expect("exists");
+    assert_eq!(read.expires_at, later);
+    assert_eq!(s.next_deadline().await.expect("next deadline"), Some(later));
+    let nothing = s.reconcile_due(at(LIFETIME), 10).await.expect("reconcile");
+    assert!(
+        nothing.is_empty(),
+        "expired at the old deadline: {nothing:?}"
+    );
+    let expired = s.reconcile_due(later, 10).await.expect("reconcile");
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].task.state, TaskState::Expired);
 }
 
 async fn reconcile_command_applies_only_what_is_due(store: Arc<dyn Store>) {

@@ -104,7 +104,51 @@ pub fn document(state: &AppState) -> Value {
             },
             "cancel_task": { "method": "POST", "path": "/api/v1/tasks/{task_id}/cancel", "auth": "task_bearer" },
             "get_photo": { "method": "GET", "path": "/api/v1/tasks/{task_id}/photos/{photo_id}", "auth": "task_bearer" },
-            "openapi": { "method": "GET", "path": "/api/v1/openapi.json" }
+            "openapi": { "method": "GET", "path": "/api/v1/openapi.json" },
+            "extend_task": {
+                "method": "POST",
+                "path": "/api/v1/tasks/{task_id}/extend",
+                "auth": "task_bearer",
+                "body": {
+                    "expires_at": "RFC 3339 timestamp, later than the current expires_at",
+                    "add_seconds": "integer seconds to add to the current expires_at; give exactly one of the two"
+                }
+            },
+            "task_events_stream": {
+                "method": "GET",
+                "path": "/api/v1/tasks/{task_id}/events/stream",
+                "auth": "task_bearer"
+            }
+        },
+        "integrations": {
+            "idempotency": {
+                "header": "Idempotency-Key",
+                "applies_to": "every state-changing POST of the agent and worker APIs",
+                "replay_window_seconds": state.integrations.idempotency_ttl.num_seconds(),
+                "replayed_header": "Idempotency-Replayed: true",
+                "scope": "the credential that sent the request",
+                "conflicts": { "different_request": 422, "in_flight": 409 },
+                "note": "Retry a POST with the same key to get the first answer again; a replayed create returns the same task and a working agent_token."
+            },
+            "deadline_extension": {
+                "endpoint": "/api/v1/tasks/{task_id}/extend",
+                "event": "task.extended",
+                "max_lifetime_seconds": policy.max_lifetime.num_seconds(),
+                "note": "Extend only, bounded by the longest lifetime counted from creation; terminal tasks answer 409."
+            },
+            "sse": {
+                "endpoint": "/api/v1/tasks/{task_id}/events/stream",
+                "resume": ["Last-Event-ID", "after"],
+                "heartbeat_seconds": state.integrations.sse_heartbeat.as_secs_f64()
+            },
+            "webhooks": {
+                "create_field": "webhook_url",
+                "secret_field": "webhook_secret",
+                "signature": "Standard Webhooks 1.0 (webhook-id, webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256>)",
+                "delivery": "at-least-once, in event order, retried with exponential backoff and jitter for at least 24 h; 410 Gone disables the endpoint",
+                "state": "GET /api/v1/tasks/{task_id} → webhook",
+                "address_policy": "only http/https to public addresses unless the server's allow-list permits others; redirects are not followed"
+            }
         },
         "task_monitoring": {
             "required": true,
@@ -126,9 +170,11 @@ pub fn document(state: &AppState) -> Value {
             "stop_when": terminal,
             "wakeups": {
                 "polling": "supported",
-                "webhook": "not_yet_supported",
-                "sse": "not_yet_supported",
+                "webhook": "supported",
+                "sse": "supported",
                 "long_poll": "supported",
+                "sse_note": "GET /api/v1/tasks/{task_id}/events/stream: text/event-stream, id = event id, event = type, data = the polled event; resume with Last-Event-ID; `: keep-alive` comments; ends after the terminal event.",
+                "webhook_note": "Give webhook_url when creating a task: every event is POSTed, signed as Standard Webhooks 1.0 with the whsec_ secret returned once at creation; at-least-once, retried with backoff, 410 Gone disables the endpoint.",
                 "note": "Wake mechanisms are advisory. The durable event feed is authoritative."
             }
         },

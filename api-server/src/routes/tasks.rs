@@ -5,8 +5,11 @@
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_core::store::NewTask;
-use meatspace_core::{Command, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock};
+use meatspace_controller::webhooks::check_url;
+use meatspace_core::store::{NewTask, Webhook};
+use meatspace_core::{
+    Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock,
+};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -29,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_task))
         .routes(routes!(publish_task))
         .routes(routes!(cancel_task))
+        .routes(routes!(extend_task))
         .routes(routes!(task_events))
         .routes(routes!(respond_to_issue))
         .routes(routes!(get_photo))
@@ -46,6 +50,10 @@ pub struct CreateTaskRequest {
     /// Lifetime of the task in seconds from now; bounds in the capabilities
     /// document. When it ends, a task that has not started expires.
     pub expires_in_seconds: Option<i64>,
+    /// Where to POST every event of the task (Standard Webhooks 1.0,
+    /// signed with the `webhook_secret` of the answer). http or https, to a
+    /// public address unless the server's allow-list permits others.
+    pub webhook_url: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -53,6 +61,20 @@ pub struct CreatedTask {
     pub task: Task,
     /// Task-scoped bearer credential. Shown only now; store it securely.
     pub agent_token: String,
+    /// With `webhook_url`: the `whsec_…` secret that signs the deliveries.
+    /// Shown only now; store it securely.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+}
+
+/// The task resource: the task, plus its webhook's delivery state when it
+/// has one (never the secret).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TaskResource {
+    #[serde(flatten)]
+    pub task: Task,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<Webhook>,
 }
 
 /// Creates a task in the draft state.
@@ -91,24 +113,43 @@ async fn create_task(
             chrono::TimeDelta::seconds(s)
         }
     };
+    // Refused before anything is written and without contacting the URL
+    // (an IP literal is checked as is; a name is only resolved).
+    let webhook_url = match req.webhook_url.as_deref() {
+        None => None,
+        Some(raw) => Some(
+            check_url(raw, &state.integrations.webhook_allow)
+                .await
+                .map_err(|e| ApiError::invalid(e.to_string()))?
+                .to_string(),
+        ),
+    };
     let now = clock::now();
     let id = Uuid::new_v4();
     let (agent_token, agent_token_hash) = issue_agent_token(id);
-    let task = state
-        .store
-        .create_task(NewTask {
-            id,
-            description,
-            agent_token_hash,
-            created_at: now,
-            expires_at: now + lifetime,
-        })
-        .await?;
+    let new = NewTask {
+        id,
+        description,
+        agent_token_hash,
+        created_at: now,
+        expires_at: now + lifetime,
+    };
+    let (task, webhook_secret) = match webhook_url {
+        None => (state.store.create_task(new).await?, None),
+        Some(url) => (
+            state.store.create_task_with_webhook(new, &url).await?,
+            Some(state.integrations.server_key.webhook_secret(id)),
+        ),
+    };
     let location = HeaderValue::from_str(&format!("/api/v1/tasks/{id}"))
         .map_err(|e| ApiError::Internal(e.into()))?;
     let mut res = (
         StatusCode::CREATED,
-        axum::Json(CreatedTask { task, agent_token }),
+        axum::Json(CreatedTask {
+            task,
+            agent_token,
+            webhook_secret,
+        }),
     )
         .into_response();
     res.headers_mut().insert(header::LOCATION, location);
@@ -122,20 +163,21 @@ async fn create_task(
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
     responses(
-        (status = 200, description = "The task", body = Task),
+        (status = 200, description = "The task", body = TaskResource),
         (status = 401, response = inline(Unauthorized)),
         (status = 404, response = inline(NotFound)),
         (status = 503, response = inline(ServiceUnavailable))))]
 async fn get_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
-) -> Result<axum::Json<Task>, ApiError> {
+) -> Result<axum::Json<TaskResource>, ApiError> {
     let task = state
         .store
         .task(id)
         .await?
         .ok_or_else(ApiError::task_not_found)?;
-    Ok(axum::Json(task))
+    let webhook = state.store.webhook(id).await?;
+    Ok(axum::Json(TaskResource { task, webhook }))
 }
 
 /// Publishes a draft: draft → open. Workers can now see and claim it.
@@ -170,6 +212,57 @@ async fn cancel_task(
     AgentAuth(id): AgentAuth,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     state.act(id, Command::Cancel { reason: None }).await
+}
+
+/// Body of `POST /api/v1/tasks/{task_id}/extend`: exactly one of the two.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendRequest {
+    /// The new end of the task's lifetime (RFC 3339); must be later than
+    /// the current `expires_at`.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Seconds to add to the current `expires_at` (at least 1).
+    pub add_seconds: Option<i64>,
+}
+
+/// Extends the task's lifetime (`expires_at`): later only, at most the
+/// longest lifetime counted from creation. Appends a `task.extended` event.
+/// The active time limit of a started task is not changed.
+#[utoipa::path(post, path = "/api/v1/tasks/{task_id}/extend", tag = "agent",
+    operation_id = "extend_task",
+    params(("task_id" = Uuid, Path)),
+    request_body = ExtendRequest,
+    security(("agent_token" = [])),
+    responses((status = 200, body = TaskChange),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 409, response = inline(Conflict)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
+async fn extend_task(
+    State(state): State<AppState>,
+    AgentAuth(id): AgentAuth,
+    Json(req): Json<ExtendRequest>,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let max = state.policy.max_lifetime.num_seconds();
+    let extension = match (req.expires_at, req.add_seconds) {
+        (Some(t), None) => Extension::Until(t),
+        (None, Some(n)) if (1..=max).contains(&n) => Extension::By(chrono::TimeDelta::seconds(n)),
+        (None, Some(_)) => {
+            return Err(ApiError::invalid(format!(
+                "add_seconds must be between 1 and {max}"
+            )));
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "give exactly one of expires_at and add_seconds",
+            ));
+        }
+    };
+    state.act(id, Command::Extend(extension)).await
 }
 
 /// The task's events with `id > after`, ascending. With `wait`, a page

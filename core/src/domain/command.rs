@@ -46,6 +46,18 @@ pub enum Command {
     },
     /// Controller: apply whatever deadline has passed.
     Reconcile,
+    /// Agent: move the end of the task's lifetime later (never earlier).
+    Extend(Extension),
+}
+
+/// How an agent extends a task's lifetime. `By` is relative to the deadline
+/// read under the row lock, so two concurrent extensions both count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extension {
+    /// The lifetime ends at this instant.
+    Until(DateTime<Utc>),
+    /// The lifetime ends this much later than it does now.
+    By(chrono::TimeDelta),
 }
 
 impl Command {
@@ -63,6 +75,7 @@ impl Command {
             Command::Complete { .. } => "complete",
             Command::Stop { .. } => "stop",
             Command::Reconcile => "reconcile",
+            Command::Extend { .. } => "extend",
         }
     }
 
@@ -159,6 +172,20 @@ pub enum Refusal {
     IssueNotOpen(i64, IssueStatus),
     #[error("nothing is due")]
     NothingDue,
+    #[error(
+        "the new deadline {requested} is not after the current one, {current}: a task can only be extended"
+    )]
+    NotAnExtension {
+        current: DateTime<Utc>,
+        requested: DateTime<Utc>,
+    },
+    #[error(
+        "the new deadline {requested} is past the longest lifetime allowed, which ends at {limit}"
+    )]
+    BeyondMaxLifetime {
+        limit: DateTime<Utc>,
+        requested: DateTime<Utc>,
+    },
 }
 
 /// Decides the effect of `command` on `task` at `now`.
@@ -391,8 +418,49 @@ pub fn decide(
                 }
             }
         }
+        Command::Extend(extension) => extend(&mut d, task, extension, policy)?,
     }
     Ok(d)
+}
+
+/// `Extend`: the new end of the lifetime must be later than the current one
+/// (extend only: shortening would let an agent expire a task a worker is
+/// about to claim) and within the longest lifetime counted from creation,
+/// the same bound creation enforces, so extending cannot keep a task alive
+/// forever. The active time limit is separate and unchanged: once a worker
+/// has started, `active_until` governs. A task whose deadline has already
+/// passed was refused before this point (`DeadlinePassed`): the controller
+/// is expiring it.
+fn extend(
+    d: &mut Decision,
+    task: &Task,
+    extension: Extension,
+    policy: &Policy,
+) -> Result<(), Refusal> {
+    let expires_at = match extension {
+        Extension::Until(t) => t,
+        Extension::By(delta) => task.expires_at + delta,
+    };
+    if expires_at <= task.expires_at {
+        return Err(Refusal::NotAnExtension {
+            current: task.expires_at,
+            requested: expires_at,
+        });
+    }
+    let limit = task.created_at + policy.max_lifetime;
+    if expires_at > limit {
+        return Err(Refusal::BeyondMaxLifetime {
+            limit,
+            requested: expires_at,
+        });
+    }
+    d.task.expires_at = expires_at;
+    d.push(
+        EventType::TaskExtended,
+        Actor::Agent,
+        json!({ "previous_expires_at": task.expires_at, "expires_at": expires_at }),
+    );
+    Ok(())
 }
 
 impl Decision {
@@ -830,5 +898,87 @@ mod tests {
             vec![EventType::AgentIssueResponse, EventType::TaskCancelled]
         );
         assert_eq!(d.events.iter().filter(|e| e.kind.is_terminal()).count(), 1);
+    }
+
+    #[test]
+    fn extend_moves_the_lifetime_later_within_the_maximum() {
+        let t = task(TaskState::Open);
+        let later = at(2000);
+        let d = run(&t, Command::Extend(Extension::Until(later)), 10).unwrap();
+        assert_eq!(d.task.expires_at, later);
+        assert_eq!(d.task.state, TaskState::Open);
+        assert_eq!(d.task.next_deadline(), Some(later));
+        assert_eq!(kinds(&d), vec![EventType::TaskExtended]);
+        assert_eq!(d.events[0].actor, Actor::Agent);
+        assert_eq!(
+            d.events[0].data,
+            json!({ "previous_expires_at": at(1000), "expires_at": later })
+        );
+        // Nothing is due any more at the old deadline.
+        assert_eq!(d.task.due(at(1000)), None);
+    }
+
+    #[test]
+    fn extend_never_shortens_and_stays_within_the_maximum_lifetime() {
+        let t = task(TaskState::Open);
+        for secs in [999, 1000] {
+            assert!(matches!(
+                run(&t, Command::Extend(Extension::Until(at(secs))), 10),
+                Err(Refusal::NotAnExtension { .. })
+            ));
+        }
+        let limit = t.created_at + Policy::default().max_lifetime;
+        let d = run(&t, Command::Extend(Extension::Until(limit)), 10).unwrap();
+        assert_eq!(d.task.expires_at, limit);
+        let past = limit + chrono::TimeDelta::milliseconds(1);
+        assert_eq!(
+            run(&t, Command::Extend(Extension::Until(past)), 10).unwrap_err(),
+            Refusal::BeyondMaxLifetime {
+                limit,
+                requested: past
+            }
+        );
+    }
+
+    #[test]
+    fn extend_is_refused_on_terminal_tasks_and_after_the_deadline() {
+        for s in TaskState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            let t = task(s);
+            assert_eq!(
+                run(&t, Command::Extend(Extension::Until(at(2000))), 10).unwrap_err(),
+                Refusal::Terminal { state: s }
+            );
+        }
+        assert_eq!(
+            run(
+                &task(TaskState::Open),
+                Command::Extend(Extension::Until(at(2000))),
+                1000
+            )
+            .unwrap_err(),
+            Refusal::DeadlinePassed
+        );
+    }
+
+    #[test]
+    fn extend_by_counts_from_the_current_deadline() {
+        let t = task(TaskState::Open);
+        let by = Command::Extend(Extension::By(chrono::TimeDelta::seconds(60)));
+        let d = run(&t, by.clone(), 10).unwrap();
+        assert_eq!(d.task.expires_at, at(1060));
+        let d = run(&d.task, by, 11).unwrap();
+        assert_eq!(d.task.expires_at, at(1120));
+        let zero = Command::Extend(Extension::By(chrono::TimeDelta::zero()));
+        assert!(matches!(
+            run(&t, zero, 10),
+            Err(Refusal::NotAnExtension { .. })
+        ));
+    }
+
+    #[test]
+    fn extending_an_assigned_task_keeps_its_start_deadline() {
+        let d = run(&assigned(), Command::Extend(Extension::Until(at(3000))), 10).unwrap();
+        assert_eq!(d.task.start_by, Some(at(500)));
+        assert_eq!(d.task.next_deadline(), Some(at(500)));
     }
 }

@@ -31,10 +31,12 @@ pub enum EventType {
     TaskCancelled,
     #[serde(rename = "task.expired")]
     TaskExpired,
+    #[serde(rename = "task.extended")]
+    TaskExtended,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 12] = [
+    pub const ALL: [EventType; 13] = [
         EventType::TaskPublished,
         EventType::TaskAssigned,
         EventType::TaskUnassigned,
@@ -47,6 +49,7 @@ impl EventType {
         EventType::TaskStopped,
         EventType::TaskCancelled,
         EventType::TaskExpired,
+        EventType::TaskExtended,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +66,7 @@ impl EventType {
             EventType::TaskStopped => "task.stopped",
             EventType::TaskCancelled => "task.cancelled",
             EventType::TaskExpired => "task.expired",
+            EventType::TaskExtended => "task.extended",
         }
     }
 

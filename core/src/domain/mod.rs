@@ -10,7 +10,7 @@ mod event;
 mod issue;
 mod task;
 
-pub use command::{Command, Context, Decision, IssueChange, NewPhoto, Refusal, decide};
+pub use command::{Command, Context, Decision, Extension, IssueChange, NewPhoto, Refusal, decide};
 pub use event::{Actor, Event, EventType, NewEvent};
 pub use issue::{Issue, IssueAction, IssueKind, IssueStatus};
 pub use task::{Due, ExpiryReason, Task, TaskState};

@@ -17,8 +17,13 @@ use uuid::Uuid;
 use crate::token::TokenHash;
 use crate::{Command, Event, Issue, Policy, Refusal, Task};
 
+mod idempotency;
 mod postgres;
 mod sqlite;
+mod webhooks;
+
+pub use idempotency::{IdempotencyBegin, IdempotencyClaim};
+pub use webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -245,6 +250,66 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         task_id: Uuid,
         kind: crate::EventType,
     ) -> Result<Option<i64>, StoreError>;
+
+    /// Claims an `Idempotency-Key` for a request (see [`IdempotencyBegin`]).
+    async fn idempotency_begin(
+        &self,
+        claim: &IdempotencyClaim,
+    ) -> Result<IdempotencyBegin, StoreError>;
+
+    /// Records the (sealed) answer of a request that claimed `key`.
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError>;
+
+    /// Forgets an in-flight claim whose request had no answer worth
+    /// replaying (a server error): a retry runs the request again.
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError>;
+
+    /// Creates a task with a webhook endpoint, in one transaction, so the
+    /// endpoint (and with it the delivery of every event) exists from the
+    /// task's first moment.
+    async fn create_task_with_webhook(
+        &self,
+        new: NewTask,
+        webhook_url: &str,
+    ) -> Result<Task, StoreError>;
+
+    /// The task's webhook endpoint, if it has one.
+    async fn webhook(&self, task_id: Uuid) -> Result<Option<Webhook>, StoreError>;
+
+    /// Claims at most `limit` endpoints with undelivered events whose next
+    /// attempt is due at `now`, moving their next attempt to `lease_until`
+    /// so that no other controller takes them meanwhile.
+    async fn claim_due_webhooks(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<DueWebhook>, StoreError>;
+
+    /// The earliest next attempt of an endpoint with undelivered events.
+    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Records what a delivery attempt did.
+    async fn record_webhook(
+        &self,
+        task_id: Uuid,
+        outcome: &WebhookOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes at most `limit` idempotency records whose window ended
+    /// before `before`. Returns how many went.
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 
     /// A stream of the tasks changed after the call, from any process
     /// sharing the database (PostgreSQL LISTEN/NOTIFY) or from this process

@@ -179,7 +179,7 @@ impl PgStore {
         let updated = sqlx::query(
             "UPDATE tasks SET state = $3, worker_id = $4, updated_at = $5, published_at = $6, \
              assigned_at = $7, started_at = $8, ended_at = $9, start_by = $10, active_until = $11, \
-             next_deadline = $12, open_issues = $13, last_event_id = $14 \
+             next_deadline = $12, open_issues = $13, last_event_id = $14, expires_at = $15 \
              WHERE id = $1 AND state = $2",
         )
         .bind(task.id)
@@ -196,6 +196,7 @@ impl PgStore {
         .bind(task.next_deadline())
         .bind(task.open_issues)
         .bind(task.last_event_id)
+        .bind(task.expires_at)
         .execute(&mut **tx)
         .await?;
         if updated.rows_affected() != 1 {
@@ -449,6 +450,103 @@ fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
 impl Store for PgStore {
     fn backend(&self) -> Backend {
         Backend::Postgres
+    }
+
+    async fn create_task_with_webhook(
+        &self,
+        new: NewTask,
+        webhook_url: &str,
+    ) -> Result<Task, StoreError> {
+        // create_task's insert, plus the endpoint, in one transaction.
+        let task = Task {
+            id: new.id,
+            description: new.description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: new.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
+        )
+        .bind(task.id)
+        .bind(&task.description)
+        .bind(&new.agent_token_hash.0[..])
+        .bind(task.created_at)
+        .bind(task.expires_at)
+        .bind(task.next_deadline())
+        .execute(&mut *tx)
+        .await?;
+        super::webhooks::pg_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
+        notify(&mut tx, task.id).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
+        super::webhooks::pg_get(&self.pool, task_id).await
+    }
+
+    async fn claim_due_webhooks(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<super::DueWebhook>, StoreError> {
+        super::webhooks::pg_claim_due(&self.pool, now, lease_until, limit).await
+    }
+
+    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        super::webhooks::pg_next_attempt(&self.pool).await
+    }
+
+    async fn record_webhook(
+        &self,
+        task_id: Uuid,
+        outcome: &super::WebhookOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        super::webhooks::pg_record(&self.pool, task_id, outcome, now).await
+    }
+
+    async fn idempotency_begin(
+        &self,
+        claim: &super::IdempotencyClaim,
+    ) -> Result<super::IdempotencyBegin, StoreError> {
+        super::idempotency::pg_begin(&self.pool, claim).await
+    }
+
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError> {
+        super::idempotency::pg_complete(&self.pool, scope, key, status, response).await
+    }
+
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
+        super::idempotency::pg_release(&self.pool, scope, key).await
+    }
+
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        super::idempotency::pg_purge(&self.pool, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]

@@ -241,7 +241,7 @@ impl SqliteStore {
         let updated = sqlx::query(
             "UPDATE tasks SET state = ?, worker_id = ?, updated_at = ?, published_at = ?, \
              assigned_at = ?, started_at = ?, ended_at = ?, start_by = ?, active_until = ?, \
-             next_deadline = ?, open_issues = ?, last_event_id = ? \
+             next_deadline = ?, open_issues = ?, last_event_id = ?, expires_at = ? \
              WHERE id = ? AND state = ?",
         )
         .bind(task.state.as_str())
@@ -256,6 +256,7 @@ impl SqliteStore {
         .bind(opt_ms(task.next_deadline()))
         .bind(task.open_issues)
         .bind(task.last_event_id)
+        .bind(ms(task.expires_at))
         .bind(&id)
         .bind(before.state.as_str())
         .execute(&mut **tx)
@@ -338,6 +339,104 @@ fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
 impl Store for SqliteStore {
     fn backend(&self) -> Backend {
         Backend::Sqlite
+    }
+
+    async fn create_task_with_webhook(
+        &self,
+        new: NewTask,
+        webhook_url: &str,
+    ) -> Result<Task, StoreError> {
+        // create_task's insert, plus the endpoint, in one transaction.
+        let task = Task {
+            id: new.id,
+            description: new.description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: new.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
+        )
+        .bind(task.id.to_string())
+        .bind(&task.description)
+        .bind(&new.agent_token_hash.0[..])
+        .bind(ms(task.created_at))
+        .bind(ms(task.created_at))
+        .bind(ms(task.expires_at))
+        .bind(opt_ms(task.next_deadline()))
+        .execute(&mut *tx)
+        .await?;
+        super::webhooks::sqlite_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
+        tx.commit().await?;
+        self.announce(task.id);
+        Ok(task)
+    }
+
+    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
+        super::webhooks::sqlite_get(&self.reader, task_id).await
+    }
+
+    async fn claim_due_webhooks(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<super::DueWebhook>, StoreError> {
+        super::webhooks::sqlite_claim_due(&self.writer, now, lease_until, limit).await
+    }
+
+    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        super::webhooks::sqlite_next_attempt(&self.reader).await
+    }
+
+    async fn record_webhook(
+        &self,
+        task_id: Uuid,
+        outcome: &super::WebhookOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        super::webhooks::sqlite_record(&self.writer, task_id, outcome, now).await
+    }
+
+    async fn idempotency_begin(
+        &self,
+        claim: &super::IdempotencyClaim,
+    ) -> Result<super::IdempotencyBegin, StoreError> {
+        super::idempotency::sqlite_begin(&self.writer, claim).await
+    }
+
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError> {
+        super::idempotency::sqlite_complete(&self.writer, scope, key, status, response).await
+    }
+
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
+        super::idempotency::sqlite_release(&self.writer, scope, key).await
+    }
+
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        super::idempotency::sqlite_purge(&self.writer, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]

@@ -139,6 +139,18 @@ Environment variables of the task policy, shared by both binaries.
 {{- end }}
 
 {{/*
+The server secret key: seals Idempotency-Key replays (API server) and
+derives the webhook signing secrets (both), so both binaries get it.
+*/}}
+{{- define "meatspace.secretKeyEnv" -}}
+- name: MEATSPACE_SECRET_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "meatspace.secretName" . }}
+      key: {{ .Values.secret.secretKeyKey }}
+{{- end }}
+
+{{/*
 A checksum of what the Secret is made from, so that pods restart when the
 credentials they read at start change. Generated values are kept across
 upgrades, so only user-given ones need to count.

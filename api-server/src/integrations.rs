@@ -1,0 +1,37 @@
+//! Settings of the agent integrations (Idempotency-Key replays, Server-Sent
+//! Events, webhooks) that handlers share through [`crate::AppState`].
+
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use meatspace_controller::webhooks::AllowList;
+use meatspace_core::secret::ServerKey;
+
+/// Defaults, also used by the tests' in-process server.
+pub const DEFAULT_SSE_HEARTBEAT: Duration = Duration::from_secs(15);
+pub const DEFAULT_IDEMPOTENCY_TTL: TimeDelta = TimeDelta::hours(24);
+
+#[derive(Debug, Clone)]
+pub struct Integrations {
+    /// Seals replayable answers and derives webhook secrets (see
+    /// [`meatspace_core::secret`]).
+    pub server_key: ServerKey,
+    /// Interval of the `: keep-alive` comments on event streams.
+    pub sse_heartbeat: Duration,
+    /// How long an `Idempotency-Key` answer is replayed.
+    pub idempotency_ttl: TimeDelta,
+    /// Webhook destinations allowed although they are not public addresses.
+    pub webhook_allow: AllowList,
+}
+
+impl Integrations {
+    /// The defaults with the given key.
+    pub fn new(server_key: ServerKey) -> Self {
+        Integrations {
+            server_key,
+            sse_heartbeat: DEFAULT_SSE_HEARTBEAT,
+            idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
+            webhook_allow: AllowList::default(),
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Server-Sent Events: the task's event feed pushed as `text/event-stream`,
+//! for the agent (`GET /api/v1/tasks/{id}/events/stream`) and the assigned
+//! worker (`GET /api/v1/worker/tasks/{id}/events/stream`).
+//!
+//! Each event goes out as `id: <event id>`, `event: <type>` and
+//! `data: <the same JSON object as one element of the polled page>`, so a
+//! client that reconnects with `Last-Event-ID` (or `?after=`) resumes
+//! exactly where it stopped; the stream is only a faster way to read the
+//! durable feed, never a second source of truth. After the terminal event the
+//! stream ends, so a client knows the task is over without another request.
+//!
+//! An idle stream holds no database connection: it waits on a
+//! [`Watch`](crate::feed::Watch) of the process-wide hub
+//! ([`crate::feed`]) and reads the database only when woken (its task
+//! changed, or the hub may have missed changes). Heartbeats are SSE
+//! comments (`: keep-alive`), sent every [`Integrations::sse_heartbeat`]
+//! (`crate::integrations`) so proxies keep the connection open and clients
+//! notice a dead one.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use meatspace_core::{Event, Store, Task};
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::workers::TaskId;
+use crate::AppState;
+use crate::auth::{AgentAuth, WorkerAuth};
+use crate::error::ApiError;
+use crate::error::responses::{BadRequest, NotFound, ServiceUnavailable, Unauthorized};
+use crate::extract::Query;
+use crate::feed::{Watch, Woken};
+
+/// Events read from the database per wake-up.
+const BATCH: u32 = 500;
+/// How long a stream waits on the hub before it re-arms the wait; wakes
+/// come from the hub, this only bounds one `changed` call.
+const REARM: Duration = Duration::from_secs(3600);
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(agent_stream))
+        .routes(routes!(worker_stream))
+}
+
+/// `?after=` of a stream request.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// Send events with an id greater than this (default 0). A
+    /// `Last-Event-ID` header, sent by a reconnecting client, wins.
+    pub after: Option<i64>,
+}
+
+/// The cursor a stream starts from: `Last-Event-ID`, else `after`, else 0.
+fn start_cursor(headers: &HeaderMap, q: &StreamQuery) -> Result<i64, ApiError> {
+    let after = match headers.get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid-last-event-id",
+                    "Last-Event-ID must be an event id (an integer)",
+                )
+            })?,
+        None => q.after.unwrap_or(0),
+    };
+    if after < 0 {
+        return Err(ApiError::bad_request(
+            "invalid-query",
+            "after must be 0 or greater",
+        ));
+    }
+    Ok(after)
+}
+
+/// The task's event feed as Server-Sent Events. Resume with `Last-Event-ID`
+/// or `?after=`; the stream ends after the terminal event.
+#[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events/stream", tag = "agent",
+    operation_id = "stream_task_events",
+    params(("task_id" = Uuid, Path), StreamQuery,
+        ("Last-Event-ID" = Option<i64>, Header, description = "resume after this event id")),
+    security(("agent_token" = [])),
+    responses(
+        (status = 200, description = "`text/event-stream`: `id:` event id, `event:` event type, `data:` the event as in the polled feed; `: keep-alive` comments in between",
+            content_type = "text/event-stream", body = String),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
+async fn agent_stream(
+    State(state): State<AppState>,
+    AgentAuth(id): AgentAuth,
+    headers: HeaderMap,
+    Query(q): Query<StreamQuery>,
+) -> Result<Response, ApiError> {
+    let after = start_cursor(&headers, &q)?;
+    stream(state, id, after, Visibility::Agent).await
+}
+
+/// The task's event feed as Server-Sent Events, for the assigned worker.
+#[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events/stream", tag = "worker",
+    operation_id = "worker_stream_task_events",
+    params(("task_id" = Uuid, Path), StreamQuery,
+        ("Last-Event-ID" = Option<i64>, Header, description = "resume after this event id")),
+    security(("worker_token" = [])),
+    responses(
+        (status = 200, description = "`text/event-stream`, as the agent's stream",
+            content_type = "text/event-stream", body = String),
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 404, response = inline(NotFound)),
+        (status = 503, response = inline(ServiceUnavailable))))]
+async fn worker_stream(
+    State(state): State<AppState>,
+    WorkerAuth(worker): WorkerAuth,
+    TaskId(id): TaskId,
+    headers: HeaderMap,
+    Query(q): Query<StreamQuery>,
+) -> Result<Response, ApiError> {
+    let after = start_cursor(&headers, &q)?;
+    stream(state, id, after, Visibility::Worker(worker)).await
+}
+
+/// Who may read the stream; checked again on every wake, so a worker who
+/// loses the assignment stops receiving.
+#[derive(Debug, Clone, Copy)]
+enum Visibility {
+    Agent,
+    Worker(Uuid),
+}
+
+impl Visibility {
+    fn allows(self, task: &Task) -> bool {
+        match self {
+            Visibility::Agent => true,
+            Visibility::Worker(w) => task.worker_id == Some(w),
+        }
+    }
+}
+
+async fn stream(
+    state: AppState,
+    id: Uuid,
+    after: i64,
+    who: Visibility,
+) -> Result<Response, ApiError> {
+    // Subscribe before the first read, as the long poll does: a change
+    // committed after the read still wakes the stream.
+    let watch = state.feed.watch(id);
+    state
+        .store
+        .task(id)
+        .await?
+        .filter(|t| who.allows(t))
+        .ok_or_else(ApiError::task_not_found)?;
+    let follower = Follower {
+        store: state.store.clone(),
+        watch,
+        task_id: id,
+        cursor: after,
+        who,
+        pending: VecDeque::new(),
+        done: false,
+    };
+    let keep_alive = KeepAlive::new()
+        .interval(state.integrations.sse_heartbeat)
+        .text("keep-alive");
+    let mut res = Sse::new(follower.into_stream())
+        .keep_alive(keep_alive)
+        .into_response();
+    let h = res.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Reverse proxies that buffer responses would hold events back.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(res)
+}
+
+/// One stream's position in the feed.
+struct Follower {
+    store: std::sync::Arc<dyn Store>,
+    watch: Watch,
+    task_id: Uuid,
+    /// Id of the last event sent (or the starting cursor).
+    cursor: i64,
+    who: Visibility,
+    /// Events read but not yet sent.
+    pending: VecDeque<Event>,
+    /// The terminal event has been queued, or the stream must stop.
+    done: bool,
+}
+
+impl Follower {
+    fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+        futures::stream::unfold(self, |mut f| async move {
+            let event = f.next().await?;
+            Some((Ok(event), f))
+        })
+    }
+
+    /// The next SSE event, or `None` when the stream ends.
+    async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                self.cursor = e.id;
+                return Some(to_sse(&e));
+            }
+            if self.done {
+                return None;
+            }
+            match self.read().await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    // The client reconnects with its Last-Event-ID and
+                    // misses nothing; ending is better than a stuck stream.
+                    tracing::warn!(error = %e, task_id = %self.task_id, "event stream read failed; ending it");
+                    return None;
+                }
+            }
+            if self.done {
+                continue;
+            }
+            match self
+                .watch
+                .changed(tokio::time::Instant::now() + REARM)
+                .await
+            {
+                Woken::Changed | Woken::Deadline => {}
+                Woken::Closed => return None,
+            }
+        }
+    }
+
+    /// Reads the task and the events after the cursor. True when events
+    /// were queued; sets `done` when the stream must end.
+    async fn read(&mut self) -> Result<bool, meatspace_core::StoreError> {
+        let Some(task) = self
+            .store
+            .task(self.task_id)
+            .await?
+            .filter(|t| self.who.allows(t))
+        else {
+            // Deleted by retention, or no longer this worker's task.
+            self.done = true;
+            return Ok(false);
+        };
+        let events = self.store.events(self.task_id, self.cursor, BATCH).await?;
+        if events.is_empty() {
+            // The task was read before the events: if it was terminal then,
+            // its terminal event is at or before the cursor.
+            self.done = task.state.is_terminal();
+            return Ok(false);
+        }
+        for e in events {
+            let terminal = e.kind.is_terminal();
+            self.pending.push_back(e);
+            if terminal {
+                self.done = true;
+                break;
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn to_sse(e: &Event) -> SseEvent {
+    let data = serde_json::to_string(e).unwrap_or_else(|_| "{}".to_owned());
+    SseEvent::default()
+        .id(e.id.to_string())
+        .event(e.kind.as_str())
+        .data(data)
+}

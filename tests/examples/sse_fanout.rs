@@ -1,0 +1,262 @@
+//! SSE fan-out benchmark: how many idle event streams one
+//! `meatspace-api-server` holds, and its memory while holding them. It
+//! prints figures; it asserts nothing about speed.
+//!
+//! ```text
+//! scripts/sse-fanout.sh [STREAMS]          # default 10000
+//! ```
+//!
+//! The script raises the open-file limit (`ulimit -n`), builds the server
+//! and this example in release mode and runs it. By hand:
+//! `sse_fanout [--streams N] [--server PATH]` (default: the
+//! `meatspace-api-server` next to the `examples/` directory).
+//!
+//! It starts the binary on the embedded SQLite default (a temporary data
+//! directory, a free 127.0.0.1 port, `RUST_LOG=warn`), creates one task,
+//! publishes it, prints the server's resident memory (`VmRSS`) at idle,
+//! opens N streams of that task's feed (`GET /api/v1/tasks/{id}/events/stream`,
+//! one TCP connection each, 256 opening at a time, each until it has read
+//! `task.published`), prints the memory and thread count again with every
+//! stream idle, then cancels the task and measures how long until every
+//! stream has received `task.cancelled` (the fan-out: one commit wakes N
+//! streams through the process-wide hub; each reads the database once). The database pool stays at its
+//! configured size throughout: idle streams hold no connection.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .map(|l| l[field.len()..].trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Reads until `marker` has arrived; false if the stream ended first.
+async fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, marker: &str) -> bool {
+    let mut chunk = [0u8; 1024];
+    loop {
+        if String::from_utf8_lossy(buf).contains(marker) {
+            return true;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[tokio::main]
+async fn main() {
+    let streams: usize = arg("--streams")
+        .map(|s| s.parse().expect("--streams N"))
+        .unwrap_or(10_000);
+    let server = arg("--server")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("own path");
+            exe.parent()
+                .and_then(|examples| examples.parent())
+                .expect("target directory")
+                .join("meatspace-api-server")
+        });
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let dev_key = "msd_sse-fanout-benchmark-key-0123456789";
+    let mut child = tokio::process::Command::new(&server)
+        .env_clear()
+        .env("MEATSPACE_DATA_DIR", dir.path())
+        .env("MEATSPACE_DEV_KEY", dev_key)
+        .env("MEATSPACE_LISTEN_ADDR", &addr)
+        .env("RUST_LOG", "warn")
+        // Allocator tuning passes through (e.g. MALLOC_ARENA_MAX=2).
+        .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", server.display()));
+    let pid = child.id().expect("pid");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = format!("http://{addr}");
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while client
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < give_up, "the server did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let created: serde_json::Value = client
+        .post(format!("{base}/api/v1/tasks"))
+        .header("x-meatspace-dev-key", dev_key)
+        .json(&serde_json::json!({ "description": "fan-out benchmark" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["task"]["id"].as_str().unwrap().to_owned();
+    let token = created["agent_token"].as_str().unwrap().to_owned();
+    // Published first, so every stream starts by reading one event.
+    let r = client
+        .post(format!("{base}/api/v1/tasks/{id}/publish"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "publish");
+    println!(
+        "server idle: VmRSS {}, threads {}, open fds {}",
+        status_field(pid, "VmRSS:"),
+        status_field(pid, "Threads:"),
+        open_fds(pid)
+    );
+
+    // Open the streams.
+    let request = Arc::new(format!(
+        "GET /api/v1/tasks/{id}/events/stream HTTP/1.1\r\nHost: {addr}\r\n\
+         Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    ));
+    let gate = Arc::new(Semaphore::new(256));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let got_event = Arc::new(AtomicUsize::new(0));
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<Result<(), String>>(streams);
+    let started = Instant::now();
+    for _ in 0..streams {
+        let (request, gate, opened, got_event, ready) = (
+            request.clone(),
+            gate.clone(),
+            opened.clone(),
+            got_event.clone(),
+            ready_tx.clone(),
+        );
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            let permit = gate.acquire_owned().await.unwrap();
+            let mut s = match TcpStream::connect(&addr).await {
+                Ok(s) => s,
+                Err(e) => return ready.send(Err(e.to_string())).await.unwrap_or(()),
+            };
+            if let Err(e) = s.write_all(request.as_bytes()).await {
+                return ready.send(Err(e.to_string())).await.unwrap_or(());
+            }
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            // The response head.
+            loop {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => {
+                        return ready
+                            .send(Err("closed before the head".into()))
+                            .await
+                            .unwrap_or(());
+                    }
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+                if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            if !buf.starts_with(b"HTTP/1.1 200") {
+                let head = String::from_utf8_lossy(&buf[..buf.len().min(80)]).into_owned();
+                return ready.send(Err(head)).await.unwrap_or(());
+            }
+            // The first event (the stream's first database read), then idle.
+            // Holding the permit until then bounds the reads in flight.
+            if !read_until(&mut s, &mut buf, "event: task.published").await {
+                return ready.send(Err("no first event".into())).await.unwrap_or(());
+            }
+            opened.fetch_add(1, Ordering::Relaxed);
+            drop(permit);
+            let _ = ready.send(Ok(())).await;
+            if read_until(&mut s, &mut buf, "event: task.cancelled").await {
+                got_event.fetch_add(1, Ordering::Relaxed);
+            }
+            // Hold the connection until the program ends.
+            std::future::pending::<()>().await;
+        });
+    }
+    drop(ready_tx);
+    let mut failures = 0;
+    let mut first_failure = None;
+    for _ in 0..streams {
+        match ready_rx.recv().await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                failures += 1;
+                first_failure.get_or_insert(e);
+            }
+            None => break,
+        }
+    }
+    let open = opened.load(Ordering::Relaxed);
+    println!(
+        "opened {open} of {streams} streams in {:.1} s ({failures} failed{})",
+        started.elapsed().as_secs_f64(),
+        first_failure
+            .map(|e| format!(", first: {e}"))
+            .unwrap_or_default()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss = status_field(pid, "VmRSS:");
+    println!(
+        "server with {open} idle streams: VmRSS {rss}, threads {}, open fds {}",
+        status_field(pid, "Threads:"),
+        open_fds(pid)
+    );
+
+    // Fan-out: one event to every stream (the terminal one: the streams end).
+    let t0 = Instant::now();
+    let r = client
+        .post(format!("{base}/api/v1/tasks/{id}/cancel"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "cancel");
+    let give_up = Instant::now() + Duration::from_secs(120);
+    while got_event.load(Ordering::Relaxed) < open && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "fan-out: {} of {open} streams received task.cancelled within {:.0} ms of the cancel",
+        got_event.load(Ordering::Relaxed),
+        t0.elapsed().as_secs_f64() * 1000.0
+    );
+    println!(
+        "server after the fan-out: VmRSS {}, peak VmHWM {}",
+        status_field(pid, "VmRSS:"),
+        status_field(pid, "VmHWM:")
+    );
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}

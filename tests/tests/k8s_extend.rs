@@ -1,0 +1,85 @@
+//! An extended deadline reaches the Kubernetes mirror: after
+//! `POST /api/v1/tasks/{id}/extend`, the task's `MeatspaceTask` shows the
+//! new `spec.expiresAt` (the database is the authority; the mirror follows
+//! every change). Against a real kube-apiserver (`MEATSPACE_TEST_KUBECONFIG`,
+//! started by `scripts/test`), on both backends.
+
+mod controller_support;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::api::Api;
+use meatspace_controller::ControllerConfig;
+use meatspace_controller::mirror::MirrorSettings;
+use meatspace_crds::MeatspaceTask;
+use meatspace_tests::Db;
+use meatspace_tests::k8s::{
+    ControllerIdentity, admin_client, create_namespace, drop_namespace, install_crd,
+};
+use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use controller_support::InProcess;
+
+meatspace_tests::api_tests!(the_mirror_shows_the_extended_deadline);
+
+async fn the_mirror_shows_the_extended_deadline(db: Db) {
+    // The mirror counts into the process's Prometheus recorder.
+    meatspace_api::metrics::handle();
+    let admin = admin_client().await;
+    install_crd(&admin).await;
+    let ns = create_namespace(&admin, "extend").await;
+    let identity = ControllerIdentity::create(&admin, &ns, "meatspace-controller").await;
+    let server = TestServer::start(db).await;
+    let controller = InProcess::start(
+        &server.store,
+        ControllerConfig {
+            mirror: Some(MirrorSettings {
+                namespace: ns.clone(),
+                kubeconfig: Some(identity.kubeconfig.clone()),
+                resync_interval: Duration::from_secs(600),
+                lease: None,
+            }),
+            ..controller_support::config()
+        },
+    );
+    let created = server
+        .dev(Method::POST, "/api/v1/tasks")
+        .json(&json!({ "description": "Check the boiler", "expires_in_seconds": 3600 }))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let (id, token) = (
+        uuid_at(&created, "/task/id"),
+        str_at(&created, "/agent_token"),
+    );
+    let change = server
+        .agent(&token)
+        .post(&format!("/api/v1/tasks/{id}/extend"))
+        .json(&json!({ "add_seconds": 7200 }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let extended: DateTime<Utc> = str_at(&change, "/task/expires_at").parse().unwrap();
+    let api: Api<MeatspaceTask> = Api::namespaced(admin.clone(), &ns);
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let resource = api
+            .get_opt(&id.to_string())
+            .await
+            .expect("read the resource");
+        if let Some(r) = &resource
+            && r.spec.expires_at == extended
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the resource does not show the new deadline {extended}: {:?}",
+            resource.map(|r| r.spec)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    controller.stop().await;
+    drop_namespace(&admin, &ns).await;
+}
