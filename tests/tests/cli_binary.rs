@@ -597,26 +597,21 @@ async fn errors_say_what_to_do_next(db: Db) {
     server.stop().await;
 }
 
-// ---- commands whose server side is not on this branch yet -----------------
-//
-// Issue 9 adds the event stream (SSE) routes and POST /extend on the
-// server; these run once it is merged (then drop the `#[ignore]`s).
+// ---- the integrations of issue 9: SSE, Idempotency-Key replays, POST /extend ----
 
-macro_rules! pending_tests {
-    ($reason:literal; $($name:ident),+ $(,)?) => {
-        mod pending_postgres {
+macro_rules! integration_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod integrations_postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                #[ignore = $reason]
                 async fn $name() {
                     super::$name(meatspace_tests::Db::Postgres).await;
                 }
             )+
         }
-        mod pending_sqlite {
+        mod integrations_sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                #[ignore = $reason]
                 async fn $name() {
                     super::$name(meatspace_tests::Db::Sqlite).await;
                 }
@@ -625,8 +620,7 @@ macro_rules! pending_tests {
     };
 }
 
-pending_tests!(
-    "needs the issue 9 server side (SSE routes, POST /extend)";
+integration_tests!(
     watch_over_sse_resumes_after_sigkill,
     extend_moves_the_deadline,
 );

@@ -532,28 +532,21 @@ async fn retries_reuse_one_idempotency_key(db: Db) {
     server.stop().await;
 }
 
-// ---- client paths whose server side is not on this branch yet -------------
-//
-// Issue 9 adds, on the server: Idempotency-Key replays, the event stream
-// (SSE) routes and POST /extend. The client already speaks them; these
-// tests exercise those paths and are ignored until the server side is
-// merged (then drop the `#[ignore]`s).
+// ---- the integrations of issue 9: SSE, Idempotency-Key replays, POST /extend ----
 
-macro_rules! pending_tests {
-    ($reason:literal; $($name:ident),+ $(,)?) => {
-        mod pending_postgres {
+macro_rules! integration_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod integrations_postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                #[ignore = $reason]
                 async fn $name() {
                     super::$name(meatspace_tests::Db::Postgres).await;
                 }
             )+
         }
-        mod pending_sqlite {
+        mod integrations_sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                #[ignore = $reason]
                 async fn $name() {
                     super::$name(meatspace_tests::Db::Sqlite).await;
                 }
@@ -562,8 +555,7 @@ macro_rules! pending_tests {
     };
 }
 
-pending_tests!(
-    "needs the issue 9 server side (Idempotency-Key, SSE routes, POST /extend)";
+integration_tests!(
     lifecycle_over_sse,
     a_lost_answer_is_replayed_not_repeated,
     extend_gives_a_task_more_time,

@@ -55,6 +55,10 @@ async fn start(db: Db, url: &str) -> Round {
         ("MEATSPACE_DEV_KEY", DEV_KEY),
         ("MEATSPACE_RATE_LIMIT_PER_SECOND", "0"),
         ("MEATSPACE_CONTROLLER_MAX_SLEEP_SECONDS", "1"),
+        (
+            "MEATSPACE_SECRET_KEY",
+            "fault-test-server-key-of-at-least-32-characters",
+        ),
     ];
     let mut api = ServerProcess::start(Binary::ApiServer, &common);
     api.ready().await;
