@@ -30,6 +30,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod feed;
+pub mod mcp;
 pub mod metrics;
 pub mod photo;
 pub mod rate_limit;
@@ -64,6 +65,8 @@ pub struct AppState {
     pub availability: Availability,
     /// Per-credential request limits of the API routes.
     pub rate_limit: RateLimit,
+    /// `Host` headers the MCP endpoint (`/mcp`) accepts.
+    pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
 }
 
 impl AppState {
@@ -140,8 +143,13 @@ pub fn router(state: AppState) -> Router {
             .build(),
     );
     let openapi = Arc::new(openapi);
+    // MCP clients carry credentials inside the JSON-RPC body, so the
+    // endpoint sits outside the per-credential limiter; each tool call is
+    // checked with the same credentials as the API routes.
+    let mcp = mcp::service(state.clone());
     Router::new()
         .merge(api)
+        .route_service(meatspace_mcp::HTTP_PATH, mcp)
         .route(
             "/api/v1/openapi.json",
             get(move || async move { axum::Json(openapi.as_ref().clone()) }),

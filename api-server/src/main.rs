@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         availability,
         rate_limit: meatspace_api::rate_limit::RateLimit::new(config.rate_limit()),
         feed,
+        mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

@@ -72,6 +72,8 @@ pub struct ServerOptions {
     /// Off unless a test is about limiting: the suites send bursts.
     pub rate_limit: RateLimitSettings,
     pub serve: ServeOptions,
+    /// `Host` headers `/mcp` accepts (the binary's default: loopback).
+    pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
 }
 
 impl Default for ServerOptions {
@@ -86,6 +88,7 @@ impl Default for ServerOptions {
             connect: ConnectOptions::default(),
             rate_limit: RateLimitSettings::OFF,
             serve: ServeOptions::default(),
+            mcp_allowed_hosts: Default::default(),
         }
     }
 }
@@ -146,6 +149,7 @@ impl TestServer {
             feed: feed.clone(),
             availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
             rate_limit: RateLimit::new(options.rate_limit),
+            mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
         };
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
