@@ -81,7 +81,11 @@ impl Agent {
     }
 
     async fn stdio(srv: &TestServer) -> Agent {
-        let state_dir = tempfile::tempdir().expect("state directory");
+        Agent::stdio_in(srv, tempfile::tempdir().expect("state directory")).await
+    }
+
+    /// A stdio server process over an existing state directory.
+    async fn stdio_in(srv: &TestServer, state_dir: tempfile::TempDir) -> Agent {
         let mut cmd = tokio::process::Command::new(stdio_binary());
         cmd.arg("--api-url")
             .arg(&srv.base_url)
@@ -375,6 +379,18 @@ fn check_listing(agent: &Agent) {
         let schema = Value::Object(tool.input_schema.as_ref().clone());
         let takes_token = schema["properties"].get("agent_token").is_some();
         let task_tool = !matches!(name.as_str(), "create_task" | "list_my_tasks");
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(required.contains(&"task_id"), task_tool, "{name}: {schema}");
+        assert_eq!(
+            required.contains(&"agent_token"),
+            takes_token,
+            "{name}: {schema}"
+        );
         match agent.transport {
             Transport::Http => {
                 assert_eq!(takes_token, task_tool, "{name}: {schema}");
@@ -544,6 +560,14 @@ async fn whole_task(srv: &TestServer, agent: &Agent) {
     assert_eq!(listed["tasks"][0]["terminal"], true);
 
     if agent.transport == Transport::Stdio {
+        // The last page's events (at least the terminal one) were
+        // returned but not yet acknowledged: the stored cursor is the one
+        // the last call passed in, short of them.
+        let stored = stored_cursor(agent, &task);
+        assert!(
+            (cursor..last_cursor).contains(&stored),
+            "stored {stored}, expected in {cursor}..{last_cursor}"
+        );
         // Acknowledge the last page as a client does on its next call.
         let again = agent
             .call(
@@ -554,6 +578,19 @@ async fn whole_task(srv: &TestServer, agent: &Agent) {
         assert_eq!(again["events"], json!([]));
         check_state_dir(agent, &task, last_cursor);
     }
+}
+
+/// The cursor the stdio server stored for `task`.
+fn stored_cursor(agent: &Agent, task: &AgentTask) -> i64 {
+    let file = agent
+        .state_dir
+        .as_ref()
+        .unwrap()
+        .path()
+        .join("state/tasks")
+        .join(format!("{}.json", task.id));
+    let record: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+    record["cursor"].as_i64().unwrap()
 }
 
 /// The stdio server's state: private, holding the token, with the cursor
@@ -582,6 +619,28 @@ async fn a_task_runs_to_completion_over_stdio(db: Db) {
     let srv = TestServer::start(db).await;
     let agent = Agent::stdio(&srv).await;
     whole_task(&srv, &agent).await;
+    agent.client.cancel().await.expect("close the session");
+
+    // A new process over the same state directory knows the task and its
+    // token, and resumes from the acknowledged cursor: nothing is new.
+    let agent = Agent::stdio_in(&srv, agent.state_dir.unwrap()).await;
+    let listed = agent.call("list_my_tasks", json!({})).await;
+    let task_id = uuid_at(&listed, "/tasks/0/task_id");
+    assert_eq!(listed["tasks"][0]["state"], "completed");
+    let page = agent
+        .call(
+            "wait_for_events",
+            json!({ "task_id": task_id, "wait_seconds": 0 }),
+        )
+        .await;
+    assert_eq!(page["events"], json!([]));
+    assert_eq!(page["next_cursor"], listed["tasks"][0]["cursor"]);
+    assert!(
+        page["status_note"]
+            .as_str()
+            .unwrap()
+            .contains("stop monitoring it")
+    );
     agent.client.cancel().await.expect("close the session");
     srv.stop().await;
 }
@@ -671,6 +730,24 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
         )
         .await;
     assert_eq!(result.is_error, Some(true));
+
+    // The wait is bounded: the schema says so, and the tool refuses more.
+    let schema = Value::Object(agent.tools["wait_for_events"].input_schema.as_ref().clone());
+    assert_eq!(
+        schema["properties"]["wait_seconds"]["maximum"], 25,
+        "{schema}"
+    );
+    let mut args = agent.args(&task, json!({ "wait_seconds": 60 }));
+    let result = agent
+        .client
+        .call_tool(
+            CallToolRequestParams::new("wait_for_events")
+                .with_arguments(args.as_object_mut().unwrap().clone()),
+        )
+        .await
+        .expect("a tool error, not a protocol error");
+    assert_eq!(result.is_error, Some(true));
+    assert_eq!(checked(&result)["problem"]["status"], 422);
 
     // Without the development key, create_task is refused (401).
     let config = StreamableHttpClientTransportConfig::with_uri(srv.url("/mcp"));
