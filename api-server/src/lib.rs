@@ -146,10 +146,14 @@ pub fn router(state: AppState) -> Router {
     // MCP clients carry credentials inside the JSON-RPC body, so the
     // endpoint sits outside the per-credential limiter; each tool call is
     // checked with the same credentials as the API routes.
-    let mcp = mcp::service(state.clone());
+    let mcp = Router::new()
+        .route_service(meatspace_mcp::HTTP_PATH, mcp::service(state.clone()))
+        .layer(axum::middleware::map_response(
+            mcp::transport_errors_as_problems,
+        ));
     Router::new()
         .merge(api)
-        .route_service(meatspace_mcp::HTTP_PATH, mcp)
+        .merge(mcp)
         .route(
             "/api/v1/openapi.json",
             get(move || async move { axum::Json(openapi.as_ref().clone()) }),

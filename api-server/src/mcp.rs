@@ -254,6 +254,38 @@ impl AgentApi for InProcess {
     }
 }
 
+/// Middleware of `/mcp`: an HTTP-level refusal of the MCP transport (a
+/// refused `Host`, a wrong `Accept`, a malformed message) becomes a
+/// problem document carrying rmcp's own explanation, so it keeps its
+/// meaning when the server's catch-all turns every error into a problem.
+pub async fn transport_errors_as_problems(
+    res: axum::response::Response,
+) -> axum::response::Response {
+    let status = res.status();
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return res;
+    }
+    let bytes = axum::body::to_bytes(res.into_body(), 16 * 1024)
+        .await
+        .unwrap_or_default();
+    // A JSON-RPC error names its message; anything else is rmcp's text.
+    let detail = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+    let detail: String = detail.trim().chars().take(500).collect();
+    let detail = if detail.is_empty() {
+        "the MCP request was refused".to_owned()
+    } else {
+        detail
+    };
+    crate::error::problem(status, "mcp-transport", detail, None)
+}
+
 /// The `/mcp` service over `state`.
 pub fn service(
     state: AppState,

@@ -775,6 +775,14 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
 
 /// An MCP initialize request as raw HTTP, with a given Host header.
 async fn initialize_with_host(srv: &TestServer, host: &str) -> StatusCode {
+    initialize_request(srv, host)
+        .send()
+        .await
+        .expect("send")
+        .status()
+}
+
+fn initialize_request(srv: &TestServer, host: &str) -> reqwest::RequestBuilder {
     srv.post("/mcp")
         .header(reqwest::header::HOST, host)
         .header(
@@ -786,10 +794,6 @@ async fn initialize_with_host(srv: &TestServer, host: &str) -> StatusCode {
             "params": { "protocolVersion": "2025-06-18", "capabilities": {},
                         "clientInfo": { "name": "t", "version": "0" } }
         }))
-        .send()
-        .await
-        .expect("send")
-        .status()
 }
 
 async fn the_host_guard_is_configurable(db: Db) {
@@ -800,8 +804,24 @@ async fn the_host_guard_is_configurable(db: Db) {
         initialize_with_host(&srv, &format!("127.0.0.1:{port}")).await,
         StatusCode::OK
     );
-    let refused = initialize_with_host(&srv, "mcp.example.com").await;
-    assert!(refused.is_client_error(), "{refused}");
+    // Refused as a problem document that says why.
+    let problem = initialize_request(&srv, "mcp.example.com")
+        .expect_problem(StatusCode::FORBIDDEN)
+        .await;
+    assert!(
+        problem["detail"].as_str().unwrap().contains("Host"),
+        "{problem}"
+    );
+
+    // The capabilities document lists both transports and the same tools.
+    let caps = srv
+        .get("/api/v1/capabilities")
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(caps["mcp"]["streamable_http"]["path"], "/mcp");
+    assert_eq!(caps["mcp"]["streamable_http"]["mode"], "stateless");
+    assert_eq!(caps["mcp"]["stdio"]["command"], "meatspace-mcp-stdio");
+    assert_eq!(caps["mcp"]["tools"], json!(TOOLS));
     srv.stop().await;
 
     // Behind an Ingress: its host is listed.

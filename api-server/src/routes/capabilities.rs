@@ -171,12 +171,17 @@ pub fn document(state: &AppState) -> Value {
 /// The Model Context Protocol endpoints: the tools listed are the ones the
 /// `/mcp` endpoint serves.
 fn mcp(state: &AppState) -> Value {
-    let tools = meatspace_mcp::MeatspaceTools::new(std::sync::Arc::new(
-        crate::mcp::InProcess::new(state.clone()),
-    ))
-    .tools();
-    let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
-    names.sort();
+    // The list depends on the code only: built once.
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let tools = meatspace_mcp::MeatspaceTools::new(std::sync::Arc::new(
+            crate::mcp::InProcess::new(state.clone()),
+        ))
+        .tools();
+        let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+        names.sort();
+        names
+    });
     json!({
         "streamable_http": {
             "path": meatspace_mcp::HTTP_PATH,
