@@ -118,7 +118,7 @@ fn token_subject(token: &str, prefix: &str) -> Option<Uuid> {
 }
 
 /// Checks that the request carries the agent token of `task_id`.
-async fn authorize_agent(
+pub(crate) async fn authorize_agent(
     state: &AppState,
     headers: &HeaderMap,
     task_id: Uuid,

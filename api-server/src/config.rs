@@ -92,6 +92,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub rate_limit_burst: u32,
 
+    /// Host names (or host:port) the MCP endpoint /mcp accepts in the Host
+    /// header, comma-separated; `*` accepts any. Empty (the default): only
+    /// localhost, 127.0.0.1 and ::1, which guards a local server against
+    /// DNS rebinding. Behind an Ingress, list its public host names.
+    #[arg(long, env = "MEATSPACE_MCP_ALLOWED_HOSTS", default_value = "")]
+    pub mcp_allowed_hosts: String,
+
     /// Log format: text or json. Log level comes from RUST_LOG (default info).
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", default_value = "text")]
     pub log_format: crate::telemetry::LogFormat,
@@ -183,6 +190,7 @@ impl std::fmt::Debug for Config {
             .field("max_connections", &self.max_connections)
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
+            .field("mcp_allowed_hosts", &self.mcp_allowed_hosts)
             .field("policy", &self.policy)
             .field("controller", &self.controller)
             .finish_non_exhaustive()

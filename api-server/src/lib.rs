@@ -34,6 +34,7 @@ pub mod extract;
 pub mod feed;
 pub mod idempotency;
 pub mod integrations;
+pub mod mcp;
 pub mod metrics;
 pub mod photo;
 pub mod rate_limit;
@@ -70,6 +71,8 @@ pub struct AppState {
     pub rate_limit: RateLimit,
     /// Idempotency-Key, SSE and webhook settings and the server key.
     pub integrations: integrations::Integrations,
+    /// `Host` headers the MCP endpoint (`/mcp`) accepts.
+    pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
 }
 
 impl AppState {
@@ -159,8 +162,22 @@ pub fn router(state: AppState) -> Router {
     document_lifetime_bounds(&mut openapi, &state.policy);
     document_rate_limit(&mut openapi);
     let openapi = Arc::new(openapi);
+    // MCP clients send the dev key as a header (their configuration), so
+    // the limiter charges an MCP session to it, or to the client's address
+    // without one; agent tokens travel inside the JSON-RPC body, and each
+    // tool call checks them as the API routes do.
+    let mcp = Router::new()
+        .route_service(meatspace_mcp::HTTP_PATH, mcp::service(state.clone()))
+        .layer(axum::middleware::map_response(
+            mcp::transport_errors_as_problems,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate_limit::limit,
+        ));
     Router::new()
         .merge(api)
+        .merge(mcp)
         .route(
             "/api/v1/openapi.json",
             get(move || async move { axum::Json(openapi.as_ref().clone()) }),

@@ -76,6 +76,8 @@ pub struct ServerOptions {
     pub serve: ServeOptions,
     /// Server key, heartbeat, idempotency window, webhook allow-list.
     pub integrations: Integrations,
+    /// `Host` headers `/mcp` accepts (the binary's default: loopback).
+    pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
 }
 
 impl Default for ServerOptions {
@@ -91,6 +93,7 @@ impl Default for ServerOptions {
             rate_limit: RateLimitSettings::OFF,
             serve: ServeOptions::default(),
             integrations: Integrations::new(ServerKey::generate().0),
+            mcp_allowed_hosts: Default::default(),
         }
     }
 }
@@ -157,6 +160,7 @@ impl TestServer {
             availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
             rate_limit: RateLimit::new(options.rate_limit),
             integrations: options.integrations.clone(),
+            mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
         };
         let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")

@@ -203,6 +203,7 @@ pub fn document(state: &AppState) -> Value {
             "events_wait_seconds": MAX_WAIT_SECONDS,
             "rate_limit": rate_limit(state)
         },
+        "mcp": mcp(state),
         "agent_obligations": [
             "Persist the task-scoped credential and monitoring cursor securely.",
             "Monitor every published nonterminal task until it becomes terminal.",
@@ -211,6 +212,40 @@ pub fn document(state: &AppState) -> Value {
             "Reconcile authoritative task state when local state is uncertain.",
             "Stop issuing task instructions after a terminal state is observed."
         ]
+    })
+}
+
+/// The Model Context Protocol endpoints: the tools listed are the ones the
+/// `/mcp` endpoint serves.
+fn mcp(state: &AppState) -> Value {
+    // The list depends on the code only: built once.
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let tools = meatspace_mcp::MeatspaceTools::new(std::sync::Arc::new(
+            crate::mcp::InProcess::new(state.clone()),
+        ))
+        .tools();
+        let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+        names.sort();
+        names
+    });
+    json!({
+        "streamable_http": {
+            "path": meatspace_mcp::HTTP_PATH,
+            "transport": "streamable_http",
+            "mode": "stateless",
+            "credentials": format!(
+                "development key in the {DEV_KEY_HEADER} header of each MCP request (set it in the MCP client's configuration); a task's agent_token as a tool argument"
+            )
+        },
+        "stdio": {
+            "command": "meatspace-mcp-stdio",
+            "arguments": ["--api-url", "<this server's base URL>"],
+            "environment": { "MEATSPACE_DEV_KEY": "the development key", "MEATSPACE_STATE_DIR": "optional; where task tokens and cursors are kept" },
+            "credentials": "the local process keeps each task's agent token and cursor in its state directory (0700, files 0600); tools take only task_id"
+        },
+        "tools": names,
+        "untrusted_worker_text": "worker-authored text in tool results appears only in fields named untrusted_worker_text"
     })
 }
 

@@ -96,6 +96,22 @@ async fn create_task(
     _auth: DevKeyAuth,
     Json(req): Json<CreateTaskRequest>,
 ) -> Result<Response, ApiError> {
+    let created = create(&state, req).await?;
+    let location = HeaderValue::from_str(&format!("/api/v1/tasks/{}", created.task.id))
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    let mut res = (StatusCode::CREATED, axum::Json(created)).into_response();
+    res.headers_mut().insert(header::LOCATION, location);
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
+}
+
+/// Creates a draft task from a checked request; the caller has shown the
+/// development key. Shared by the HTTP handler and the MCP tools.
+pub(crate) async fn create(
+    state: &AppState,
+    req: CreateTaskRequest,
+) -> Result<CreatedTask, ApiError> {
     let description = checked_text("description", &req.description, MAX_DESCRIPTION_CHARS)?;
     let policy = &state.policy;
     let lifetime = match req.expires_in_seconds {
@@ -141,21 +157,11 @@ async fn create_task(
             Some(state.integrations.server_key.webhook_secret(id)),
         ),
     };
-    let location = HeaderValue::from_str(&format!("/api/v1/tasks/{id}"))
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let mut res = (
-        StatusCode::CREATED,
-        axum::Json(CreatedTask {
-            task,
-            agent_token,
-            webhook_secret,
-        }),
-    )
-        .into_response();
-    res.headers_mut().insert(header::LOCATION, location);
-    res.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(res)
+    Ok(CreatedTask {
+        task,
+        agent_token,
+        webhook_secret,
+    })
 }
 
 /// The task and its authoritative state.

@@ -1,0 +1,61 @@
+//! `meatspace-mcp-stdio`: the meatspace MCP tools over stdio, for agents
+//! that launch local tools (desktop and coding agents). It talks to a
+//! meatspace API server over HTTP and keeps each task's agent token and
+//! cursor in a private state directory. Meant to move behind `meatspace
+//! mcp` in the CLI; all the logic lives in the library
+//! ([`meatspace_mcp::remote`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use meatspace_mcp::MeatspaceTools;
+use meatspace_mcp::remote::RemoteApi;
+use meatspace_mcp::state_dir::StateDir;
+use rmcp::ServiceExt;
+
+/// Serve meatspace's agent tools over MCP on stdin/stdout.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Base URL of the meatspace API server.
+    #[arg(
+        long,
+        env = "MEATSPACE_API_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    api_url: String,
+    /// Development key that creates tasks.
+    #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
+    dev_key: Option<String>,
+    /// Where task tokens and cursors are kept (0700; files 0600). Default:
+    /// $XDG_STATE_HOME/meatspace, else ~/.local/state/meatspace.
+    #[arg(long, env = "MEATSPACE_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    // stdout carries the protocol: logs go to stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let root = args
+        .state_dir
+        .or_else(StateDir::default_root)
+        .context("no state directory: pass --state-dir or set HOME")?;
+    let state = StateDir::open(&root)
+        .with_context(|| format!("open the state directory {}", root.display()))?;
+    let api = RemoteApi::connect(&args.api_url, args.dev_key, state).await?;
+    let service = MeatspaceTools::new(Arc::new(api))
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("start the MCP session")?;
+    service.waiting().await.context("serve MCP")?;
+    Ok(())
+}
