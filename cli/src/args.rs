@@ -64,7 +64,12 @@ pub enum Command {
     /// The worker side: register, find tasks, do them.
     #[command(subcommand)]
     Worker(WorkerCommand),
-    // `meatspace mcp` (a stdio MCP server over the same client) goes here.
+    /// Serve the agent tools over MCP on stdin/stdout, for agents that
+    /// launch local tools. Task tokens and cursors stay in the `mcp`
+    /// subdirectory of the state directory; tools take only a task id and
+    /// never return a token. Point the agent's MCP configuration at
+    /// `meatspace mcp` with MEATSPACE_URL and MEATSPACE_DEV_KEY set.
+    Mcp,
 }
 
 #[derive(Debug, Subcommand)]

@@ -74,6 +74,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Task(cmd) => task::run(&ctx, cmd).await,
         Command::Worker(cmd) => worker::run(&ctx, cmd).await,
+        Command::Mcp => {
+            let url = ctx
+                .global
+                .url
+                .clone()
+                .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+            let root = ctx.state.root().join("mcp");
+            meatspace_mcp::stdio::serve(&url, ctx.global.dev_key.clone(), &root).await
+        }
     }
 }
 

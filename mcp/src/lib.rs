@@ -10,6 +10,7 @@
 pub mod api;
 pub mod remote;
 pub mod state_dir;
+pub mod stdio;
 pub mod tools;
 pub mod types;
 

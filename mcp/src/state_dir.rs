@@ -59,14 +59,18 @@ impl StateDir {
 
     /// The default location: `$MEATSPACE_STATE_DIR`, else
     /// `$XDG_STATE_HOME/meatspace`, else `~/.local/state/meatspace`.
+    ///
+    /// It is the `mcp` subdirectory of the CLI's state directory: the CLI
+    /// keeps its own records (another layout) under `tasks/` there.
     pub fn default_root() -> Option<PathBuf> {
-        if let Some(dir) = std::env::var_os("MEATSPACE_STATE_DIR") {
-            return Some(PathBuf::from(dir));
-        }
-        if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
-            return Some(PathBuf::from(dir).join("meatspace"));
-        }
-        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state/meatspace"))
+        let base = if let Some(dir) = std::env::var_os("MEATSPACE_STATE_DIR") {
+            PathBuf::from(dir)
+        } else if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+            PathBuf::from(dir).join("meatspace")
+        } else {
+            PathBuf::from(std::env::var_os("HOME")?).join(".local/state/meatspace")
+        };
+        Some(base.join("mcp"))
     }
 
     fn path(&self, task_id: Uuid) -> PathBuf {

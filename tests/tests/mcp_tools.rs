@@ -1,6 +1,6 @@
 //! The MCP server, driven by a real MCP client (rmcp's) over both
 //! transports: Streamable HTTP at `/mcp` of the real server on 127.0.0.1,
-//! and stdio through the `meatspace-mcp-stdio` binary as a child process
+//! and stdio through `meatspace mcp` (the CLI) as a child process
 //! talking to that server. A worker acts through the HTTP worker API.
 
 use std::collections::HashMap;
@@ -86,16 +86,19 @@ impl Agent {
 
     /// A stdio server process over an existing state directory.
     async fn stdio_in(srv: &TestServer, state_dir: tempfile::TempDir) -> Agent {
-        let mut cmd = tokio::process::Command::new(stdio_binary());
-        cmd.arg("--api-url")
+        // `meatspace mcp`, as an agent's MCP configuration launches it; it
+        // keeps its records in the `mcp` subdirectory of the state dir.
+        let mut cmd = tokio::process::Command::new(cli_binary());
+        cmd.arg("mcp")
+            .arg("--url")
             .arg(&srv.base_url)
             .arg("--state-dir")
-            .arg(state_dir.path().join("state"))
+            .arg(state_dir.path())
             .env("MEATSPACE_DEV_KEY", &srv.dev_key)
             .env_remove("MEATSPACE_STATE_DIR")
             .kill_on_drop(true);
         let client =
-            ().serve(TokioChildProcess::new(cmd).expect("start meatspace-mcp-stdio"))
+            ().serve(TokioChildProcess::new(cmd).expect("start meatspace mcp"))
                 .await
                 .expect("MCP session over stdio");
         Agent::listed(client, Transport::Stdio, Some(state_dir)).await
@@ -216,15 +219,15 @@ impl Agent {
     }
 }
 
-/// target/<profile>/meatspace-mcp-stdio, which `cargo build --workspace
+/// target/<profile>/meatspace (the CLI), which `cargo build --workspace
 /// --bins` (run by scripts/test) puts next to the test binary's deps/.
-fn stdio_binary() -> PathBuf {
+fn cli_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let path = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target directory")
-        .join("meatspace-mcp-stdio");
+        .join("meatspace");
     assert!(
         path.is_file(),
         "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
@@ -587,7 +590,7 @@ fn stored_cursor(agent: &Agent, task: &AgentTask) -> i64 {
         .as_ref()
         .unwrap()
         .path()
-        .join("state/tasks")
+        .join("mcp/tasks")
         .join(format!("{}.json", task.id));
     let record: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
     record["cursor"].as_i64().unwrap()
@@ -596,7 +599,7 @@ fn stored_cursor(agent: &Agent, task: &AgentTask) -> i64 {
 /// The stdio server's state: private, holding the token, with the cursor
 /// stored only as far as the client acknowledged.
 fn check_state_dir(agent: &Agent, task: &AgentTask, acknowledged: i64) {
-    let root = agent.state_dir.as_ref().unwrap().path().join("state");
+    let root = agent.state_dir.as_ref().unwrap().path().join("mcp");
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&root), 0o700);
     let file = root.join("tasks").join(format!("{}.json", task.id));
@@ -820,7 +823,8 @@ async fn the_host_guard_is_configurable(db: Db) {
         .await;
     assert_eq!(caps["mcp"]["streamable_http"]["path"], "/mcp");
     assert_eq!(caps["mcp"]["streamable_http"]["mode"], "stateless");
-    assert_eq!(caps["mcp"]["stdio"]["command"], "meatspace-mcp-stdio");
+    assert_eq!(caps["mcp"]["stdio"]["command"], "meatspace");
+    assert_eq!(caps["mcp"]["stdio"]["arguments"][0], "mcp");
     assert_eq!(caps["mcp"]["tools"], json!(TOOLS));
     srv.stop().await;
 

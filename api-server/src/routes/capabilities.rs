@@ -239,9 +239,9 @@ fn mcp(state: &AppState) -> Value {
             )
         },
         "stdio": {
-            "command": "meatspace-mcp-stdio",
-            "arguments": ["--api-url", "<this server's base URL>"],
-            "environment": { "MEATSPACE_DEV_KEY": "the development key", "MEATSPACE_STATE_DIR": "optional; where task tokens and cursors are kept" },
+            "command": "meatspace",
+            "arguments": ["mcp", "--url", "<this server's base URL>"],
+            "environment": { "MEATSPACE_DEV_KEY": "the development key", "MEATSPACE_STATE_DIR": "optional; task tokens and cursors are kept in its mcp subdirectory" },
             "credentials": "the local process keeps each task's agent token and cursor in its state directory (0700, files 0600); tools take only task_id"
         },
         "tools": names,

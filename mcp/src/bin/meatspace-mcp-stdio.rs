@@ -1,19 +1,14 @@
 //! `meatspace-mcp-stdio`: the meatspace MCP tools over stdio, for agents
 //! that launch local tools (desktop and coding agents). It talks to a
 //! meatspace API server over HTTP and keeps each task's agent token and
-//! cursor in a private state directory. Meant to move behind `meatspace
-//! mcp` in the CLI; all the logic lives in the library
-//! ([`meatspace_mcp::remote`]).
+//! cursor in a private state directory. `meatspace mcp` runs the same
+//! server; all the logic lives in the library ([`meatspace_mcp::stdio`]).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use meatspace_mcp::MeatspaceTools;
-use meatspace_mcp::remote::RemoteApi;
 use meatspace_mcp::state_dir::StateDir;
-use rmcp::ServiceExt;
 
 /// Serve meatspace's agent tools over MCP on stdin/stdout.
 #[derive(Debug, Parser)]
@@ -49,13 +44,5 @@ async fn main() -> anyhow::Result<()> {
         .state_dir
         .or_else(StateDir::default_root)
         .context("no state directory: pass --state-dir or set HOME")?;
-    let state = StateDir::open(&root)
-        .with_context(|| format!("open the state directory {}", root.display()))?;
-    let api = RemoteApi::connect(&args.api_url, args.dev_key, state).await?;
-    let service = MeatspaceTools::new(Arc::new(api))
-        .serve(rmcp::transport::stdio())
-        .await
-        .context("start the MCP session")?;
-    service.waiting().await.context("serve MCP")?;
-    Ok(())
+    meatspace_mcp::stdio::serve(&args.api_url, args.dev_key, &root).await
 }
