@@ -35,6 +35,7 @@ pub mod photo;
 pub mod rate_limit;
 pub mod routes;
 pub mod telemetry;
+pub mod web;
 
 use auth::DevKey;
 use availability::Availability;
@@ -111,6 +112,7 @@ pub fn router(state: AppState) -> Router {
     let needs_database = OpenApiRouter::new()
         .merge(routes::tasks::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
+        .merge(routes::invites::router())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             availability::guard,
@@ -147,6 +149,7 @@ pub fn router(state: AppState) -> Router {
             get(move || async move { axum::Json(openapi.as_ref().clone()) }),
         )
         .merge(routes::health::router())
+        .merge(web::router(state.photo_limits.max_bytes))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("this route does not take that method".into())
