@@ -40,7 +40,10 @@ impl Chromedriver {
                 panic!("start chromedriver ({e}): install Debian's chromium and chromium-driver (.ci/run does)")
             });
         let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::builder().no_proxy().build().expect("client");
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let ready = http
@@ -79,13 +82,11 @@ impl Chromedriver {
                 }
             }),
         );
-        let client = ClientBuilder::new(
-            hyper_util::client::legacy::connect::HttpConnector::new(),
-        )
-        .capabilities(caps)
-        .connect(&self.url)
-        .await
-        .expect("open a Chromium session");
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("open a Chromium session");
         Browser {
             client,
             base_url: base_url.to_owned(),
@@ -136,7 +137,12 @@ impl Browser {
 
     /// The path of the current page.
     pub async fn path(&self) -> String {
-        self.client.current_url().await.expect("current URL").path().to_owned()
+        self.client
+            .current_url()
+            .await
+            .expect("current URL")
+            .path()
+            .to_owned()
     }
 
     pub async fn click(&self, css: &str) {
@@ -234,7 +240,11 @@ impl Browser {
             .js("return [document.documentElement.scrollWidth, window.innerWidth];")
             .await;
         let (scroll, inner) = (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0));
-        assert_eq!(inner, u64::from(PHONE_WIDTH), "{name}: viewport is not phone-sized");
+        assert_eq!(
+            inner,
+            u64::from(PHONE_WIDTH),
+            "{name}: viewport is not phone-sized"
+        );
         assert!(
             scroll <= inner,
             "{name}: the page scrolls sideways at {inner} px (content is {scroll} px wide)"

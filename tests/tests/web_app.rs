@@ -78,13 +78,17 @@ async fn end_to_end(db: Db) {
         browser.screenshot("invite").await;
     }
     // An empty name is refused next to the field.
-    browser.js("document.getElementById('name').removeAttribute('required');").await;
+    browser
+        .js("document.getElementById('name').removeAttribute('required');")
+        .await;
     browser.click("button[type=submit]").await;
     browser.wait_for_text(".error", "display name").await;
     browser.fill("#name", "Grace").await;
     browser.click("button[type=submit]").await;
     browser.wait_for_text("h1", "Open tasks").await;
-    browser.wait_for_text("main", "Photograph the notice board").await;
+    browser
+        .wait_for_text("main", "Photograph the notice board")
+        .await;
     if shots {
         browser.screenshot("open-tasks").await;
     }
@@ -106,29 +110,55 @@ async fn end_to_end(db: Db) {
     browser.wait_for_text("#state", "Active").await;
 
     // A message, with a refused empty one first: the error is next to the form.
-    browser.js("document.getElementById('message').removeAttribute('required');").await;
+    browser
+        .js("document.getElementById('message').removeAttribute('required');")
+        .await;
     browser.fill("#message", "   ").await;
     browser.click("#send-message").await;
-    browser.wait_for_text("#message-error", "must not be empty").await;
+    browser
+        .wait_for_text("#message-error", "must not be empty")
+        .await;
     browser.fill("#message", "On my way, five minutes.").await;
     browser.click("#send-message").await;
-    browser.wait_for_text("#feed", "On my way, five minutes.").await;
+    browser
+        .wait_for_text("#feed", "On my way, five minutes.")
+        .await;
 
     // A real JPEG through the file input (with camera metadata to drop).
     let dir = tempfile::tempdir().expect("temporary directory");
     let jpeg = dir.path().join("board.jpg");
-    std::fs::write(&jpeg, images::jpeg_with_exif(640, 480, "SECRET-GPS-MARKER")).expect("write JPEG");
+    std::fs::write(&jpeg, images::jpeg_with_exif(640, 480, "SECRET-GPS-MARKER"))
+        .expect("write JPEG");
     let input = browser.wait_for("#photo").await;
-    assert_eq!(input.attr("accept").await.expect("accept").as_deref(), Some("image/*"));
-    assert_eq!(input.attr("capture").await.expect("capture").as_deref(), Some("environment"));
-    input.send_keys(&jpeg.display().to_string()).await.expect("choose the file");
+    assert_eq!(
+        input.attr("accept").await.expect("accept").as_deref(),
+        Some("image/*")
+    );
+    assert_eq!(
+        input.attr("capture").await.expect("capture").as_deref(),
+        Some("environment")
+    );
+    input
+        .send_keys(&jpeg.display().to_string())
+        .await
+        .expect("choose the file");
     browser.click("#upload").await;
-    browser.wait_for_text("#feed", "Photo sent (640 × 480 pixels).").await;
+    browser
+        .wait_for_text("#feed", "Photo sent (640 × 480 pixels).")
+        .await;
 
     // A typed issue; the page stays open (no reload) while the agent answers.
-    browser.fill("#issue-text", "The board is behind a locked glass door.").await;
-    browser.client.find(fantoccini::Locator::Css("#issue-kind")).await.expect("issue kind")
-        .select_by_value("access_blocked").await.expect("choose the kind");
+    browser
+        .fill("#issue-text", "The board is behind a locked glass door.")
+        .await;
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#issue-kind"))
+        .await
+        .expect("issue kind")
+        .select_by_value("access_blocked")
+        .await
+        .expect("choose the kind");
     browser.click("#raise-issue").await;
     browser.wait_for_text("#feed", "locked glass door").await;
     browser.js("window.__sameDocument = 'yes';").await;
@@ -145,7 +175,9 @@ async fn end_to_end(db: Db) {
         .json(&json!({ "action": "clarify", "text": "Ask at the front desk for the key." }))
         .expect_json(StatusCode::OK)
         .await;
-    browser.wait_for_text("#feed", "Ask at the front desk for the key.").await;
+    browser
+        .wait_for_text("#feed", "Ask at the front desk for the key.")
+        .await;
     assert_eq!(
         browser.js("return window.__sameDocument || null;").await,
         json!("yes"),
@@ -179,15 +211,22 @@ async fn end_to_end(db: Db) {
 
     // My tasks lists it; then complete.
     browser.goto("/app/my").await;
-    browser.wait_for_text("main", "Photograph the notice board").await;
+    browser
+        .wait_for_text("main", "Photograph the notice board")
+        .await;
     if shots {
         browser.screenshot("my-tasks").await;
     }
     browser.goto(&format!("/app/tasks/{task}")).await;
-    browser.fill("#note", "Photo taken through the glass.").await;
+    browser
+        .fill("#note", "Photo taken through the glass.")
+        .await;
     browser.click("#complete").await;
     browser.wait_for_text("#banner", "completed").await;
-    assert!(!browser.has("#send-message").await, "a terminal task is read-only");
+    assert!(
+        !browser.has("#send-message").await,
+        "a terminal task is read-only"
+    );
     if shots {
         browser.screenshot("task-completed").await;
     }
@@ -229,7 +268,11 @@ async fn end_to_end(db: Db) {
         .await
         .expect("request with the old cookie");
     // (The client follows the redirect.)
-    assert_eq!(res.url().path(), "/app/login", "the old session must be dead");
+    assert_eq!(
+        res.url().path(),
+        "/app/login",
+        "the old session must be dead"
+    );
     browser.close().await;
     if shots {
         eprintln!("screenshots in {}", screenshot_dir().display());
@@ -240,10 +283,15 @@ async fn end_to_end(db: Db) {
 async fn two_browsers_race_to_claim(db: Db) {
     let server = TestServer::start(db).await;
     let driver = Chromedriver::start().await;
-    let (task, agent) = server.create_open_task("Count the bicycles at the station.").await;
+    let (task, agent) = server
+        .create_open_task("Count the bicycles at the station.")
+        .await;
     let (_, ada) = server.register_worker("Ada").await;
     let (_, bob) = server.register_worker("Bob").await;
-    let (a, b) = tokio::join!(driver.browser(&server.base_url), driver.browser(&server.base_url));
+    let (a, b) = tokio::join!(
+        driver.browser(&server.base_url),
+        driver.browser(&server.base_url)
+    );
     tokio::join!(sign_in_with_token(&a, &ada), sign_in_with_token(&b, &bob));
     let page = format!("/app/tasks/{task}");
     tokio::join!(a.goto(&page), b.goto(&page));
@@ -251,9 +299,14 @@ async fn two_browsers_race_to_claim(db: Db) {
     tokio::join!(a.click("#claim"), b.click("#claim"));
     tokio::join!(a.wait_for("h1"), b.wait_for("h1"));
     let (wa, wb) = (a.has("#start").await, b.has("#start").await);
-    assert!(wa ^ wb, "exactly one browser holds the task (a: {wa}, b: {wb})");
+    assert!(
+        wa ^ wb,
+        "exactly one browser holds the task (a: {wa}, b: {wb})"
+    );
     let loser = if wa { &b } else { &a };
-    loser.wait_for_text("main", "another worker claimed this task first").await;
+    loser
+        .wait_for_text("main", "another worker claimed this task first")
+        .await;
     let assigned = agent_types(&server, task, &agent)
         .await
         .into_iter()
@@ -274,20 +327,29 @@ async fn agent_text_is_text_and_forms_need_csrf(db: Db) {
     join(&browser, &invite(&server).await, "Grace").await;
     browser.goto(&format!("/app/tasks/{task}")).await;
     assert_eq!(browser.text("#description").await, hostile);
-    assert_eq!(browser.js("return window.__pwned === undefined;").await, json!(true));
     assert_eq!(
-        browser.js("return document.querySelectorAll('#description *').length;").await,
+        browser.js("return window.__pwned === undefined;").await,
+        json!(true)
+    );
+    assert_eq!(
+        browser
+            .js("return document.querySelectorAll('#description *').length;")
+            .await,
         json!(0),
         "no element was made from the agent's text"
     );
 
     // The claim form without its token, then with a forged one: refused, and
     // the task stays open.
-    browser.js("document.querySelector('form[action$=\"/claim\"] input[name=csrf]').remove();").await;
+    browser
+        .js("document.querySelector('form[action$=\"/claim\"] input[name=csrf]').remove();")
+        .await;
     browser.click("#claim").await;
     browser.wait_for_text("h1", "Form refused").await;
     browser.goto(&format!("/app/tasks/{task}")).await;
-    browser.js("document.querySelector('form[action$=\"/claim\"] input[name=csrf]').value = 'forged';").await;
+    browser
+        .js("document.querySelector('form[action$=\"/claim\"] input[name=csrf]').value = 'forged';")
+        .await;
     browser.click("#claim").await;
     browser.wait_for_text("h1", "Form refused").await;
     assert_eq!(server.task(task, &agent).await["state"], "open");
@@ -299,11 +361,19 @@ async fn agent_text_is_text_and_forms_need_csrf(db: Db) {
     assert_eq!(server.task(task, &agent).await["state"], "assigned");
 
     // Stop needs the confirmation box; text typed is kept on the error.
-    browser.js("document.getElementById('stop-confirm').removeAttribute('required');").await;
-    browser.fill("#reason", "The station is closed today.").await;
+    browser
+        .js("document.getElementById('stop-confirm').removeAttribute('required');")
+        .await;
+    browser
+        .fill("#reason", "The station is closed today.")
+        .await;
     browser.click("#stop").await;
-    browser.wait_for_text("main", "Tick the box to confirm").await;
-    let kept = browser.js("return document.getElementById('reason').value;").await;
+    browser
+        .wait_for_text("main", "Tick the box to confirm")
+        .await;
+    let kept = browser
+        .js("return document.getElementById('reason').value;")
+        .await;
     assert_eq!(kept, json!("The station is closed today."));
     assert_eq!(server.task(task, &agent).await["state"], "assigned");
     browser.click("#stop-confirm").await;
@@ -313,8 +383,14 @@ async fn agent_text_is_text_and_forms_need_csrf(db: Db) {
 
     // The page forbids inline script and foreign origins.
     let res = server.get("/app/login").send().await.expect("login page");
-    let csp = res.headers()["content-security-policy"].to_str().unwrap().to_owned();
-    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    let csp = res.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
     browser.close().await;
     server.stop().await;
 }

@@ -83,7 +83,10 @@ async fn page_headers(mut res: Response) -> Response {
         HeaderValue::from_static("nosniff"),
     );
     // Invite links carry a credential in the URL: never leak it onwards.
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -234,11 +237,7 @@ impl IntoResponse for AppError {
 /// Renders a template as an HTML response body.
 fn html(t: &impl Template) -> Response {
     match t.render() {
-        Ok(body) => (
-            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            body,
-        )
-            .into_response(),
+        Ok(body) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "rendering a page failed");
             (
@@ -444,7 +443,11 @@ fn feed_item(e: &Event) -> FeedItem {
                 .and_then(|k| IssueKind::parse(&k))
                 .map(issue_label)
                 .unwrap_or("Issue");
-            ("You", "worker", with(&format!("Issue raised — {kind}"), s("text")))
+            (
+                "You",
+                "worker",
+                with(&format!("Issue raised — {kind}"), s("text")),
+            )
         }
         EventType::AgentIssueResponse => {
             let verb = match s("action").as_deref() {
@@ -497,7 +500,9 @@ async fn live_invite(state: &AppState, code: &str) -> Result<Uuid, AppError> {
     let gone = invite_gone;
     let id = credential_subject(code, INVITE_PREFIX).ok_or_else(gone)?;
     let invite = state.store.invite(id).await?.ok_or_else(gone)?;
-    if !invite.code_hash.verify(code) || invite.used_at.is_some() || invite.expires_at <= clock::now()
+    if !invite.code_hash.verify(code)
+        || invite.used_at.is_some()
+        || invite.expires_at <= clock::now()
     {
         return Err(gone());
     }
@@ -540,14 +545,12 @@ async fn accept_invite(
                 nav: None,
                 csrf: csrf_token(&pre),
                 code,
-                error: Some(
-                    match e {
-                        ApiError::Invalid(d) if d.contains("empty") => {
-                            "Please choose a display name.".to_owned()
-                        }
-                        other => human(&other).1,
-                    },
-                ),
+                error: Some(match e {
+                    ApiError::Invalid(d) if d.contains("empty") => {
+                        "Please choose a display name.".to_owned()
+                    }
+                    other => human(&other).1,
+                }),
                 name: form.name,
             };
             return Ok(with_cookie(

@@ -17,9 +17,9 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Duration;
+use meatspace_core::clock;
 use meatspace_core::store::Worker;
 use meatspace_core::token::{self, TokenHash};
-use meatspace_core::clock;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
@@ -63,9 +63,8 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// A `Set-Cookie` value; `max_age` 0 deletes the cookie.
 pub fn set_cookie(headers: &HeaderMap, name: &str, value: &str, max_age: i64) -> HeaderValue {
     let secure = if over_tls(headers) { "; Secure" } else { "" };
-    let value = format!(
-        "{name}={value}; Path=/app; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
-    );
+    let value =
+        format!("{name}={value}; Path=/app; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}");
     HeaderValue::from_str(&value).expect("cookie values are URL-safe base64 and ids")
 }
 

@@ -856,13 +856,15 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<Option<Worker>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(worker_id)
-            .bind(name)
-            .bind(&token_hash.0[..])
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(worker_id)
+        .bind(name)
+        .bind(&token_hash.0[..])
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
         // The row lock of the UPDATE makes concurrent redemptions queue: the
         // second sees used_at set and changes nothing.
         let used = sqlx::query(
