@@ -65,7 +65,13 @@ function uploadProgress(form) {
     });
     xhr.addEventListener("load", function () {
       progress.hidden = true;
-      if (xhr.status >= 200 && xhr.status < 300) { location.assign(xhr.responseURL || location.href); return; }
+      if (xhr.status >= 200 && xhr.status < 300) {
+        // Sent: the live feed shows it; keep the page (and anything typed).
+        form.reset();
+        error.textContent = "";
+        if (!document.getElementById("feed")) location.assign(xhr.responseURL || location.href);
+        return;
+      }
       var doc = new DOMParser().parseFromString(xhr.responseText, "text/html");
       var msg = doc.querySelector("#photo-error:not([hidden])") || doc.querySelector(".error");
       error.textContent = msg ? msg.textContent : "The photo could not be sent. Please try again.";

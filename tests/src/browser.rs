@@ -23,7 +23,7 @@ pub const WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct Chromedriver {
     url: String,
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
 }
 
 impl Chromedriver {
@@ -31,6 +31,9 @@ impl Chromedriver {
         let port = crate::process::free_port();
         let child = tokio::process::Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            // Its own process group, so that dropping it ends the browsers
+            // it started too (see Drop).
+            .process_group(0)
             .arg("--allowed-ips=127.0.0.1")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -64,19 +67,27 @@ impl Chromedriver {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Chromedriver { url, _child: child }
+        Chromedriver { url, child }
     }
 
     /// A new headless Chromium with a phone-sized viewport.
     pub async fn browser(&self, base_url: &str) -> Browser {
+        let args = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-dev-shm-usage",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+        ];
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
             json!({
                 "binary": chromium_binary(),
-                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                         "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-                         "--hide-scrollbars", "--force-device-scale-factor=1"],
+                "args": args,
                 "mobileEmulation": {
                     "deviceMetrics": { "width": PHONE_WIDTH, "height": PHONE_HEIGHT, "pixelRatio": 1.0, "touch": true }
                 }
@@ -115,6 +126,19 @@ pub fn screenshot_dir() -> PathBuf {
         });
     std::fs::create_dir_all(&dir).expect("create the screenshot directory");
     dir
+}
+
+impl Drop for Chromedriver {
+    /// Kills chromedriver and the Chromium processes it started (its
+    /// process group), also when a test panics before closing its sessions.
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }
 
 /// One browser session against one server.
