@@ -1079,3 +1079,31 @@ async fn send_photo(
     };
     act_or_show(&state, &s, id, typed, result).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_left_reads_like_a_person_would_say_it() {
+        let now = DateTime::from_timestamp(1_000_000, 0).expect("time");
+        let after = |s| now + chrono::TimeDelta::seconds(s);
+        assert_eq!(time_left(after(-5), now), "time is up");
+        assert_eq!(time_left(after(30), now), "less than a minute left");
+        assert_eq!(time_left(after(59 * 60), now), "59 min left");
+        assert_eq!(time_left(after(5 * 3600), now), "5 h left");
+        assert_eq!(time_left(after(3 * 86400), now), "3 days left");
+    }
+
+    #[test]
+    fn api_details_become_sentences() {
+        assert_eq!(
+            sentence("message must not be empty"),
+            "Message must not be empty."
+        );
+        assert_eq!(sentence("Done."), "Done.");
+        let (status, text) = human(&ApiError::task_not_found());
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(text.starts_with("This task is not available to you"));
+    }
+}
