@@ -191,15 +191,27 @@ impl FromRequestParts<AppState> for WorkerAuth {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let token = bearer(&parts.headers)?;
-        let wrong = || ApiError::Unauthorized("the worker token is not valid".into());
-        let id = token_subject(token, WORKER_PREFIX).ok_or_else(wrong)?;
-        let hash = state.store.worker_token_hash(id).await?.ok_or_else(wrong)?;
-        if hash.verify(token) {
-            Ok(WorkerAuth(id))
-        } else {
-            Err(wrong())
-        }
+        verify_worker_token(state, token).await.map(WorkerAuth)
     }
+}
+
+/// The worker a worker token belongs to, or 401 (also used by the web
+/// app's sign-in, which exchanges a token for a session).
+pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, ApiError> {
+    let wrong = || ApiError::Unauthorized("the worker token is not valid".into());
+    let id = token_subject(token, WORKER_PREFIX).ok_or_else(wrong)?;
+    let hash = state.store.worker_token_hash(id).await?.ok_or_else(wrong)?;
+    if hash.verify(token) {
+        Ok(id)
+    } else {
+        Err(wrong())
+    }
+}
+
+/// The id a prefixed credential (`<prefix><id>_<secret>`) names, for
+/// credentials other modules issue (invite codes, session cookies).
+pub fn credential_subject(credential: &str, prefix: &str) -> Option<Uuid> {
+    token_subject(credential, prefix)
 }
 
 #[cfg(test)]

@@ -264,7 +264,12 @@ pub async fn problem_for_every_error(res: Response) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
-    if is_problem {
+    // The web app's pages carry their own human error page.
+    let is_html = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if is_problem || is_html {
         return res;
     }
     let (slug, detail) = match status {

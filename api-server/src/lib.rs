@@ -40,6 +40,7 @@ pub mod photo;
 pub mod rate_limit;
 pub mod routes;
 pub mod telemetry;
+pub mod web;
 
 use auth::DevKey;
 use availability::Availability;
@@ -123,6 +124,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::tasks::router())
         .merge(routes::stream::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
+        .merge(routes::invites::router())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             availability::guard,
@@ -183,6 +185,7 @@ pub fn router(state: AppState) -> Router {
             get(move || async move { axum::Json(openapi.as_ref().clone()) }),
         )
         .merge(routes::health::router())
+        .merge(web::router(state.photo_limits.max_bytes))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("this route does not take that method".into())

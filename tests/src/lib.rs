@@ -7,6 +7,7 @@
 //! tests run in parallel without seeing each other. A missing server is a
 //! test failure, never a skip.
 
+pub mod browser;
 pub mod k8s;
 pub mod pg;
 pub mod process;

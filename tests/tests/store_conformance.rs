@@ -122,6 +122,10 @@ conformance! {
         racing_claims_have_exactly_one_winner,
         racing_endings_leave_one_terminal_state_and_event,
         pollers_see_every_event_of_concurrent_appenders,
+        invites_work_once_and_expire,
+        racing_invite_redemptions_have_one_winner,
+        sessions_read_back_until_they_expire_or_end,
+        worker_tasks_and_newest_open_tasks,
     ],
     databases: [
         replicas_starting_together_migrate_once,
@@ -482,12 +486,35 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
         1
     );
 
+    // An invite redeemed into a worker with a session: their secrets too
+    // are kept only as digests.
+    let invite_code = token::generate("msi_");
+    let invite = Uuid::new_v4();
+    s.create_invite(invite, TokenHash::of(&invite_code), at(1), at(100))
+        .await
+        .expect("create invite");
+    let invited = Uuid::new_v4();
+    s.redeem_invite(invite, invited, "marker-invited", TokenHash::of("x"), at(2))
+        .await
+        .expect("redeem")
+        .expect("the invite works");
+    let session_secret = token::generate("mss_");
+    s.create_session(
+        Uuid::new_v4(),
+        invited,
+        TokenHash::of(&session_secret),
+        at(2),
+        at(100),
+    )
+    .await
+    .expect("create session");
+
     let stored: Vec<u8> = match s.backend() {
         Backend::Postgres => pg_dump(&db.url).await,
         Backend::Sqlite => sqlite_files(&db.url),
     };
     // The data is there, so the absence of the tokens means something.
-    for marker in ["marker-description-a", "marker-message"] {
+    for marker in ["marker-description-a", "marker-message", "marker-invited"] {
         assert!(
             contains(&stored, marker.as_bytes()),
             "{marker:?} is not in the data"
@@ -501,7 +528,13 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
             "an agent token's digest is not in the data"
         );
     }
-    for secret in [&a.token, &b.token, &worker_secret] {
+    for secret in [
+        &a.token,
+        &b.token,
+        &worker_secret,
+        &invite_code,
+        &session_secret,
+    ] {
         // With and without the recognisable prefix.
         for needle in [secret.as_str(), &secret[4..]] {
             assert!(
@@ -2090,4 +2123,168 @@ async fn pollers_see_every_event_of_concurrent_appenders(store: Arc<dyn Store>) 
             assert_eq!(order, sent, "writer {writer}");
         }
     }
+}
+
+// ---- worker web app: invites, sessions, task lists ---------------------------------
+
+async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
+    let s = &*store;
+    let code = token::generate("msi_");
+    let id = Uuid::new_v4();
+    s.create_invite(id, TokenHash::of(&code), at(0), at(100))
+        .await
+        .expect("create invite");
+    let invite = s.invite(id).await.expect("read").expect("stored");
+    assert!(invite.code_hash.verify(&code) && !invite.code_hash.verify("msi_other"));
+    assert_eq!(
+        (invite.created_at, invite.expires_at, invite.used_at),
+        (at(0), at(100), None)
+    );
+    assert_eq!(s.invite(Uuid::new_v4()).await.expect("read"), None);
+
+    let grace = Uuid::new_v4();
+    let worker = s
+        .redeem_invite(id, grace, "Grace", TokenHash::of("msw_g"), at(10))
+        .await
+        .expect("redeem")
+        .expect("the first redemption works");
+    assert_eq!(
+        (worker.id, worker.name.as_str(), worker.created_at),
+        (grace, "Grace", at(10))
+    );
+    assert!(s.worker_token_hash(grace).await.expect("read").is_some());
+    assert_eq!(
+        s.invite(id).await.expect("read").expect("kept").used_at,
+        Some(at(10))
+    );
+
+    // Used: a second redemption creates nobody.
+    let eve = Uuid::new_v4();
+    assert_eq!(
+        s.redeem_invite(id, eve, "Eve", TokenHash::of("msw_e"), at(11))
+            .await
+            .expect("redeem"),
+        None
+    );
+    assert_eq!(s.worker_token_hash(eve).await.expect("read"), None);
+
+    // Expired at its deadline, and unknown invites redeem nothing.
+    let late = Uuid::new_v4();
+    s.create_invite(late, TokenHash::of("msi_late"), at(0), at(100))
+        .await
+        .expect("create invite");
+    assert_eq!(
+        s.redeem_invite(late, eve, "Eve", TokenHash::of("msw_e"), at(100))
+            .await
+            .expect("redeem"),
+        None
+    );
+    assert_eq!(
+        s.redeem_invite(Uuid::new_v4(), eve, "Eve", TokenHash::of("msw_e"), at(1))
+            .await
+            .expect("redeem"),
+        None
+    );
+    assert_eq!(s.worker_token_hash(eve).await.expect("read"), None);
+}
+
+async fn racing_invite_redemptions_have_one_winner(store: Arc<dyn Store>) {
+    let id = Uuid::new_v4();
+    store
+        .create_invite(id, TokenHash::of("msi_race"), at(0), at(100))
+        .await
+        .expect("create invite");
+    let racers = (0..8).map(|i| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .redeem_invite(
+                    id,
+                    Uuid::new_v4(),
+                    &format!("racer {i}"),
+                    TokenHash::of("w"),
+                    at(1),
+                )
+                .await
+                .expect("redeem")
+        })
+    });
+    let winners: Vec<_> = futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .filter_map(|r| r.expect("racer panicked"))
+        .collect();
+    assert_eq!(winners.len(), 1, "{winners:?}");
+}
+
+async fn sessions_read_back_until_they_expire_or_end(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (worker, _) = worker_with_token(s).await;
+    let id = Uuid::new_v4();
+    let secret = token::generate("mss_");
+    s.create_session(id, worker, TokenHash::of(&secret), at(0), at(100))
+        .await
+        .expect("create session");
+    let session = s.session(id, at(99)).await.expect("read").expect("live");
+    assert_eq!(
+        (session.id, session.worker.id, session.worker.name.as_str()),
+        (id, worker, "Ada")
+    );
+    assert_eq!(session.expires_at, at(100));
+    assert!(session.secret_hash.verify(&secret) && !session.secret_hash.verify("mss_x"));
+    assert_eq!(s.session(id, at(100)).await.expect("read"), None, "expired");
+    assert_eq!(s.session(Uuid::new_v4(), at(1)).await.expect("read"), None);
+
+    assert!(s.delete_session(id).await.expect("delete"));
+    assert_eq!(s.session(id, at(1)).await.expect("read"), None, "ended");
+    assert!(!s.delete_session(id).await.expect("delete again"));
+}
+
+async fn worker_tasks_and_newest_open_tasks(store: Arc<dyn Store>) {
+    let s = &*store;
+    let w = worker(s).await;
+    let other = worker(s).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let t = create_at(s, i, &format!("task {i}")).await;
+        ok(s, t.task.id, Command::Publish, i).await;
+        ids.push(t.task.id);
+    }
+    let newest: Vec<Uuid> = s
+        .newest_open_tasks(10)
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(newest, [ids[3], ids[2], ids[1], ids[0]]);
+    assert_eq!(s.newest_open_tasks(2).await.expect("list").len(), 2);
+
+    ok(s, ids[1], claim(w), 10).await;
+    ok(s, ids[2], claim(w), 11).await;
+    ok(s, ids[3], claim(other), 12).await;
+    ok(s, ids[1], start(w), 13).await;
+    let open: Vec<Uuid> = s
+        .newest_open_tasks(10)
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(open, [ids[0]], "claimed tasks are no longer open");
+    let mine: Vec<Uuid> = s
+        .worker_tasks(w, 10)
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(mine, [ids[1], ids[2]], "most recently changed first");
+    assert_eq!(s.worker_tasks(w, 1).await.expect("list").len(), 1);
+    assert!(
+        s.worker_tasks(Uuid::new_v4(), 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
 }

@@ -105,6 +105,13 @@ pub fn document(state: &AppState) -> Value {
             "cancel_task": { "method": "POST", "path": "/api/v1/tasks/{task_id}/cancel", "auth": "task_bearer" },
             "get_photo": { "method": "GET", "path": "/api/v1/tasks/{task_id}/photos/{photo_id}", "auth": "task_bearer" },
             "openapi": { "method": "GET", "path": "/api/v1/openapi.json" },
+            "create_worker_invite": {
+                "method": "POST",
+                "path": "/api/v1/workers/invites",
+                "auth": "development_key",
+                "body": { "expires_in_seconds": "integer, optional (60-2592000; default 604800)" },
+                "returns": ["invite_url", "expires_at"]
+            },
             "extend_task": {
                 "method": "POST",
                 "path": "/api/v1/tasks/{task_id}/extend",
@@ -149,6 +156,12 @@ pub fn document(state: &AppState) -> Value {
                 "state": "GET /api/v1/tasks/{task_id} → webhook",
                 "address_policy": "only http/https to public addresses unless the server's allow-list permits others; redirects are not followed"
             }
+        },
+        "worker_app": {
+            "path": "/app",
+            "description": "Server-rendered web app for the people who do the tasks, mobile first: open tasks, claim, start, messages, photos from the camera, typed issues, the agent's answers live, complete and stop. It runs the same commands as the worker API.",
+            "sign_in": "A one-time invite link from create_worker_invite (the person chooses a display name), or a worker token exchanged for a session at /app/login.",
+            "agent_rule": "Descriptions and issue answers are shown to the person as plain text; write them for a human reading a phone."
         },
         "task_monitoring": {
             "required": true,

@@ -2,6 +2,7 @@
 
 pub mod capabilities;
 pub mod health;
+pub mod invites;
 pub mod stream;
 pub mod tasks;
 pub mod workers;

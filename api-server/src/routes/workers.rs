@@ -236,6 +236,15 @@ async fn claim(
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
+    claim_task(&state, worker, id).await.map(axum::Json)
+}
+
+/// The claim of [`claim`], shared with the web app.
+pub(crate) async fn claim_task(
+    state: &AppState,
+    worker: Uuid,
+    id: Uuid,
+) -> Result<TaskChange, ApiError> {
     let task = state
         .store
         .task(id)
@@ -252,7 +261,7 @@ async fn claim(
         .apply(id, Command::Claim { worker }, clock::now())
         .await
     {
-        Ok(applied) => Ok(axum::Json(applied.into())),
+        Ok(applied) => Ok(applied.into()),
         // Lost the race: between the read and the write another worker won
         // (or the task ended). Same answer as if it had happened earlier.
         Err(StoreError::Refused(Refusal::WrongState { .. } | Refusal::Terminal { .. }))
@@ -374,6 +383,19 @@ async fn send_photo(
             ApiError::bad_request("unreadable-body", e.body_text())
         }
     })?;
+    send_photo_bytes(&state, worker, id, body)
+        .await
+        .map(axum::Json)
+}
+
+/// Checks, cleans and stores a photo of the worker's task: the photo path
+/// of [`send_photo`], shared with the web app's upload form.
+pub(crate) async fn send_photo_bytes(
+    state: &AppState,
+    worker: Uuid,
+    id: Uuid,
+    body: Bytes,
+) -> Result<TaskChange, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid("the photo body is empty"));
     }
@@ -402,7 +424,11 @@ async fn send_photo(
         height: clean.height,
         bytes: clean.bytes,
     };
-    state.act(id, Command::Photo { worker, photo }).await
+    let applied = state
+        .store
+        .apply(id, Command::Photo { worker, photo }, clock::now())
+        .await?;
+    Ok(applied.into())
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

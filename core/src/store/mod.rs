@@ -155,6 +155,27 @@ pub struct OpenTasksCursor {
     pub id: Uuid,
 }
 
+/// A one-time invitation for a person to become a worker through the web
+/// app. The code's digest is all the store keeps of the code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invite {
+    pub id: Uuid,
+    pub code_hash: TokenHash,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// When it was redeemed; an invite works once.
+    pub used_at: Option<DateTime<Utc>>,
+}
+
+/// A signed-in browser session of a worker, read back unexpired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub id: Uuid,
+    pub worker: Worker,
+    pub secret_hash: TokenHash,
+    pub expires_at: DateTime<Utc>,
+}
+
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
@@ -310,6 +331,54 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError>;
+
+    /// Records an invite whose code hashes to `code_hash`.
+    async fn create_invite(
+        &self,
+        id: Uuid,
+        code_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// An invite, used or not, expired or not.
+    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError>;
+
+    /// In one transaction: marks the invite used and registers the worker
+    /// it creates. `None` (and nothing written) when the invite does not
+    /// exist, was used already or expired before `now`; of several
+    /// concurrent redemptions exactly one gets the worker.
+    async fn redeem_invite(
+        &self,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Worker>, StoreError>;
+
+    /// Records a session of `worker_id` whose secret hashes to `secret_hash`.
+    async fn create_session(
+        &self,
+        id: Uuid,
+        worker_id: Uuid,
+        secret_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// The session with its worker, if it exists and has not expired at `now`.
+    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError>;
+
+    /// Ends a session (sign out); false when there was none.
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError>;
+
+    /// Tasks assigned to the worker (now or at their end), most recently
+    /// changed first, at most `limit`.
+    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError>;
+
+    /// Open tasks, newest first, at most `limit`.
+    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError>;
 
     /// A stream of the tasks changed after the call, from any process
     /// sharing the database (PostgreSQL LISTEN/NOTIFY) or from this process

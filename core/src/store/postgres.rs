@@ -25,6 +25,7 @@ use super::{
     Applied, Backend, Change, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError,
     Worker,
 };
+use super::{Invite, Session};
 use crate::token::TokenHash;
 use crate::{
     Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
@@ -909,6 +910,177 @@ impl Store for PgStore {
             Some((next, (shared, consumer)))
         });
         Ok(stream.boxed())
+    }
+
+    #[tracing::instrument(skip(self, code_hash), err)]
+    async fn create_invite(
+        &self,
+        id: Uuid,
+        code_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO worker_invites (id, code_hash, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(&code_hash.0[..])
+        .bind(now)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, code_hash, created_at, expires_at, used_at FROM worker_invites WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            let hash: Vec<u8> = row.try_get("code_hash")?;
+            Ok(Invite {
+                id: row.try_get("id")?,
+                code_hash: TokenHash::from_slice(&hash)
+                    .ok_or_else(|| StoreError::Corrupt("invite code digest".into()))?,
+                created_at: row.try_get("created_at")?,
+                expires_at: row.try_get("expires_at")?,
+                used_at: row.try_get("used_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(skip(self, token_hash), err)]
+    async fn redeem_invite(
+        &self,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Worker>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(worker_id)
+        .bind(name)
+        .bind(&token_hash.0[..])
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        // The row lock of the UPDATE makes concurrent redemptions queue: the
+        // second sees used_at set and changes nothing.
+        let used = sqlx::query(
+            "UPDATE worker_invites SET used_at = $2, worker_id = $3 \
+             WHERE id = $1 AND used_at IS NULL AND expires_at > $2",
+        )
+        .bind(invite_id)
+        .bind(now)
+        .bind(worker_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if used != 1 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some(Worker {
+            id: worker_id,
+            name: name.to_owned(),
+            created_at: now,
+        }))
+    }
+
+    #[tracing::instrument(skip(self, secret_hash), err)]
+    async fn create_session(
+        &self,
+        id: Uuid,
+        worker_id: Uuid,
+        secret_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO worker_sessions (id, worker_id, secret_hash, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id)
+        .bind(worker_id)
+        .bind(&secret_hash.0[..])
+        .bind(now)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(
+            "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
+             FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
+             WHERE s.id = $1 AND s.expires_at > $2",
+        )
+        .bind(id)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            let hash: Vec<u8> = row.try_get("secret_hash")?;
+            Ok(Session {
+                id: row.try_get("id")?,
+                worker: Worker {
+                    id: row.try_get("worker_id")?,
+                    name: row.try_get("name")?,
+                    created_at: row.try_get("created_at")?,
+                },
+                secret_hash: TokenHash::from_slice(&hash)
+                    .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
+                expires_at: row.try_get("expires_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(deleted > 0)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = $1 \
+             ORDER BY updated_at DESC, id DESC LIMIT $2"
+        ))
+        .bind(worker_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
+             ORDER BY created_at DESC, id DESC LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(task_from_row).collect()
     }
 }
 

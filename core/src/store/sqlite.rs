@@ -26,6 +26,7 @@ use super::{
     Applied, Backend, Change, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError,
     Worker,
 };
+use super::{Invite, Session};
 use crate::token::TokenHash;
 use crate::{
     Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
@@ -793,5 +794,175 @@ impl Store for SqliteStore {
             }
         });
         Ok(stream.boxed())
+    }
+
+    #[tracing::instrument(skip(self, code_hash), err)]
+    async fn create_invite(
+        &self,
+        id: Uuid,
+        code_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO worker_invites (id, code_hash, created_at, expires_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(id.to_string())
+        .bind(&code_hash.0[..])
+        .bind(ms(now))
+        .bind(ms(expires_at))
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, code_hash, created_at, expires_at, used_at FROM worker_invites WHERE id = ?",
+        )
+        .bind(id.to_string())
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|row| {
+            let hash: Vec<u8> = row.try_get("code_hash")?;
+            Ok(Invite {
+                id: uuid(row.try_get("id")?)?,
+                code_hash: TokenHash::from_slice(&hash)
+                    .ok_or_else(|| StoreError::Corrupt("invite code digest".into()))?,
+                created_at: from_ms(row.try_get("created_at")?)?,
+                expires_at: from_ms(row.try_get("expires_at")?)?,
+                used_at: opt_from_ms(row.try_get("used_at")?)?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(skip(self, token_hash), err)]
+    async fn redeem_invite(
+        &self,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Worker>, StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
+            .bind(worker_id.to_string())
+            .bind(name)
+            .bind(&token_hash.0[..])
+            .bind(ms(now))
+            .execute(&mut *tx)
+            .await?;
+        // One writer at a time (BEGIN IMMEDIATE): a second redemption sees
+        // used_at set and changes nothing.
+        let used = sqlx::query(
+            "UPDATE worker_invites SET used_at = ?, worker_id = ? \
+             WHERE id = ? AND used_at IS NULL AND expires_at > ?",
+        )
+        .bind(ms(now))
+        .bind(worker_id.to_string())
+        .bind(invite_id.to_string())
+        .bind(ms(now))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if used != 1 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some(Worker {
+            id: worker_id,
+            name: name.to_owned(),
+            created_at: now,
+        }))
+    }
+
+    #[tracing::instrument(skip(self, secret_hash), err)]
+    async fn create_session(
+        &self,
+        id: Uuid,
+        worker_id: Uuid,
+        secret_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO worker_sessions (id, worker_id, secret_hash, created_at, expires_at) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(id.to_string())
+        .bind(worker_id.to_string())
+        .bind(&secret_hash.0[..])
+        .bind(ms(now))
+        .bind(ms(expires_at))
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(
+            "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
+             FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
+             WHERE s.id = ? AND s.expires_at > ?",
+        )
+        .bind(id.to_string())
+        .bind(ms(now))
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|row| {
+            let hash: Vec<u8> = row.try_get("secret_hash")?;
+            Ok(Session {
+                id: uuid(row.try_get("id")?)?,
+                worker: Worker {
+                    id: uuid(row.try_get("worker_id")?)?,
+                    name: row.try_get("name")?,
+                    created_at: from_ms(row.try_get("created_at")?)?,
+                },
+                secret_hash: TokenHash::from_slice(&hash)
+                    .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
+                expires_at: from_ms(row.try_get("expires_at")?)?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = ?")
+            .bind(id.to_string())
+            .execute(&self.writer)
+            .await?
+            .rows_affected();
+        Ok(deleted > 0)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = ? \
+             ORDER BY updated_at DESC, id DESC LIMIT ?"
+        ))
+        .bind(worker_id.to_string())
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
+             ORDER BY created_at DESC, id DESC LIMIT ?"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(task_from_row).collect()
     }
 }

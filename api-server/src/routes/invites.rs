@@ -1,0 +1,122 @@
+//! Worker invites: the operator (holder of the development key) creates a
+//! one-time link; the person who opens it chooses a display name in the web
+//! app and is signed in (see [`crate::web`]). The code in the link is a
+//! credential (`msi_<invite id>_<secret>`): only its digest is stored.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Duration, Utc};
+use meatspace_core::clock;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::auth::{DevKeyAuth, issue_token};
+use crate::error::{ApiError, Problem};
+
+/// Prefix of invite codes.
+pub const INVITE_PREFIX: &str = "msi_";
+/// Lifetime of an invite when the request names none: a week.
+const DEFAULT_INVITE_SECONDS: u64 = 7 * 24 * 3600;
+/// Longest lifetime of an invite: 30 days.
+const MAX_INVITE_SECONDS: u64 = 30 * 24 * 3600;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create_invite))
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InviteRequest {
+    /// Seconds the link stays valid (60 to 2592000; default 604800, a week).
+    pub expires_in_seconds: Option<u64>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CreatedInvite {
+    /// The one-time link to give the person. Shown only now.
+    pub invite_url: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Creates a one-time invite link to the worker web app. Whoever opens it
+/// first chooses a display name and becomes a worker, signed in.
+#[utoipa::path(post, path = "/api/v1/workers/invites", tag = "worker",
+    request_body(content = Option<InviteRequest>, description = "optional lifetime"),
+    security(("dev_key" = [])),
+    responses((status = 201, body = CreatedInvite),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json")))]
+async fn create_invite(
+    State(state): State<AppState>,
+    _auth: DevKeyAuth,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req = optional_json(&headers, &body)?;
+    let seconds = req.expires_in_seconds.unwrap_or(DEFAULT_INVITE_SECONDS);
+    if !(60..=MAX_INVITE_SECONDS).contains(&seconds) {
+        return Err(ApiError::invalid(format!(
+            "expires_in_seconds must be between 60 and {MAX_INVITE_SECONDS}"
+        )));
+    }
+    let id = Uuid::new_v4();
+    let (code, hash) = issue_token(INVITE_PREFIX, id);
+    let now = clock::now();
+    let expires_at = now + Duration::seconds(seconds as i64);
+    state.store.create_invite(id, hash, now, expires_at).await?;
+    let invite_url = format!("{}/app/invite/{code}", public_origin(&headers));
+    Ok((
+        StatusCode::CREATED,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(CreatedInvite {
+            invite_url,
+            expires_at,
+        }),
+    )
+        .into_response())
+}
+
+/// `scheme://host` the client reached this server at: the Host header, and
+/// https when a proxy in front says the request came over TLS.
+fn public_origin(headers: &HeaderMap) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic()))
+        .unwrap_or("localhost");
+    let scheme = if crate::web::session::over_tls(headers) {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{host}")
+}
+
+/// The optional JSON body: empty means every default.
+fn optional_json(headers: &HeaderMap, body: &Bytes) -> Result<InviteRequest, ApiError> {
+    if body.is_empty() {
+        return Ok(InviteRequest::default());
+    }
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType(
+            "send the body as JSON with Content-Type: application/json".into(),
+        ));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            ApiError::bad_request("malformed-json", e.to_string())
+        } else {
+            ApiError::invalid(e.to_string())
+        }
+    })
+}

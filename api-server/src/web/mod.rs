@@ -1,0 +1,1114 @@
+//! The worker web app: server-rendered pages under `/app` for people doing
+//! tasks from a phone. Every action is a plain form posted and answered
+//! with a redirect (POST-redirect-GET), so it works without JavaScript; the
+//! small script the app serves itself only adds the live feed and upload
+//! progress. Templates (askama) escape everything, so text an agent wrote
+//! is shown as text. Every action runs the same domain commands as the JSON
+//! worker API, through [`AppState::act`]-style calls on the store.
+
+pub mod session;
+
+use askama::Template;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Form, Multipart, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use meatspace_core::{
+    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, StoreError, Task, TaskState, clock,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::auth::{credential_subject, verify_worker_token};
+use crate::error::ApiError;
+use crate::routes::invites::INVITE_PREFIX;
+use crate::routes::{EventsQuery, checked_optional_text, checked_text, event_feed, workers};
+use session::{WorkerSession, check_csrf, csrf_token, pre_session};
+
+/// The Content-Security-Policy of every page: only the app's own script,
+/// style and images, no inline code, forms post only here, no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+    connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+/// Longest display name (as the worker API).
+const MAX_NAME_CHARS: usize = 200;
+/// Tasks shown on a list page.
+const LIST_LIMIT: u32 = 100;
+/// How long the page's live feed waits for news per request (long poll).
+const FEED_WAIT_SECONDS: u32 = 25;
+
+const APP_CSS: &str = include_str!("../../static/app.css");
+const APP_JS: &str = include_str!("../../static/app.js");
+
+/// The app's routes. `max_photo_bytes` bounds the upload form's body.
+pub fn router(max_photo_bytes: usize) -> Router<AppState> {
+    let photo = Router::new()
+        .route("/app/tasks/{task_id}/photos", post(send_photo))
+        // Room for the multipart framing and the CSRF field around the photo.
+        .layer(DefaultBodyLimit::max(max_photo_bytes + 64 * 1024));
+    Router::new()
+        .route("/app", get(|| async { Redirect::to("/app/tasks") }))
+        .route("/app/", get(|| async { Redirect::to("/app/tasks") }))
+        .route("/app/static/app.css", get(css))
+        .route("/app/static/app.js", get(js))
+        .route("/app/invite/{code}", get(invite_form).post(accept_invite))
+        .route("/app/login", get(login_form).post(login))
+        .route("/app/logout", post(logout))
+        .route("/app/tasks", get(open_tasks))
+        .route("/app/my", get(my_tasks))
+        .route("/app/tasks/{task_id}", get(task_page))
+        .route("/app/tasks/{task_id}/feed", get(feed))
+        .route("/app/tasks/{task_id}/claim", post(claim))
+        .route("/app/tasks/{task_id}/start", post(start))
+        .route("/app/tasks/{task_id}/messages", post(send_message))
+        .route("/app/tasks/{task_id}/issues", post(raise_issue))
+        .route("/app/tasks/{task_id}/complete", post(complete))
+        .route("/app/tasks/{task_id}/stop", post(stop))
+        .merge(photo)
+        .layer(axum::middleware::map_response(page_headers))
+}
+
+/// Security headers of every app response.
+async fn page_headers(mut res: Response) -> Response {
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    // Invite links carry a credential in the URL: never leak it onwards.
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    res
+}
+
+async fn css() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        APP_CSS,
+    )
+}
+
+async fn js() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        APP_JS,
+    )
+}
+
+// ---------------------------------------------------------------- errors
+
+/// What can go wrong in the app, answered as a page (or a redirect).
+#[derive(Debug)]
+pub enum AppError {
+    /// No valid session: go to the sign-in page.
+    SignIn,
+    /// A form without its CSRF token (or with another session's).
+    Csrf,
+    /// A page with a status, a title and a sentence.
+    Page(StatusCode, &'static str, String),
+    Api(ApiError),
+}
+
+impl From<StoreError> for AppError {
+    fn from(e: StoreError) -> Self {
+        AppError::Api(e.into())
+    }
+}
+
+impl From<ApiError> for AppError {
+    fn from(e: ApiError) -> Self {
+        AppError::Api(e)
+    }
+}
+
+/// The status of an API error and a sentence a person understands.
+fn human(e: &ApiError) -> (StatusCode, String) {
+    match e {
+        ApiError::NotFound(_) => (
+            StatusCode::NOT_FOUND,
+            "This task is not available to you: another worker may have claimed it, or it ended."
+                .into(),
+        ),
+        ApiError::Conflict {
+            slug, task_state, ..
+        } => {
+            let state = task_state.map(|s| s.as_str()).unwrap_or("changed");
+            let text = match *slug {
+                "task-terminal" => {
+                    format!("This task has ended ({state}); nothing more can be done on it.")
+                }
+                "deadline-passed" => {
+                    "The time for this task has run out; it is being closed.".to_owned()
+                }
+                _ => format!("This task is {state} now, so that cannot be done any more."),
+            };
+            (StatusCode::CONFLICT, text)
+        }
+        ApiError::Invalid(detail) | ApiError::BadRequest { detail, .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
+        }
+        ApiError::TooLarge(detail) | ApiError::UnsupportedMediaType(detail) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
+        }
+        ApiError::Unauthorized(_) => (
+            StatusCode::UNAUTHORIZED,
+            "That worker token is not valid.".into(),
+        ),
+        ApiError::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The service is briefly unavailable. Please try again in a moment.".into(),
+        ),
+        ApiError::TooManyRequests(_) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many requests. Please wait a moment and try again.".into(),
+        ),
+        ApiError::MethodNotAllowed(_) => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "That page does not take this kind of request.".into(),
+        ),
+        ApiError::Internal(cause) => {
+            tracing::error!(error = ?cause, "internal error in the web app");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Something went wrong on our side. Please try again.".into(),
+            )
+        }
+    }
+}
+
+/// `detail` as a sentence: capital first letter, final full stop.
+fn sentence(detail: &str) -> String {
+    let mut chars = detail.chars();
+    let mut out: String = match chars.next() {
+        Some(c) => c.to_uppercase().chain(chars).collect(),
+        None => return String::new(),
+    };
+    if !out.ends_with('.') {
+        out.push('.');
+    }
+    out
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, title, message) = match self {
+            AppError::SignIn => return Redirect::to("/app/login").into_response(),
+            AppError::Csrf => (
+                StatusCode::FORBIDDEN,
+                "Form refused",
+                "This form did not carry a valid security token, so it was refused. \
+                 Go back, reload the page and try again."
+                    .to_owned(),
+            ),
+            AppError::Page(status, title, message) => (status, title, message),
+            AppError::Api(e) => {
+                let (status, message) = human(&e);
+                (status, "Something is not right", message)
+            }
+        };
+        let page = ErrorPage {
+            nav: None,
+            title,
+            message,
+        };
+        (status, html(&page)).into_response()
+    }
+}
+
+/// Renders a template as an HTML response body.
+fn html(t: &impl Template) -> Response {
+    match t.render() {
+        Ok(body) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "rendering a page failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                "<!doctype html><title>Error</title><p>Something went wrong on our side.",
+            )
+                .into_response()
+        }
+    }
+}
+
+// ------------------------------------------------------------- templates
+
+/// The signed-in header: the worker's name and the sign-out form.
+#[derive(Debug, Clone)]
+struct Nav {
+    name: String,
+    csrf: String,
+}
+
+impl Nav {
+    fn of(s: &WorkerSession) -> Self {
+        Nav {
+            name: s.worker.name.clone(),
+            csrf: s.csrf.clone(),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    nav: Option<Nav>,
+    title: &'static str,
+    message: String,
+}
+
+#[derive(Template)]
+#[template(path = "invite.html")]
+struct InvitePage {
+    nav: Option<Nav>,
+    csrf: String,
+    code: String,
+    name: String,
+    error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    nav: Option<Nav>,
+    csrf: String,
+    notice: Option<&'static str>,
+    error: Option<String>,
+}
+
+/// One task in a list.
+#[derive(Debug)]
+struct TaskCard {
+    id: Uuid,
+    description: String,
+    state: &'static str,
+    time_left: String,
+}
+
+#[derive(Template)]
+#[template(path = "tasks.html")]
+struct TasksPage {
+    nav: Option<Nav>,
+    heading: &'static str,
+    empty: &'static str,
+    tasks: Vec<TaskCard>,
+}
+
+/// One line of a task's feed, already in words.
+#[derive(Debug, Serialize)]
+struct FeedItem {
+    id: i64,
+    who: &'static str,
+    text: String,
+    time: String,
+    class: &'static str,
+}
+
+/// Which form an error belongs to, and what the person had typed.
+#[derive(Debug, Default)]
+struct Typed {
+    form: &'static str,
+    error: Option<String>,
+    message: String,
+    issue_kind: String,
+    issue_text: String,
+    note: String,
+    reason: String,
+}
+
+#[derive(Template)]
+#[template(path = "task.html")]
+struct TaskPage {
+    nav: Option<Nav>,
+    csrf: String,
+    task: Task,
+    state: &'static str,
+    time_left: String,
+    mine: bool,
+    can_claim: bool,
+    can_start: bool,
+    can_send: bool,
+    can_complete: bool,
+    can_stop: bool,
+    banner: Option<String>,
+    feed: Vec<FeedItem>,
+    cursor: i64,
+    issue_kinds: Vec<(&'static str, &'static str)>,
+    max_photo_bytes: usize,
+    max_photo_mb: String,
+    typed: Typed,
+}
+
+impl TaskPage {
+    /// The error of `form`, if the last submission of that form failed.
+    fn error_of(&self, form: &str) -> Option<&str> {
+        if self.typed.form == form {
+            self.typed.error.as_deref()
+        } else {
+            None
+        }
+    }
+}
+
+fn issue_label(kind: IssueKind) -> &'static str {
+    match kind {
+        IssueKind::UnclearInstructions => "The instructions are unclear",
+        IssueKind::AccessBlocked => "I cannot reach or enter the place",
+        IssueKind::ItemUnavailable => "The thing is missing, closed or sold out",
+        IssueKind::SafetyConcern => "Doing this would be unsafe",
+        IssueKind::NeedsMoreTime => "I need more time",
+        IssueKind::Other => "Something else",
+    }
+}
+
+fn time_left(until: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let secs = (until - now).num_seconds();
+    match secs {
+        s if s <= 0 => "time is up".to_owned(),
+        s if s < 60 => "less than a minute left".to_owned(),
+        s if s < 120 * 60 => format!("{} min left", s / 60),
+        s if s < 48 * 3600 => format!("{} h left", s / 3600),
+        s => format!("{} days left", s / 86400),
+    }
+}
+
+/// The deadline that matters to the worker in this state.
+fn task_deadline(t: &Task) -> Option<DateTime<Utc>> {
+    match t.state {
+        TaskState::Open | TaskState::Draft => Some(t.expires_at),
+        TaskState::Assigned => t.start_by.or(Some(t.expires_at)),
+        TaskState::Active => t.active_until,
+        _ => None,
+    }
+}
+
+fn card(t: Task, now: DateTime<Utc>) -> TaskCard {
+    TaskCard {
+        id: t.id,
+        state: t.state.as_str(),
+        time_left: task_deadline(&t)
+            .map(|d| time_left(d, now))
+            .unwrap_or_else(|| "ended".to_owned()),
+        description: t.description,
+    }
+}
+
+/// An event in words, from the worker's point of view.
+fn feed_item(e: &Event) -> FeedItem {
+    let d = &e.data;
+    let s = |k: &str| d.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let with = |base: &str, extra: Option<String>| match extra {
+        Some(x) if !x.is_empty() => format!("{base}: {x}"),
+        _ => base.to_owned(),
+    };
+    let (who, class, text) = match e.kind {
+        EventType::TaskPublished => ("meatspace", "system", "The task was published.".to_owned()),
+        EventType::TaskAssigned => ("You", "worker", "You claimed the task.".to_owned()),
+        EventType::TaskUnassigned => (
+            "meatspace",
+            "system",
+            "The assignment lapsed: the task was not started in time.".to_owned(),
+        ),
+        EventType::TaskStarted => ("You", "worker", "You started the task.".to_owned()),
+        EventType::WorkerMessage => ("You", "worker", s("text").unwrap_or_default()),
+        EventType::WorkerPhoto => {
+            let dim = |k: &str| d.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+            (
+                "You",
+                "worker",
+                format!("Photo sent ({} × {} pixels).", dim("width"), dim("height")),
+            )
+        }
+        EventType::WorkerIssue => {
+            let kind = s("kind")
+                .and_then(|k| IssueKind::parse(&k))
+                .map(issue_label)
+                .unwrap_or("Issue");
+            (
+                "You",
+                "worker",
+                with(&format!("Issue raised — {kind}"), s("text")),
+            )
+        }
+        EventType::AgentIssueResponse => {
+            let verb = match s("action").as_deref() {
+                Some("clarify") => "Clarification",
+                Some("acknowledge") => "Acknowledged",
+                Some("cancel") => "Cancelled the task",
+                _ => "Answer",
+            };
+            ("Agent", "agent", with(verb, s("text")))
+        }
+        EventType::TaskCompleted => ("You", "worker", with("You completed the task", s("note"))),
+        EventType::TaskStopped => ("You", "worker", with("You stopped the task", s("reason"))),
+        EventType::TaskCancelled => (
+            "Agent",
+            "agent",
+            with("The agent cancelled the task", s("reason")),
+        ),
+        EventType::TaskExpired => ("meatspace", "system", "The task expired.".to_owned()),
+        EventType::TaskExtended => (
+            "Agent",
+            "agent",
+            with("The agent gave the task more time, until", s("expires_at")),
+        ),
+    };
+    FeedItem {
+        id: e.id,
+        who,
+        text,
+        time: e.created_at.format("%H:%M:%S UTC").to_string(),
+        class,
+    }
+}
+
+// ----------------------------------------------------------- sign in/out
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct NameForm {
+    csrf: Option<String>,
+    name: String,
+}
+
+fn invite_gone() -> AppError {
+    AppError::Page(
+        StatusCode::GONE,
+        "Invite not valid",
+        "This invite link is not valid: it was already used, it expired, or it was copied \
+         incompletely. Ask for a new one."
+            .into(),
+    )
+}
+
+/// The invite, if the code is genuine, unused and unexpired.
+async fn live_invite(state: &AppState, code: &str) -> Result<Uuid, AppError> {
+    let gone = invite_gone;
+    let id = credential_subject(code, INVITE_PREFIX).ok_or_else(gone)?;
+    let invite = state.store.invite(id).await?.ok_or_else(gone)?;
+    if !invite.code_hash.verify(code)
+        || invite.used_at.is_some()
+        || invite.expires_at <= clock::now()
+    {
+        return Err(gone());
+    }
+    Ok(id)
+}
+
+async fn invite_form(
+    State(state): State<AppState>,
+    Path(code): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    live_invite(&state, &code).await?;
+    let (pre, set) = pre_session(&headers);
+    let page = InvitePage {
+        nav: None,
+        csrf: csrf_token(&pre),
+        code,
+        name: String::new(),
+        error: None,
+    };
+    Ok(with_cookie(html(&page), set))
+}
+
+async fn accept_invite(
+    State(state): State<AppState>,
+    Path(code): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<NameForm>,
+) -> Result<Response, AppError> {
+    check_csrf(
+        session::cookie(&headers, session::PRE_SESSION_COOKIE),
+        form.csrf.as_deref(),
+    )?;
+    let invite_id = live_invite(&state, &code).await?;
+    let name = match checked_text("name", &form.name, MAX_NAME_CHARS) {
+        Ok(n) => n.trim().to_owned(),
+        Err(e) => {
+            let (pre, set) = pre_session(&headers);
+            let page = InvitePage {
+                nav: None,
+                csrf: csrf_token(&pre),
+                code,
+                error: Some(match e {
+                    ApiError::Invalid(d) if d.contains("empty") => {
+                        "Please choose a display name.".to_owned()
+                    }
+                    other => human(&other).1,
+                }),
+                name: form.name,
+            };
+            return Ok(with_cookie(
+                (StatusCode::UNPROCESSABLE_ENTITY, html(&page)).into_response(),
+                set,
+            ));
+        }
+    };
+    let worker_id = Uuid::new_v4();
+    // The person never sees this token: the session is their credential.
+    // They can still be given one later by an operator if they need the API.
+    let (_, token_hash) = crate::auth::issue_worker_token(worker_id);
+    let worker = state
+        .store
+        .redeem_invite(invite_id, worker_id, &name, token_hash, clock::now())
+        .await?;
+    if worker.is_none() {
+        // Someone else redeemed it (or it expired) since the check above.
+        return Err(invite_gone());
+    }
+    let cookie = session::start(&state, &headers, worker_id).await?;
+    Ok(with_cookie(
+        Redirect::to("/app/tasks").into_response(),
+        Some(cookie),
+    ))
+}
+
+fn with_cookie(mut res: Response, cookie: Option<HeaderValue>) -> Response {
+    if let Some(c) = cookie {
+        res.headers_mut().append(header::SET_COOKIE, c);
+    }
+    res
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct LoginQuery {
+    signed_out: Option<String>,
+}
+
+async fn login_form(headers: HeaderMap, Query(q): Query<LoginQuery>) -> Response {
+    let (pre, set) = pre_session(&headers);
+    let page = LoginPage {
+        nav: None,
+        csrf: csrf_token(&pre),
+        notice: q
+            .signed_out
+            .map(|_| "You are signed out. Your session has ended on the server."),
+        error: None,
+    };
+    with_cookie(html(&page), set)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TokenForm {
+    csrf: Option<String>,
+    token: String,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<TokenForm>,
+) -> Result<Response, AppError> {
+    check_csrf(
+        session::cookie(&headers, session::PRE_SESSION_COOKIE),
+        form.csrf.as_deref(),
+    )?;
+    match verify_worker_token(&state, form.token.trim()).await {
+        Ok(worker_id) => {
+            let cookie = session::start(&state, &headers, worker_id).await?;
+            Ok(with_cookie(
+                Redirect::to("/app/tasks").into_response(),
+                Some(cookie),
+            ))
+        }
+        Err(ApiError::Unauthorized(_)) => {
+            let (pre, set) = pre_session(&headers);
+            let page = LoginPage {
+                nav: None,
+                csrf: csrf_token(&pre),
+                notice: None,
+                // The token is a secret: it is not sent back into the page.
+                error: Some(
+                    "That worker token is not valid. Check that you pasted all of it.".into(),
+                ),
+            };
+            Ok(with_cookie(
+                (StatusCode::UNAUTHORIZED, html(&page)).into_response(),
+                set,
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CsrfForm {
+    csrf: Option<String>,
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    state.store.delete_session(s.session_id).await?;
+    let clear = session::set_cookie(&headers, session::SESSION_COOKIE, "", 0);
+    Ok(with_cookie(
+        Redirect::to("/app/login?signed_out=1").into_response(),
+        Some(clear),
+    ))
+}
+
+// ---------------------------------------------------------------- lists
+
+async fn open_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Response, AppError> {
+    let now = clock::now();
+    let tasks = state.store.newest_open_tasks(LIST_LIMIT).await?;
+    let page = TasksPage {
+        nav: Some(Nav::of(&s)),
+        heading: "Open tasks",
+        empty: "No open tasks right now. Check again later.",
+        tasks: tasks.into_iter().map(|t| card(t, now)).collect(),
+    };
+    Ok(html(&page))
+}
+
+async fn my_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Response, AppError> {
+    let now = clock::now();
+    let tasks = state.store.worker_tasks(s.worker.id, LIST_LIMIT).await?;
+    let page = TasksPage {
+        nav: Some(Nav::of(&s)),
+        heading: "My tasks",
+        empty: "You have no tasks yet. Claim one from the open tasks.",
+        tasks: tasks.into_iter().map(|t| card(t, now)).collect(),
+    };
+    Ok(html(&page))
+}
+
+// ------------------------------------------------------------- the task
+
+/// A task id from the path; anything else names no task.
+fn task_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::try_parse(raw).map_err(|_| AppError::Api(ApiError::task_not_found()))
+}
+
+/// The events the worker may read (from its own assignment on), in words.
+async fn worker_feed(
+    state: &AppState,
+    worker: Uuid,
+    id: Uuid,
+    after: i64,
+    wait: u32,
+) -> Result<(Vec<FeedItem>, i64, TaskState), ApiError> {
+    let floor = state
+        .store
+        .last_event_of_type(id, EventType::TaskUnassigned)
+        .await?
+        .unwrap_or(0);
+    let q = EventsQuery {
+        after,
+        limit: Some(crate::routes::MAX_EVENTS_PAGE),
+        wait: Some(wait),
+    };
+    let page = event_feed(state, id, &q, floor, |t| t.worker_id == Some(worker)).await?;
+    Ok((
+        page.events.iter().map(feed_item).collect(),
+        page.next_cursor,
+        page.task_state,
+    ))
+}
+
+/// Renders the task page, with `typed` holding a failed form's error and text.
+async fn render_task(
+    state: &AppState,
+    s: &WorkerSession,
+    id: Uuid,
+    typed: Typed,
+    status: StatusCode,
+) -> Result<Response, AppError> {
+    let me = s.worker.id;
+    let task = state
+        .store
+        .task(id)
+        .await?
+        .filter(|t| t.state == TaskState::Open || t.worker_id == Some(me))
+        .ok_or_else(|| AppError::Api(ApiError::task_not_found()))?;
+    let mine = task.worker_id == Some(me);
+    let (feed, cursor) = if mine {
+        let (items, cursor, _) = worker_feed(state, me, id, 0, 0).await?;
+        (items, cursor)
+    } else {
+        (Vec::new(), 0)
+    };
+    let now = clock::now();
+    let st = task.state;
+    let banner = st.is_terminal().then(|| {
+        let how = match st {
+            TaskState::Completed => "completed",
+            TaskState::Stopped => "stopped",
+            TaskState::Cancelled => "cancelled by the agent",
+            TaskState::Expired => "expired",
+            _ => "ended",
+        };
+        format!("This task has ended: it was {how}. It is read-only now.")
+    });
+    let page = TaskPage {
+        nav: Some(Nav::of(s)),
+        csrf: s.csrf.clone(),
+        state: st.as_str(),
+        time_left: task_deadline(&task)
+            .map(|d| time_left(d, now))
+            .unwrap_or_else(|| "ended".to_owned()),
+        mine,
+        can_claim: st == TaskState::Open && !mine,
+        can_start: mine && st == TaskState::Assigned,
+        can_send: mine && matches!(st, TaskState::Assigned | TaskState::Active),
+        can_complete: mine && st == TaskState::Active,
+        can_stop: mine && matches!(st, TaskState::Assigned | TaskState::Active),
+        banner,
+        feed,
+        cursor,
+        issue_kinds: IssueKind::ALL
+            .into_iter()
+            .map(|k| (k.as_str(), issue_label(k)))
+            .collect(),
+        max_photo_bytes: state.photo_limits.max_bytes,
+        max_photo_mb: format!("{:.0}", state.photo_limits.max_bytes as f64 / 1_048_576.0),
+        typed,
+        task,
+    };
+    Ok((status, html(&page)).into_response())
+}
+
+async fn task_page(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+) -> Result<Response, AppError> {
+    render_task(&state, &s, task_id(&raw)?, Typed::default(), StatusCode::OK).await
+}
+
+#[derive(Debug, Deserialize)]
+struct FeedQuery {
+    #[serde(default)]
+    after: i64,
+}
+
+#[derive(Debug, Serialize)]
+struct FeedPage {
+    items: Vec<FeedItem>,
+    next_cursor: i64,
+    task_state: &'static str,
+    terminal: bool,
+}
+
+/// The page's live feed: the next events in words, as JSON, long-polled
+/// with the durable cursor.
+async fn feed(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Query(q): Query<FeedQuery>,
+) -> Result<Response, ApiError> {
+    let id = Uuid::try_parse(&raw).map_err(|_| ApiError::task_not_found())?;
+    let (items, next_cursor, st) =
+        worker_feed(&state, s.worker.id, id, q.after.max(0), FEED_WAIT_SECONDS).await?;
+    Ok(axum::Json(FeedPage {
+        items,
+        next_cursor,
+        task_state: st.as_str(),
+        terminal: st.is_terminal(),
+    })
+    .into_response())
+}
+
+/// After a successful action: back to the task page (POST-redirect-GET).
+fn back_to(id: Uuid) -> Response {
+    Redirect::to(&format!("/app/tasks/{id}")).into_response()
+}
+
+/// Runs an action; on a refusal, shows the task page again with the
+/// error next to the form and the text as typed.
+async fn act_or_show(
+    state: &AppState,
+    s: &WorkerSession,
+    id: Uuid,
+    mut typed: Typed,
+    result: Result<(), ApiError>,
+) -> Result<Response, AppError> {
+    match result {
+        Ok(()) => Ok(back_to(id)),
+        Err(ApiError::Unavailable) => Err(AppError::Api(ApiError::Unavailable)),
+        Err(e) => {
+            let (status, message) = human(&e);
+            typed.error = Some(message);
+            match render_task(state, s, id, typed, status).await {
+                Ok(page) => Ok(page),
+                // The task is no longer visible at all: say so plainly.
+                Err(_) => Err(AppError::Api(e)),
+            }
+        }
+    }
+}
+
+async fn run(state: &AppState, id: Uuid, command: Command) -> Result<(), ApiError> {
+    state.act(id, command).await.map(|_| ())
+}
+
+async fn claim(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    let id = task_id(&raw)?;
+    match workers::claim_task(&state, s.worker.id, id).await {
+        Ok(_) => Ok(back_to(id)),
+        Err(ApiError::NotFound(_)) => Err(AppError::Page(
+            StatusCode::CONFLICT,
+            "Task taken",
+            "Sorry, another worker claimed this task first (or it has ended). \
+             Pick another one from the open tasks."
+                .into(),
+        )),
+        Err(e) => {
+            let typed = Typed {
+                form: "claim",
+                ..Typed::default()
+            };
+            act_or_show(&state, &s, id, typed, Err(e)).await
+        }
+    }
+}
+
+async fn start(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    let id = task_id(&raw)?;
+    let worker = s.worker.id;
+    let result = run(&state, id, Command::Start { worker }).await;
+    let typed = Typed {
+        form: "start",
+        ..Typed::default()
+    };
+    act_or_show(&state, &s, id, typed, result).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TextForm {
+    csrf: Option<String>,
+    text: String,
+    kind: String,
+    confirm: Option<String>,
+}
+
+async fn send_message(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Form(form): Form<TextForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    let id = task_id(&raw)?;
+    let worker = s.worker.id;
+    let result = match checked_text("message", &form.text, MAX_TEXT_CHARS) {
+        Ok(text) => run(&state, id, Command::Message { worker, text }).await,
+        Err(e) => Err(e),
+    };
+    let typed = Typed {
+        form: "message",
+        message: form.text,
+        ..Typed::default()
+    };
+    act_or_show(&state, &s, id, typed, result).await
+}
+
+async fn raise_issue(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Form(form): Form<TextForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    let id = task_id(&raw)?;
+    let worker = s.worker.id;
+    let result = match (
+        IssueKind::parse(&form.kind),
+        checked_text("the description of the issue", &form.text, MAX_TEXT_CHARS),
+    ) {
+        (None, _) => Err(ApiError::invalid("choose what kind of issue this is")),
+        (_, Err(e)) => Err(e),
+        (Some(kind), Ok(text)) => run(&state, id, Command::RaiseIssue { worker, kind, text }).await,
+    };
+    let typed = Typed {
+        form: "issue",
+        issue_kind: form.kind,
+        issue_text: form.text,
+        ..Typed::default()
+    };
+    act_or_show(&state, &s, id, typed, result).await
+}
+
+async fn complete(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Form(form): Form<TextForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    let id = task_id(&raw)?;
+    let worker = s.worker.id;
+    let note = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
+    let result = match checked_optional_text("the note", note, MAX_TEXT_CHARS) {
+        Ok(note) => run(&state, id, Command::Complete { worker, note }).await,
+        Err(e) => Err(e),
+    };
+    let typed = Typed {
+        form: "complete",
+        note: form.text,
+        ..Typed::default()
+    };
+    act_or_show(&state, &s, id, typed, result).await
+}
+
+async fn stop(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    Form(form): Form<TextForm>,
+) -> Result<Response, AppError> {
+    s.check_csrf(form.csrf.as_deref())?;
+    let id = task_id(&raw)?;
+    let worker = s.worker.id;
+    let reason = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
+    let result = if form.confirm.as_deref() != Some("yes") {
+        Err(ApiError::invalid(
+            "tick the box to confirm: stopping ends the task for the agent",
+        ))
+    } else {
+        match checked_optional_text("the reason", reason, MAX_TEXT_CHARS) {
+            Ok(reason) => run(&state, id, Command::Stop { worker, reason }).await,
+            Err(e) => Err(e),
+        }
+    };
+    let typed = Typed {
+        form: "stop",
+        reason: form.text,
+        ..Typed::default()
+    };
+    act_or_show(&state, &s, id, typed, result).await
+}
+
+/// The upload form: a multipart body with `csrf` and `photo`. The photo
+/// goes through the same checks and cleaning as the API's photo route.
+async fn send_photo(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path(raw): Path<String>,
+    mut multipart: Multipart,
+) -> Result<Response, AppError> {
+    let id = task_id(&raw)?;
+    let too_large = || {
+        ApiError::TooLarge(format!(
+            "the photo is too large: photos are limited to {} MB",
+            state.photo_limits.max_bytes / 1_048_576
+        ))
+    };
+    let mut csrf = None;
+    let mut photo = None;
+    let mut failure = None;
+    loop {
+        match multipart.next_field().await {
+            Ok(Some(field)) => match field.name() {
+                Some("csrf") => csrf = field.text().await.ok(),
+                Some("photo") => match field.bytes().await {
+                    Ok(b) => photo = Some(b),
+                    Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                        failure = Some(too_large());
+                        break;
+                    }
+                    Err(e) => {
+                        failure = Some(ApiError::bad_request("unreadable-body", e.body_text()));
+                        break;
+                    }
+                },
+                _ => {}
+            },
+            Ok(None) => break,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                failure = Some(too_large());
+                break;
+            }
+            Err(e) => {
+                failure = Some(ApiError::bad_request("unreadable-body", e.body_text()));
+                break;
+            }
+        }
+    }
+    // The token comes first in the form, so it is read even when the photo
+    // is too large.
+    s.check_csrf(csrf.as_deref())?;
+    let result = match (failure, photo) {
+        (Some(e), _) => Err(e),
+        (None, Some(bytes)) if bytes.len() > state.photo_limits.max_bytes => Err(too_large()),
+        (None, Some(bytes)) if !bytes.is_empty() => {
+            workers::send_photo_bytes(&state, s.worker.id, id, bytes)
+                .await
+                .map(|_| ())
+        }
+        (None, _) => Err(ApiError::invalid("choose a photo first")),
+    };
+    let typed = Typed {
+        form: "photo",
+        ..Typed::default()
+    };
+    act_or_show(&state, &s, id, typed, result).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_left_reads_like_a_person_would_say_it() {
+        let now = DateTime::from_timestamp(1_000_000, 0).expect("time");
+        let after = |s| now + chrono::TimeDelta::seconds(s);
+        assert_eq!(time_left(after(-5), now), "time is up");
+        assert_eq!(time_left(after(30), now), "less than a minute left");
+        assert_eq!(time_left(after(59 * 60), now), "59 min left");
+        assert_eq!(time_left(after(5 * 3600), now), "5 h left");
+        assert_eq!(time_left(after(3 * 86400), now), "3 days left");
+    }
+
+    #[test]
+    fn api_details_become_sentences() {
+        assert_eq!(
+            sentence("message must not be empty"),
+            "Message must not be empty."
+        );
+        assert_eq!(sentence("Done."), "Done.");
+        let (status, text) = human(&ApiError::task_not_found());
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(text.starts_with("This task is not available to you"));
+    }
+}

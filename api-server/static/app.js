@@ -1,0 +1,96 @@
+// meatspace worker app: progressive enhancement only. Every action works
+// as a plain form without this script; it adds the live feed (long poll
+// on the durable cursor) and upload progress. Text goes into the page with
+// textContent, never as HTML.
+"use strict";
+
+function liveFeed(feed) {
+  var task = feed.dataset.task;
+  var cursor = parseInt(feed.dataset.cursor, 10) || 0;
+  var stateAtLoad = feed.dataset.state;
+  var failures = 0;
+  function add(item) {
+    if (feed.querySelector('[data-id="' + item.id + '"]')) return;
+    var li = document.createElement("li");
+    li.className = "item " + item.class;
+    li.dataset.id = String(item.id);
+    var who = document.createElement("span");
+    who.className = "who";
+    who.textContent = item.who;
+    var time = document.createElement("time");
+    time.textContent = item.time;
+    var p = document.createElement("p");
+    p.textContent = item.text;
+    li.append(who, " ", time, p);
+    feed.appendChild(li);
+  }
+  function poll() {
+    fetch("/app/tasks/" + task + "/feed?after=" + cursor, { credentials: "same-origin", cache: "no-store" })
+      .then(function (r) { if (!r.ok) throw new Error(String(r.status)); return r.json(); })
+      .then(function (page) {
+        failures = 0;
+        page.items.forEach(add);
+        cursor = page.next_cursor;
+        feed.dataset.cursor = String(cursor);
+        // The task ended elsewhere (cancelled, expired): show the read-only page.
+        if (page.terminal && stateAtLoad !== page.task_state) { location.reload(); return; }
+        if (!page.terminal) setTimeout(poll, 0);
+      })
+      .catch(function () {
+        failures += 1;
+        setTimeout(poll, Math.min(30000, 1000 * failures));
+      });
+  }
+  poll();
+}
+
+function uploadProgress(form) {
+  var input = form.querySelector('input[type=file]');
+  var progress = form.querySelector("progress");
+  var error = form.querySelector(".error");
+  var max = parseInt(form.dataset.maxBytes, 10);
+  form.addEventListener("submit", function (ev) {
+    if (!window.FormData || !input.files || input.files.length === 0) return;
+    ev.preventDefault();
+    error.hidden = true;
+    if (input.files[0].size > max) {
+      error.textContent = "This photo is too large: photos are limited to " + Math.round(max / 1048576) + " MB.";
+      error.hidden = false;
+      return;
+    }
+    var xhr = new XMLHttpRequest();
+    xhr.open("POST", form.action);
+    xhr.upload.addEventListener("progress", function (e) {
+      if (e.lengthComputable) { progress.value = Math.round(100 * e.loaded / e.total); progress.textContent = progress.value + "%"; }
+    });
+    xhr.addEventListener("load", function () {
+      progress.hidden = true;
+      if (xhr.status >= 200 && xhr.status < 300) {
+        // Sent: the live feed shows it; keep the page (and anything typed).
+        form.reset();
+        error.textContent = "";
+        if (!document.getElementById("feed")) location.assign(xhr.responseURL || location.href);
+        return;
+      }
+      var doc = new DOMParser().parseFromString(xhr.responseText, "text/html");
+      var msg = doc.querySelector("#photo-error:not([hidden])") || doc.querySelector(".error");
+      error.textContent = msg ? msg.textContent : "The photo could not be sent. Please try again.";
+      error.hidden = false;
+    });
+    xhr.addEventListener("error", function () {
+      progress.hidden = true;
+      error.textContent = "The photo could not be sent: check your connection and try again.";
+      error.hidden = false;
+    });
+    progress.value = 0;
+    progress.hidden = false;
+    xhr.send(new FormData(form));
+  });
+}
+
+document.addEventListener("DOMContentLoaded", function () {
+  var feed = document.getElementById("feed");
+  if (feed && window.fetch) liveFeed(feed);
+  var photo = document.getElementById("photo-form");
+  if (photo && window.XMLHttpRequest) uploadProgress(photo);
+});

@@ -1,0 +1,282 @@
+//! A real headless Chromium for the web app suites, driven over WebDriver.
+//!
+//! [`Chromedriver::start`] runs Debian's `chromedriver` on a free port of
+//! 127.0.0.1 (killed when dropped); [`Chromedriver::browser`] opens a new
+//! Chromium session, headless, with a 360 px wide viewport like a small
+//! phone. A missing `chromedriver` or `chromium` is a test failure: `.ci/run`
+//! installs both.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+/// Width of the phone-sized viewport, in CSS pixels.
+pub const PHONE_WIDTH: u32 = 360;
+const PHONE_HEIGHT: u32 = 780;
+/// Bound on every wait for the page: generous for a busy 2-core CI.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A running chromedriver.
+#[derive(Debug)]
+pub struct Chromedriver {
+    url: String,
+    child: tokio::process::Child,
+}
+
+impl Chromedriver {
+    pub async fn start() -> Chromedriver {
+        let port = crate::process::free_port();
+        let child = tokio::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            // Its own process group, so that dropping it ends the browsers
+            // it started too (see Drop).
+            .process_group(0)
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("start chromedriver ({e}): install Debian's chromium and chromium-driver (.ci/run does)")
+            });
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let ready = http
+                .get(format!("{url}/status"))
+                .send()
+                .await
+                .ok()
+                .map(|r| r.json::<Value>());
+            if let Some(body) = ready
+                && let Ok(v) = body.await
+                && v["value"]["ready"] == json!(true)
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "chromedriver did not become ready on {url}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Chromedriver { url, child }
+    }
+
+    /// A new headless Chromium with a phone-sized viewport.
+    pub async fn browser(&self, base_url: &str) -> Browser {
+        let args = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-dev-shm-usage",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+        ];
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium_binary(),
+                "args": args,
+                "mobileEmulation": {
+                    "deviceMetrics": { "width": PHONE_WIDTH, "height": PHONE_HEIGHT, "pixelRatio": 1.0, "touch": true }
+                }
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("open a Chromium session");
+        Browser {
+            client,
+            base_url: base_url.to_owned(),
+        }
+    }
+}
+
+fn chromium_binary() -> &'static str {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .expect("chromium is not installed: .ci/run installs Debian's chromium")
+}
+
+/// Where the page screenshots go: `target/web-screenshots` (next to the
+/// build output), or `MEATSPACE_SCREENSHOT_DIR`.
+pub fn screenshot_dir() -> PathBuf {
+    let dir = std::env::var_os("MEATSPACE_SCREENSHOT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("test binary path");
+            exe.ancestors()
+                .nth(3)
+                .expect("target directory")
+                .join("web-screenshots")
+        });
+    std::fs::create_dir_all(&dir).expect("create the screenshot directory");
+    dir
+}
+
+impl Drop for Chromedriver {
+    /// Kills chromedriver and the Chromium processes it started (its
+    /// process group), also when a test panics before closing its sessions.
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// One browser session against one server.
+#[derive(Debug)]
+pub struct Browser {
+    pub client: Client,
+    base_url: String,
+}
+
+impl Browser {
+    /// Opens `path` (or a full URL).
+    pub async fn goto(&self, path: &str) {
+        let url = if path.starts_with("http") {
+            path.to_owned()
+        } else {
+            format!("{}{path}", self.base_url)
+        };
+        self.client.goto(&url).await.expect("navigate");
+    }
+
+    /// The path of the current page.
+    pub async fn path(&self) -> String {
+        self.client
+            .current_url()
+            .await
+            .expect("current URL")
+            .path()
+            .to_owned()
+    }
+
+    pub async fn click(&self, css: &str) {
+        self.wait_for(css)
+            .await
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    /// Types `text` into the field `css`.
+    pub async fn fill(&self, css: &str, text: &str) {
+        let el = self.wait_for(css).await;
+        el.clear().await.ok();
+        el.send_keys(text)
+            .await
+            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
+    /// Waits for an element to exist.
+    pub async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
+        match self
+            .client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css(css))
+            .await
+        {
+            Ok(el) => el,
+            Err(e) => panic!("no element {css} on {}: {e}", self.path_now().await),
+        }
+    }
+
+    async fn path_now(&self) -> String {
+        self.client
+            .current_url()
+            .await
+            .map(|u| u.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The text of the element `css`.
+    pub async fn text(&self, css: &str) -> String {
+        self.wait_for(css).await.text().await.expect("element text")
+    }
+
+    /// Whether an element matching `css` exists now.
+    pub async fn has(&self, css: &str) -> bool {
+        self.client.find(Locator::Css(css)).await.is_ok()
+    }
+
+    /// Waits until the text of `css` contains `needle`, without reloading.
+    pub async fn wait_for_text(&self, css: &str, needle: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await
+                && let Ok(t) = el.text().await
+                && t.contains(needle)
+            {
+                return;
+            }
+            if tokio::time::Instant::now() > deadline {
+                let t = self.client.find(Locator::Css(css)).await;
+                let t = match t {
+                    Ok(el) => el.text().await.unwrap_or_default(),
+                    Err(_) => "(absent)".into(),
+                };
+                panic!("{css} never contained {needle:?}; it holds {t:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Runs a script and returns its result.
+    pub async fn js(&self, script: &str) -> Value {
+        self.client
+            .execute(script, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("run {script}: {e}"))
+    }
+
+    /// Saves a screenshot of the viewport as `<name>.png` and checks the page
+    /// does not scroll sideways at phone width.
+    pub async fn screenshot(&self, name: &str) -> PathBuf {
+        self.assert_no_horizontal_overflow(name).await;
+        let png = self.client.screenshot().await.expect("screenshot");
+        let path = screenshot_dir().join(format!("{name}.png"));
+        std::fs::write(&path, png).expect("write the screenshot");
+        path
+    }
+
+    /// The page is laid out within the phone's width.
+    pub async fn assert_no_horizontal_overflow(&self, name: &str) {
+        let v = self
+            .js("return [document.documentElement.scrollWidth, window.innerWidth];")
+            .await;
+        let (scroll, inner) = (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0));
+        assert_eq!(
+            inner,
+            u64::from(PHONE_WIDTH),
+            "{name}: viewport is not phone-sized"
+        );
+        assert!(
+            scroll <= inner,
+            "{name}: the page scrolls sideways at {inner} px (content is {scroll} px wide)"
+        );
+    }
+
+    /// Ends the browser session.
+    pub async fn close(self) {
+        self.client.close().await.ok();
+    }
+}

@@ -1,0 +1,429 @@
+//! The worker web app in a real headless Chromium against the real server:
+//! an invited person does a whole task from a phone-sized browser while the
+//! agent follows the API feed; two browsers race to claim; agent text is
+//! shown as text; forms without their CSRF token are refused; each page is
+//! screenshot at 360 px and checked for sideways scrolling.
+
+use std::time::Duration;
+
+use meatspace_tests::Db;
+use meatspace_tests::browser::{Browser, Chromedriver, screenshot_dir};
+use meatspace_tests::server::{Expect, TestServer, images, str_at, types};
+use reqwest::StatusCode;
+use reqwest::header::COOKIE;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// Creates a one-time invite link as the operator.
+async fn invite(server: &TestServer) -> String {
+    let body = server
+        .dev(reqwest::Method::POST, "/api/v1/workers/invites")
+        .json(&json!({ "expires_in_seconds": 600 }))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let url = str_at(&body, "/invite_url");
+    assert!(url.starts_with(&server.base_url), "{url}");
+    url
+}
+
+/// Signs a new person in through an invite link.
+async fn join(browser: &Browser, url: &str, name: &str) {
+    browser.goto(url).await;
+    browser.fill("#name", name).await;
+    browser.click("button[type=submit]").await;
+    browser.wait_for_text("h1", "Open tasks").await;
+}
+
+/// Signs in by exchanging a worker token for a session.
+async fn sign_in_with_token(browser: &Browser, token: &str) {
+    browser.goto("/app/login").await;
+    browser.fill("#token", token).await;
+    browser.click("button.primary").await;
+    browser.wait_for_text("h1", "Open tasks").await;
+}
+
+/// The agent's view of the feed, as event types.
+async fn agent_types(server: &TestServer, task: Uuid, token: &str) -> Vec<String> {
+    types(&server.feed(task, token).await)
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until the agent's feed has `n` events (the page answered already,
+/// so this is only the database catching up with nothing: a bounded poll).
+async fn agent_feed_len(server: &TestServer, task: Uuid, token: &str, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = server.feed(task, token).await;
+        if events.len() >= n || tokio::time::Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn end_to_end(db: Db) {
+    let server = TestServer::start(db).await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&server.base_url).await;
+    let shots = db == Db::Sqlite;
+    let description = "Photograph the notice board at the town hall.\nIt is left of the door.";
+    let (task, agent) = server.create_open_task(description).await;
+
+    // Getting in: the invite link, a display name, a session.
+    let link = invite(&server).await;
+    browser.goto(&link).await;
+    if shots {
+        browser.screenshot("invite").await;
+    }
+    // An empty name is refused next to the field.
+    browser
+        .js("document.getElementById('name').removeAttribute('required');")
+        .await;
+    browser.click("button[type=submit]").await;
+    browser.wait_for_text(".error", "display name").await;
+    browser.fill("#name", "Grace").await;
+    browser.click("button[type=submit]").await;
+    browser.wait_for_text("h1", "Open tasks").await;
+    browser
+        .wait_for_text("main", "Photograph the notice board")
+        .await;
+    if shots {
+        browser.screenshot("open-tasks").await;
+    }
+    // The invite worked once.
+    let second = driver.browser(&server.base_url).await;
+    second.goto(&link).await;
+    second.wait_for_text("h1", "Invite not valid").await;
+    second.close().await;
+
+    // Claim and start.
+    browser.click(&format!("a[href='/app/tasks/{task}']")).await;
+    browser.wait_for("#claim").await;
+    if shots {
+        browser.screenshot("task-open").await;
+    }
+    browser.click("#claim").await;
+    browser.wait_for("#start").await;
+    browser.click("#start").await;
+    browser.wait_for_text("#state", "Active").await;
+
+    // A message, with a refused empty one first: the error is next to the form.
+    browser
+        .js("document.getElementById('message').removeAttribute('required');")
+        .await;
+    browser.fill("#message", "   ").await;
+    browser.click("#send-message").await;
+    browser
+        .wait_for_text("#message-error", "must not be empty")
+        .await;
+    browser.fill("#message", "On my way, five minutes.").await;
+    browser.click("#send-message").await;
+    browser
+        .wait_for_text("#feed", "On my way, five minutes.")
+        .await;
+
+    // A real JPEG through the file input (with camera metadata to drop).
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let jpeg = dir.path().join("board.jpg");
+    std::fs::write(&jpeg, images::jpeg_with_exif(640, 480, "SECRET-GPS-MARKER"))
+        .expect("write JPEG");
+    let input = browser.wait_for("#photo").await;
+    assert_eq!(
+        input.attr("accept").await.expect("accept").as_deref(),
+        Some("image/*")
+    );
+    assert_eq!(
+        input.attr("capture").await.expect("capture").as_deref(),
+        Some("environment")
+    );
+    input
+        .send_keys(&jpeg.display().to_string())
+        .await
+        .expect("choose the file");
+    browser.click("#upload").await;
+    browser
+        .wait_for_text("#feed", "Photo sent (640 × 480 pixels).")
+        .await;
+
+    // A typed issue; the page stays open (no reload) while the agent answers.
+    browser
+        .fill("#issue-text", "The board is behind a locked glass door.")
+        .await;
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#issue-kind"))
+        .await
+        .expect("issue kind")
+        .select_by_value("access_blocked")
+        .await
+        .expect("choose the kind");
+    browser.click("#raise-issue").await;
+    browser.wait_for_text("#feed", "locked glass door").await;
+    browser.js("window.__sameDocument = 'yes';").await;
+    let events = agent_feed_len(&server, task, &agent, 6).await;
+    let issue = events
+        .iter()
+        .find(|e| e["type"] == "worker.issue")
+        .expect("the agent sees the issue");
+    assert_eq!(issue["data"]["kind"], "access_blocked");
+    let issue_id = issue["id"].as_i64().expect("issue id");
+    server
+        .agent(&agent)
+        .post(&format!("/api/v1/tasks/{task}/issues/{issue_id}/respond"))
+        .json(&json!({ "action": "clarify", "text": "Ask at the front desk for the key." }))
+        .expect_json(StatusCode::OK)
+        .await;
+    browser
+        .wait_for_text("#feed", "Ask at the front desk for the key.")
+        .await;
+    assert_eq!(
+        browser.js("return window.__sameDocument || null;").await,
+        json!("yes"),
+        "the clarification must appear without a reload"
+    );
+    if shots {
+        browser.screenshot("task-active").await;
+        browser
+            .js("document.querySelector('#feed li:last-child').scrollIntoView({block: 'center'});")
+            .await;
+        browser.screenshot("task-conversation").await;
+    }
+    let photo = events
+        .iter()
+        .find(|e| e["type"] == "worker.photo")
+        .expect("the agent sees the photo");
+    let bytes = server
+        .agent(&agent)
+        .get(photo["data"]["path"].as_str().expect("photo path"))
+        .send()
+        .await
+        .expect("download the photo")
+        .bytes()
+        .await
+        .expect("photo bytes");
+    assert_eq!(&bytes[..2], [0xFF, 0xD8], "a JPEG");
+    assert!(
+        !bytes.windows(17).any(|w| w == b"SECRET-GPS-MARKER"),
+        "the metadata is removed"
+    );
+
+    // My tasks lists it; then complete.
+    browser.goto("/app/my").await;
+    browser
+        .wait_for_text("main", "Photograph the notice board")
+        .await;
+    if shots {
+        browser.screenshot("my-tasks").await;
+    }
+    browser.goto(&format!("/app/tasks/{task}")).await;
+    browser
+        .fill("#note", "Photo taken through the glass.")
+        .await;
+    browser.click("#complete").await;
+    browser.wait_for_text("#banner", "completed").await;
+    assert!(
+        !browser.has("#send-message").await,
+        "a terminal task is read-only"
+    );
+    if shots {
+        browser.screenshot("task-completed").await;
+    }
+
+    assert_eq!(
+        agent_types(&server, task, &agent).await,
+        [
+            "task.published",
+            "task.assigned",
+            "task.started",
+            "worker.message",
+            "worker.photo",
+            "worker.issue",
+            "agent.issue_response",
+            "task.completed"
+        ]
+    );
+    let feed = server.feed(task, &agent).await;
+    assert_eq!(feed[3]["data"]["text"], "On my way, five minutes.");
+    assert_eq!(feed[7]["data"]["note"], "Photo taken through the glass.");
+
+    // Sign out ends the session on the server: the old cookie is dead.
+    let cookie = browser
+        .client
+        .get_named_cookie("ms_session")
+        .await
+        .expect("session cookie")
+        .value()
+        .to_owned();
+    browser.click("nav button").await;
+    browser.wait_for_text("main", "You are signed out").await;
+    if shots {
+        browser.screenshot("sign-in").await;
+    }
+    let res = server
+        .get("/app/tasks")
+        .header(COOKIE, format!("ms_session={cookie}"))
+        .send()
+        .await
+        .expect("request with the old cookie");
+    // (The client follows the redirect.)
+    assert_eq!(
+        res.url().path(),
+        "/app/login",
+        "the old session must be dead"
+    );
+    browser.close().await;
+    if shots {
+        eprintln!("screenshots in {}", screenshot_dir().display());
+    }
+    server.stop().await;
+}
+
+async fn two_browsers_race_to_claim(db: Db) {
+    let server = TestServer::start(db).await;
+    let driver = Chromedriver::start().await;
+    let (task, agent) = server
+        .create_open_task("Count the bicycles at the station.")
+        .await;
+    let (_, ada) = server.register_worker("Ada").await;
+    let (_, bob) = server.register_worker("Bob").await;
+    let (a, b) = tokio::join!(
+        driver.browser(&server.base_url),
+        driver.browser(&server.base_url)
+    );
+    tokio::join!(sign_in_with_token(&a, &ada), sign_in_with_token(&b, &bob));
+    let page = format!("/app/tasks/{task}");
+    tokio::join!(a.goto(&page), b.goto(&page));
+    tokio::join!(a.wait_for("#claim"), b.wait_for("#claim"));
+    tokio::join!(a.click("#claim"), b.click("#claim"));
+    tokio::join!(a.wait_for("h1"), b.wait_for("h1"));
+    let (wa, wb) = (a.has("#start").await, b.has("#start").await);
+    assert!(
+        wa ^ wb,
+        "exactly one browser holds the task (a: {wa}, b: {wb})"
+    );
+    let loser = if wa { &b } else { &a };
+    loser
+        .wait_for_text("main", "another worker claimed this task first")
+        .await;
+    let assigned = agent_types(&server, task, &agent)
+        .await
+        .into_iter()
+        .filter(|t| t == "task.assigned")
+        .count();
+    assert_eq!(assigned, 1);
+    a.close().await;
+    b.close().await;
+    server.stop().await;
+}
+
+async fn agent_text_is_text_and_forms_need_csrf(db: Db) {
+    let server = TestServer::start(db).await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&server.base_url).await;
+    let hostile = "<script>window.__pwned = 1</script><b>bold</b> <a href=\"https://example.invalid\">click</a>";
+    let (task, agent) = server.create_open_task(hostile).await;
+    join(&browser, &invite(&server).await, "Grace").await;
+    browser.goto(&format!("/app/tasks/{task}")).await;
+    assert_eq!(browser.text("#description").await, hostile);
+    assert_eq!(
+        browser.js("return window.__pwned === undefined;").await,
+        json!(true)
+    );
+    assert_eq!(
+        browser
+            .js("return document.querySelectorAll('#description *').length;")
+            .await,
+        json!(0),
+        "no element was made from the agent's text"
+    );
+
+    // The claim form without its token, then with a forged one: refused, and
+    // the task stays open.
+    browser
+        .js("document.querySelector('form[action$=\"/claim\"] input[name=csrf]').remove();")
+        .await;
+    browser.click("#claim").await;
+    browser.wait_for_text("h1", "Form refused").await;
+    browser.goto(&format!("/app/tasks/{task}")).await;
+    browser
+        .js("document.querySelector('form[action$=\"/claim\"] input[name=csrf]').value = 'forged';")
+        .await;
+    browser.click("#claim").await;
+    browser.wait_for_text("h1", "Form refused").await;
+    assert_eq!(server.task(task, &agent).await["state"], "open");
+
+    // With the token it works.
+    browser.goto(&format!("/app/tasks/{task}")).await;
+    browser.click("#claim").await;
+    browser.wait_for("#start").await;
+    assert_eq!(server.task(task, &agent).await["state"], "assigned");
+
+    // Stop needs the confirmation box; text typed is kept on the error.
+    browser
+        .js("document.getElementById('stop-confirm').removeAttribute('required');")
+        .await;
+    browser
+        .fill("#reason", "The station is closed today.")
+        .await;
+    browser.click("#stop").await;
+    browser
+        .wait_for_text("main", "Tick the box to confirm")
+        .await;
+    let kept = browser
+        .js("return document.getElementById('reason').value;")
+        .await;
+    assert_eq!(kept, json!("The station is closed today."));
+    assert_eq!(server.task(task, &agent).await["state"], "assigned");
+    browser.click("#stop-confirm").await;
+    browser.click("#stop").await;
+    browser.wait_for_text("#banner", "stopped").await;
+    assert_eq!(server.task(task, &agent).await["state"], "stopped");
+
+    // The page forbids inline script and foreign origins.
+    let res = server.get("/app/login").send().await.expect("login page");
+    let csp = res.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    browser.close().await;
+    server.stop().await;
+}
+
+mod sqlite {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn end_to_end() {
+        super::end_to_end(Db::Sqlite).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_browsers_race_to_claim() {
+        super::two_browsers_race_to_claim(Db::Sqlite).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn agent_text_is_text_and_forms_need_csrf() {
+        super::agent_text_is_text_and_forms_need_csrf(Db::Sqlite).await;
+    }
+}
+
+mod postgres {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn end_to_end() {
+        super::end_to_end(Db::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_browsers_race_to_claim() {
+        super::two_browsers_race_to_claim(Db::Postgres).await;
+    }
+}

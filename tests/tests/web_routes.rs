@@ -1,0 +1,293 @@
+//! The worker web app over plain HTTP (no browser): the invite route's JSON
+//! contract, the session cookie's attributes, CSRF refusals, the security
+//! headers and the redirects of pages that need a session.
+
+use meatspace_tests::Db;
+use meatspace_tests::api_tests;
+use meatspace_tests::server::{Expect, TestServer, header_str, str_at};
+use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+api_tests!(
+    invites_need_the_dev_key_and_a_valid_lifetime,
+    an_invite_signs_a_person_in_once,
+    pages_need_a_session_and_forms_their_token,
+);
+
+/// A client that shows redirects instead of following them.
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// The value of the hidden `csrf` field of a page.
+fn csrf_of(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    html[at..]
+        .split('"')
+        .next()
+        .expect("field value")
+        .to_owned()
+}
+
+/// `name=value` of a Set-Cookie header named `name`.
+fn cookie_pair(res: &reqwest::Response, name: &str) -> Option<(String, String)> {
+    res.headers()
+        .get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .map(|v| {
+            let pair = v.split(';').next().unwrap_or_default().to_owned();
+            (pair, v.to_owned())
+        })
+}
+
+async fn create_invite(srv: &TestServer) -> String {
+    let body = srv
+        .dev(Method::POST, "/api/v1/workers/invites")
+        .expect_json(StatusCode::CREATED)
+        .await;
+    str_at(&body, "/invite_url")
+}
+
+async fn invites_need_the_dev_key_and_a_valid_lifetime(db: Db) {
+    let srv = TestServer::start(db).await;
+    srv.post("/api/v1/workers/invites")
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    for bad in [
+        json!({ "expires_in_seconds": 10 }),
+        json!({ "expires_in_seconds": 99_999_999 }),
+        json!({ "other": 1 }),
+    ] {
+        srv.dev(Method::POST, "/api/v1/workers/invites")
+            .json(&bad)
+            .expect_problem(StatusCode::UNPROCESSABLE_ENTITY)
+            .await;
+    }
+    srv.dev(Method::POST, "/api/v1/workers/invites")
+        .header(CONTENT_TYPE, "application/json")
+        .body("{")
+        .expect_problem(StatusCode::BAD_REQUEST)
+        .await;
+    let body = srv
+        .dev(Method::POST, "/api/v1/workers/invites")
+        .json(&json!({ "expires_in_seconds": 3600 }))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let url = str_at(&body, "/invite_url");
+    assert!(
+        url.starts_with(&format!("{}/app/invite/msi_", srv.base_url)),
+        "{url}"
+    );
+    let expires: chrono::DateTime<chrono::Utc> =
+        str_at(&body, "/expires_at").parse().expect("a timestamp");
+    let left = expires - chrono::Utc::now();
+    assert!(
+        left > chrono::TimeDelta::minutes(55) && left <= chrono::TimeDelta::hours(1),
+        "{left}"
+    );
+    // Behind a TLS-terminating proxy the link is https.
+    let body = srv
+        .dev(Method::POST, "/api/v1/workers/invites")
+        .header("x-forwarded-proto", "https")
+        .expect_json(StatusCode::CREATED)
+        .await;
+    assert!(str_at(&body, "/invite_url").starts_with("https://"));
+}
+
+async fn an_invite_signs_a_person_in_once(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = no_redirects();
+    let url = create_invite(&srv).await;
+
+    let page = http.get(&url).send().await.expect("invite page");
+    assert_eq!(page.status(), StatusCode::OK);
+    let csp = header_str(&page, "content-security-policy").expect("a CSP");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert_eq!(
+        header_str(&page, "referrer-policy").as_deref(),
+        Some("no-referrer")
+    );
+    let (pre, attrs) = cookie_pair(&page, "ms_presession").expect("a pre-session cookie");
+    assert!(
+        attrs.contains("HttpOnly") && attrs.contains("SameSite=Lax"),
+        "{attrs}"
+    );
+    let csrf = csrf_of(&page.text().await.expect("page"));
+
+    // Without the token: refused, and nobody is registered.
+    let refused = http
+        .post(&url)
+        .header(COOKIE, &pre)
+        .form(&[("name", "Mallory")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(srv.counts().await.workers, 0);
+
+    // Behind TLS, the session cookie is Secure; HttpOnly and SameSite always.
+    let joined = http
+        .post(&url)
+        .header(COOKIE, &pre)
+        .header("x-forwarded-proto", "https")
+        .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(joined.status(), StatusCode::SEE_OTHER);
+    assert_eq!(header_str(&joined, LOCATION).as_deref(), Some("/app/tasks"));
+    let (session, attrs) = cookie_pair(&joined, "ms_session").expect("a session cookie");
+    for attr in ["HttpOnly", "SameSite=Lax", "Secure", "Path=/app"] {
+        assert!(attrs.contains(attr), "{attr} missing: {attrs}");
+    }
+    assert_eq!(srv.counts().await.workers, 1);
+    let tasks = http
+        .get(srv.url("/app/tasks"))
+        .header(COOKIE, &session)
+        .send()
+        .await
+        .expect("tasks");
+    assert_eq!(tasks.status(), StatusCode::OK);
+    assert!(tasks.text().await.expect("page").contains("Grace"));
+
+    // Once only.
+    let again = http.get(&url).send().await.expect("invite page");
+    assert_eq!(again.status(), StatusCode::GONE);
+    let again = http
+        .post(&url)
+        .header(COOKIE, &pre)
+        .form(&[("csrf", csrf.as_str()), ("name", "Eve")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(again.status(), StatusCode::GONE);
+    assert_eq!(srv.counts().await.workers, 1);
+    // A made-up code is no invite either.
+    let fake = http
+        .get(srv.url("/app/invite/msi_nothing_here"))
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(fake.status(), StatusCode::GONE);
+}
+
+async fn pages_need_a_session_and_forms_their_token(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = no_redirects();
+    let (task, _) = srv
+        .create_open_task("Check the bakery's opening hours.")
+        .await;
+    for path in ["/app/tasks", "/app/my", &format!("/app/tasks/{task}")] {
+        let res = http.get(srv.url(path)).send().await.expect("page");
+        assert_eq!(res.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(
+            header_str(&res, LOCATION).as_deref(),
+            Some("/app/login"),
+            "{path}"
+        );
+    }
+    let res = http
+        .post(srv.url(&format!("/app/tasks/{task}/claim")))
+        .form(&[("csrf", "x")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+
+    // Sign in with a worker token; a wrong one is a human error, not a 500.
+    let (_, token) = srv.register_worker("Ada").await;
+    let login = http
+        .get(srv.url("/app/login"))
+        .send()
+        .await
+        .expect("login page");
+    let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
+    let csrf = csrf_of(&login.text().await.expect("page"));
+    let wrong = http
+        .post(srv.url("/app/login"))
+        .header(COOKIE, &pre)
+        .form(&[("csrf", csrf.as_str()), ("token", "msw_wrong")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        header_str(&wrong, CONTENT_TYPE)
+            .unwrap_or_default()
+            .starts_with("text/html")
+    );
+    assert!(wrong.text().await.expect("page").contains("not valid"));
+    let ok = http
+        .post(srv.url("/app/login"))
+        .header(COOKIE, &pre)
+        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+    let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
+
+    // Another session's (or the pre-session's) token does not pass.
+    let res = http
+        .post(srv.url(&format!("/app/tasks/{task}/claim")))
+        .header(COOKIE, &session)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let page = http
+        .get(srv.url(&format!("/app/tasks/{task}")))
+        .header(COOKIE, &session)
+        .send()
+        .await
+        .expect("page");
+    let token = csrf_of(&page.text().await.expect("page"));
+    let res = http
+        .post(srv.url(&format!("/app/tasks/{task}/claim")))
+        .header(COOKIE, &session)
+        .form(&[("csrf", token.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        header_str(&res, LOCATION),
+        Some(format!("/app/tasks/{task}"))
+    );
+
+    // The live feed answers JSON in words for the session's own task.
+    let feed = http
+        .get(srv.url(&format!("/app/tasks/{task}/feed?after=0")))
+        .header(COOKIE, &session)
+        .send()
+        .await
+        .expect("feed");
+    assert_eq!(feed.status(), StatusCode::OK);
+    let feed: serde_json::Value = feed.json().await.expect("JSON");
+    assert_eq!(feed["task_state"], "assigned");
+    assert_eq!(feed["items"][1]["text"], "You claimed the task.");
+    // An unknown task page is a human 404 page.
+    let res = http
+        .get(srv.url("/app/tasks/not-a-task"))
+        .header(COOKIE, &session)
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert!(
+        header_str(&res, CONTENT_TYPE)
+            .unwrap_or_default()
+            .starts_with("text/html")
+    );
+}
