@@ -300,7 +300,46 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
             ))
             .build();
         op.parameters.get_or_insert_with(Vec::new).push(param);
+        // What the key itself can cause, on every POST (an operation that
+        // already lists the status keeps its own description).
+        for (status, what) in [
+            (
+                "400",
+                "Malformed request, or an Idempotency-Key that is not 1-255 visible ASCII characters",
+            ),
+            (
+                "409",
+                "A state conflict, or a request with this Idempotency-Key still in flight",
+            ),
+            (
+                "422",
+                "Invalid input, or an Idempotency-Key already used for a different request",
+            ),
+        ] {
+            op.responses
+                .responses
+                .entry(status.to_owned())
+                .or_insert_with(|| problem_response(what));
+        }
     }
+}
+
+/// A problem+json response with this description.
+fn problem_response(
+    description: &str,
+) -> utoipa::openapi::RefOr<utoipa::openapi::response::Response> {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr};
+    RefOr::T(
+        utoipa::openapi::ResponseBuilder::new()
+            .description(description)
+            .content(
+                crate::error::PROBLEM_JSON,
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build(),
+    )
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ from meatspace_client.api.agent import (  # noqa: E402
     cancel_task,
     capabilities,
     create_task,
+    extend_task,
     get_photo,
     get_task,
     openapi,
@@ -47,6 +48,7 @@ from meatspace_client.models import (  # noqa: E402
     EndRequest,
     EventPage,
     EventType,
+    ExtendRequest,
     IssueAction,
     IssueKind,
     IssueRequest,
@@ -58,6 +60,7 @@ from meatspace_client.models import (  # noqa: E402
     RespondRequest,
     Task,
     TaskChange,
+    TaskResource,
     TaskState,
 )
 from meatspace_client.types import File  # noqa: E402
@@ -148,7 +151,7 @@ def main():
     publish(agent, task_id)
 
     step("get task")
-    task = ok(get_task.sync_detailed(task_id, client=agent), 200, Task)
+    task = ok(get_task.sync_detailed(task_id, client=agent), 200, TaskResource)
     assert task.state == TaskState.OPEN and task.id == task_id
 
     step("events")
@@ -268,6 +271,14 @@ def main():
         EventType.AGENT_ISSUE_RESPONSE,
     ], [e.type_ for e in page.events]
 
+    step("extend")
+    change = ok(
+        extend_task.sync_detailed(task_id, client=agent, body=ExtendRequest(add_seconds=60)),
+        200,
+        TaskChange,
+    )
+    assert change.events[-1].type_ == EventType.TASK_EXTENDED, change.events
+
     step("complete")
     change = ok(
         complete.sync_detailed(task_id, client=worker, body=EndRequest(text="Photo sent")),
@@ -297,7 +308,7 @@ def main():
     ok(claim.sync_detailed(third, client=worker), 200, TaskChange)
     change = ok(stop.sync_detailed(third, client=worker, body=None), 200, TaskChange)
     assert change.task.state == TaskState.STOPPED
-    assert ok(get_task.sync_detailed(third, client=third_agent), 200, Task).state == (
+    assert ok(get_task.sync_detailed(third, client=third_agent), 200, TaskResource).state == (
         TaskState.STOPPED
     )
 

@@ -85,6 +85,20 @@ fn start_cursor(headers: &HeaderMap, q: &StreamQuery) -> Result<i64, ApiError> {
     Ok(after)
 }
 
+/// One message of the stream as an SSE parser delivers it (the document's
+/// schema of `text/event-stream`; `: keep-alive` comments are not messages).
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // describes the document; the stream is written as text
+pub struct SseMessage {
+    /// The event's id: the cursor to resume after (`Last-Event-ID`).
+    id: String,
+    /// The event's type, e.g. `worker.message`.
+    event: String,
+    /// The event as JSON, the same object as one element of the polled
+    /// feed's `events`.
+    data: String,
+}
+
 /// The task's event feed as Server-Sent Events. Resume with `Last-Event-ID`
 /// or `?after=`; the stream ends after the terminal event.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events/stream", tag = "agent",
@@ -94,7 +108,7 @@ fn start_cursor(headers: &HeaderMap, q: &StreamQuery) -> Result<i64, ApiError> {
     security(("agent_token" = [])),
     responses(
         (status = 200, description = "`text/event-stream`: `id:` event id, `event:` event type, `data:` the event as in the polled feed; `: keep-alive` comments in between",
-            content_type = "text/event-stream", body = String),
+            content_type = "text/event-stream", body = SseMessage),
         (status = 400, response = inline(BadRequest)),
         (status = 401, response = inline(Unauthorized)),
         (status = 404, response = inline(NotFound)),
@@ -117,7 +131,7 @@ async fn agent_stream(
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "`text/event-stream`, as the agent's stream",
-            content_type = "text/event-stream", body = String),
+            content_type = "text/event-stream", body = SseMessage),
         (status = 400, response = inline(BadRequest)),
         (status = 401, response = inline(Unauthorized)),
         (status = 404, response = inline(NotFound)),

@@ -226,8 +226,10 @@ async fn cancel_task(
 pub struct ExtendRequest {
     /// The new end of the task's lifetime (RFC 3339); must be later than
     /// the current `expires_at`.
+    #[schema(nullable = false)]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Seconds to add to the current `expires_at` (at least 1).
+    #[schema(nullable = false, minimum = 1)]
     pub add_seconds: Option<i64>,
 }
 
