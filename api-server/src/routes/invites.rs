@@ -16,7 +16,11 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::auth::{DevKeyAuth, issue_token};
-use crate::error::{ApiError, Problem};
+use crate::error::ApiError;
+use crate::error::responses::{
+    BadRequest, PayloadTooLarge, ServiceUnavailable, Unauthorized, UnprocessableEntity,
+    UnsupportedMediaType,
+};
 
 /// Prefix of invite codes.
 pub const INVITE_PREFIX: &str = "msi_";
@@ -49,9 +53,12 @@ pub struct CreatedInvite {
     request_body(content = Option<InviteRequest>, description = "optional lifetime"),
     security(("dev_key" = [])),
     responses((status = 201, body = CreatedInvite),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json")))]
+        (status = 400, response = inline(BadRequest)),
+        (status = 401, response = inline(Unauthorized)),
+        (status = 413, response = inline(PayloadTooLarge)),
+        (status = 415, response = inline(UnsupportedMediaType)),
+        (status = 422, response = inline(UnprocessableEntity)),
+        (status = 503, response = inline(ServiceUnavailable))))]
 async fn create_invite(
     State(state): State<AppState>,
     _auth: DevKeyAuth,
