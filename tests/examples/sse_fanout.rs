@@ -226,6 +226,7 @@ async fn main() {
             .map(|e| format!(", first: {e}"))
             .unwrap_or_default()
     );
+    // A benchmark, not a test: let the allocator settle before reading RSS.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss = status_field(pid, "VmRSS:");
     println!(

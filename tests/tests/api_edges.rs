@@ -374,6 +374,8 @@ async fn the_connection_cap_holds_clients_back_until_one_closes(db: Db) {
         let client = srv.client.clone();
         async move { client.get(url).send().await.map(|r| r.status()) }
     });
+    // A negative check: over the cap the third client must not be served;
+    // an absence can only be shown by waiting a while.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !third.is_finished(),

@@ -27,7 +27,8 @@ use meatspace_tests::{Db, TestDb};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-/// How long the database stays down in each round.
+/// How long the database stays down in each round. The outage itself is
+/// the fault under test, so it is a fixed duration (a sleep), not a wait.
 const DOWN: Duration = Duration::from_secs(2);
 /// The wait of every long poll: far longer than any wake-up should take,
 /// so that an empty answer can only mean the wake-up was missed.
