@@ -1,14 +1,18 @@
-//! SSE fan-out benchmark: how many idle event streams one
+//! SSE fan-out benchmark: how many idle event streams (or long polls) one
 //! `meatspace-api-server` holds, and its memory while holding them. It
 //! prints figures; it asserts nothing about speed.
 //!
 //! ```text
-//! scripts/sse-fanout.sh [STREAMS]          # default 10000
+//! scripts/sse-fanout.sh [STREAMS] [sse|longpoll]   # default 10000 sse
 //! ```
+//!
+//! In `longpoll` mode each connection sends `GET …/events?after=<last>&wait=30` (the longest wait)
+//! instead and waits in the server's feed hub (counted by the
+//! `meatspace_long_polls_waiting` gauge) until the cancel answers it.
 //!
 //! The script raises the open-file limit (`ulimit -n`), builds the server
 //! and this example in release mode and runs it. By hand:
-//! `sse_fanout [--streams N] [--server PATH]` (default: the
+//! `sse_fanout [--streams N] [--mode sse|longpoll] [--server PATH]` (default: the
 //! `meatspace-api-server` next to the `examples/` directory).
 //!
 //! It starts the binary on the embedded SQLite default (a temporary data
@@ -61,6 +65,18 @@ async fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, marker: &str) -> bool 
     }
 }
 
+/// The server's `meatspace_long_polls_waiting` gauge.
+async fn long_polls_waiting(client: &reqwest::Client, base: &str) -> usize {
+    let Ok(response) = client.get(format!("{base}/metrics")).send().await else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("meatspace_long_polls_waiting "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as usize)
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
@@ -70,6 +86,11 @@ async fn main() {
     let streams: usize = arg("--streams")
         .map(|s| s.parse().expect("--streams N"))
         .unwrap_or(10_000);
+    let long_poll = match arg("--mode").as_deref() {
+        None | Some("sse") => false,
+        Some("longpoll") => true,
+        Some(other) => panic!("--mode sse|longpoll, not {other}"),
+    };
     let server = arg("--server")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
@@ -93,6 +114,8 @@ async fn main() {
         .env("MEATSPACE_DEV_KEY", dev_key)
         .env("MEATSPACE_LISTEN_ADDR", &addr)
         .env("RUST_LOG", "warn")
+        // Every stream uses the one task's token: no per-credential limit.
+        .env("MEATSPACE_RATE_LIMIT_PER_SECOND", "0")
         // Allocator tuning passes through (e.g. MALLOC_ARENA_MAX=2).
         .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")))
         .stdin(Stdio::null())
@@ -142,10 +165,32 @@ async fn main() {
     );
 
     // Open the streams.
-    let request = Arc::new(format!(
-        "GET /api/v1/tasks/{id}/events/stream HTTP/1.1\r\nHost: {addr}\r\n\
-         Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
-    ));
+    // The feed's newest event id: a long poll after it waits.
+    let page: serde_json::Value = client
+        .get(format!("{base}/api/v1/tasks/{id}/events?after=0"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let last = page["events"]
+        .as_array()
+        .and_then(|events| events.last())
+        .and_then(|event| event["id"].as_i64())
+        .expect("the published task has events");
+    let request = Arc::new(if long_poll {
+        format!(
+            "GET /api/v1/tasks/{id}/events?after={last}&wait=30 HTTP/1.1\r\nHost: {addr}\r\n\
+             Authorization: Bearer {token}\r\n\r\n"
+        )
+    } else {
+        format!(
+            "GET /api/v1/tasks/{id}/events/stream HTTP/1.1\r\nHost: {addr}\r\n\
+             Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+        )
+    });
     let gate = Arc::new(Semaphore::new(256));
     let opened = Arc::new(AtomicUsize::new(0));
     let got_event = Arc::new(AtomicUsize::new(0));
@@ -170,6 +215,17 @@ async fn main() {
                 return ready.send(Err(e.to_string())).await.unwrap_or(());
             }
             let mut buf = Vec::with_capacity(1024);
+            if long_poll {
+                // The answer comes only with the cancel; the main task waits
+                // for the server's gauge to count every poll as waiting.
+                opened.fetch_add(1, Ordering::Relaxed);
+                drop(permit);
+                let _ = ready.send(Ok(())).await;
+                if read_until(&mut s, &mut buf, "task.cancelled").await {
+                    got_event.fetch_add(1, Ordering::Relaxed);
+                }
+                return std::future::pending::<()>().await;
+            }
             let mut chunk = [0u8; 1024];
             // The response head.
             loop {
@@ -226,11 +282,27 @@ async fn main() {
             .map(|e| format!(", first: {e}"))
             .unwrap_or_default()
     );
+    if long_poll {
+        // Every poll has read its (empty) page and waits in the feed hub.
+        let give_up = Instant::now() + Duration::from_secs(120);
+        loop {
+            let waiting = long_polls_waiting(&client, &base).await;
+            if waiting >= open {
+                break;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "only {waiting} of {open} long polls are waiting"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     // A benchmark, not a test: let the allocator settle before reading RSS.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss = status_field(pid, "VmRSS:");
     println!(
-        "server with {open} idle streams: VmRSS {rss}, threads {}, open fds {}",
+        "server with {open} idle {}: VmRSS {rss}, threads {}, open fds {}",
+        if long_poll { "long polls" } else { "streams" },
         status_field(pid, "Threads:"),
         open_fds(pid)
     );
