@@ -13,6 +13,7 @@ use meatspace_core::store::redact_url;
 
 use crate::leader::LeaseSettings;
 use crate::mirror::MirrorSettings;
+use crate::requests::RequestSettings;
 use crate::telemetry::LogFormat;
 use crate::webhooks::{AllowList, WebhookSettings};
 
@@ -173,6 +174,16 @@ pub struct MirrorArgs {
     /// Namespace of this pod: holds the Lease, and the default mirror namespace.
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
+    /// Turn MeatspaceTask resources that agents apply in the mirror
+    /// namespace (spec.origin: Requested) into tasks, keeping each agent
+    /// token in a Secret owned by its resource (needs the mirror, and
+    /// create/get/patch/delete on Secrets there).
+    #[arg(long, env = "MEATSPACE_REQUESTS_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub requests_enabled: bool,
+    /// Record Kubernetes Events on requested resources (worker issues, the
+    /// end of the task); needs create/patch on Events in the mirror namespace.
+    #[arg(long, env = "MEATSPACE_KUBERNETES_EVENTS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kubernetes_events: bool,
 }
 
 impl MirrorArgs {
@@ -201,6 +212,12 @@ impl MirrorArgs {
                 namespace: home,
                 identity,
                 duration: Duration::from_secs(15),
+            }),
+            // The binary puts its lifetime policy in (see main.rs).
+            requests: self.requests_enabled.then(|| RequestSettings {
+                policy: meatspace_core::Policy::default(),
+                events: self.kubernetes_events,
+                resync_interval: Duration::from_secs(self.mirror_resync_seconds),
             }),
         })
     }
