@@ -463,7 +463,8 @@ async fn token_secret(
             );
         }
         let task_id = Uuid::new_v4();
-        let agent_token = token::generate("mst_");
+        // The API server's format: the token names its task.
+        let agent_token = token::generate_for(token::AGENT_PREFIX, task_id);
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
