@@ -213,6 +213,11 @@ fn status_has_every_optional_field(s: &MeatspaceTaskStatus) -> bool {
         last_event_id: _,
         observed_generation,
         conditions,
+        task_id: _,
+        expires_at: _,
+        token_secret_name: _,
+        issues: _,
+        responses: _,
     } = s;
     worker_id.is_some()
         && published_at.is_some()

@@ -130,6 +130,7 @@ impl Cluster {
             kubeconfig: Some(self.identity.kubeconfig.clone()),
             resync_interval,
             lease: None,
+            requests: None,
         }
     }
 
@@ -749,7 +750,7 @@ async fn the_store_is_the_authority(db: Db) {
         let mut r = MeatspaceTask::new(
             &resource_name(id),
             MeatspaceTaskSpec {
-                task_id: id,
+                task_id: Some(id),
                 ..recreated.spec.clone()
             },
         );
