@@ -316,6 +316,7 @@ async fn kubectl_get_mst_shows_state_open_issues_expiry_and_age() {
     let expires = mst
         .spec
         .expires_at
+        .expect("a mirrored resource has spec.expiresAt")
         .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
 
     for resource in [
