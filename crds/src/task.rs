@@ -150,7 +150,7 @@ pub const CONDITION_SPEC_APPLIED: &str = "SpecApplied";
         "message": "spec.lifetimeSeconds is immutable: to give the task more time, set spec.expiresAt later"
     },
     {
-        "rule": "!has(oldSelf.expiresAt) || (has(self.expiresAt) && timestamp(self.expiresAt) >= timestamp(oldSelf.expiresAt))",
+        "rule": "self.origin != 'Requested' || !has(oldSelf.expiresAt) || (has(self.expiresAt) && timestamp(self.expiresAt) >= timestamp(oldSelf.expiresAt))",
         "message": "spec.expiresAt can only move later (a task's lifetime is extended, never shortened)"
     },
     {

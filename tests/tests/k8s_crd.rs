@@ -257,7 +257,9 @@ async fn resource_with_every_optional_field_unset_reads_back_equal() {
         stored["status"],
         json!({
             "state": "draft",
+            "taskId": mst.spec.task_id,
             "createdAt": task.created_at,
+            "expiresAt": task.expires_at,
             "openIssues": 0,
             "lastEventId": 0,
         })
@@ -354,11 +356,21 @@ async fn kubectl_get_mst_shows_state_open_issues_expiry_and_age() {
             "OPEN ISSUES",
             "EXPIRES",
             "AGE",
+            "ORIGIN",
+            "TASK",
             "WORKER",
             "LAST EVENT"
         ]
     );
-    assert_eq!(wide[1][5..], [worker.to_string(), "7".to_owned()]);
+    assert_eq!(
+        wide[1][5..],
+        [
+            "Mirrored".to_owned(),
+            open.id.to_string(),
+            worker.to_string(),
+            "7".to_owned()
+        ]
+    );
 
     // status.state is a selectable field.
     let selected = kubectl(&[
