@@ -213,7 +213,7 @@ impl MirrorArgs {
                 identity,
                 duration: Duration::from_secs(15),
             }),
-            // The binary puts its lifetime policy in (see main.rs).
+            // The binary puts its lifetime policy in (`with_policy`).
             requests: self.requests_enabled.then(|| RequestSettings {
                 policy: meatspace_core::Policy::default(),
                 events: self.kubernetes_events,
@@ -238,6 +238,18 @@ impl Default for ControllerArgs {
             },
             webhooks: WebhookArgs::default(),
         }
+    }
+}
+
+impl ControllerConfig {
+    /// Sets the task lifetime policy that requested tasks are created with
+    /// (the binaries' `--default-lifetime-seconds` and bounds, the same as
+    /// the API server's).
+    pub fn with_policy(mut self, policy: meatspace_core::Policy) -> Self {
+        if let Some(requests) = self.mirror.as_mut().and_then(|m| m.requests.as_mut()) {
+            requests.policy = policy;
+        }
+        self
     }
 }
 
