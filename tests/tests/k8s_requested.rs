@@ -10,8 +10,9 @@
 //! `kubectl wait --for=condition=Terminal` returns; the token Secret works
 //! against the REST API and is readable by nobody else's Role; cancel
 //! through the spec; delete while open (the finalizer cancels the task);
-//! two replicas and a restart create exactly one task per resource; the CEL
-//! rules refuse each bad edit. `apply_to_open_lag` prints the lag from an
+//! two replicas and a restart create exactly one task per resource; each
+//! answer reaches the worker once across restarts (also one given over the
+//! REST API meanwhile); the CEL rules refuse each bad edit. `apply_to_open_lag` prints the lag from an
 //! apply to an open task (run it with `--nocapture`; no assertion on time).
 
 mod controller_support;
@@ -711,6 +712,103 @@ async fn apply_to_open_lag() {
     println!(
         "apply → open task (status.state open), {N} resources one at a time, PostgreSQL: median {median} ms, worst {worst} ms"
     );
+    controller.stop().await;
+    s.finish().await;
+}
+
+/// An answer is applied once, with the store as the record: one given over
+/// the REST API while no controller runs is acknowledged, not sent again,
+/// and a controller restart re-reads nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_answer_reaches_the_worker_once_across_restarts() {
+    let s = Setup::new("requested-answers").await;
+    let controller = s.controller();
+    let spec = json!({ "description": "Check the mailbox.", "publish": true });
+    s.apply("mailbox", spec.clone()).await;
+    let open = s
+        .until("mailbox", "open", |m| state(m) == Some(TaskState::Open))
+        .await;
+    let id = task_id(&open);
+    let agent_token = token(&s, &open).await;
+    let (_, worker_token) = s.server.register_worker("Ada").await;
+    let worker = s.server.worker(&worker_token);
+    for action in ["claim", "start"] {
+        worker
+            .post(&format!("/api/v1/worker/tasks/{id}/{action}"))
+            .expect_json(StatusCode::OK)
+            .await;
+    }
+    for text in ["Which key?", "Which box?"] {
+        worker
+            .post(&format!("/api/v1/worker/tasks/{id}/issues"))
+            .json(&json!({ "kind": "unclear_instructions", "text": text }))
+            .expect_json(StatusCode::OK)
+            .await;
+    }
+    let asked = s
+        .until("mailbox", "both issues listed", |m| {
+            m.status.as_ref().is_some_and(|st| st.issues.len() == 2)
+        })
+        .await;
+    let issues = asked.status.unwrap().issues;
+    assert!(issues.iter().all(|i| i.untrusted_worker_text.is_none()));
+    controller.stop().await;
+
+    // With no controller running: the agent answers the first issue over
+    // the API, and appends the same answer and one for the second issue.
+    s.server
+        .agent(&agent_token)
+        .post(&format!(
+            "/api/v1/tasks/{id}/issues/{}/respond",
+            issues[0].event_id
+        ))
+        .json(&json!({ "action": "clarify", "text": "The small one." }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let mut answered = spec.clone();
+    answered["responses"] = json!([
+        { "issueEventId": issues[0].event_id, "action": "clarify", "text": "The small one." },
+        { "issueEventId": issues[1].event_id, "action": "acknowledge", "text": "Fine." },
+        { "issueEventId": 999_999, "action": "acknowledge", "text": "No such issue." },
+    ]);
+    s.apply("mailbox", answered).await;
+
+    let controller = s.controller();
+    let acked = s
+        .until("mailbox", "three acknowledgements", |m| {
+            m.status.as_ref().is_some_and(|st| st.responses.len() == 3)
+        })
+        .await;
+    let results: Vec<_> = acked
+        .status
+        .as_ref()
+        .unwrap()
+        .responses
+        .iter()
+        .map(|r| (r.issue_event_id, r.result))
+        .collect();
+    use meatspace_crds::ResponseResult::{Accepted, Refused};
+    assert_eq!(
+        results,
+        [
+            (issues[0].event_id, Accepted),
+            (issues[1].event_id, Accepted),
+            (999_999, Refused)
+        ]
+    );
+    // After a second restart the acknowledgements stay as they are.
+    controller.stop().await;
+    let controller = s.controller();
+    s.until("mailbox", "still three acknowledgements", |m| {
+        m.status.as_ref().is_some_and(|st| st.responses.len() == 3)
+    })
+    .await;
+    let feed = s.server.feed(id, &agent_token).await;
+    let answers = feed
+        .iter()
+        .filter(|e| e["type"] == "agent.issue_response")
+        .count();
+    assert_eq!(answers, 2, "each issue answered once: {feed:?}");
     controller.stop().await;
     s.finish().await;
 }
