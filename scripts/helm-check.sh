@@ -388,9 +388,9 @@ rules() {
     | awk '$1 !~ /^\[/ {$1=$1; print}' | sort -u
 }
 
-# check_controller_identity SA MIRROR_NS LEASE EVENTS(yes|no) — the controller's permissions, exactly.
+# check_controller_identity SA MIRROR_NS LEASE EVENTS(yes|no) REQUESTS(yes|no) — the controller's permissions, exactly.
 check_controller_identity() {
-  local sa=$1 mirror=$2 lease=$3 events=$4 failed_before=${#FAILURES[@]}
+  local sa=$1 mirror=$2 lease=$3 events=$4 requests=$5 failed_before=${#FAILURES[@]}
   local ctl=$WORK/controller-$sa.kubeconfig api=$WORK/api-server.kubeconfig
   sa_kubeconfig "$NS" "$sa" "$ctl" || { fail "minting a token kubeconfig for $NS/$sa" "$WORK/mint.err"; return; }
   local mst=meatspacetasks.meatspace.dev lease_res=leases.coordination.k8s.io v
@@ -398,6 +398,10 @@ check_controller_identity() {
   can "$ctl" yes get "$mst" --subresource=status -n "$mirror"
   can "$ctl" yes patch "$mst" --subresource=status -n "$mirror"
   can "$ctl" "$events" create events -n "$mirror"
+  # Requested tasks: the agent-token Secrets, by name only (no list or watch).
+  for v in create get patch delete; do can "$ctl" "$requests" "$v" secrets -n "$mirror"; done
+  can "$ctl" no watch secrets -n "$mirror"
+  can "$ctl" no update secrets -n "$mirror"
   can "$ctl" yes create "$lease_res" -n "$NS"
   can "$ctl" yes get "$lease_res/$lease" -n "$NS"
   can "$ctl" yes update "$lease_res/$lease" -n "$NS"
@@ -440,6 +444,9 @@ check_controller_identity() {
           echo "events [] [] [create patch]"
           echo "events.events.k8s.io [] [] [create patch]"
         fi
+        if [[ $requests == yes ]]; then
+          echo "secrets [] [] [create get patch delete]"
+        fi
         echo "$mst [] [] [get list watch create patch delete]"
         echo "$mst/status [] [] [get patch]"
       fi
@@ -474,6 +481,7 @@ check_controller_env() {
     -e 's/^\(MEATSPACE_CONTROLLER_BATCH_SIZE\|MEATSPACE_[A-Z_]*_SECONDS\)=.*/\1/p' "$WORK/controller.env")
   if diff <(printf '%s\n' DATABASE_URL MEATSPACE_SECRET_KEY MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_SECONDS RUST_LOG \
               MEATSPACE_LOG_FORMAT MEATSPACE_MIRROR_ENABLED MEATSPACE_MIRROR_NAMESPACE \
+              MEATSPACE_REQUESTS_ENABLED MEATSPACE_KUBERNETES_EVENTS \
               MEATSPACE_LEADER_ELECTION MEATSPACE_LEASE_NAME POD_NAME POD_NAMESPACE "${extra[@]}" | sort) \
             <(cut -d= -f1 "$WORK/controller.env") >"$WORK/env.diff"; then
     pass "the controller ($sa) gets the contract's environment variables"
@@ -651,7 +659,7 @@ check_local_controller() {
 
 if $INSTALLED; then
   API_SA=meatspace-api-server
-  check_controller_identity meatspace-controller "$NS" meatspace-controller no
+  check_controller_identity meatspace-controller "$NS" meatspace-controller no no
   check_controller_env meatspace-controller "$NS" meatspace-controller $((30 * 86400))
   log "8. the controller binary, run locally as the chart's controller"
   check_local_controller meatspace-controller "$NS" meatspace-controller
@@ -673,7 +681,7 @@ if $INSTALLED; then
     expect_rule "upgrade: the dev key is the one from the values" \
       test "$(secret_value meatspace dev-key)" = "msd_all-options-dev-key-0123456789"
     API_SA=meatspace-api
-    check_controller_identity meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader yes
+    check_controller_identity meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader yes yes
     check_controller_env meatspace-reconciler "$MIRROR_NS" meatspace-controller-leader $((7 * 86400))
   fi
 

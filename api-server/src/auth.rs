@@ -21,7 +21,7 @@ use crate::error::ApiError;
 /// Header carrying the development key (from the seed contract).
 pub const DEV_KEY_HEADER: &str = "x-meatspace-dev-key";
 
-const AGENT_PREFIX: &str = "mst_";
+const AGENT_PREFIX: &str = token::AGENT_PREFIX;
 const WORKER_PREFIX: &str = "msw_";
 
 /// The configured development key, kept only as a digest.
@@ -77,7 +77,7 @@ impl FromRequestParts<AppState> for DevKeyAuth {
 
 /// A new token for `id`, and the digest to store.
 pub fn issue_token(prefix: &str, id: Uuid) -> (String, TokenHash) {
-    let secret = format!("{prefix}{}_{}", id.simple(), token::generate(""));
+    let secret = token::generate_for(prefix, id);
     let hash = TokenHash::of(&secret);
     (secret, hash)
 }

@@ -90,8 +90,9 @@ async fn main() -> anyhow::Result<()> {
     // whole system.
     let controller = config.run_controller_here().then(|| {
         let store = Arc::clone(&store);
-        let mut controller_config: meatspace_controller::ControllerConfig =
-            config.controller.clone().into();
+        let mut controller_config =
+            meatspace_controller::ControllerConfig::from(config.controller.clone())
+                .with_policy(policy);
         controller_config.webhooks.server_key = Some(server_key.clone());
         let mut rx = stop_rx.clone();
         tokio::spawn(async move {

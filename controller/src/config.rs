@@ -13,6 +13,7 @@ use meatspace_core::store::redact_url;
 
 use crate::leader::LeaseSettings;
 use crate::mirror::MirrorSettings;
+use crate::requests::RequestSettings;
 use crate::telemetry::LogFormat;
 use crate::webhooks::{AllowList, WebhookSettings};
 
@@ -173,6 +174,16 @@ pub struct MirrorArgs {
     /// Namespace of this pod: holds the Lease, and the default mirror namespace.
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
+    /// Turn MeatspaceTask resources that agents apply in the mirror
+    /// namespace (spec.origin: Requested) into tasks, keeping each agent
+    /// token in a Secret owned by its resource (needs the mirror, and
+    /// create/get/patch/delete on Secrets there).
+    #[arg(long, env = "MEATSPACE_REQUESTS_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub requests_enabled: bool,
+    /// Record Kubernetes Events on requested resources (worker issues, the
+    /// end of the task); needs create/patch on Events in the mirror namespace.
+    #[arg(long, env = "MEATSPACE_KUBERNETES_EVENTS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub kubernetes_events: bool,
 }
 
 impl MirrorArgs {
@@ -202,6 +213,12 @@ impl MirrorArgs {
                 identity,
                 duration: Duration::from_secs(15),
             }),
+            // The binary puts its lifetime policy in (`with_policy`).
+            requests: self.requests_enabled.then(|| RequestSettings {
+                policy: meatspace_core::Policy::default(),
+                events: self.kubernetes_events,
+                resync_interval: Duration::from_secs(self.mirror_resync_seconds),
+            }),
         })
     }
 }
@@ -221,6 +238,18 @@ impl Default for ControllerArgs {
             },
             webhooks: WebhookArgs::default(),
         }
+    }
+}
+
+impl ControllerConfig {
+    /// Sets the task lifetime policy that requested tasks are created with
+    /// (the binaries' `--default-lifetime-seconds` and bounds, the same as
+    /// the API server's).
+    pub fn with_policy(mut self, policy: meatspace_core::Policy) -> Self {
+        if let Some(requests) = self.mirror.as_mut().and_then(|m| m.requests.as_mut()) {
+            requests.policy = policy;
+        }
+        self
     }
 }
 

@@ -31,6 +31,9 @@
 //! - [`mirror`] (optional): keeps a `MeatspaceTask` custom resource per
 //!   task in step with the store; with [`leader`] election, one replica
 //!   at a time does it.
+//! - [`requests`] (optional, with the mirror): turns the `MeatspaceTask`
+//!   resources an agent applies (`spec.origin: Requested`) into tasks,
+//!   once each, and drives them from their spec.
 //!
 //! # Terminal-state rules
 //!
@@ -72,6 +75,7 @@ pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod mirror;
+pub mod requests;
 pub mod retention;
 mod supervisor;
 pub mod telemetry;

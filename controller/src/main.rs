@@ -48,8 +48,8 @@ async fn main() -> anyhow::Result<()> {
             .into_future(),
     );
 
-    let mut controller_config: meatspace_controller::ControllerConfig =
-        config.controller.clone().into();
+    let mut controller_config =
+        meatspace_controller::ControllerConfig::from(config.controller.clone()).with_policy(policy);
     match config.secret_key.as_deref().filter(|k| !k.is_empty()) {
         Some(text) => {
             controller_config.webhooks.server_key = Some(

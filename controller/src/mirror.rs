@@ -35,6 +35,7 @@ use uuid::Uuid;
 
 use crate::error::kube_call;
 use crate::leader::{self, LeaseSettings};
+use crate::requests::{self, RequestSettings};
 use crate::{Error, Shutdown};
 
 /// Field manager of every write, so server-side apply knows which fields
@@ -53,6 +54,9 @@ pub struct MirrorSettings {
     pub resync_interval: Duration,
     /// Lease to hold before mirroring; unset mirrors unconditionally.
     pub lease: Option<LeaseSettings>,
+    /// Also turn requested resources (`spec.origin: Requested`) of the
+    /// namespace into tasks; unset leaves them alone.
+    pub requests: Option<RequestSettings>,
 }
 
 /// What the mirror must do for one task.
@@ -133,9 +137,13 @@ impl Mirror {
             .increment(1);
     }
 
-    /// Reads the task and brings its resource in line with it.
+    /// Reads the task and brings its resource in line with it. A task
+    /// requested from Kubernetes is left to the resource that asked for it.
     async fn reconcile(&self, id: Uuid) -> Result<(), Error> {
         let task = self.store.task(id).await?;
+        if task.is_some() && !self.store.requested_among(&[id]).await?.is_empty() {
+            return Ok(());
+        }
         self.reconcile_task(id, task.as_ref()).await
     }
 
@@ -221,10 +229,18 @@ impl Mirror {
             let Some(last) = page.last() else { break };
             after = Some(last.id);
             seen.extend(page.iter().map(|t| t.id));
+            let ids: Vec<Uuid> = page.iter().map(|t| t.id).collect();
+            let requested: HashSet<Uuid> = self
+                .store
+                .requested_among(&ids)
+                .await?
+                .into_iter()
+                .collect();
             // Boxed: with the plain futures, rustc cannot prove the spawned
             // mirror future Send (rust-lang/rust#102211).
             let reconciles: Vec<BoxFuture<'_, (Uuid, Result<(), Error>)>> = page
                 .iter()
+                .filter(|t| !requested.contains(&t.id))
                 .map(|t| {
                     self.reconcile_task(t.id, Some(t))
                         .map(move |r| (t.id, r))
@@ -354,8 +370,22 @@ pub(crate) async fn run(store: Arc<dyn Store>, settings: MirrorSettings, mut shu
         let lost = async {
             let _ = leading.wait_for(|l| !*l).await;
         };
+        let requested = async {
+            match settings.requests.clone() {
+                Some(r) => {
+                    let identity = settings
+                        .lease
+                        .as_ref()
+                        .map_or_else(|| FIELD_MANAGER.to_owned(), |l| l.identity.clone());
+                    let namespace = settings.namespace.clone();
+                    requests::run(store.clone(), client.clone(), namespace, r, identity).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = mirror(store.clone(), client.clone(), &settings) => {}
+            () = requested => {}
             () = lost => tracing::info!("lost the lease: mirroring stops"),
             () = shutdown.requested() => {}
         }

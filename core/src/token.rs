@@ -46,6 +46,16 @@ pub fn generate(prefix: &str) -> String {
     format!("{prefix}{}", URL_SAFE_NO_PAD.encode(bytes))
 }
 
+/// Prefix of agent tokens.
+pub const AGENT_PREFIX: &str = "mst_";
+
+/// A new credential that names its subject (a task or a worker):
+/// `<prefix><id, 32 hex digits>_<random>`, so that the server finds the
+/// digest to compare by the id alone.
+pub fn generate_for(prefix: &str, id: uuid::Uuid) -> String {
+    format!("{prefix}{}_{}", id.simple(), generate(""))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

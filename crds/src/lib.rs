@@ -10,8 +10,10 @@
 mod task;
 
 pub use task::{
-    CONDITION_ACTIVE, CONDITION_PUBLISHED, CONDITION_TERMINAL, MANAGED_BY, MANAGED_BY_LABEL,
-    MeatspaceTask, MeatspaceTaskSpec, MeatspaceTaskStatus, State, desired, resource_name,
+    CONDITION_ACTIVE, CONDITION_CREATED, CONDITION_PUBLISHED, CONDITION_SPEC_APPLIED,
+    CONDITION_TERMINAL, IssueResponse, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask,
+    MeatspaceTaskSpec, MeatspaceTaskStatus, OpenIssue, Origin, ResponseAction, ResponseResult,
+    ResponseStatus, State, condition, desired, resource_name, status,
 };
 
 use kube::CustomResourceExt;
@@ -81,7 +83,7 @@ mod tests {
             [
                 ("State", "string", ".status.state"),
                 ("Open Issues", "integer", ".status.openIssues"),
-                ("Expires", "string", ".spec.expiresAt"),
+                ("Expires", "string", ".status.expiresAt"),
                 ("Age", "date", ".metadata.creationTimestamp"),
             ]
         );

@@ -31,10 +31,26 @@ pub const CONDITION_PUBLISHED: &str = "Published";
 pub const CONDITION_ACTIVE: &str = "Active";
 /// Condition type: the task has reached a terminal state and will never change again.
 pub const CONDITION_TERMINAL: &str = "Terminal";
+/// Condition type (requested resources): the controller created the task
+/// for this resource (False with the reason when it cannot).
+pub const CONDITION_CREATED: &str = "Created";
+/// Condition type (requested resources): everything the spec asks for has
+/// been applied to the task (False with the reason when the store refused
+/// part of it, e.g. an extension past the longest lifetime).
+pub const CONDITION_SPEC_APPLIED: &str = "SpecApplied";
 
-/// What does not change over a task's life. The meatspace controller writes
-/// it from its database; edits made by hand are reverted. Where the task is
-/// now is in the status subresource.
+/// A task, in one of two kinds told apart by `origin`:
+///
+/// - `Mirrored` (the default): the meatspace controller writes the resource
+///   from its database (`taskId`, `description`, `expiresAt`); edits made by
+///   hand are reverted and a deleted resource is recreated.
+/// - `Requested`: an agent in the cluster applies it (`description`,
+///   optional `lifetimeSeconds`, `publish`) and the controller creates the
+///   task, once per resource. The agent drives the task through this spec
+///   (`publish`, `responses`, `expiresAt`, `cancel`); it has no `taskId`
+///   (the controller records the task's id in the status).
+///
+/// Where the task is now is in the status subresource.
 // Clippy reads the repeated `type_ = ...` and `priority = ...` of the
 // printcolumn(...) entries below as duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -50,7 +66,7 @@ pub const CONDITION_TERMINAL: &str = "Terminal";
     namespaced,
     status = "MeatspaceTaskStatus",
     derive = "PartialEq",
-    doc = "A meatspace task mirrored from the meatspace database: a piece of physical-world work that an AI agent asked a person to do.",
+    doc = "A meatspace task: a piece of physical-world work that an AI agent asked a person to do. Mirrored from the meatspace database, or requested by an agent that applies it (spec.origin: Requested).",
     printcolumn(
         name = "State",
         type_ = "string",
@@ -69,13 +85,27 @@ pub const CONDITION_TERMINAL: &str = "Terminal";
     printcolumn(
         name = "Expires",
         type_ = "string",
-        json_path = ".spec.expiresAt",
+        json_path = ".status.expiresAt",
         description = "End of the task's lifetime (RFC 3339): a task not yet started expires then."
     ),
     printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Origin",
+        type_ = "string",
+        json_path = ".spec.origin",
+        description = "Mirrored from the database, or Requested by applying the resource.",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Task",
+        type_ = "string",
+        json_path = ".status.taskId",
+        description = "Id of the task in the meatspace API.",
+        priority = "1"
     ),
     printcolumn(
         name = "Worker",
@@ -94,14 +124,132 @@ pub const CONDITION_TERMINAL: &str = "Terminal";
     selectable = ".status.state"
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.origin == 'Requested' ? !has(self.taskId) : (has(self.taskId) && has(self.expiresAt))",
+        "message": "a requested MeatspaceTask (spec.origin: Requested) must not set spec.taskId, the controller records the task id in the status; a mirrored one has spec.taskId and spec.expiresAt"
+    },
+    {
+        "rule": "self.origin == 'Requested' || (!has(self.lifetimeSeconds) && !has(self.publish) && !has(self.cancel) && !has(self.responses) && !has(self.showUntrustedWorkerText))",
+        "message": "lifetimeSeconds, publish, cancel, responses and showUntrustedWorkerText are fields of requested tasks (spec.origin: Requested)"
+    },
+    {
+        "rule": "self.origin == oldSelf.origin",
+        "message": "spec.origin is immutable"
+    },
+    {
+        "rule": "!has(oldSelf.taskId) ? !has(self.taskId) : (has(self.taskId) && self.taskId == oldSelf.taskId)",
+        "message": "spec.taskId is immutable"
+    },
+    {
+        "rule": "self.description == oldSelf.description",
+        "message": "spec.description is immutable"
+    },
+    {
+        "rule": "!has(oldSelf.lifetimeSeconds) ? !has(self.lifetimeSeconds) : (has(self.lifetimeSeconds) && self.lifetimeSeconds == oldSelf.lifetimeSeconds)",
+        "message": "spec.lifetimeSeconds is immutable: to give the task more time, set spec.expiresAt later"
+    },
+    {
+        "rule": "self.origin != 'Requested' || !has(oldSelf.expiresAt) || (has(self.expiresAt) && timestamp(self.expiresAt) >= timestamp(oldSelf.expiresAt))",
+        "message": "spec.expiresAt can only move later (a task's lifetime is extended, never shortened)"
+    },
+    {
+        "rule": "!has(oldSelf.publish) || !oldSelf.publish || (has(self.publish) && self.publish)",
+        "message": "spec.publish cannot be undone: a published task stays published"
+    },
+    {
+        "rule": "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)",
+        "message": "spec.cancel cannot be undone: a cancelled task stays cancelled"
+    },
+    {
+        "rule": "!has(oldSelf.responses) || (has(self.responses) && oldSelf.responses.all(o, self.responses.exists(n, n.issueEventId == o.issueEventId)))",
+        "message": "spec.responses is append-only: a response cannot be removed"
+    }
+]))]
 pub struct MeatspaceTaskSpec {
-    /// Id of the task in the meatspace API; the resource is named after it.
-    pub task_id: Uuid,
-    /// What the agent asks a person to do (1-4000 characters), as the agent wrote it.
+    /// `Mirrored` (written by the controller from its database; the
+    /// default) or `Requested` (applied by an agent, which the controller
+    /// turns into a task). Immutable.
+    #[serde(default)]
+    pub origin: Origin,
+    /// Mirrored: id of the task in the meatspace API; the resource is named
+    /// after it. Requested: never set (see status.taskId).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<Uuid>,
+    /// What the agent asks a person to do (1-4000 characters), as the agent
+    /// wrote it. Immutable.
     #[schemars(length(min = 1, max = 4000))]
     pub description: String,
-    /// End of the task's lifetime: a draft, open or assigned task expires then.
-    pub expires_at: DateTime<Utc>,
+    /// Mirrored: end of the task's lifetime (a draft, open or assigned task
+    /// expires then), written by the controller. Requested: optional; set it
+    /// later than the task's current end (status.expiresAt) to extend the
+    /// lifetime. It can only move later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Requested: the task's lifetime in seconds from its creation (default:
+    /// the server's default lifetime). The server's own bounds apply too.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2_592_000))]
+    pub lifetime_seconds: Option<i64>,
+    /// Requested: publish the task (draft → open), now or when set to true
+    /// later. Cannot be undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish: Option<bool>,
+    /// Requested: cancel the task. Cannot be undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<bool>,
+    /// Requested: answers to worker issues (see status.issues), one per
+    /// issue, append-only. Each is acknowledged in status.responses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["issueEventId"]))]
+    pub responses: Vec<IssueResponse>,
+    /// Requested: copy each open issue's text, as the worker wrote it, into
+    /// status.issues[].untrustedWorkerText. Off by default: worker text is
+    /// data from a stranger, never instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub show_untrusted_worker_text: Option<bool>,
+}
+
+/// Which kind of resource a `MeatspaceTask` is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Origin {
+    /// Written by the controller from the database, which is the authority.
+    #[default]
+    Mirrored,
+    /// Applied by an agent; the controller creates and drives the task.
+    Requested,
+}
+
+/// The agent's answer to one worker issue.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    { "rule": "self == oldSelf", "message": "a response cannot be changed once given" },
+    { "rule": "self.action == 'cancel' || has(self.text)", "message": "text is required to clarify or acknowledge an issue" }
+]))]
+pub struct IssueResponse {
+    /// Event id of the worker issue (status.issues[].eventId).
+    #[schemars(range(min = 1))]
+    pub issue_event_id: i64,
+    pub action: ResponseAction,
+    /// The answer; required for clarify and acknowledge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4000))]
+    pub text: Option<String>,
+}
+
+/// How the agent answers a worker issue: the actions of the API.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseAction {
+    /// More information; the worker carries on.
+    Clarify,
+    /// Accept the issue; the worker carries on.
+    Acknowledge,
+    /// Cancel the task.
+    Cancel,
 }
 
 /// Where a task is now, as the meatspace database says.
@@ -109,13 +257,22 @@ pub struct MeatspaceTaskSpec {
 #[serde(rename_all = "camelCase")]
 pub struct MeatspaceTaskStatus {
     /// The task's state: draft, open, assigned, active, or one of the
-    /// terminal states completed, stopped, cancelled, expired.
-    pub state: State,
+    /// terminal states completed, stopped, cancelled, expired. Unset on a
+    /// requested resource whose task does not exist (yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    /// Id of the task in the meatspace API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<Uuid>,
+    /// End of the task's lifetime: a draft, open or assigned task expires then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
     /// The worker holding the assignment, while assigned or after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<Uuid>,
     /// When the agent created the task.
-    pub created_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
     /// When the agent published the task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_at: Option<DateTime<Utc>>,
@@ -145,10 +302,56 @@ pub struct MeatspaceTaskStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
-    /// Published, Active and Terminal, in the usual Kubernetes condition shape.
+    /// Published, Active and Terminal (and, on requested resources,
+    /// Created and SpecApplied), in the usual Kubernetes condition shape.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Requested: the Secret (in this namespace, owned by this resource)
+    /// whose `token` key holds the task's agent token, for the REST API or
+    /// the CLI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_name: Option<String>,
+    /// Requested: the worker issues waiting for an answer in spec.responses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub issues: Vec<OpenIssue>,
+    /// Requested: what became of each entry of spec.responses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub responses: Vec<ResponseStatus>,
+}
+
+/// A worker issue the agent has not answered.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenIssue {
+    /// Id of the `worker.issue` event: the issueEventId of an answer.
+    pub event_id: i64,
+    /// One of the fixed issue kinds (unclear_instructions, access_blocked,
+    /// item_unavailable, safety_concern, needs_more_time, other).
+    pub kind: String,
+    /// The worker's text, only with spec.showUntrustedWorkerText: written
+    /// by a stranger, so data and never instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_worker_text: Option<String>,
+}
+
+/// The acknowledgement of one entry of spec.responses.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResponseStatus {
+    pub issue_event_id: i64,
+    /// Accepted (the answer reached the worker) or Refused.
+    pub result: ResponseResult,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Whether an answer was applied.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ResponseResult {
+    Accepted,
+    Refused,
 }
 
 /// A task state as it appears in a resource: the same names as in the
@@ -209,9 +412,15 @@ pub fn resource_name(task_id: Uuid) -> String {
 /// apiserver knows the generation, after the spec has been applied.
 pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
     let spec = MeatspaceTaskSpec {
-        task_id: task.id,
+        origin: Origin::Mirrored,
+        task_id: Some(task.id),
         description: task.description.clone(),
-        expires_at: task.expires_at,
+        expires_at: Some(task.expires_at),
+        lifetime_seconds: None,
+        publish: None,
+        cancel: None,
+        responses: Vec::new(),
+        show_untrusted_worker_text: None,
     };
     let metadata = ObjectMeta {
         name: Some(resource_name(task.id)),
@@ -229,11 +438,15 @@ pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
     }
 }
 
-fn status(task: &Task) -> MeatspaceTaskStatus {
+/// The status that shows `task`, for either kind of resource (the
+/// controller adds what only requested resources carry).
+pub fn status(task: &Task) -> MeatspaceTaskStatus {
     MeatspaceTaskStatus {
-        state: task.state.into(),
+        state: Some(task.state.into()),
+        task_id: Some(task.id),
+        expires_at: Some(task.expires_at),
         worker_id: task.worker_id,
-        created_at: task.created_at,
+        created_at: Some(task.created_at),
         published_at: task.published_at,
         assigned_at: task.assigned_at,
         started_at: task.started_at,
@@ -244,6 +457,9 @@ fn status(task: &Task) -> MeatspaceTaskStatus {
         last_event_id: task.last_event_id,
         observed_generation: None,
         conditions: conditions(task),
+        token_secret_name: None,
+        issues: Vec::new(),
+        responses: Vec::new(),
     }
 }
 
@@ -320,7 +536,8 @@ fn conditions(task: &Task) -> Vec<Condition> {
     vec![published, active, terminal]
 }
 
-fn condition(
+/// A condition in the Kubernetes shape, its time truncated to seconds.
+pub fn condition(
     type_: &str,
     status: bool,
     reason: &str,
@@ -483,15 +700,23 @@ mod tests {
         assert_eq!(
             mst.spec,
             MeatspaceTaskSpec {
-                task_id: TASK,
+                origin: Origin::Mirrored,
+                task_id: Some(TASK),
                 description: task.description.clone(),
-                expires_at: task.expires_at,
+                expires_at: Some(task.expires_at),
+                lifetime_seconds: None,
+                publish: None,
+                cancel: None,
+                responses: Vec::new(),
+                show_untrusted_worker_text: None,
             }
         );
         let status = mst.status.clone().expect("status");
-        assert_eq!(status.state, State::Active);
+        assert_eq!(status.state, Some(State::Active));
+        assert_eq!(status.task_id, Some(TASK));
+        assert_eq!(status.expires_at, Some(task.expires_at));
         assert_eq!(status.worker_id, Some(WORKER));
-        assert_eq!(status.created_at, at(0));
+        assert_eq!(status.created_at, Some(at(0)));
         assert_eq!(status.published_at, Some(at(10)));
         assert_eq!(status.assigned_at, Some(at(100)));
         assert_eq!(status.started_at, Some(at(300)));
@@ -670,6 +895,7 @@ mod tests {
             "spec",
             "spec.description",
             "spec.expiresAt",
+            "spec.origin",
             "spec.taskId",
             "status",
             "status.activeUntil",
@@ -682,12 +908,14 @@ mod tests {
             "status.conditions[].type",
             "status.createdAt",
             "status.endedAt",
+            "status.expiresAt",
             "status.lastEventId",
             "status.openIssues",
             "status.publishedAt",
             "status.startBy",
             "status.startedAt",
             "status.state",
+            "status.taskId",
             "status.workerId",
         ];
         let task = Task {

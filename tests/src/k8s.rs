@@ -203,6 +203,23 @@ pub fn controller_rules(lease_name: &str) -> Vec<PolicyRule> {
     ]
 }
 
+/// The rules the chart adds for requested tasks
+/// (`controller.mirror.requests.enabled`): the agent-token Secrets, by name
+/// (no list or watch), and (`controller.rbac.events`) Events.
+pub fn requested_task_rules() -> Vec<PolicyRule> {
+    let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    vec![
+        rule("", "secrets", &["create", "get", "patch", "delete"]),
+        rule("", "events", &["create", "patch"]),
+        rule("events.k8s.io", "events", &["create", "patch"]),
+    ]
+}
+
 /// A ServiceAccount with the controller's Role in one namespace, and a
 /// kubeconfig that authenticates as it.
 #[derive(Debug)]
@@ -222,10 +239,22 @@ impl ControllerIdentity {
     /// RoleBinding in `namespace` (as the admin `client`) and mints a token
     /// for it through the TokenRequest API.
     pub async fn create(client: &Client, namespace: &str, lease_name: &str) -> Self {
+        Self::create_with(client, namespace, lease_name, Vec::new()).await
+    }
+
+    /// As [`ControllerIdentity::create`], with `extra` rules in the Role
+    /// (e.g. [`requested_task_rules`]).
+    pub async fn create_with(
+        client: &Client,
+        namespace: &str,
+        lease_name: &str,
+        extra: Vec<PolicyRule>,
+    ) -> Self {
         let service_account = "meatspace-controller";
         let dir = tempfile::tempdir().expect("temporary directory");
         let kubeconfig = dir.path().join("controller.kubeconfig");
-        let rules = controller_rules(lease_name);
+        let mut rules = controller_rules(lease_name);
+        rules.extend(extra);
         let token = service_account_with_rules(client, namespace, service_account, rules).await;
         write_token_kubeconfig(&kubeconfig, namespace, service_account, &token);
         ControllerIdentity {

@@ -83,6 +83,7 @@ impl Cluster {
             // in step within a test.
             resync_interval: Duration::from_secs(300),
             lease,
+            requests: None,
         }
     }
 

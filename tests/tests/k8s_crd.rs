@@ -213,6 +213,11 @@ fn status_has_every_optional_field(s: &MeatspaceTaskStatus) -> bool {
         last_event_id: _,
         observed_generation,
         conditions,
+        task_id: _,
+        expires_at: _,
+        token_secret_name: _,
+        issues: _,
+        responses: _,
     } = s;
     worker_id.is_some()
         && published_at.is_some()
@@ -252,7 +257,9 @@ async fn resource_with_every_optional_field_unset_reads_back_equal() {
         stored["status"],
         json!({
             "state": "draft",
+            "taskId": mst.spec.task_id,
             "createdAt": task.created_at,
+            "expiresAt": task.expires_at,
             "openIssues": 0,
             "lastEventId": 0,
         })
@@ -311,6 +318,7 @@ async fn kubectl_get_mst_shows_state_open_issues_expiry_and_age() {
     let expires = mst
         .spec
         .expires_at
+        .expect("a mirrored resource has spec.expiresAt")
         .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
 
     for resource in [
@@ -348,11 +356,21 @@ async fn kubectl_get_mst_shows_state_open_issues_expiry_and_age() {
             "OPEN ISSUES",
             "EXPIRES",
             "AGE",
+            "ORIGIN",
+            "TASK",
             "WORKER",
             "LAST EVENT"
         ]
     );
-    assert_eq!(wide[1][5..], [worker.to_string(), "7".to_owned()]);
+    assert_eq!(
+        wide[1][5..],
+        [
+            "Mirrored".to_owned(),
+            open.id.to_string(),
+            worker.to_string(),
+            "7".to_owned()
+        ]
+    );
 
     // status.state is a selectable field.
     let selected = kubectl(&[

@@ -41,6 +41,7 @@ async fn the_mirror_shows_the_extended_deadline(db: Db) {
                 kubeconfig: Some(identity.kubeconfig.clone()),
                 resync_interval: Duration::from_secs(600),
                 lease: None,
+                requests: None,
             }),
             ..controller_support::config()
         },
@@ -69,7 +70,7 @@ async fn the_mirror_shows_the_extended_deadline(db: Db) {
             .await
             .expect("read the resource");
         if let Some(r) = &resource
-            && r.spec.expires_at == extended
+            && r.spec.expires_at == Some(extended)
         {
             break;
         }

@@ -130,6 +130,7 @@ impl Cluster {
             kubeconfig: Some(self.identity.kubeconfig.clone()),
             resync_interval,
             lease: None,
+            requests: None,
         }
     }
 
@@ -686,7 +687,26 @@ async fn the_store_is_the_authority(db: Db) {
     let name = resource_name(id);
     let (original, _) = follows(&c, &srv.store, id, Instant::now()).await;
 
-    // A spec edited by hand is reverted.
+    // The apiserver refuses a new description outright (CEL: immutable)…
+    let refused = kubectl_as(
+        &meatspace_tests::k8s::admin_kubeconfig(),
+        &[
+            "patch",
+            "mst",
+            &name,
+            "-n",
+            &c.ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"description":"Read the gas meter instead."}}"#,
+        ],
+    );
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("spec.description is immutable"),
+        "{refused:?}"
+    );
+    // …and a spec edited by hand where the rules allow it is reverted.
     kubectl(&[
         "patch",
         "mst",
@@ -695,7 +715,7 @@ async fn the_store_is_the_authority(db: Db) {
         &c.ns,
         "--type=merge",
         "-p",
-        r#"{"spec":{"description":"Read the gas meter instead."}}"#,
+        r#"{"spec":{"expiresAt":"2099-01-01T00:00:00Z"}}"#,
     ]);
     let started = Instant::now();
     let (reverted, revert_lag) = follows(&c, &srv.store, id, started).await;
@@ -749,7 +769,7 @@ async fn the_store_is_the_authority(db: Db) {
         let mut r = MeatspaceTask::new(
             &resource_name(id),
             MeatspaceTaskSpec {
-                task_id: id,
+                task_id: Some(id),
                 ..recreated.spec.clone()
             },
         );

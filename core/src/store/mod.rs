@@ -19,10 +19,12 @@ use crate::{Command, Event, Issue, Policy, Refusal, Task};
 
 mod idempotency;
 mod postgres;
+mod requests;
 mod sqlite;
 mod webhooks;
 
 pub use idempotency::{IdempotencyBegin, IdempotencyClaim};
+pub use requests::TaskRequest;
 pub use webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
 
 pub use postgres::PgStore;
@@ -392,6 +394,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// neither stalls the reconnect nor leaves the database's side of the
     /// connection unread. It ends only when the store is closed.
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError>;
+
+    /// Creates the task a Kubernetes resource asks for, exactly once per
+    /// resource: in one transaction, records `request` (keyed by the
+    /// resource's UID) and creates `new` (whose id must be
+    /// `request.task_id`). When the resource already has a request row
+    /// (a retry, a restart, a racing replica), nothing is written. Returns
+    /// the row in the table: its `task_id` is `new.id` only if this call
+    /// created the task.
+    async fn create_requested_task(
+        &self,
+        new: NewTask,
+        request: &TaskRequest,
+    ) -> Result<TaskRequest, StoreError>;
+
+    /// The request row of the resource with this UID, if it has one.
+    async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError>;
+
+    /// Which of `task_ids` were requested from Kubernetes (the mirror
+    /// leaves those to the resource that asked for them).
+    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
 }
 
 /// One item of [`Store::changes`].

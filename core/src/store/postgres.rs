@@ -1082,6 +1082,33 @@ impl Store for PgStore {
         .await?;
         rows.iter().map(task_from_row).collect()
     }
+
+    async fn create_requested_task(
+        &self,
+        new: NewTask,
+        request: &super::TaskRequest,
+    ) -> Result<super::TaskRequest, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = super::requests::pg_claim(&mut tx, request).await?;
+        if row.task_id == new.id {
+            let next_deadline = Some(new.expires_at);
+            super::requests::pg_insert_task(&mut tx, &new, next_deadline).await?;
+            notify(&mut tx, new.id).await?;
+        }
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    async fn task_request(
+        &self,
+        resource_uid: &str,
+    ) -> Result<Option<super::TaskRequest>, StoreError> {
+        super::requests::pg_get(&self.pool, resource_uid).await
+    }
+
+    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+        super::requests::pg_requested_among(&self.pool, task_ids).await
+    }
 }
 
 // ---- the change stream ------------------------------------------------------------------

@@ -965,4 +965,34 @@ impl Store for SqliteStore {
         .await?;
         rows.iter().map(task_from_row).collect()
     }
+
+    async fn create_requested_task(
+        &self,
+        new: NewTask,
+        request: &super::TaskRequest,
+    ) -> Result<super::TaskRequest, StoreError> {
+        let mut tx = self.begin().await?;
+        let row = super::requests::sqlite_claim(&mut tx, request).await?;
+        let created = row.task_id == new.id;
+        if created {
+            let next_deadline = Some(new.expires_at);
+            super::requests::sqlite_insert_task(&mut tx, &new, next_deadline).await?;
+        }
+        tx.commit().await?;
+        if created {
+            self.announce(new.id);
+        }
+        Ok(row)
+    }
+
+    async fn task_request(
+        &self,
+        resource_uid: &str,
+    ) -> Result<Option<super::TaskRequest>, StoreError> {
+        super::requests::sqlite_get(&self.reader, resource_uid).await
+    }
+
+    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+        super::requests::sqlite_requested_among(&self.reader, task_ids).await
+    }
 }
