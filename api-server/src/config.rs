@@ -75,9 +75,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_read_timeout_seconds: u64,
 
-    /// Most client connections open at once (each costs a file descriptor:
-    /// keep `ulimit -n` above it). Past it new clients wait to be accepted.
-    #[arg(long, env = "MEATSPACE_MAX_CONNECTIONS", default_value_t = 10_000,
+    /// Most client connections open at once. Past it new clients wait to be
+    /// accepted. Each costs a file descriptor: the server raises its soft
+    /// `ulimit -n` to the hard limit at start-up and lowers this cap (with
+    /// a warning) when the limit cannot hold it and a reserve of 256 plus
+    /// the database connections.
+    #[arg(long, env = "MEATSPACE_MAX_CONNECTIONS", default_value_t = 20_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
 

@@ -31,6 +31,7 @@ pub mod availability;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod fd_limit;
 pub mod feed;
 pub mod idempotency;
 pub mod integrations;
@@ -227,7 +228,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             header_read_timeout: Duration::from_secs(10),
-            max_connections: 10_000,
+            max_connections: 20_000,
         }
     }
 }

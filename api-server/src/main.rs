@@ -131,7 +131,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", config.listen_addr))?;
     tracing::info!(addr = %listener.local_addr()?, embedded_controller = controller.is_some(), "listening");
-    serve(listener, router(state), config.serve_options(), shutdown).await?;
+    let mut serve_options = config.serve_options();
+    serve_options.max_connections = usize::try_from(meatspace_api::fd_limit::raise_and_fit(
+        serve_options.max_connections as u64,
+        u64::from(config.db_max_connections) + 2,
+    ))
+    .unwrap_or(usize::MAX);
+    serve(listener, router(state), serve_options, shutdown).await?;
     if let Some(handle) = controller {
         handle
             .await

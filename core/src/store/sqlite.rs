@@ -41,6 +41,11 @@ const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updat
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    /// One read-only connection of its own for [`Store::ping`], as on
+    /// PostgreSQL: thousands of long polls woken at once queue on `reader`,
+    /// and a ping waiting behind them made a healthy database look down
+    /// (every request then got 503 for a probe interval).
+    probe: SqlitePool,
     policy: Policy,
     /// Task ids changed by this process, for [`Store::changes`].
     changes: broadcast::Sender<Uuid>,
@@ -123,12 +128,18 @@ impl SqliteStore {
         let reader = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.clone().read_only(true))
+            .await?;
+        let probe = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.read_only(true))
             .await?;
         let (changes, _) = broadcast::channel(1024);
         Ok(Self {
             writer,
             reader,
+            probe,
             policy,
             changes,
         })
@@ -442,7 +453,7 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        sqlx::query("SELECT 1").execute(&self.probe).await?;
         Ok(())
     }
 
@@ -994,5 +1005,31 @@ impl Store for SqliteStore {
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
         super::requests::sqlite_requested_among(&self.reader, task_ids).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_ping_does_not_wait_behind_busy_readers() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("ping.db").display());
+        let options = ConnectOptions {
+            max_connections: 1,
+            acquire_timeout: Duration::from_secs(10),
+        };
+        let store = SqliteStore::connect(&url, Policy::default(), &options)
+            .await
+            .expect("open the store");
+        // Every reader is taken, as when thousands of long polls wake at once.
+        let _busy = store.reader.acquire().await.expect("the one reader");
+        tokio::time::timeout(Duration::from_secs(5), store.ping())
+            .await
+            .expect("the ping answered without waiting for a reader")
+            .expect("the database answers");
     }
 }
