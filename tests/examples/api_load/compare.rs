@@ -104,7 +104,10 @@ fn preamble(s: &Settings, wrk: &Path) {
         s.duration.as_secs_f64(),
         s.warmup.as_secs_f64(),
         if s.large {
-            format!("preloaded with {LARGE_TASKS} tasks and {} events", LARGE_TASKS * EVENTS_PER_LARGE_TASK)
+            format!(
+                "preloaded with {LARGE_TASKS} tasks and {} events",
+                LARGE_TASKS * EVENTS_PER_LARGE_TASK
+            )
         } else {
             "empty".into()
         }
@@ -165,7 +168,10 @@ fn print_summary(settings: &Settings, all: &[(Backend, Vec<Figures>)]) {
     );
     for (backend, rows) in all {
         let find = |name: &str| rows.iter().find(|r| r.name.starts_with(name));
-        for (http, sql) in [("empty poll", "pgbench: empty poll"), ("create", "pgbench: create")] {
+        for (http, sql) in [
+            ("empty poll", "pgbench: empty poll"),
+            ("create", "pgbench: create"),
+        ] {
             match (find(http), find(sql)) {
                 (Some(h), Some(p)) => println!(
                     "  {:<10} {:<10}: server {:>7.0} req/s (p99 {:.2} ms) ÷ pgbench {:>7.0} tx/s = {:.2}",
@@ -277,13 +283,42 @@ async fn bench_backend(
     header();
     let poll_script = lua_poll(&tasks);
     rows.push(
-        run_wrk(settings, &server, wrk, work.path(), "empty poll", &poll_script, false).await?,
+        run_wrk(
+            settings,
+            &server,
+            wrk,
+            work.path(),
+            "empty poll",
+            &poll_script,
+            false,
+        )
+        .await?,
     );
     let create_script = lua_create(&server.dev_key);
-    rows.push(run_wrk(settings, &server, wrk, work.path(), "create", &create_script, false).await?);
+    rows.push(
+        run_wrk(
+            settings,
+            &server,
+            wrk,
+            work.path(),
+            "create",
+            &create_script,
+            false,
+        )
+        .await?,
+    );
     let lifecycle_script = lua_lifecycle(&server.dev_key);
     rows.push(
-        run_wrk(settings, &server, wrk, work.path(), "lifecycle", &lifecycle_script, true).await?,
+        run_wrk(
+            settings,
+            &server,
+            wrk,
+            work.path(),
+            "lifecycle",
+            &lifecycle_script,
+            true,
+        )
+        .await?,
     );
     println!(
         "  server peak RSS (VmHWM): {}",
@@ -296,10 +331,13 @@ async fn bench_backend(
     }
 
     if !scripts.is_empty() {
-        let bin = pg_bin.context("MEATSPACE_TEST_PG_BIN is not set (scripts/postgres.sh sets it)")?;
+        let bin =
+            pg_bin.context("MEATSPACE_TEST_PG_BIN is not set (scripts/postgres.sh sets it)")?;
         let pgbench = Path::new(bin).join("pgbench");
         for (name, script) in &scripts {
-            rows.push(run_pgbench(settings, &pgbench, &database_url, work.path(), name, script).await?);
+            rows.push(
+                run_pgbench(settings, &pgbench, &database_url, work.path(), name, script).await?,
+            );
         }
         let mut text = String::new();
         for (name, script) in &scripts {
@@ -347,8 +385,11 @@ async fn active_task(server: &Server, http: &Client, messages: usize) -> Result<
     .await?;
     let id = text_at(&created, "/task/id")?;
     let bearer = format!("Bearer {}", text_at(&created, "/agent_token")?);
-    call(http.post(server.url(&format!("/api/v1/tasks/{id}/publish"))).header(AUTHORIZATION, &bearer))
-        .await?;
+    call(
+        http.post(server.url(&format!("/api/v1/tasks/{id}/publish")))
+            .header(AUTHORIZATION, &bearer),
+    )
+    .await?;
     for action in ["claim", "start"] {
         call(
             http.post(server.url(&format!("/api/v1/worker/tasks/{id}/{action}")))
@@ -425,9 +466,7 @@ async fn preload(backend: Backend, url: &str) -> Result<()> {
         Backend::Sqlite => {
             let store = meatspace_core::store::SqliteStore::connect(url, policy, &options).await?;
             let pool = store.pool();
-            let uuid = |expr: &str| {
-                format!("printf('%08x-0000-4000-8000-%012x', {expr}, {expr})")
-            };
+            let uuid = |expr: &str| format!("printf('%08x-0000-4000-8000-%012x', {expr}, {expr})");
             pool.execute(
                 format!(
                     "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {LARGE_TASKS}) \
@@ -480,7 +519,9 @@ where
     .join("postgres.log");
     let mut admin = sqlx::PgConnection::connect(&admin_url).await?;
     let offset = std::fs::metadata(&log_path)?.len();
-    admin.execute("ALTER SYSTEM SET log_statement = 'all'").await?;
+    admin
+        .execute("ALTER SYSTEM SET log_statement = 'all'")
+        .await?;
     admin.execute("SELECT pg_reload_conf()").await?;
     // Every backend rereads its configuration before its next command.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -593,7 +634,9 @@ async fn to_pgbench(
     let mut conn = sqlx::PgConnection::connect(database_url).await?;
     let mut script = String::new();
     if replaced.is_some() {
-        script.push_str("\\set r1 random(1, 9223372036854775806)\n\\set r2 random(1, 9223372036854775806)\n");
+        script.push_str(
+            "\\set r1 random(1, 9223372036854775806)\n\\set r2 random(1, 9223372036854775806)\n",
+        );
     }
     for (k, statement) in statements.iter().enumerate() {
         let mut sql = statement.sql.clone();
@@ -615,9 +658,9 @@ async fn to_pgbench(
                 let ty = types.get(i).map_or("text", String::as_str);
                 let literal = match value {
                     None => format!("NULL::{ty}"),
-                    Some(v) if Some(v.as_str()) == replaced => format!(
-                        "(md5(:r1::text || '-' || :r2::text)::uuid)::{ty}"
-                    ),
+                    Some(v) if Some(v.as_str()) == replaced => {
+                        format!("(md5(:r1::text || '-' || :r2::text)::uuid)::{ty}")
+                    }
                     Some(v) => format!("'{}'::{ty}", v.replace('\'', "''")),
                 };
                 sql = sql.replace(&format!("${}", i + 1), &literal);
@@ -653,7 +696,10 @@ fn lua_poll(tasks: &[PolledTask]) -> String {
         let _ = writeln!(
             s,
             "table.insert(requests, wrk.format('GET', {}, {{ ['Authorization'] = {} }}))",
-            lua_string(&format!("/api/v1/tasks/{}/events?after={}", t.id, t.last_event)),
+            lua_string(&format!(
+                "/api/v1/tasks/{}/events?after={}",
+                t.id, t.last_event
+            )),
             lua_string(&t.bearer)
         );
     }
@@ -959,7 +1005,11 @@ async fn run_pgbench(
     let mut latencies: Vec<u64> = Vec::new();
     for entry in std::fs::read_dir(&dir)? {
         let entry = entry?;
-        if entry.file_name().to_string_lossy().starts_with("pgbench_log") {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("pgbench_log")
+        {
             let text = std::fs::read_to_string(entry.path())?;
             latencies.extend(
                 text.lines()
