@@ -66,6 +66,12 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            // sqlx pings every connection it hands out by default: one more
+            // round trip per statement. A connection that broke while idle
+            // fails its next statement instead (an I/O error, so 503, and
+            // the pool drops it); outages are the availability monitor's to
+            // notice, on its own probe connection.
+            .test_before_acquire(false)
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;

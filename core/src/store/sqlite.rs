@@ -80,6 +80,7 @@ async fn open_writer(
     loop {
         let opened = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.clone())
             .await;
@@ -124,6 +125,9 @@ impl SqliteStore {
         tx.commit().await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
+            // A file does not drop connections: no ping (a round trip to
+            // the connection's thread) before every read.
+            .test_before_acquire(false)
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.read_only(true))
             .await?;
