@@ -53,6 +53,44 @@ pub struct PgStore {
     policy: Policy,
     /// Bumped after every commit that touches a task (see [`TaskVersions`]).
     versions: Arc<TaskVersions>,
+    /// When `ping` last failed: older pooled connections are not reused.
+    outages: Arc<Outages>,
+}
+
+/// When the database was last seen unreachable.
+#[derive(Debug)]
+struct Outages {
+    since: std::time::Instant,
+    /// Milliseconds from `since` to the last failed ping, plus one (0: none).
+    last_failure_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Outages {
+    fn new() -> Self {
+        Outages {
+            since: std::time::Instant::now(),
+            last_failure_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn failed_now(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_failure_ms
+            .store(ms.saturating_add(1), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// True when a connection of this age was opened before (or during the
+    /// millisecond of) the last failure.
+    fn predates_last(&self, age: Duration) -> bool {
+        let last = self
+            .last_failure_ms
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if last == 0 {
+            return false;
+        }
+        let opened = self.since.elapsed().saturating_sub(age);
+        opened.as_millis() < u128::from(last)
+    }
 }
 
 impl PgStore {
@@ -63,15 +101,23 @@ impl PgStore {
         policy: Policy,
         options: &ConnectOptions,
     ) -> Result<Self, StoreError> {
+        let outages = Arc::new(Outages::new());
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             // sqlx pings every connection it hands out by default: one more
-            // round trip per statement. A connection that broke while idle
-            // fails its next statement instead (an I/O error, so 503, and
-            // the pool drops it); outages are the availability monitor's to
-            // notice, on its own probe connection.
+            // round trip per statement. Instead, a pooled connection opened
+            // before the last failed `ping` (the availability monitor's
+            // probe, four times a second) is replaced before use, so a
+            // request after an outage does not meet a dead connection.
             .test_before_acquire(false)
+            .before_acquire({
+                let outages = Arc::clone(&outages);
+                move |_conn, meta| {
+                    let fresh = !outages.predates_last(meta.age);
+                    Box::pin(async move { Ok(fresh) })
+                }
+            })
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
@@ -84,6 +130,7 @@ impl PgStore {
             probe,
             policy,
             versions: Arc::default(),
+            outages,
         })
     }
 
@@ -675,7 +722,10 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.probe).await?;
+        if let Err(e) = sqlx::query("SELECT 1").execute(&self.probe).await {
+            self.outages.failed_now();
+            return Err(e.into());
+        }
         Ok(())
     }
 
