@@ -78,9 +78,12 @@ async fn open_writer(
 ) -> Result<SqlitePool, StoreError> {
     let deadline = tokio::time::Instant::now() + options.acquire_timeout;
     loop {
+        // The writer keeps sqlx's ping before use: it waits for the rollback
+        // of a transaction dropped mid-request (a client that went away),
+        // which sqlx runs on the connection's thread in the background;
+        // without it the next BEGIN can find the old transaction's depth.
         let opened = SqlitePoolOptions::new()
             .max_connections(1)
-            .test_before_acquire(false)
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.clone())
             .await;
