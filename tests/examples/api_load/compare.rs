@@ -566,10 +566,10 @@ fn parse_statement_log(log: &str) -> Vec<Logged> {
                 sql: sql.to_owned(),
                 params: Vec::new(),
             });
-        } else if let Some(rest) = line.split_once("DETAIL:  parameters: ").map(|(_, r)| r) {
-            if let Some(last) = out.last_mut() {
-                last.params = parse_params(rest);
-            }
+        } else if let Some(rest) = line.split_once("DETAIL:  parameters: ").map(|(_, r)| r)
+            && let Some(last) = out.last_mut()
+        {
+            last.params = parse_params(rest);
         }
     }
     out.retain(|s| {
