@@ -461,6 +461,8 @@ async fn preload(backend: Backend, url: &str) -> Result<()> {
             .await?;
             pool.execute("VACUUM ANALYZE tasks").await?;
             pool.execute("VACUUM ANALYZE events").await?;
+            // Write the loaded pages out now, not during the measurements.
+            pool.execute("CHECKPOINT").await?;
             pool.close().await;
         }
         Backend::Sqlite => {
