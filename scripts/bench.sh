@@ -10,6 +10,17 @@
 # scenario (default 10), --warmup SECS (default 1), --backend
 # sqlite|postgres|both (default both).
 #
+# Comparison mode (tests/examples/api_load/compare.rs):
+#
+#   scripts/bench.sh --compare [--large] [ARGS...]
+#
+# drives the server with wrk (installed with apt-get when missing) through an
+# empty poll, a create and whole task lifecycles, and runs pgbench with the
+# SQL the server issued for one poll and one create, captured from
+# PostgreSQL's statement log (so PostgreSQL is always the throwaway server
+# started here, with its log); prints each pair and its ratio. --large first
+# preloads 1M tasks and 10M events into each database (minutes).
+#
 # Environment:
 #   MEATSPACE_BENCH_PROFILE      release (default) or debug: how the server and
 #                                the benchmark are built
@@ -37,8 +48,10 @@ esac
 # Does this run need PostgreSQL? (--backend sqlite is the only way it does not.)
 backend=${MEATSPACE_BENCH_BACKEND:-both}
 args=("$@")
+compare=false
 for ((i = 0; i < ${#args[@]}; i++)); do
   case ${args[i]} in
+    --compare | --large) compare=true ;;
     --backend) backend=${args[i + 1]:-} ;;
     --backend=*) backend=${args[i]#--backend=} ;;
   esac
@@ -59,7 +72,20 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 log "building ($PROFILE): meatspace-api-server and the api_load example"
-cargo build "${PROFILE_FLAGS[@]}" --locked -p meatspace-api-server -p meatspace-tests --example api_load
+cargo build "${PROFILE_FLAGS[@]}" --locked -p meatspace-api-server -p meatspace-tests \
+  --bin meatspace-api-server --example api_load
+
+if $compare; then
+  if ! command -v wrk >/dev/null 2>&1; then
+    log "installing wrk (apt-get)"
+    if [[ $EUID -eq 0 ]]; then SUDO=(); else SUDO=(sudo); fi
+    "${SUDO[@]}" apt-get install -y wrk >/dev/null 2>&1 \
+      || { "${SUDO[@]}" apt-get update >/dev/null && "${SUDO[@]}" apt-get install -y wrk >/dev/null; } \
+      || die "could not install wrk; install it (Debian: apt-get install wrk) and run again"
+  fi
+  # The capture reads the statement log of a server this script started.
+  unset MEATSPACE_TEST_POSTGRES_URL
+fi
 
 if [[ $backend != sqlite && -z ${MEATSPACE_TEST_POSTGRES_URL:-} ]]; then
   log "starting a throwaway PostgreSQL server"

@@ -117,14 +117,32 @@ fn token_subject(token: &str, prefix: &str) -> Option<Uuid> {
     Uuid::try_parse(id).ok()
 }
 
+/// The answer to an agent token that is not valid.
+pub(crate) fn invalid_agent_token() -> ApiError {
+    ApiError::Unauthorized("the agent token is not valid".into())
+}
+
+/// The task id an agent token claims to belong to.
+pub(crate) fn agent_token_subject(token: &str) -> Option<Uuid> {
+    token_subject(token, AGENT_PREFIX)
+}
+
 /// Checks that the request carries the agent token of `task_id`.
 pub(crate) async fn authorize_agent(
     state: &AppState,
     headers: &HeaderMap,
     task_id: Uuid,
 ) -> Result<(), ApiError> {
-    let token = bearer(headers)?;
-    let wrong = || ApiError::Unauthorized("the agent token is not valid".into());
+    authorize_agent_token(state, bearer(headers)?, task_id).await
+}
+
+/// Checks that `token` is the agent token of `task_id`.
+pub(crate) async fn authorize_agent_token(
+    state: &AppState,
+    token: &str,
+    task_id: Uuid,
+) -> Result<(), ApiError> {
+    let wrong = invalid_agent_token;
     let subject = token_subject(token, AGENT_PREFIX).ok_or_else(wrong)?;
     let hash = state
         .store
@@ -159,6 +177,48 @@ impl FromRequestParts<AppState> for AgentAuth {
         let task_id = task_id_param(parts, state).await?;
         authorize_agent(state, &parts.headers, task_id).await?;
         Ok(AgentAuth(task_id))
+    }
+}
+
+/// An agent's bearer token and the `{task_id}` it names in the path,
+/// checked for their form only: the handler checks the token itself
+/// (the feed reads the digest with the page, see
+/// [`crate::routes::agent_event_feed`]). No credential is a 401 and a
+/// malformed task id a 404, as with [`AgentAuth`].
+#[derive(Debug, Clone)]
+pub struct AgentCredential {
+    pub task_id: Uuid,
+    authorization: axum::http::HeaderValue,
+}
+
+impl AgentCredential {
+    /// The bearer token.
+    pub fn token(&self) -> &str {
+        // Checked in `from_request_parts`.
+        self.authorization
+            .to_str()
+            .ok()
+            .and_then(|v| v.split_once(' '))
+            .map_or("", |(_, token)| token.trim())
+    }
+}
+
+impl FromRequestParts<AppState> for AgentCredential {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        bearer(&parts.headers)?;
+        let task_id = task_id_param(parts, state).await?;
+        let authorization = parts.headers.get(AUTHORIZATION).cloned().ok_or_else(|| {
+            ApiError::Unauthorized("send the token as Authorization: Bearer <token>".into())
+        })?;
+        Ok(AgentCredential {
+            task_id,
+            authorization,
+        })
     }
 }
 
@@ -200,11 +260,55 @@ impl FromRequestParts<AppState> for WorkerAuth {
 pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, ApiError> {
     let wrong = || ApiError::Unauthorized("the worker token is not valid".into());
     let id = token_subject(token, WORKER_PREFIX).ok_or_else(wrong)?;
-    let hash = state.store.worker_token_hash(id).await?.ok_or_else(wrong)?;
+    let hash = match state.worker_digests.get(id) {
+        Some(hash) => hash,
+        None => {
+            let hash = state.store.worker_token_hash(id).await?.ok_or_else(wrong)?;
+            state.worker_digests.insert(id, hash.clone());
+            hash
+        }
+    };
     if hash.verify(token) {
         Ok(id)
     } else {
         Err(wrong())
+    }
+}
+
+/// Worker token digests already read from the store, by worker id, so that
+/// a worker's requests do not each read the digest again.
+///
+/// Sound because a worker's digest never changes and a worker is never
+/// removed: the store has no statement that updates or deletes a worker.
+/// Only digests that exist are kept (an unknown worker is read every
+/// time). Whoever adds a way to revoke a worker token must drop the entry
+/// here (in every process) before the revocation is acknowledged.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerDigests {
+    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<Uuid, TokenHash>>>,
+}
+
+/// Digests kept at most; when full, the map starts over.
+const WORKER_DIGESTS: usize = 100_000;
+
+impl WorkerDigests {
+    fn get(&self, id: Uuid) -> Option<TokenHash> {
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+            .cloned()
+    }
+
+    fn insert(&self, id: Uuid, hash: TokenHash) {
+        let mut known = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if known.len() >= WORKER_DIGESTS {
+            known.clear();
+        }
+        known.insert(id, hash);
     }
 }
 

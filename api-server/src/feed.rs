@@ -18,6 +18,11 @@
 //! ([`Feed::waiting`], and the `meatspace_long_polls_waiting` gauge on
 //! `/metrics`), so an operator sees how many long polls are held open.
 //!
+//! The hub also keeps the process's [`Heads`] honest: it bumps a task's
+//! change counter for every change the stream reports and retires every
+//! head when it (re)subscribes, when the stream reports a gap and while it
+//! is not subscribed (see [`crate::heads`]).
+//!
 //! [`Feed::close`] is the server's shutdown: every waiter answers at once
 //! with what it has, and the hub stops.
 
@@ -30,6 +35,8 @@ use meatspace_core::{Change, Store};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
+
+use crate::heads::Heads;
 
 /// Wake-ups a slow waiter may fall behind by before it just re-reads.
 const CAPACITY: usize = 1024;
@@ -58,6 +65,8 @@ struct Inner {
     closed: watch::Sender<bool>,
     /// Requests inside [`Watch::changed`] right now.
     waiting: Arc<AtomicUsize>,
+    /// Known feed heads, kept current by the hub.
+    heads: Heads,
 }
 
 impl Feed {
@@ -67,14 +76,21 @@ impl Feed {
     pub fn start(store: Arc<dyn Store>) -> Feed {
         let (wakes, _) = broadcast::channel(CAPACITY);
         let (closed, closed_rx) = watch::channel(false);
-        tokio::spawn(follow(store, wakes.clone(), closed_rx));
+        let heads = Heads::new(Arc::clone(&store));
+        tokio::spawn(follow(store, wakes.clone(), closed_rx, heads.clone()));
         Feed {
             inner: Arc::new(Inner {
                 wakes,
                 closed,
                 waiting: Arc::default(),
+                heads,
             }),
         }
+    }
+
+    /// The feed heads this hub keeps current.
+    pub fn heads(&self) -> &Heads {
+        &self.inner.heads
     }
 
     /// Shuts the hub down: waiting requests answer now, later ones do not
@@ -180,7 +196,18 @@ impl Watch {
 async fn follow(
     store: Arc<dyn Store>,
     wakes: broadcast::Sender<Wake>,
+    closed: watch::Receiver<bool>,
+    heads: Heads,
+) {
+    follow_changes(store, wakes, closed, &heads).await;
+    heads.lost();
+}
+
+async fn follow_changes(
+    store: Arc<dyn Store>,
+    wakes: broadcast::Sender<Wake>,
     mut closed: watch::Receiver<bool>,
+    heads: &Heads,
 ) {
     let mut backoff = MIN_BACKOFF;
     loop {
@@ -191,7 +218,8 @@ async fn follow(
         match subscribed {
             Ok(mut changes) => {
                 // Changes committed while nobody listened sent no wake-up:
-                // let every waiter re-read once.
+                // let every waiter re-read once, and trust no older head.
+                heads.resubscribed();
                 let _ = wakes.send(Wake::All);
                 let since = Instant::now();
                 loop {
@@ -199,15 +227,22 @@ async fn follow(
                         _ = closed.wait_for(|c| *c) => return,
                         change = changes.next() => match change {
                             // No receiver just means nobody is waiting.
-                            Some(Change::Task(id)) => { let _ = wakes.send(Wake::Task(id)); }
+                            Some(Change::Task(id)) => {
+                                heads.changed(id);
+                                let _ = wakes.send(Wake::Task(id));
+                            }
                             // Notifications were lost (the database
                             // connection dropped and came back): every
                             // waiter re-reads.
-                            Some(Change::Gap) => { let _ = wakes.send(Wake::All); }
+                            Some(Change::Gap) => {
+                                heads.resubscribed();
+                                let _ = wakes.send(Wake::All);
+                            }
                             None => break,
                         },
                     }
                 }
+                heads.lost();
                 if since.elapsed() > MAX_BACKOFF {
                     backoff = MIN_BACKOFF;
                 }
@@ -238,6 +273,7 @@ mod tests {
                 wakes,
                 closed,
                 waiting: Arc::default(),
+                heads: Heads::detached(),
             }),
         }
     }

@@ -33,6 +33,7 @@ pub mod error;
 pub mod extract;
 pub mod fd_limit;
 pub mod feed;
+pub mod heads;
 pub mod idempotency;
 pub mod integrations;
 pub mod mcp;
@@ -75,6 +76,8 @@ pub struct AppState {
     pub integrations: integrations::Integrations,
     /// `Host` headers the MCP endpoint (`/mcp`) accepts.
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
+    /// Worker token digests already read (see [`auth::WorkerDigests`]).
+    pub worker_digests: auth::WorkerDigests,
 }
 
 impl AppState {

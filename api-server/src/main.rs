@@ -126,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
             webhook_allow: config.controller.webhooks.webhook_allow.clone(),
         },
         mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
+        worker_digests: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

@@ -71,9 +71,15 @@ const MESSAGE_BODY: &str =
 /// Events on each polled task: published, assigned, started and 17 messages.
 const FEED_EVENTS: usize = 20;
 
+#[path = "api_load/compare.rs"]
+mod compare;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let settings = Settings::parse()?;
+    if settings.compare {
+        return compare::run(&settings).await;
+    }
     print_preamble(&settings);
     let mut failed = 0;
     for backend in &settings.backends {
@@ -111,10 +117,14 @@ struct Settings {
     warmup: Duration,
     backends: Vec<Backend>,
     server: PathBuf,
+    /// Comparison mode (see `compare.rs`): wrk against pgbench.
+    compare: bool,
+    /// Comparison mode on a preloaded store (1M tasks, 10M events).
+    large: bool,
 }
 
 const USAGE: &str = "usage: api_load [--clients N] [--duration SECS] [--warmup SECS] \
-    [--backend sqlite|postgres|both] [--server PATH]";
+    [--backend sqlite|postgres|both] [--server PATH] [--compare [--large]]";
 
 impl Settings {
     /// Flags first, then `MEATSPACE_BENCH_*` variables, then defaults.
@@ -125,6 +135,10 @@ impl Settings {
             if arg == "-h" || arg == "--help" {
                 println!("{USAGE}");
                 std::process::exit(0);
+            }
+            if arg == "--compare" || arg == "--large" {
+                flags.insert(arg[2..].to_owned(), "1".to_owned());
+                continue;
             }
             let Some(name) = arg.strip_prefix("--") else {
                 bail!("unexpected argument {arg:?}\n{USAGE}");
@@ -192,12 +206,15 @@ impl Settings {
                  PostgreSQL server) or pass --backend sqlite"
             );
         }
+        let on = |name: &str| get(name).is_some_and(|v| !v.is_empty() && v != "0");
         Ok(Settings {
             clients,
             duration,
             warmup: seconds("warmup", 1.0)?,
             backends,
             server,
+            compare: on("compare") || on("large"),
+            large: on("large"),
         })
     }
 }

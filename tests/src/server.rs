@@ -161,6 +161,7 @@ impl TestServer {
             rate_limit: RateLimit::new(options.rate_limit),
             integrations: options.integrations.clone(),
             mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
+            worker_digests: Default::default(),
         };
         let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")

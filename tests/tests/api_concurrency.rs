@@ -16,6 +16,8 @@ meatspace_tests::api_tests!(
     twenty_workers_race_to_claim_one_task,
     racing_endings_leave_one_terminal_state_and_event,
     pollers_see_every_committed_event_in_order,
+    an_empty_poll_never_hides_an_acknowledged_write,
+    an_empty_poll_answered_from_memory_still_checks_the_token,
 );
 
 const TERMINAL_EVENTS: [&str; 4] = [
@@ -263,4 +265,132 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
         assert_eq!(types(&delivered).last(), terminal.first());
         assert!(sent.len() >= 20, "only {} messages were sent", sent.len());
     }
+}
+
+/// The server answers an empty poll of a task it knows from memory (see
+/// `meatspace_api::heads`). That knowledge must never be older than a write
+/// the server acknowledged: a message answered 200, a write through the
+/// server's own store (the embedded controller's path) and, as soon as the
+/// notification arrives, a write by another process (a second store on the
+/// same database).
+async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
+    let server = TestServer::start(db).await;
+    let srv = &server;
+    let t = srv.active_task("Watched closely").await;
+    let agent = srv.agent(&t.agent_token);
+    let poll = |after: i64| {
+        let path = format!("/api/v1/tasks/{}/events?after={after}", t.task_id);
+        async move { agent.get(&path).expect_json(StatusCode::OK).await }
+    };
+    let mut after = poll(0).await["next_cursor"].as_i64().unwrap();
+    for i in 0..100 {
+        // Twice empty: the second is answered from memory when it can be.
+        for _ in 0..2 {
+            let page = poll(after).await;
+            assert_eq!(page["events"], json!([]), "round {i}");
+            assert_eq!(page["next_cursor"], after);
+        }
+        let sent = if i % 2 == 0 {
+            srv.worker(&t.worker_token)
+                .post(&worker_path(t.task_id, "/messages"))
+                .json(&json!({ "text": format!("message {i}") }))
+                .expect_json(StatusCode::OK)
+                .await["events"][0]["id"]
+                .as_i64()
+                .unwrap()
+        } else {
+            let command = meatspace_core::Command::Message {
+                worker: t.worker_id,
+                text: format!("message {i}"),
+            };
+            srv.store
+                .apply(t.task_id, command, meatspace_core::clock::now())
+                .await
+                .expect("a message through the server's store")
+                .events[0]
+                .id
+        };
+        let page = poll(after).await;
+        assert_eq!(
+            ids(page["events"].as_array().unwrap()),
+            [sent],
+            "round {i}: the poll after an acknowledged write missed it"
+        );
+        after = sent;
+    }
+
+    // Another process: its change reaches this server as a notification
+    // (PostgreSQL) — the poll shows it once that has arrived. SQLite has no
+    // notifications between processes; the server's memory is trusted for
+    // at most a second there.
+    let other = srv.db.store(meatspace_core::Policy::default()).await;
+    let page = poll(after).await;
+    assert_eq!(page["events"], json!([]));
+    let command = meatspace_core::Command::Message {
+        worker: t.worker_id,
+        text: "from elsewhere".into(),
+    };
+    let sent = other
+        .apply(t.task_id, command, meatspace_core::clock::now())
+        .await
+        .expect("a message from another store")
+        .events[0]
+        .id;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = poll(after).await;
+        let events = page["events"].as_array().unwrap();
+        if !events.is_empty() {
+            assert_eq!(ids(events), [sent]);
+            break;
+        }
+        assert_eq!(
+            page["next_cursor"], after,
+            "an empty page never moves the cursor"
+        );
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "another process's event unseen after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
+/// A feed head known to the server does not let a wrong token in, nor
+/// another task's token (401 and 404, as from the database).
+async fn an_empty_poll_answered_from_memory_still_checks_the_token(db: Db) {
+    let server = TestServer::start(db).await;
+    let srv = &server;
+    let t = srv.active_task("Guarded").await;
+    let (other, other_token) = srv.create_open_task("Another").await;
+    let path = format!("/api/v1/tasks/{}/events?after=1000000", t.task_id);
+    for _ in 0..3 {
+        srv.agent(&t.agent_token)
+            .get(&path)
+            .expect_json(StatusCode::OK)
+            .await;
+    }
+    let forged = format!("mst_{}_{}", t.task_id.simple(), "x".repeat(43));
+    srv.agent(&forged)
+        .get(&path)
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    srv.agent(&other_token)
+        .get(&path)
+        .expect_problem(StatusCode::NOT_FOUND)
+        .await;
+    srv.agent(&t.agent_token)
+        .get(&format!("/api/v1/tasks/{other}/events?after=1000000"))
+        .expect_problem(StatusCode::NOT_FOUND)
+        .await;
+    srv.agent(&forged)
+        .get(&format!("{path}&limit=0"))
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    srv.agent(&t.agent_token)
+        .get(&format!("{path}&limit=0"))
+        .expect_problem(StatusCode::BAD_REQUEST)
+        .await;
+    server.stop().await;
 }

@@ -112,6 +112,8 @@ conformance! {
         responses_are_scoped_to_the_issue_s_task,
         photo_is_stored_and_scoped_to_its_task,
         events_page_by_after_and_limit,
+        a_feed_read_is_the_token_state_and_page_together,
+        every_write_bumps_the_task_s_version,
         open_tasks_page_by_cursor,
         next_deadline_is_the_earliest_pending_one,
         reconcile_due_applies_due_deadlines_in_order,
@@ -1434,6 +1436,107 @@ async fn events_page_by_after_and_limit(store: Arc<dyn Store>) {
     let unknown = s.events(Uuid::new_v4(), 0, 100).await;
     assert!(unknown.expect("events of an unknown task").is_empty());
     assert_eq!(read(s, a.id).await.expect("task").last_event_id, all[22].id);
+}
+
+/// `feed_read` answers what `agent_token_hash`, `task` and `events` would,
+/// in one read; nothing for a task that is not there (purged or never).
+async fn a_feed_read_is_the_token_state_and_page_together(store: Arc<dyn Store>) {
+    let s = &*store;
+    let created = create_at(s, 0, "read my feed").await;
+    let id = created.task.id;
+    let empty = s
+        .feed_read(id, 0, 10)
+        .await
+        .expect("read")
+        .expect("the task");
+    assert!(empty.agent_token_hash.verify(&created.token));
+    assert_eq!(empty.state, TaskState::Draft);
+    assert_eq!(empty.last_event_id, 0);
+    assert!(empty.events.is_empty());
+
+    ok(s, id, Command::Publish, 1).await;
+    let w = worker(s).await;
+    ok(s, id, claim(w), 2).await;
+    ok(s, id, start(w), 3).await;
+    for n in 0..5 {
+        ok(s, id, message(w, &format!("m{n}")), 4).await;
+    }
+    let all = all_events(s, id).await;
+    let read = s
+        .feed_read(id, 0, 100)
+        .await
+        .expect("read")
+        .expect("the task");
+    assert_eq!(read.state, TaskState::Active);
+    assert_eq!(read.last_event_id, all.last().expect("events").id);
+    assert_eq!(read.events, all);
+    let page = s
+        .feed_read(id, all[2].id, 3)
+        .await
+        .expect("read")
+        .expect("the task");
+    assert_eq!(page.events, all[3..6]);
+    let tail = s
+        .feed_read(id, read.last_event_id, 3)
+        .await
+        .expect("read")
+        .expect("the task");
+    assert!(tail.events.is_empty());
+    assert_eq!(tail.last_event_id, read.last_event_id);
+
+    assert!(
+        s.feed_read(Uuid::new_v4(), 0, 10)
+            .await
+            .expect("read")
+            .is_none()
+    );
+    ok(s, id, complete(w, None), 5).await;
+    let ended = s
+        .feed_read(id, 0, 100)
+        .await
+        .expect("read")
+        .expect("the task");
+    assert_eq!(ended.state, TaskState::Completed);
+    s.purge_ended_before(at(1000), at(1000), 10)
+        .await
+        .expect("purge");
+    assert!(s.feed_read(id, 0, 10).await.expect("read").is_none());
+}
+
+/// Every committed change of a task bumps its counter before the call
+/// returns (what lets the API trust a cached feed head, see
+/// `meatspace_api::heads`).
+async fn every_write_bumps_the_task_s_version(store: Arc<dyn Store>) {
+    let s = &*store;
+    let versions = s.versions().expect("both backends keep change counters");
+    let created = create_at(s, 0, "count my changes").await;
+    let id = created.task.id;
+    let mut last = versions.current(id);
+    let mut changed = |what: &str| {
+        let now = versions.current(id);
+        assert_ne!(now, last, "{what} did not bump the task's version");
+        last = now;
+    };
+    ok(s, id, Command::Publish, 1).await;
+    changed("publish");
+    let w = worker(s).await;
+    ok(s, id, claim(w), 2).await;
+    changed("claim");
+    ok(s, id, start(w), 3).await;
+    changed("start");
+    ok(s, id, message(w, "hello"), 4).await;
+    changed("a message");
+    // Past the active time limit: the controller's expiry.
+    let expired = s
+        .reconcile_due(at(3 + ACTIVE_LIMIT + 1), 10)
+        .await
+        .expect("reconcile");
+    assert_eq!(expired.len(), 1);
+    changed("an expiry");
+    s.purge_ended_before(at(100_000), at(100_000), 10)
+        .await
+        .expect("purge");
+    changed("a purge");
 }
 
 async fn open_tasks_page_by_cursor(store: Arc<dyn Store>) {

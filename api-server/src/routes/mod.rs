@@ -156,6 +156,81 @@ pub async fn event_feed(
     Ok(page)
 }
 
+/// An agent's request of its task's feed (`GET /api/v1/tasks/{id}/events`),
+/// authenticated here rather than by an extractor, so that a page read from
+/// the database costs one statement ([`Store::feed_read`]: token digest,
+/// state and events together) and an empty page of a task whose head is
+/// known costs none ([`crate::heads`]). Answers exactly as
+/// [`crate::auth::AgentAuth`] followed by [`event_feed`] would: 401 for a
+/// wrong token, 404 for another task's token or a task that is gone, and
+/// only then 400 for a bad query.
+pub async fn agent_event_feed(
+    state: &AppState,
+    credential: &crate::auth::AgentCredential,
+    query: Result<EventsQuery, ApiError>,
+) -> Result<EventPage, ApiError> {
+    use crate::auth::{agent_token_subject, authorize_agent_token, invalid_agent_token};
+    let (id, token) = (credential.task_id, credential.token());
+    let (query, q) = match query.and_then(|query| query.checked().map(|q| (query, q))) {
+        Ok(checked) => checked,
+        Err(e) => {
+            authorize_agent_token(state, token, id).await?;
+            return Err(e);
+        }
+    };
+    if q.wait.is_zero() && agent_token_subject(token) == Some(id) {
+        let heads = state.feed.heads();
+        if let Some(head) = heads.get(id) {
+            if !head.agent_token_hash.verify(token) {
+                return Err(invalid_agent_token());
+            }
+            if q.after >= head.last_event_id {
+                return Ok(EventPage {
+                    task_id: id,
+                    task_state: head.state,
+                    terminal: head.state.is_terminal(),
+                    events: Vec::new(),
+                    next_cursor: q.after,
+                    has_more: false,
+                });
+            }
+        }
+        let stamp = heads.stamp(id);
+        if let Some(read) = state.store.feed_read(id, q.after, q.limit + 1).await? {
+            if !read.agent_token_hash.verify(token) {
+                return Err(invalid_agent_token());
+            }
+            let mut events = read.events;
+            let has_more = events.len() > q.limit as usize;
+            events.truncate(q.limit as usize);
+            let next_cursor = events.last().map_or(q.after, |e| e.id);
+            let page = EventPage {
+                task_id: id,
+                task_state: read.state,
+                terminal: read.state.is_terminal(),
+                events,
+                next_cursor,
+                has_more,
+            };
+            if let Some(stamp) = stamp {
+                heads.remember(
+                    id,
+                    stamp,
+                    crate::heads::Head {
+                        agent_token_hash: read.agent_token_hash,
+                        state: read.state,
+                        last_event_id: read.last_event_id,
+                    },
+                );
+            }
+            return Ok(page);
+        }
+        // No such task: purged (its tombstone says 404) or never there (401).
+    }
+    authorize_agent_token(state, token, id).await?;
+    event_feed(state, id, &query, 0, |_| true).await
+}
+
 /// The task, if it exists and `visible` lets the caller see it.
 async fn visible_task(
     store: &dyn Store,

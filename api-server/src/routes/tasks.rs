@@ -15,9 +15,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_feed};
+use super::{
+    EventPage, EventsQuery, TaskChange, agent_event_feed, checked_optional_text, checked_text,
+};
 use crate::AppState;
-use crate::auth::{AgentAuth, DevKeyAuth, issue_agent_token};
+use crate::auth::{AgentAuth, AgentCredential, DevKeyAuth, issue_agent_token};
 use crate::error::ApiError;
 use crate::error::responses::{
     BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceUnavailable, Unauthorized,
@@ -286,10 +288,13 @@ async fn extend_task(
         (status = 503, response = inline(ServiceUnavailable))))]
 async fn task_events(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
-    Query(q): Query<EventsQuery>,
+    credential: AgentCredential,
+    query: Result<Query<EventsQuery>, ApiError>,
 ) -> Result<axum::Json<EventPage>, ApiError> {
-    Ok(axum::Json(event_feed(&state, id, &q, 0, |_| true).await?))
+    let query = query.map(|Query(q)| q);
+    Ok(axum::Json(
+        agent_event_feed(&state, &credential, query).await?,
+    ))
 }
 
 #[derive(Debug, Deserialize)]

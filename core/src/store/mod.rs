@@ -21,10 +21,12 @@ mod idempotency;
 mod postgres;
 mod requests;
 mod sqlite;
+mod versions;
 mod webhooks;
 
 pub use idempotency::{IdempotencyBegin, IdempotencyClaim};
 pub use requests::TaskRequest;
+pub use versions::TaskVersions;
 pub use webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
 
 pub use postgres::PgStore;
@@ -150,6 +152,18 @@ pub struct Applied {
     pub applied: Option<crate::Due>,
 }
 
+/// What an agent's poll of a task's feed needs, read in one statement (one
+/// snapshot): the agent token's digest, the task's state and last event id,
+/// and a page of its events.
+#[derive(Debug, Clone)]
+pub struct FeedRead {
+    pub agent_token_hash: TokenHash,
+    pub state: crate::TaskState,
+    pub last_event_id: i64,
+    /// Events with `id > after`, ascending, at most `limit`.
+    pub events: Vec<Event>,
+}
+
 /// Where the open-task listing resumes: the last task of the previous page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenTasksCursor {
@@ -208,6 +222,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Events of a task with `id > after`, ascending, at most `limit`.
     async fn events(&self, task_id: Uuid, after: i64, limit: u32)
     -> Result<Vec<Event>, StoreError>;
+
+    /// The task's agent token digest, state, last event id and events with
+    /// `id > after` (at most `limit`), in one round trip and one snapshot.
+    /// `None` when the task does not exist (a purged task's tombstone is
+    /// not read here: [`Store::agent_token_hash`] is).
+    async fn feed_read(
+        &self,
+        task_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<FeedRead>, StoreError>;
+
+    /// The change counters this store bumps after each commit that touches
+    /// a task (see [`TaskVersions`]); `None` when it keeps none, and then
+    /// nothing may cache what it reads.
+    fn versions(&self) -> Option<&TaskVersions> {
+        None
+    }
 
     /// Issues of a task, ascending by event id.
     async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError>;

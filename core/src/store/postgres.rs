@@ -22,8 +22,8 @@ use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
 use super::{
-    Applied, Backend, Change, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError,
-    Worker,
+    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Store,
+    StoreError, TaskVersions, Worker,
 };
 use super::{Invite, Session};
 use crate::token::TokenHash;
@@ -51,6 +51,46 @@ pub struct PgStore {
     /// retrying a refused connection until its acquire timeout).
     probe: PgPool,
     policy: Policy,
+    /// Bumped after every commit that touches a task (see [`TaskVersions`]).
+    versions: Arc<TaskVersions>,
+    /// When `ping` last failed: older pooled connections are not reused.
+    outages: Arc<Outages>,
+}
+
+/// When the database was last seen unreachable.
+#[derive(Debug)]
+struct Outages {
+    since: std::time::Instant,
+    /// Milliseconds from `since` to the last failed ping, plus one (0: none).
+    last_failure_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Outages {
+    fn new() -> Self {
+        Outages {
+            since: std::time::Instant::now(),
+            last_failure_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn failed_now(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_failure_ms
+            .store(ms.saturating_add(1), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// True when a connection of this age was opened before (or during the
+    /// millisecond of) the last failure.
+    fn predates_last(&self, age: Duration) -> bool {
+        let last = self
+            .last_failure_ms
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if last == 0 {
+            return false;
+        }
+        let opened = self.since.elapsed().saturating_sub(age);
+        opened.as_millis() < u128::from(last)
+    }
 }
 
 impl PgStore {
@@ -61,9 +101,23 @@ impl PgStore {
         policy: Policy,
         options: &ConnectOptions,
     ) -> Result<Self, StoreError> {
+        let outages = Arc::new(Outages::new());
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            // sqlx pings every connection it hands out by default: one more
+            // round trip per statement. Instead, a pooled connection opened
+            // before the last failed `ping` (the availability monitor's
+            // probe, four times a second) is replaced before use, so a
+            // request after an outage does not meet a dead connection.
+            .test_before_acquire(false)
+            .before_acquire({
+                let outages = Arc::clone(&outages);
+                move |_conn, meta| {
+                    let fresh = !outages.predates_last(meta.age);
+                    Box::pin(async move { Ok(fresh) })
+                }
+            })
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
@@ -75,6 +129,8 @@ impl PgStore {
             pool,
             probe,
             policy,
+            versions: Arc::default(),
+            outages,
         })
     }
 
@@ -96,6 +152,22 @@ impl PgStore {
             applied,
         } = d;
         let now = task.updated_at;
+        if photo.is_none()
+            && issue_changes
+                .iter()
+                .all(|c| matches!(c, IssueChange::CloseAll { .. }))
+            && issue_changes.len() <= 1
+        {
+            return Self::write_in_one_statement(
+                tx,
+                before,
+                task,
+                new_events,
+                issue_changes,
+                applied,
+            )
+            .await;
+        }
         if let Some(p) = &photo {
             sqlx::query(
                 "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -218,6 +290,102 @@ impl PgStore {
 }
 
 impl PgStore {
+    /// [`PgStore::write`] for the common decision (events, perhaps closing
+    /// the open issues, no photo, no issue opened or answered) in one
+    /// statement, so one round trip: the events are inserted in their
+    /// order (identity values are drawn as the sorted rows are inserted, so
+    /// they ascend in the decision's order), the issues closed, the task
+    /// updated (still conditional on its state) and the change notified.
+    async fn write_in_one_statement(
+        tx: &mut Transaction<'_, Postgres>,
+        before: &Task,
+        mut task: Task,
+        new_events: Vec<crate::NewEvent>,
+        issue_changes: Vec<IssueChange>,
+        applied: Option<crate::Due>,
+    ) -> Result<Applied, StoreError> {
+        let now = task.updated_at;
+        let close = issue_changes.into_iter().find_map(|c| match c {
+            IssueChange::CloseAll { resolution } => Some(resolution),
+            _ => None,
+        });
+        let kinds: Vec<&str> = new_events.iter().map(|e| e.kind.as_str()).collect();
+        let actors: Vec<&str> = new_events.iter().map(|e| e.actor.as_str()).collect();
+        let data: Vec<&serde_json::Value> = new_events.iter().map(|e| &e.data).collect();
+        let row = sqlx::query(
+            "WITH ev AS ( \
+               INSERT INTO events (task_id, type, actor, created_at, data) \
+               SELECT $1, u.type, u.actor, $5, u.data \
+               FROM UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(type, actor, data, n) \
+               ORDER BY u.n RETURNING id), \
+             closed AS ( \
+               UPDATE issues SET status = 'closed', resolution = $6, resolved_at = $5 \
+               WHERE $6::text IS NOT NULL AND task_id = $1 AND status = 'open' RETURNING 1), \
+             up AS ( \
+               UPDATE tasks SET state = $8, worker_id = $9, updated_at = $5, published_at = $10, \
+                 assigned_at = $11, started_at = $12, ended_at = $13, start_by = $14, \
+                 active_until = $15, next_deadline = $16, open_issues = $17, \
+                 last_event_id = COALESCE((SELECT max(id) FROM ev), tasks.last_event_id), \
+                 expires_at = $18 \
+               WHERE id = $1 AND state = $7 RETURNING last_event_id) \
+             SELECT ARRAY(SELECT id FROM ev ORDER BY id) AS ids, \
+               (SELECT count(*) FROM up) AS updated, (SELECT count(*) FROM closed) AS closed, \
+               pg_notify($19, $1::text) AS notified",
+        )
+        .bind(task.id)
+        .bind(&kinds)
+        .bind(&actors)
+        .bind(&data)
+        .bind(now)
+        .bind(close)
+        .bind(before.state.as_str())
+        .bind(task.state.as_str())
+        .bind(task.worker_id)
+        .bind(task.published_at)
+        .bind(task.assigned_at)
+        .bind(task.started_at)
+        .bind(task.ended_at)
+        .bind(task.start_by)
+        .bind(task.active_until)
+        .bind(task.next_deadline())
+        .bind(task.open_issues)
+        .bind(task.expires_at)
+        .bind(CHANNEL)
+        .fetch_one(&mut **tx)
+        .await?;
+        let ids: Vec<i64> = row.try_get("ids")?;
+        let updated: i64 = row.try_get("updated")?;
+        if updated != 1 || ids.len() != new_events.len() {
+            // Impossible while we hold the row lock; refuse rather than
+            // commit events for a change that did not happen.
+            return Err(StoreError::Corrupt(format!(
+                "task {} changed under its lock",
+                task.id
+            )));
+        }
+        let events: Vec<Event> = new_events
+            .into_iter()
+            .zip(ids)
+            .map(|(e, id)| Event {
+                id,
+                task_id: task.id,
+                kind: e.kind,
+                created_at: now,
+                actor: e.actor,
+                untrusted: e.kind.carries_worker_content(),
+                data: e.data,
+            })
+            .collect();
+        if let Some(last) = events.last() {
+            task.last_event_id = last.id;
+        }
+        Ok(Applied {
+            task,
+            events,
+            applied,
+        })
+    }
+
     /// Writes the controller's decisions for a batch of locked tasks with a
     /// fixed number of statements, whatever the batch size: one round trip
     /// per task and statement would make a backlog of thousands of due tasks
@@ -491,7 +659,9 @@ impl Store for PgStore {
         .await?;
         super::webhooks::pg_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
         notify(&mut tx, task.id).await?;
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        self.versions.bump(task.id);
+        committed?;
         Ok(task)
     }
 
@@ -552,7 +722,10 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.probe).await?;
+        if let Err(e) = sqlx::query("SELECT 1").execute(&self.probe).await {
+            self.outages.failed_now();
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -575,10 +748,13 @@ impl Store for PgStore {
             open_issues: 0,
             last_event_id: 0,
         };
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
+        // One statement (its own transaction): the notification is sent
+        // when it commits, as with an explicit transaction, in one round trip.
+        let created = sqlx::query(
+            "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
+               updated_at, expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6) \
+               RETURNING id) \
+             SELECT pg_notify($7, id::text) FROM t",
         )
         .bind(task.id)
         .bind(&task.description)
@@ -586,10 +762,11 @@ impl Store for PgStore {
         .bind(task.created_at)
         .bind(task.expires_at)
         .bind(task.next_deadline())
-        .execute(&mut *tx)
-        .await?;
-        notify(&mut tx, task.id).await?;
-        tx.commit().await?;
+        .bind(CHANNEL)
+        .execute(&self.pool)
+        .await;
+        self.versions.bump(task.id);
+        created?;
         Ok(task)
     }
 
@@ -651,7 +828,9 @@ impl Store for PgStore {
             }
         };
         let applied = Self::write(&mut tx, &task, decision).await?;
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        self.versions.bump(task_id);
+        committed?;
         Ok(applied)
     }
 
@@ -672,6 +851,64 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(event_from_row).collect()
+    }
+
+    async fn feed_read(
+        &self,
+        task_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<FeedRead>, StoreError> {
+        // One row per event, or one row with NULL event columns when the
+        // page is empty; no row when the task does not exist.
+        let rows = sqlx::query(
+            "SELECT t.agent_token_hash, t.state, t.last_event_id, \
+               e.id, e.type, e.actor, e.created_at, e.data \
+             FROM tasks t LEFT JOIN (SELECT id, type, actor, created_at, data FROM events \
+               WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3) e ON true \
+             WHERE t.id = $1 ORDER BY e.id",
+        )
+        .bind(task_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let hash: &[u8] = first.try_get("agent_token_hash")?;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
+                continue;
+            };
+            let kind: &str = row.try_get("type")?;
+            let kind = EventType::parse(kind)
+                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+            let actor: &str = row.try_get("actor")?;
+            let actor = Actor::parse(actor)
+                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+            events.push(Event {
+                id,
+                task_id,
+                kind,
+                created_at: row.try_get("created_at")?,
+                actor,
+                untrusted: kind.carries_worker_content(),
+                data: row.try_get("data")?,
+            });
+        }
+        Ok(Some(FeedRead {
+            agent_token_hash: TokenHash::from_slice(hash)
+                .ok_or_else(|| StoreError::Corrupt("agent token digest".into()))?,
+            state: state(first.try_get("state")?)?,
+            last_event_id: first.try_get("last_event_id")?,
+            events,
+        }))
+    }
+
+    fn versions(&self) -> Option<&TaskVersions> {
+        Some(&self.versions)
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -815,7 +1052,11 @@ impl Store for PgStore {
             }
         }
         let out = Self::write_reconciled(&mut tx, decided, now).await?;
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        for a in &out {
+            self.versions.bump(a.task.id);
+        }
+        committed?;
         Ok(out)
     }
 
@@ -856,7 +1097,11 @@ impl Store for PgStore {
         for id in &ids {
             notify(&mut tx, *id).await?;
         }
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        for id in &ids {
+            self.versions.bump(*id);
+        }
+        committed?;
         Ok(deleted)
     }
 
@@ -1095,7 +1340,9 @@ impl Store for PgStore {
             super::requests::pg_insert_task(&mut tx, &new, next_deadline).await?;
             notify(&mut tx, new.id).await?;
         }
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        self.versions.bump(new.id);
+        committed?;
         Ok(row)
     }
 

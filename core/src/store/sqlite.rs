@@ -23,8 +23,8 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::{
-    Applied, Backend, Change, ConnectOptions, NewTask, OpenTasksCursor, Photo, Store, StoreError,
-    Worker,
+    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Store,
+    StoreError, TaskVersions, Worker,
 };
 use super::{Invite, Session};
 use crate::token::TokenHash;
@@ -49,6 +49,8 @@ pub struct SqliteStore {
     policy: Policy,
     /// Task ids changed by this process, for [`Store::changes`].
     changes: broadcast::Sender<Uuid>,
+    /// Bumped after every commit that touches a task (see [`TaskVersions`]).
+    versions: std::sync::Arc<TaskVersions>,
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -81,6 +83,10 @@ async fn open_writer(
 ) -> Result<SqlitePool, StoreError> {
     let deadline = tokio::time::Instant::now() + options.acquire_timeout;
     loop {
+        // The writer keeps sqlx's ping before use: it waits for the rollback
+        // of a transaction dropped mid-request (a client that went away),
+        // which sqlx runs on the connection's thread in the background;
+        // without it the next BEGIN can find the old transaction's depth.
         let opened = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(options.acquire_timeout)
@@ -127,6 +133,9 @@ impl SqliteStore {
         tx.commit().await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
+            // A file does not drop connections: no ping (a round trip to
+            // the connection's thread) before every read.
+            .test_before_acquire(false)
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.clone().read_only(true))
             .await?;
@@ -142,6 +151,7 @@ impl SqliteStore {
             probe,
             policy,
             changes,
+            versions: Default::default(),
         })
     }
 
@@ -155,6 +165,7 @@ impl SqliteStore {
     }
 
     fn announce(&self, id: Uuid) {
+        self.versions.bump(id);
         // No receiver is fine: nobody is waiting.
         let _ = self.changes.send(id);
     }
@@ -570,6 +581,68 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await?;
         rows.iter().map(event_from_row).collect()
+    }
+
+    async fn feed_read(
+        &self,
+        task_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<FeedRead>, StoreError> {
+        // One row per event, or one row with NULL event columns when the
+        // page is empty; no row when the task does not exist. One statement
+        // reads one snapshot.
+        let rows = sqlx::query(
+            "SELECT t.agent_token_hash, t.state, t.last_event_id, \
+               e.id, e.type, e.actor, e.created_at, e.data \
+             FROM tasks t LEFT JOIN (SELECT id, type, actor, created_at, data FROM events \
+               WHERE task_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3) e ON 1 \
+             WHERE t.id = ?1 ORDER BY e.id",
+        )
+        .bind(task_id.to_string())
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let hash: &[u8] = first.try_get("agent_token_hash")?;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
+                continue;
+            };
+            let kind: &str = row.try_get("type")?;
+            let kind = EventType::parse(kind)
+                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+            let actor: &str = row.try_get("actor")?;
+            let actor = Actor::parse(actor)
+                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+            let data: &str = row.try_get("data")?;
+            events.push(Event {
+                id,
+                task_id,
+                kind,
+                created_at: from_ms(row.try_get("created_at")?)?,
+                actor,
+                untrusted: kind.carries_worker_content(),
+                data: serde_json::from_str(data)
+                    .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
+            });
+        }
+        Ok(Some(FeedRead {
+            agent_token_hash: TokenHash::from_slice(hash)
+                .ok_or_else(|| StoreError::Corrupt("agent token digest".into()))?,
+            state: TaskState::parse(first.try_get("state")?)
+                .ok_or_else(|| StoreError::Corrupt("task state".into()))?,
+            last_event_id: first.try_get("last_event_id")?,
+            events,
+        }))
+    }
+
+    fn versions(&self) -> Option<&TaskVersions> {
+        Some(&self.versions)
     }
 
     #[tracing::instrument(skip(self), err)]
