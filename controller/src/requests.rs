@@ -36,7 +36,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use chrono::TimeDelta;
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use k8s_openapi::ByteString;
@@ -375,23 +374,15 @@ async fn create(
     secret_name: &str,
     ctx: &Context,
 ) -> Result<Result<Uuid, NotCreated>, Error> {
-    let policy = &ctx.settings.policy;
-    let lifetime = match obj.spec.lifetime_seconds {
-        None => policy.default_lifetime,
-        Some(s) => {
-            let (min, max) = (
-                policy.min_lifetime.num_seconds(),
-                policy.max_lifetime.num_seconds(),
-            );
-            if !(min..=max).contains(&s) {
-                return Ok(Err(NotCreated {
-                    reason: "InvalidLifetime",
-                    message: format!(
-                        "spec.lifetimeSeconds must be between {min} and {max} on this server"
-                    ),
-                }));
-            }
-            TimeDelta::seconds(s)
+    let lifetime = match ctx.settings.policy.lifetime(obj.spec.lifetime_seconds) {
+        Ok(lifetime) => lifetime,
+        Err((min, max)) => {
+            return Ok(Err(NotCreated {
+                reason: "InvalidLifetime",
+                message: format!(
+                    "spec.lifetimeSeconds must be between {min} and {max} on this server"
+                ),
+            }));
         }
     };
     let (task_id, agent_token) = match token_secret(obj, uid, secret_name, ctx).await? {
@@ -822,7 +813,7 @@ fn owned_by(secret: &Secret, uid: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::{DateTime, Utc};
+    use chrono::{DateTime, TimeDelta, Utc};
 
     fn issue(event_id: i64, status: IssueStatus, resolution: Option<&str>) -> Issue {
         Issue {

@@ -36,6 +36,24 @@ pub enum PolicyError {
 }
 
 impl Policy {
+    /// The lifetime of a new task: `requested` seconds, or the default
+    /// without a request. A request outside the bounds is refused with
+    /// them, `Err((min, max))` in seconds, for the caller's message.
+    pub fn lifetime(&self, requested: Option<i64>) -> Result<TimeDelta, (i64, i64)> {
+        let Some(seconds) = requested else {
+            return Ok(self.default_lifetime);
+        };
+        let (min, max) = (
+            self.min_lifetime.num_seconds(),
+            self.max_lifetime.num_seconds(),
+        );
+        if (min..=max).contains(&seconds) {
+            Ok(TimeDelta::seconds(seconds))
+        } else {
+            Err((min, max))
+        }
+    }
+
     /// Checks that the values make sense together; both binaries refuse to
     /// start with a policy that does not.
     pub fn check(&self) -> Result<(), PolicyError> {
@@ -127,6 +145,19 @@ impl From<PolicyArgs> for Policy {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_requested_lifetime_is_kept_within_the_bounds() {
+        let policy = Policy::default();
+        assert_eq!(policy.lifetime(None), Ok(policy.default_lifetime));
+        assert_eq!(policy.lifetime(Some(60)), Ok(TimeDelta::seconds(60)));
+        let bounds = (
+            policy.min_lifetime.num_seconds(),
+            policy.max_lifetime.num_seconds(),
+        );
+        assert_eq!(policy.lifetime(Some(bounds.1 + 1)), Err(bounds));
+        assert_eq!(policy.lifetime(Some(0)), Err(bounds));
+    }
+
     use super::*;
     use clap::Parser;
 

@@ -115,22 +115,14 @@ pub(crate) async fn create(
     req: CreateTaskRequest,
 ) -> Result<CreatedTask, ApiError> {
     let description = checked_text("description", &req.description, MAX_DESCRIPTION_CHARS)?;
-    let policy = &state.policy;
-    let lifetime = match req.expires_in_seconds {
-        None => policy.default_lifetime,
-        Some(s) => {
-            let (min, max) = (
-                policy.min_lifetime.num_seconds(),
-                policy.max_lifetime.num_seconds(),
-            );
-            if !(min..=max).contains(&s) {
-                return Err(ApiError::invalid(format!(
-                    "expires_in_seconds must be between {min} and {max}"
-                )));
-            }
-            chrono::TimeDelta::seconds(s)
-        }
-    };
+    let lifetime = state
+        .policy
+        .lifetime(req.expires_in_seconds)
+        .map_err(|(min, max)| {
+            ApiError::invalid(format!(
+                "expires_in_seconds must be between {min} and {max}"
+            ))
+        })?;
     // Refused before anything is written and without contacting the URL
     // (an IP literal is checked as is; a name is only resolved).
     let webhook_url = match req.webhook_url.as_deref() {
