@@ -233,6 +233,8 @@ async fn bench_backend(
         );
     }
     let server = Server::start(&settings.server, &database_url, dir.path()).await?;
+    // A benchmark, not a test: the server is ready (Server::start waited for
+    // it); this pause only lets its start-up work settle before the idle RSS.
     tokio::time::sleep(Duration::from_secs(1)).await;
     println!(
         "  server ready; RSS at idle: {}",
@@ -525,14 +527,19 @@ where
         .execute("ALTER SYSTEM SET log_statement = 'all'")
         .await?;
     admin.execute("SELECT pg_reload_conf()").await?;
-    // Every backend rereads its configuration before its next command.
+    // Every backend rereads its configuration before its next command, once
+    // the postmaster has signalled it: no query tells when that happened, so
+    // a benchmark-only margin (a missed statement makes capture fail loudly
+    // below: "no statement in the log").
     tokio::time::sleep(Duration::from_millis(300)).await;
     let replaced = request().await;
+    // Margin for the last statement's log line before logging is turned off.
     tokio::time::sleep(Duration::from_millis(100)).await;
     admin.execute("ALTER SYSTEM RESET log_statement").await?;
     admin.execute("SELECT pg_reload_conf()").await?;
     admin.close().await?;
     let replaced = replaced?;
+    // Margin for PostgreSQL to finish writing the log file.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = std::fs::read(&log_path)?;
     let log = String::from_utf8_lossy(&log[offset as usize..]).into_owned();
