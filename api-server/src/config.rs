@@ -84,6 +84,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
 
+    /// Requests one HTTP/2 connection may have in flight at once (HTTP/2
+    /// with prior knowledge is served on the same port as HTTP/1.1; each
+    /// long poll or event stream is one request).
+    #[arg(long, env = "MEATSPACE_HTTP2_MAX_STREAMS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub http2_max_streams: u32,
+
     /// Requests per second one credential (dev key, agent or worker token;
     /// the client's IP address without one) may keep up on the API routes;
     /// beyond it the answer is 429 with Retry-After. 0 turns limiting off.
@@ -138,6 +145,7 @@ impl Config {
         crate::ServeOptions {
             header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_seconds),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            http2_max_streams: self.http2_max_streams,
         }
     }
 
@@ -191,6 +199,7 @@ impl std::fmt::Debug for Config {
                 &self.header_read_timeout_seconds,
             )
             .field("max_connections", &self.max_connections)
+            .field("http2_max_streams", &self.http2_max_streams)
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("mcp_allowed_hosts", &self.mcp_allowed_hosts)

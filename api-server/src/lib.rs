@@ -39,6 +39,7 @@ pub mod integrations;
 pub mod mcp;
 pub mod metrics;
 pub mod photo;
+pub mod protocol;
 pub mod rate_limit;
 pub mod routes;
 pub mod telemetry;
@@ -57,6 +58,9 @@ pub const MAX_JSON_BYTES: usize = 64 * 1024;
 /// How long one request may take before it is answered 408: the longest
 /// long poll of the event feed plus time to do the work.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(routes::MAX_WAIT_SECONDS as u64 + 10);
+
+/// How often an HTTP/2 connection is pinged, and how long the answer may take.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -225,6 +229,8 @@ pub struct ServeOptions {
     /// Most connections open at once; past it the server stops accepting
     /// (new clients wait in the listen backlog) until one closes.
     pub max_connections: usize,
+    /// Requests one HTTP/2 connection may have in flight at once.
+    pub http2_max_streams: u32,
 }
 
 impl Default for ServeOptions {
@@ -232,6 +238,7 @@ impl Default for ServeOptions {
         ServeOptions {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 20_000,
+            http2_max_streams: 1_000,
         }
     }
 }
@@ -305,10 +312,12 @@ fn document_rate_limit(openapi: &mut utoipa::openapi::OpenApi) {
 /// requests in flight. Close the [`Feed`] in `shutdown` so that long polls
 /// answer at once instead of holding the shutdown up.
 ///
-/// The accept loop is hyper's HTTP/1 server rather than `axum::serve`, for
-/// what `axum::serve` does not offer: a header-read timeout (which hyper
-/// also applies to idle keep-alive connections) and a cap on concurrent
-/// connections, so a slow or idle client cannot hold sockets for ever.
+/// The accept loop is hyper's rather than `axum::serve`, for what
+/// `axum::serve` does not offer: a header-read timeout (which hyper also
+/// applies to idle HTTP/1.1 keep-alive connections), a cap on concurrent
+/// connections, so a slow or idle client cannot hold sockets for ever, and
+/// HTTP/2 with prior knowledge next to HTTP/1.1 on the same port (see
+/// [`protocol`]).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -316,15 +325,24 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use hyper::body::Incoming;
-    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use tower::ServiceExt;
 
     let permits = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
         .keep_alive(true);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(options.http2_max_streams)
+        // Pings find peers that went away without closing the connection.
+        .keep_alive_interval(Some(HTTP2_PING_INTERVAL))
+        .keep_alive_timeout(HTTP2_PING_INTERVAL);
+    let (http1, http2) = (Arc::new(http1), Arc::new(http2));
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -352,9 +370,22 @@ pub async fn serve(
                 .insert(axum::extract::ConnectInfo(peer));
             app.clone().oneshot(req.map(axum::body::Body::new))
         });
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let (http1, http2) = (Arc::clone(&http1), Arc::clone(&http2));
+        let watcher = graceful.watcher();
+        let header_read_timeout = options.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let ended = match protocol::detect(stream, header_read_timeout).await {
+                Ok((protocol::Protocol::Http1, io)) => {
+                    let connection = http1.serve_connection(TokioIo::new(io), service);
+                    watcher.watch(connection).await.map_err(|e| e.to_string())
+                }
+                Ok((protocol::Protocol::Http2, io)) => {
+                    let connection = http2.serve_connection(TokioIo::new(io), service);
+                    watcher.watch(connection).await.map_err(|e| e.to_string())
+                }
+                Err(e) => Err(format!("before its first request: {e}")),
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
             drop(permit);

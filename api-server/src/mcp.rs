@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use crate::AppState;
 use crate::auth::{DEV_KEY_HEADER, DevKeyAuth, authorize_agent};
 use crate::error::ApiError;
-use crate::routes::{EventsQuery, checked_optional_text, event_feed, tasks};
+use crate::routes::{EventsQuery, Reader, checked_optional_text, event_feed, tasks};
 
 /// Most tasks one list_my_tasks call reads.
 const MAX_LISTED_TASKS: usize = 100;
@@ -158,7 +158,7 @@ impl InProcess {
             limit: None,
             wait: Some(u32::try_from(wait.as_secs()).unwrap_or(u32::MAX)),
         };
-        let page = event_feed(&self.state, task.task_id, &query, 0, |_| true).await?;
+        let page = event_feed(&self.state, task.task_id, &query, 0, Reader::Agent).await?;
         convert(page)
     }
 }

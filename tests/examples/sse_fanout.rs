@@ -3,8 +3,12 @@
 //! prints figures; it asserts nothing about speed.
 //!
 //! ```text
-//! scripts/sse-fanout.sh [STREAMS] [sse|longpoll]   # default 10000 sse
+//! scripts/sse-fanout.sh [STREAMS] [sse|longpoll] [HTTP2_CONNECTIONS]   # default 10000 sse
 //! ```
+//!
+//! With `HTTP2_CONNECTIONS` (`--http2 N`), the streams are requests of N
+//! HTTP/2 connections (prior knowledge, as a client multiplexing its
+//! requests would hold them) instead of one HTTP/1.1 connection each.
 //!
 //! In `longpoll` mode each connection sends `GET …/events?after=<last>&wait=30` (the longest wait)
 //! instead and waits in the server's feed hub (counted by the
@@ -91,6 +95,9 @@ async fn main() {
         Some("longpoll") => true,
         Some(other) => panic!("--mode sse|longpoll, not {other}"),
     };
+    // HTTP/2 with prior knowledge: the streams share this many connections.
+    let http2_connections: Option<usize> =
+        arg("--http2").map(|s| s.parse().expect("--http2 CONNECTIONS"));
     let server = arg("--server")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
@@ -196,7 +203,62 @@ async fn main() {
     let got_event = Arc::new(AtomicUsize::new(0));
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<Result<(), String>>(streams);
     let started = Instant::now();
-    for _ in 0..streams {
+    let http2_clients: Vec<reqwest::Client> = (0..http2_connections.unwrap_or(0))
+        .map(|_| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .http2_prior_knowledge()
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for i in 0..streams {
+        if !http2_clients.is_empty() {
+            let client = http2_clients[i % http2_clients.len()].clone();
+            let url = if long_poll {
+                format!("{base}/api/v1/tasks/{id}/events?after={last}&wait=30")
+            } else {
+                format!("{base}/api/v1/tasks/{id}/events/stream")
+            };
+            let (token, gate, opened, got_event, ready) = (
+                token.clone(),
+                gate.clone(),
+                opened.clone(),
+                got_event.clone(),
+                ready_tx.clone(),
+            );
+            tokio::spawn(async move {
+                let permit = gate.acquire_owned().await.unwrap();
+                let response = match client.get(url).bearer_auth(token).send().await {
+                    Ok(r) if r.status() == 200 => r,
+                    Ok(r) => return ready.send(Err(r.status().to_string())).await.unwrap_or(()),
+                    Err(e) => return ready.send(Err(e.to_string())).await.unwrap_or(()),
+                };
+                let mut body = response.bytes_stream();
+                let mut buf = Vec::new();
+                let mut until = async |marker: &str| {
+                    use futures::StreamExt;
+                    while !String::from_utf8_lossy(&buf).contains(marker) {
+                        match body.next().await {
+                            Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                            _ => return false,
+                        }
+                    }
+                    true
+                };
+                if !long_poll && !until("event: task.published").await {
+                    return ready.send(Err("no first event".into())).await.unwrap_or(());
+                }
+                opened.fetch_add(1, Ordering::Relaxed);
+                drop(permit);
+                let _ = ready.send(Ok(())).await;
+                if until("task.cancelled").await {
+                    got_event.fetch_add(1, Ordering::Relaxed);
+                }
+                std::future::pending::<()>().await
+            });
+            continue;
+        }
         let (request, gate, opened, got_event, ready) = (
             request.clone(),
             gate.clone(),
@@ -301,8 +363,11 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss = status_field(pid, "VmRSS:");
     println!(
-        "server with {open} idle {}: VmRSS {rss}, threads {}, open fds {}",
+        "server with {open} idle {}{}: VmRSS {rss}, threads {}, open fds {}",
         if long_poll { "long polls" } else { "streams" },
+        http2_connections
+            .map(|n| format!(" over {n} HTTP/2 connections"))
+            .unwrap_or_default(),
         status_field(pid, "Threads:"),
         open_fds(pid)
     );

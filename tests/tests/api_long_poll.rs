@@ -21,6 +21,7 @@ meatspace_tests::api_tests!(
     wait_outside_0_to_30_is_a_bad_request,
     another_tasks_events_do_not_end_a_wait,
     concurrent_waiters_all_see_the_event,
+    http2_waiters_multiplexed_on_a_client_all_see_the_event,
     shutdown_answers_waiting_polls_at_once,
 );
 
@@ -290,6 +291,41 @@ async fn concurrent_waiters_all_see_the_event(db: Db) {
     // Each answered with the event, so each was woken by it.
     for waiter in waiters {
         let (page, _) = waiter.await.expect("waiter");
+        assert_eq!(types(page_events(&page)), ["worker.message"], "{page}");
+        assert_eq!(page["next_cursor"], event_id);
+    }
+}
+
+/// A client that multiplexes (HTTP/2 with prior knowledge, on the same
+/// port as HTTP/1.1) holds many long polls on one connection; each is
+/// answered with the event, as over HTTP/1.1.
+async fn http2_waiters_multiplexed_on_a_client_all_see_the_event(db: Db) {
+    const WAITERS: usize = 40;
+    let srv = TestServer::start(db).await;
+    let t = srv.active_task("Count the benches in the park").await;
+    let after = cursor(&srv, t.task_id, &t.agent_token).await;
+    let http2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .pool_max_idle_per_host(1)
+        .build()
+        .expect("an HTTP/2 client");
+    let url = format!("{}{}", srv.base_url, events_path(t.task_id, after, LONG));
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let request = http2.get(&url).bearer_auth(&t.agent_token);
+            tokio::spawn(async move {
+                let response = request.send().await.expect("an HTTP/2 answer");
+                assert_eq!(response.version(), reqwest::Version::HTTP_2);
+                assert_eq!(response.status(), OK);
+                response.json::<Value>().await.expect("a JSON page")
+            })
+        })
+        .collect();
+    srv.until_waiting(WAITERS).await;
+    let (event_id, _) = append_message(&srv, t.task_id, &t.worker_token, "Twelve").await;
+    for waiter in waiters {
+        let page = waiter.await.expect("waiter");
         assert_eq!(types(page_events(&page)), ["worker.message"], "{page}");
         assert_eq!(page["next_cursor"], event_id);
     }

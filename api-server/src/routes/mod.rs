@@ -7,6 +7,7 @@ pub mod stream;
 pub mod tasks;
 pub mod workers;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use meatspace_core::{Event, Store, Task};
@@ -15,7 +16,7 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::error::ApiError;
-use crate::feed::Woken;
+use crate::feed::{Watch, Woken};
 
 /// Returned by every action: the task as it is now and the events the
 /// action appended (in feed order).
@@ -119,41 +120,168 @@ impl EventsQuery {
     }
 }
 
-/// Answers a feed request for task `id`, which the caller may read when
-/// `visible` says so (otherwise 404), from the event after `floor` at the
-/// earliest (the worker's feed starts at its own assignment). The page is
-/// read as [`read_page`] does; with `wait`, an empty page of a task that is
-/// not terminal waits for the next event (see [`crate::feed`]).
+/// Who reads a feed: the agent sees every event of its task; a worker
+/// only a task assigned to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    Agent,
+    Worker(Uuid),
+}
+
+impl Reader {
+    fn may_read(self, task: &Task) -> bool {
+        match self {
+            Reader::Agent => true,
+            Reader::Worker(worker) => task.worker_id == Some(worker),
+        }
+    }
+}
+
+/// The answer to a feed request after its first read: a page, or a long
+/// poll that found nothing yet and waits for the next event.
+#[derive(Debug)]
+pub enum FeedAnswer {
+    Page(EventPage),
+    Wait(LongPoll),
+}
+
+impl FeedAnswer {
+    /// The page, waiting for it first if need be.
+    pub async fn page(self) -> EventPage {
+        match self {
+            FeedAnswer::Page(page) => page,
+            FeedAnswer::Wait(poll) => poll.finish().await,
+        }
+    }
+}
+
+impl axum::response::IntoResponse for FeedAnswer {
+    /// A waiting long poll is answered `200` at once, and its body (the
+    /// page) follows when an event arrives, the wait ends or the server
+    /// shuts down. Everything that could fail was checked by the first
+    /// read, and a wait has no other outcome than a page, so the status is
+    /// known now. Waiting inside the body rather than inside the handler
+    /// lets the request's middleware and handler state go: an idle long
+    /// poll then costs its connection and this [`LongPoll`], like an idle
+    /// event stream (see `scripts/sse-fanout.sh`).
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            FeedAnswer::Page(page) => axum::Json(page).into_response(),
+            FeedAnswer::Wait(poll) => {
+                let body = futures::stream::once(async move {
+                    let page = poll.finish().await;
+                    // Ids, states, timestamps and JSON values only.
+                    let json = serde_json::to_vec(&page).expect("an event page serializes");
+                    Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(json))
+                });
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        axum::http::HeaderValue::from_static("application/json"),
+                    )],
+                    axum::body::Body::from_stream(body),
+                )
+                    .into_response()
+            }
+        }
+    }
+}
+
+/// A long poll whose first read found no event after the cursor: what it
+/// needs to finish on its own, without the request that started it.
+#[derive(Debug)]
+pub struct LongPoll {
+    store: Arc<dyn Store>,
+    watch: Watch,
+    deadline: tokio::time::Instant,
+    reader: Reader,
+    q: PageQuery,
+    /// The empty page read so far.
+    page: EventPage,
+}
+
+impl LongPoll {
+    /// Waits for the next event of the task, the deadline or the server's
+    /// shutdown, and answers the page read last. A read that fails after a
+    /// wake-up (the database restarting) does not end the wait: the next
+    /// wake-up reads again, and at the deadline the page is empty, which a
+    /// client treats like any empty page (poll again from the same cursor).
+    /// A task the reader may no longer see (unassigned, removed) ends it
+    /// with the empty page; the next poll says why.
+    async fn finish(mut self) -> EventPage {
+        let store = self.store.as_ref();
+        loop {
+            match self.watch.changed(self.deadline).await {
+                Woken::Changed => {}
+                // Answer with what we have.
+                Woken::Deadline | Woken::Closed => return self.page,
+            }
+            let task = match store.task(self.page.task_id).await {
+                Ok(Some(task)) if self.reader.may_read(&task) => task,
+                Ok(_) => return self.page,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a woken long poll could not read; waiting on");
+                    continue;
+                }
+            };
+            match read_page(store, task, self.q).await {
+                Ok(page) if page.events.is_empty() && !page.terminal => self.page = page,
+                Ok(page) => return page,
+                Err(e) => {
+                    tracing::debug!(error = ?e, "a woken long poll could not read; waiting on");
+                }
+            }
+        }
+    }
+}
+
+/// Answers a feed request for task `id`, which `reader` may read (otherwise
+/// 404), from the event after `floor` at the earliest (the worker's feed
+/// starts at its own assignment). The page is read as [`read_page`] does;
+/// with `wait`, an empty page of a task that is not terminal becomes a
+/// [`LongPoll`] that waits for the next event (see [`crate::feed`]).
+pub async fn open_feed(
+    state: &AppState,
+    id: Uuid,
+    q: &EventsQuery,
+    floor: i64,
+    reader: Reader,
+) -> Result<FeedAnswer, ApiError> {
+    let store = state.store.as_ref();
+    let task = visible_task(store, id, |t| reader.may_read(t)).await?;
+    let mut q = q.checked()?;
+    q.after = q.after.max(floor);
+    if q.wait.is_zero() {
+        return read_page(store, task, q).await.map(FeedAnswer::Page);
+    }
+    let deadline = tokio::time::Instant::now() + q.wait;
+    // Subscribe before reading the events: an event committed after the
+    // read wakes this request, so none is missed between read and wait.
+    let watch = state.feed.watch(id);
+    let page = read_page(store, task, q).await?;
+    if !page.events.is_empty() || page.terminal {
+        return Ok(FeedAnswer::Page(page));
+    }
+    Ok(FeedAnswer::Wait(LongPoll {
+        store: Arc::clone(&state.store),
+        watch,
+        deadline,
+        reader,
+        q,
+        page,
+    }))
+}
+
+/// [`open_feed`], waiting for the page in place: for callers that answer
+/// with more than the page (the web app, MCP tools).
 pub async fn event_feed(
     state: &AppState,
     id: Uuid,
     q: &EventsQuery,
     floor: i64,
-    visible: impl Fn(&Task) -> bool,
+    reader: Reader,
 ) -> Result<EventPage, ApiError> {
-    let store = state.store.as_ref();
-    let task = visible_task(store, id, &visible).await?;
-    let mut q = q.checked()?;
-    q.after = q.after.max(floor);
-    if q.wait.is_zero() {
-        return read_page(store, task, q).await;
-    }
-    let deadline = tokio::time::Instant::now() + q.wait;
-    // Subscribe before reading the events: an event committed after the
-    // read wakes this request, so none is missed between read and wait.
-    let mut watch = state.feed.watch(id);
-    let mut page = read_page(store, task, q).await?;
-    while page.events.is_empty() && !page.terminal {
-        match watch.changed(deadline).await {
-            Woken::Changed => {
-                let task = visible_task(store, id, &visible).await?;
-                page = read_page(store, task, q).await?;
-            }
-            // Answer with what we have.
-            Woken::Deadline | Woken::Closed => break,
-        }
-    }
-    Ok(page)
+    Ok(open_feed(state, id, q, floor, reader).await?.page().await)
 }
 
 /// An agent's request of its task's feed (`GET /api/v1/tasks/{id}/events`),
@@ -168,7 +296,7 @@ pub async fn agent_event_feed(
     state: &AppState,
     credential: &crate::auth::AgentCredential,
     query: Result<EventsQuery, ApiError>,
-) -> Result<EventPage, ApiError> {
+) -> Result<FeedAnswer, ApiError> {
     use crate::auth::{agent_token_subject, authorize_agent_token, invalid_agent_token};
     let (id, token) = (credential.task_id, credential.token());
     let (query, q) = match query.and_then(|query| query.checked().map(|q| (query, q))) {
@@ -185,14 +313,14 @@ pub async fn agent_event_feed(
                 return Err(invalid_agent_token());
             }
             if q.after >= head.last_event_id {
-                return Ok(EventPage {
+                return Ok(FeedAnswer::Page(EventPage {
                     task_id: id,
                     task_state: head.state,
                     terminal: head.state.is_terminal(),
                     events: Vec::new(),
                     next_cursor: q.after,
                     has_more: false,
-                });
+                }));
             }
         }
         let stamp = heads.stamp(id);
@@ -223,12 +351,12 @@ pub async fn agent_event_feed(
                     },
                 );
             }
-            return Ok(page);
+            return Ok(FeedAnswer::Page(page));
         }
         // No such task: purged (its tombstone says 404) or never there (401).
     }
     authorize_agent_token(state, token, id).await?;
-    event_feed(state, id, &query, 0, |_| true).await
+    open_feed(state, id, &query, 0, Reader::Agent).await
 }
 
 /// The task, if it exists and `visible` lets the caller see it.

@@ -16,7 +16,8 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::{
-    EventPage, EventsQuery, TaskChange, agent_event_feed, checked_optional_text, checked_text,
+    EventPage, EventsQuery, FeedAnswer, TaskChange, agent_event_feed, checked_optional_text,
+    checked_text,
 };
 use crate::AppState;
 use crate::auth::{AgentAuth, AgentCredential, DevKeyAuth, issue_agent_token};
@@ -282,11 +283,9 @@ async fn task_events(
     State(state): State<AppState>,
     credential: AgentCredential,
     query: Result<Query<EventsQuery>, ApiError>,
-) -> Result<axum::Json<EventPage>, ApiError> {
+) -> Result<FeedAnswer, ApiError> {
     let query = query.map(|Query(q)| q);
-    Ok(axum::Json(
-        agent_event_feed(&state, &credential, query).await?,
-    ))
+    agent_event_feed(&state, &credential, query).await
 }
 
 #[derive(Debug, Deserialize)]

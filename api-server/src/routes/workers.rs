@@ -18,7 +18,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{EventPage, EventsQuery, TaskChange, checked_optional_text, checked_text, event_feed};
+use super::{
+    EventPage, EventsQuery, FeedAnswer, Reader, TaskChange, checked_optional_text, checked_text,
+    open_feed,
+};
 use crate::AppState;
 use crate::auth::{DevKeyAuth, WorkerAuth, issue_worker_token, task_id_param};
 use crate::error::ApiError;
@@ -589,7 +592,7 @@ async fn task_events(
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
     Query(q): Query<EventsQuery>,
-) -> Result<axum::Json<EventPage>, ApiError> {
+) -> Result<FeedAnswer, ApiError> {
     // A task that was reopened after an assignment lapsed belongs to its
     // new worker from the reopening on: what the previous worker sent, and
     // the answers it got, are not this worker's to read.
@@ -598,8 +601,5 @@ async fn task_events(
         .last_event_of_type(id, EventType::TaskUnassigned)
         .await?
         .unwrap_or(0);
-    let assigned = |t: &Task| t.worker_id == Some(worker);
-    Ok(axum::Json(
-        event_feed(&state, id, &q, floor, assigned).await?,
-    ))
+    open_feed(&state, id, &q, floor, Reader::Worker(worker)).await
 }

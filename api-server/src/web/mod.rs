@@ -25,7 +25,9 @@ use crate::AppState;
 use crate::auth::{credential_subject, verify_worker_token};
 use crate::error::ApiError;
 use crate::routes::invites::INVITE_PREFIX;
-use crate::routes::{EventsQuery, checked_optional_text, checked_text, event_feed, workers};
+use crate::routes::{
+    EventsQuery, Reader, checked_optional_text, checked_text, event_feed, workers,
+};
 use session::{WorkerSession, check_csrf, csrf_token, pre_session};
 
 /// The Content-Security-Policy of every page: only the app's own script,
@@ -724,7 +726,7 @@ async fn worker_feed(
         limit: Some(crate::routes::MAX_EVENTS_PAGE),
         wait: Some(wait),
     };
-    let page = event_feed(state, id, &q, floor, |t| t.worker_id == Some(worker)).await?;
+    let page = event_feed(state, id, &q, floor, Reader::Worker(worker)).await?;
     Ok((
         page.events.iter().map(feed_item).collect(),
         page.next_cursor,
