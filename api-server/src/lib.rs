@@ -185,7 +185,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             rate_limit::limit,
         ));
-    Router::new()
+    let routes = Router::new()
         .merge(api)
         .merge(mcp)
         .route(
@@ -203,19 +203,30 @@ pub fn router(state: AppState) -> Router {
             idempotency::middleware,
         ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BYTES))
+        // Inside the routing, where the matched route template (its label)
+        // is known; outside the idempotency layer, so replays count too.
         .layer(axum::middleware::from_fn(metrics::track))
+        .with_state(state);
+    // The layers every request passes through wrap the router once, as one
+    // service: `Router::layer` would wrap each route in each layer, a boxed
+    // service and future per layer and request.
+    let stack = tower::ServiceBuilder::new()
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::map_response(
+            error::problem_for_every_error,
+        ))
+        // Responses with tower-http's body types back into axum's.
+        .map_response(axum::response::IntoResponse::into_response)
+        .layer(CatchPanicLayer::new())
+        .map_response(axum::response::IntoResponse::into_response)
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
-        .layer(CatchPanicLayer::new())
-        .layer(axum::middleware::map_response(
-            error::problem_for_every_error,
-        ))
-        .layer(TraceLayer::new_for_http())
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .with_state(state)
+        .service(routes);
+    Router::new().fallback_service(stack)
 }
 
 /// Limits of the HTTP server's connections.
