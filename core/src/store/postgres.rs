@@ -1,8 +1,12 @@
 //! The PostgreSQL store: the production backend.
 //!
-//! Row locks do the coordination. [`Store::apply`] takes `FOR UPDATE` on the
-//! task row, so concurrent writers to one task queue up and its event ids
-//! (from one identity sequence) commit in ascending order.
+//! Row locks do the coordination. Every write of a task takes `FOR UPDATE`
+//! on its row before it appends events, so concurrent writers to one task
+//! queue up and its event ids (from one identity sequence) commit in
+//! ascending order. [`Store::apply`] mostly decides on a task read without
+//! the lock and then writes with one statement that takes the lock and
+//! writes only if the task is still as read (see
+//! [`PgStore::write_in_one_statement`]); otherwise it decides again.
 //! [`Store::reconcile_due`] takes `FOR UPDATE SKIP LOCKED` on a batch of due
 //! rows, so several controller replicas split the due work without waiting
 //! for each other and never act on the same task twice. Every task change
@@ -139,11 +143,67 @@ impl PgStore {
         &self.pool
     }
 
+    /// [`Store::apply`] in one transaction that takes the task's row lock
+    /// before it reads the task (and the issue an answer refers to).
+    async fn apply_locked(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(task_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let task = task_from_row(&row)?;
+        let mut ctx = Context::default();
+        if let Command::RespondToIssue { issue_event_id, .. } = &command {
+            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
+                .bind(issue_event_id)
+                .bind(task_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
+        }
+        let decision = match decide(&task, &ctx, command, now, &self.policy) {
+            Ok(decision) => decision,
+            Err(refusal) => {
+                // Release the row lock before answering: a dropped transaction
+                // is rolled back only later, in the background, when its
+                // connection returns to the pool, and until then other
+                // writers wait and `reconcile_due` skips the task.
+                tx.rollback().await?;
+                return Err(refusal.into());
+            }
+        };
+        let applied = Self::write(&mut tx, &task, decision).await?;
+        let committed = tx.commit().await;
+        self.versions.bump(task_id);
+        committed?;
+        Ok(applied)
+    }
+
+    /// Writes `d`, decided on `before`, in the caller's transaction, which
+    /// holds the task's row lock.
     async fn write(
         tx: &mut Transaction<'_, Postgres>,
         before: &Task,
         d: Decision,
     ) -> Result<Applied, StoreError> {
+        if fits_one_statement(&d) {
+            let task_id = before.id;
+            return Self::write_in_one_statement(&mut **tx, before, d)
+                .await?
+                .ok_or_else(|| {
+                    // Impossible while we hold the row lock; refuse rather
+                    // than commit a change that did not happen.
+                    StoreError::Corrupt(format!("task {task_id} changed under its lock"))
+                });
+        }
         let Decision {
             mut task,
             events: new_events,
@@ -152,22 +212,6 @@ impl PgStore {
             applied,
         } = d;
         let now = task.updated_at;
-        if photo.is_none()
-            && issue_changes
-                .iter()
-                .all(|c| matches!(c, IssueChange::CloseAll { .. }))
-            && issue_changes.len() <= 1
-        {
-            return Self::write_in_one_statement(
-                tx,
-                before,
-                task,
-                new_events,
-                issue_changes,
-                applied,
-            )
-            .await;
-        }
         if let Some(p) = &photo {
             sqlx::query(
                 "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -290,20 +334,62 @@ impl PgStore {
 }
 
 impl PgStore {
-    /// [`PgStore::write`] for the common decision (events, perhaps closing
-    /// the open issues, no photo, no issue opened or answered) in one
-    /// statement, so one round trip: the events are inserted in their
-    /// order (identity values are drawn as the sorted rows are inserted, so
-    /// they ascend in the decision's order), the issues closed, the task
-    /// updated (still conditional on its state) and the change notified.
-    async fn write_in_one_statement(
-        tx: &mut Transaction<'_, Postgres>,
+    /// Writes a decision that [`fits_one_statement`] with one statement (so
+    /// one round trip), on the condition that the task is still exactly as
+    /// `before` shows it: same state and same `last_event_id`. Returns
+    /// `None`, having written nothing, when it is not.
+    ///
+    /// The statement, in order of its data dependencies:
+    ///
+    /// 1. `lk` locks the task row (`FOR UPDATE`) if it still has the state
+    ///    and last event id the decision was made on. When another
+    ///    transaction holds the lock, it waits; under READ COMMITTED,
+    ///    PostgreSQL then re-checks the `WHERE` against the newest version
+    ///    of the row (EvalPlanQual) and skips the row if it no longer
+    ///    matches (or was deleted). So `lk` has one row exactly when this
+    ///    statement holds the lock on the task as it was read.
+    /// 2. `ev` inserts the events, one per decided event crossed with
+    ///    `lk`: none unless the lock is held. Their ids are drawn from the
+    ///    identity sequence only then, in the decision's order (the sorted
+    ///    rows are inserted one by one), so one task's event ids become
+    ///    visible in ascending order, as DESIGN ("Events") requires: every
+    ///    other writer of the task appends only while holding the same lock.
+    /// 3. `closed` closes the open issues (a terminal or lapsed decision),
+    ///    `up` writes the task (its `last_event_id` the newest event's), and
+    ///    the notification is sent, each only if `lk` has its row.
+    ///
+    /// Why `(state, last_event_id)` is enough to tell "unchanged": every
+    /// decision [`decide`] accepts appends at least one event (each arm of
+    /// its `match` pushes one or ends the task, which pushes one), every
+    /// write of a task row (`write`, this statement, `write_reconciled`)
+    /// sets `last_event_id` to the newest event it appended, and event ids
+    /// come from one sequence, so they only grow: any committed change to
+    /// the task since `before` was read moved its `last_event_id`. Issues
+    /// of the task change only together with the task row (under its lock,
+    /// with an event), so they too are as `before` was read; and purge
+    /// deletes the row, which leaves `lk` empty.
+    ///
+    /// Run on its own (autocommit, [`PgStore::apply`]'s optimistic path),
+    /// the statement is its own transaction and commits the lock, events,
+    /// issues, task and notification together. Run inside a transaction
+    /// that already holds the lock ([`PgStore::write`]), `lk` just finds
+    /// the row it holds.
+    async fn write_in_one_statement<'c, E>(
+        conn: E,
         before: &Task,
-        mut task: Task,
-        new_events: Vec<crate::NewEvent>,
-        issue_changes: Vec<IssueChange>,
-        applied: Option<crate::Due>,
-    ) -> Result<Applied, StoreError> {
+        d: Decision,
+    ) -> Result<Option<Applied>, StoreError>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        debug_assert!(fits_one_statement(&d));
+        let Decision {
+            mut task,
+            events: new_events,
+            issue_changes,
+            applied,
+            photo: _,
+        } = d;
         let now = task.updated_at;
         let close = issue_changes.into_iter().find_map(|c| match c {
             IssueChange::CloseAll { resolution } => Some(resolution),
@@ -313,24 +399,29 @@ impl PgStore {
         let actors: Vec<&str> = new_events.iter().map(|e| e.actor.as_str()).collect();
         let data: Vec<&serde_json::Value> = new_events.iter().map(|e| &e.data).collect();
         let row = sqlx::query(
-            "WITH ev AS ( \
+            "WITH lk AS MATERIALIZED ( \
+               SELECT id FROM tasks WHERE id = $1 AND state = $7 AND last_event_id = $20 \
+               FOR UPDATE), \
+             ev AS ( \
                INSERT INTO events (task_id, type, actor, created_at, data) \
-               SELECT $1, u.type, u.actor, $5, u.data \
-               FROM UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(type, actor, data, n) \
+               SELECT lk.id, u.type, u.actor, $5, u.data \
+               FROM lk CROSS JOIN \
+                 UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(type, actor, data, n) \
                ORDER BY u.n RETURNING id), \
              closed AS ( \
                UPDATE issues SET status = 'closed', resolution = $6, resolved_at = $5 \
-               WHERE $6::text IS NOT NULL AND task_id = $1 AND status = 'open' RETURNING 1), \
+               WHERE $6::text IS NOT NULL AND task_id = $1 AND status = 'open' \
+                 AND EXISTS (SELECT 1 FROM lk)), \
              up AS ( \
                UPDATE tasks SET state = $8, worker_id = $9, updated_at = $5, published_at = $10, \
                  assigned_at = $11, started_at = $12, ended_at = $13, start_by = $14, \
                  active_until = $15, next_deadline = $16, open_issues = $17, \
                  last_event_id = COALESCE((SELECT max(id) FROM ev), tasks.last_event_id), \
                  expires_at = $18 \
-               WHERE id = $1 AND state = $7 RETURNING last_event_id) \
+               WHERE id = $1 AND EXISTS (SELECT 1 FROM lk) RETURNING id) \
              SELECT ARRAY(SELECT id FROM ev ORDER BY id) AS ids, \
-               (SELECT count(*) FROM up) AS updated, (SELECT count(*) FROM closed) AS closed, \
-               pg_notify($19, $1::text) AS notified",
+               (SELECT count(*) FROM up) AS updated, \
+               (SELECT pg_notify($19, id::text) FROM up) AS notified",
         )
         .bind(task.id)
         .bind(&kinds)
@@ -351,17 +442,22 @@ impl PgStore {
         .bind(task.open_issues)
         .bind(task.expires_at)
         .bind(CHANNEL)
-        .fetch_one(&mut **tx)
+        .bind(before.last_event_id)
+        .fetch_one(conn)
         .await?;
         let ids: Vec<i64> = row.try_get("ids")?;
         let updated: i64 = row.try_get("updated")?;
-        if updated != 1 || ids.len() != new_events.len() {
-            // Impossible while we hold the row lock; refuse rather than
-            // commit events for a change that did not happen.
-            return Err(StoreError::Corrupt(format!(
-                "task {} changed under its lock",
-                task.id
-            )));
+        match (updated, ids.len()) {
+            (0, 0) => return Ok(None),
+            (1, n) if n == new_events.len() => {}
+            _ => {
+                return Err(StoreError::Corrupt(format!(
+                    "task {}: {updated} rows and {} of {} events written",
+                    task.id,
+                    ids.len(),
+                    new_events.len()
+                )));
+            }
         }
         let events: Vec<Event> = new_events
             .into_iter()
@@ -379,11 +475,11 @@ impl PgStore {
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
         }
-        Ok(Applied {
+        Ok(Some(Applied {
             task,
             events,
             applied,
-        })
+        }))
     }
 
     /// Writes the controller's decisions for a batch of locked tasks with a
@@ -548,6 +644,34 @@ impl PgStore {
         Ok(out.into_iter().map(|(_, a)| a).collect())
     }
 }
+
+/// Whether [`PgStore::write_in_one_statement`] can write the decision: it
+/// appends events and at most closes the open issues; no photo, no issue
+/// opened or answered (those take [`PgStore::write`]'s statements).
+fn fits_one_statement(d: &Decision) -> bool {
+    d.photo.is_none()
+        && d.issue_changes.len() <= 1
+        && d.issue_changes
+            .iter()
+            .all(|c| matches!(c, IssueChange::CloseAll { .. }))
+}
+
+/// Commands whose decision never [`fits_one_statement`] or that read more
+/// than the task row (`RespondToIssue` reads its issue): [`PgStore::apply`]
+/// runs them under the row lock straight away.
+fn needs_row_lock(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Photo { .. } | Command::RaiseIssue { .. } | Command::RespondToIssue { .. }
+    )
+}
+
+/// How often [`PgStore::apply`] reads, decides and tries the conditional
+/// write before it takes the row lock first instead. A write finds the task
+/// changed only when another writer of the same task committed in between,
+/// so a second or third try normally succeeds; the bound keeps a task that
+/// many writers hammer from starving one of them.
+const OPTIMISTIC_ATTEMPTS: usize = 3;
 
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -791,6 +915,21 @@ impl Store for PgStore {
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
+    /// Two ways to the same result (see [`Store::apply`]'s contract):
+    ///
+    /// - **Optimistic** (most commands, two round trips): read the task
+    ///   without a lock, [`decide`], and write with
+    ///   [`PgStore::write_in_one_statement`], which locks the row first and
+    ///   writes only if the task is still as read. If it is not (another
+    ///   writer committed in between), nothing was written: read and decide
+    ///   again, since the decision may now be different (the losing
+    ///   claimant of a task is refused). A refusal is an answer as good as
+    ///   the locking path's: it is about a committed state of the task at a
+    ///   moment within this call.
+    /// - **Locking** (issues, photos, answers to issues, decisions that do
+    ///   more than append events and close issues, and after
+    ///   [`OPTIMISTIC_ATTEMPTS`] lost races): `BEGIN`, `SELECT … FOR
+    ///   UPDATE`, decide, write, `COMMIT`.
     #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
@@ -798,40 +937,28 @@ impl Store for PgStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(task_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let task = task_from_row(&row)?;
-        let mut ctx = Context::default();
-        if let Command::RespondToIssue { issue_event_id, .. } = &command {
-            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
-                .bind(issue_event_id)
-                .bind(task_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
-        }
-        let decision = match decide(&task, &ctx, command, now, &self.policy) {
-            Ok(decision) => decision,
-            Err(refusal) => {
-                // Release the row lock before answering: a dropped transaction
-                // is rolled back only later, in the background, when its
-                // connection returns to the pool, and until then other
-                // writers wait and `reconcile_due` skips the task.
-                tx.rollback().await?;
-                return Err(refusal.into());
+        if !needs_row_lock(&command) {
+            for _ in 0..OPTIMISTIC_ATTEMPTS {
+                let task = self.task(task_id).await?.ok_or(StoreError::NotFound)?;
+                let decision = decide(
+                    &task,
+                    &Context::default(),
+                    command.clone(),
+                    now,
+                    &self.policy,
+                )?;
+                if !fits_one_statement(&decision) {
+                    break;
+                }
+                let written = Self::write_in_one_statement(&self.pool, &task, decision).await;
+                // Whatever the answer, the statement may have committed.
+                self.versions.bump(task_id);
+                if let Some(applied) = written? {
+                    return Ok(applied);
+                }
             }
-        };
-        let applied = Self::write(&mut tx, &task, decision).await?;
-        let committed = tx.commit().await;
-        self.versions.bump(task_id);
-        committed?;
-        Ok(applied)
+        }
+        self.apply_locked(task_id, command, now).await
     }
 
     #[tracing::instrument(skip(self), err)]
