@@ -277,9 +277,10 @@ pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, 
 /// worker a token names, so that a client's requests do not each read its
 /// digest again. [`AppState`] holds two: `worker_digests`
 /// ([`DigestCache::for_workers`]) and `agent_digests`
-/// ([`DigestCache::for_agents`]). Only digests that exist are kept: an
-/// unknown id is read every time, so a token is never refused on the word
-/// of the cache.
+/// ([`DigestCache::for_agents`]). Only digests that exist are kept (read
+/// from the store, or [remembered](DigestCache::remember) once the create
+/// that stored them committed): an unknown id is read every time, so a
+/// token is never refused on the word of the cache.
 ///
 /// Why a cached digest gives the answer the store would give:
 ///
@@ -358,6 +359,12 @@ impl DigestCache {
             self.insert(id, hash.clone(), read_at);
         }
         Ok(hash)
+    }
+
+    /// Keeps the digest of a token the caller has just stored (committed),
+    /// as if it had been read now.
+    pub fn remember(&self, id: Uuid, hash: TokenHash) {
+        self.insert(id, hash, std::time::Instant::now());
     }
 
     fn get(&self, id: Uuid) -> Option<TokenHash> {
