@@ -133,6 +133,7 @@ conformance! {
     databases: [
         replicas_starting_together_migrate_once,
         stored_data_reveals_no_token,
+        commands_act_on_changes_made_through_another_store,
     ],
 }
 
@@ -2276,6 +2277,80 @@ async fn follow_concurrent_appenders(
             assert_eq!(order, sent, "writer {writer}");
         }
     }
+}
+
+/// Two stores on one database, as two server processes (or a server and
+/// the controller) are: each command acts on the task as the other left
+/// it, whatever the store remembers of its own last write. (PostgreSQL's
+/// `apply` first decides on its own copy of the task; a refusal from that
+/// copy, or a write of a decision made on it after the task changed, would
+/// fail these. Checked: answering the copy's refusal fails the first part,
+/// writing without the `last_event_id` check fails the second.)
+async fn commands_act_on_changes_made_through_another_store(db: &TestDb) {
+    let (one, other) = (db.store(policy()).await, db.store(policy()).await);
+    let (one, other) = (&*one, &*other);
+
+    // `one` claimed (its copy: assigned), `other` started: `one`'s complete
+    // is decided on the active task, not refused as "assigned".
+    let (task, w) = task_in(one, TaskState::Assigned).await;
+    ok(other, task.id, start(w), 4).await;
+    let done = ok(one, task.id, complete(w, None), 5).await;
+    assert_eq!(done.task.state, TaskState::Completed);
+    assert_eq!(done.task.started_at, Some(at(4)));
+    let feed = all_events(one, task.id).await;
+    assert_eq!(
+        kinds(&feed),
+        [
+            EventType::TaskPublished,
+            EventType::TaskAssigned,
+            EventType::TaskStarted,
+            EventType::TaskCompleted
+        ]
+    );
+
+    // `one` started it, `other` extended it: `one`'s message keeps the
+    // extension.
+    let (task, w) = task_in(one, TaskState::Active).await;
+    let extended = at(2 * LIFETIME);
+    ok(
+        other,
+        task.id,
+        Command::Extend(Extension::Until(extended)),
+        4,
+    )
+    .await;
+    let sent = ok(one, task.id, message(w, "still here"), 5).await;
+    assert_eq!(sent.task.expires_at, extended);
+    let stored = read(other, task.id).await.expect("task");
+    assert_eq!(stored, sent.task);
+    assert_eq!(stored.last_event_id, sent.events[0].id);
+
+    // `one` started it, `other` cancelled it: `one`'s complete is refused
+    // and the task has one terminal event.
+    let (task, w) = task_in(one, TaskState::Active).await;
+    ok(other, task.id, cancel(), 4).await;
+    let terminal = Refusal::Terminal {
+        state: TaskState::Cancelled,
+    };
+    refused(one, task.id, complete(w, None), 5, terminal).await;
+
+    // `one` published it, `other` gave it to a worker: `one`'s claim for
+    // another worker is refused.
+    let (task, _) = task_in(one, TaskState::Open).await;
+    let (first, second) = (worker(one).await, worker(one).await);
+    ok(other, task.id, claim(first), 4).await;
+    refused(
+        one,
+        task.id,
+        claim(second),
+        5,
+        wrong("claim", TaskState::Assigned),
+    )
+    .await;
+    assert_eq!(
+        read(one, task.id).await.expect("task").worker_id,
+        Some(first)
+    );
 }
 
 // ---- PostgreSQL: a command that meets a change committed after it read the task ----------

@@ -4,9 +4,10 @@
 //! on its row before it appends events, so concurrent writers to one task
 //! queue up and its event ids (from one identity sequence) commit in
 //! ascending order. [`Store::apply`] mostly decides on a task read without
-//! the lock and then writes with one statement that takes the lock and
-//! writes only if the task is still as read (see
-//! [`PgStore::write_in_one_statement`]); otherwise it decides again.
+//! the lock (or on the copy it wrote last) and then writes with one
+//! statement that takes the lock and writes only if the task is still as
+//! read (see [`PgStore::write_in_one_statement`]); otherwise it reads the
+//! task and decides again.
 //! [`Store::reconcile_due`] takes `FOR UPDATE SKIP LOCKED` on a batch of due
 //! rows, so several controller replicas split the due work without waiting
 //! for each other and never act on the same task twice. Every task change
@@ -57,6 +58,9 @@ pub struct PgStore {
     policy: Policy,
     /// Bumped after every commit that touches a task (see [`TaskVersions`]).
     versions: Arc<TaskVersions>,
+    /// The tasks as this store last wrote them, for [`Store::apply`]'s
+    /// first try (see [`KnownTasks`]).
+    known: Arc<KnownTasks>,
     /// When `ping` last failed: older pooled connections are not reused.
     outages: Arc<Outages>,
 }
@@ -134,6 +138,7 @@ impl PgStore {
             probe,
             policy,
             versions: Arc::default(),
+            known: Arc::default(),
             outages,
         })
     }
@@ -141,6 +146,48 @@ impl PgStore {
     /// The pool, for tests and tools that need raw SQL.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// One optimistic try of [`Store::apply`]: decides `command` on `task`
+    /// (read without a lock, or this store's copy) and writes the decision
+    /// with [`PgStore::write_in_one_statement`] if the task is still as
+    /// `task` shows it.
+    async fn try_write(
+        &self,
+        task: &Task,
+        command: &Command,
+        now: DateTime<Utc>,
+    ) -> Result<Try, StoreError> {
+        let decision = match decide(
+            task,
+            &Context::default(),
+            command.clone(),
+            now,
+            &self.policy,
+        ) {
+            Ok(decision) => decision,
+            Err(refusal) => return Ok(Try::Refused(refusal)),
+        };
+        if !fits_one_statement(&decision) {
+            return Ok(Try::NeedsLock);
+        }
+        let written = Self::write_in_one_statement(&self.pool, task, decision).await;
+        // Whatever the answer, the statement may have committed.
+        self.versions.bump(task.id);
+        match written {
+            Ok(Some(applied)) => {
+                self.known.wrote(&applied.task);
+                Ok(Try::Written(applied))
+            }
+            Ok(None) => {
+                self.known.forget(task.id);
+                Ok(Try::Changed)
+            }
+            Err(e) => {
+                self.known.forget(task.id);
+                Err(e)
+            }
+        }
     }
 
     /// [`Store::apply`] in one transaction that takes the task's row lock
@@ -180,10 +227,12 @@ impl PgStore {
                 return Err(refusal.into());
             }
         };
+        self.known.forget(task_id);
         let applied = Self::write(&mut tx, &task, decision).await?;
         let committed = tx.commit().await;
         self.versions.bump(task_id);
         committed?;
+        self.known.wrote(&applied.task);
         Ok(applied)
     }
 
@@ -645,6 +694,88 @@ impl PgStore {
     }
 }
 
+/// What one optimistic try of [`Store::apply`] came to.
+enum Try {
+    /// The decision is written and committed.
+    Written(Applied),
+    /// [`decide`] refused the command on the task as the try saw it.
+    Refused(crate::Refusal),
+    /// Nothing was written: the task is no longer as the try saw it.
+    Changed,
+    /// The decision needs [`PgStore::write`]'s statements under the lock.
+    NeedsLock,
+}
+
+/// The tasks as this store last wrote them (non-terminal ones only), so
+/// that [`Store::apply`] can decide a task's next command without reading
+/// the task first: the common case of one client driving its task through
+/// publish, claim, start and complete costs one statement per command.
+///
+/// A copy may be stale (another process, or a controller, changed the task
+/// since), and that is safe, because nothing is answered from it alone:
+///
+/// - a decision made on the copy is written by
+///   [`PgStore::write_in_one_statement`] only if the task's state and
+///   `last_event_id` are still the copy's, and then the whole row is the
+///   copy: the copy holds every column this store wrote with that
+///   `last_event_id` (only timestamps that PostgreSQL keeps exactly, see
+///   [`KnownTasks::wrote`]), and any later write would have moved
+///   `last_event_id` (see the statement's documentation);
+/// - a refusal decided on the copy is not an answer: [`Store::apply`]
+///   reads the task and decides again, as it does when the write finds the
+///   task changed.
+///
+/// At worst a stale copy costs one write that writes nothing.
+#[derive(Debug, Default)]
+struct KnownTasks {
+    tasks: Mutex<std::collections::HashMap<Uuid, Task>>,
+}
+
+/// Copies kept at most; when full, the map starts over.
+const KNOWN_TASKS: usize = 64 * 1024;
+
+impl KnownTasks {
+    fn get(&self, id: Uuid) -> Option<Task> {
+        self.lock().get(&id).cloned()
+    }
+
+    /// Records `task` as just committed by this store. A terminal task
+    /// accepts no command any more, so it is dropped instead; so is a task
+    /// with a timestamp finer than PostgreSQL's microseconds, which would
+    /// not read back as it was written.
+    fn wrote(&self, task: &Task) {
+        let exact = |t: &DateTime<Utc>| t.timestamp_subsec_nanos().is_multiple_of(1000);
+        let times = [
+            Some(task.created_at),
+            Some(task.updated_at),
+            task.published_at,
+            task.assigned_at,
+            task.started_at,
+            task.ended_at,
+            Some(task.expires_at),
+            task.start_by,
+            task.active_until,
+        ];
+        let mut tasks = self.lock();
+        if task.state.is_terminal() || !times.iter().flatten().all(exact) {
+            tasks.remove(&task.id);
+            return;
+        }
+        if tasks.len() >= KNOWN_TASKS {
+            tasks.clear();
+        }
+        tasks.insert(task.id, task.clone());
+    }
+
+    fn forget(&self, id: Uuid) {
+        self.lock().remove(&id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Uuid, Task>> {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Whether [`PgStore::write_in_one_statement`] can write the decision: it
 /// appends events and at most closes the open issues; no photo, no issue
 /// opened or answered (those take [`PgStore::write`]'s statements).
@@ -891,6 +1022,7 @@ impl Store for PgStore {
         .await;
         self.versions.bump(task.id);
         created?;
+        self.known.wrote(&task);
         Ok(task)
     }
 
@@ -917,15 +1049,17 @@ impl Store for PgStore {
 
     /// Two ways to the same result (see [`Store::apply`]'s contract):
     ///
-    /// - **Optimistic** (most commands, two round trips): read the task
-    ///   without a lock, [`decide`], and write with
+    /// - **Optimistic** (most commands, two round trips, or one): read the
+    ///   task without a lock, [`decide`], and write with
     ///   [`PgStore::write_in_one_statement`], which locks the row first and
     ///   writes only if the task is still as read. If it is not (another
     ///   writer committed in between), nothing was written: read and decide
     ///   again, since the decision may now be different (the losing
     ///   claimant of a task is refused). A refusal is an answer as good as
     ///   the locking path's: it is about a committed state of the task at a
-    ///   moment within this call.
+    ///   moment within this call. The first try uses this store's own copy
+    ///   of the task instead of reading it, when it has one
+    ///   ([`KnownTasks`]); that try's refusals are no answer.
     /// - **Locking** (issues, photos, answers to issues, decisions that do
     ///   more than append events and close issues, and after
     ///   [`OPTIMISTIC_ATTEMPTS`] lost races): `BEGIN`, `SELECT … FOR
@@ -938,23 +1072,23 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
         if !needs_row_lock(&command) {
+            // First on the copy of the task this store last wrote, without
+            // reading it: the write checks it is still current. A refusal
+            // or a stale copy is no answer: the store is read next.
+            if let Some(copy) = self.known.get(task_id) {
+                match self.try_write(&copy, &command, now).await? {
+                    Try::Written(applied) => return Ok(applied),
+                    Try::Refused(_) | Try::Changed => {}
+                    Try::NeedsLock => return self.apply_locked(task_id, command, now).await,
+                }
+            }
             for _ in 0..OPTIMISTIC_ATTEMPTS {
                 let task = self.task(task_id).await?.ok_or(StoreError::NotFound)?;
-                let decision = decide(
-                    &task,
-                    &Context::default(),
-                    command.clone(),
-                    now,
-                    &self.policy,
-                )?;
-                if !fits_one_statement(&decision) {
-                    break;
-                }
-                let written = Self::write_in_one_statement(&self.pool, &task, decision).await;
-                // Whatever the answer, the statement may have committed.
-                self.versions.bump(task_id);
-                if let Some(applied) = written? {
-                    return Ok(applied);
+                match self.try_write(&task, &command, now).await? {
+                    Try::Written(applied) => return Ok(applied),
+                    Try::Refused(refusal) => return Err(refusal.into()),
+                    Try::Changed => {}
+                    Try::NeedsLock => break,
                 }
             }
         }
@@ -1182,6 +1316,7 @@ impl Store for PgStore {
         let committed = tx.commit().await;
         for a in &out {
             self.versions.bump(a.task.id);
+            self.known.forget(a.task.id);
         }
         committed?;
         Ok(out)
@@ -1227,6 +1362,7 @@ impl Store for PgStore {
         let committed = tx.commit().await;
         for id in &ids {
             self.versions.bump(*id);
+            self.known.forget(*id);
         }
         committed?;
         Ok(deleted)
