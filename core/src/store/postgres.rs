@@ -728,15 +728,24 @@ enum Try {
 /// At worst a stale copy costs one write that writes nothing.
 #[derive(Debug, Default)]
 struct KnownTasks {
-    tasks: Mutex<std::collections::HashMap<Uuid, Task>>,
+    copies: Mutex<Copies>,
 }
 
-/// Copies kept at most; when full, the map starts over.
-const KNOWN_TASKS: usize = 64 * 1024;
+#[derive(Debug, Default)]
+struct Copies {
+    tasks: std::collections::HashMap<Uuid, Task>,
+    /// Bytes of the kept descriptions (a description may be 16 KB).
+    description_bytes: usize,
+}
+
+/// Copies kept at most, and bytes of their descriptions at most: beyond
+/// either, the map starts over (a miss costs one read).
+const KNOWN_TASKS: usize = 16 * 1024;
+const KNOWN_DESCRIPTION_BYTES: usize = 8 << 20;
 
 impl KnownTasks {
     fn get(&self, id: Uuid) -> Option<Task> {
-        self.lock().get(&id).cloned()
+        self.lock().tasks.get(&id).cloned()
     }
 
     /// Records `task` as just committed by this store. A terminal task
@@ -756,23 +765,35 @@ impl KnownTasks {
             task.start_by,
             task.active_until,
         ];
-        let mut tasks = self.lock();
+        let mut copies = self.lock();
+        copies.remove(task.id);
         if task.state.is_terminal() || !times.iter().flatten().all(exact) {
-            tasks.remove(&task.id);
             return;
         }
-        if tasks.len() >= KNOWN_TASKS {
-            tasks.clear();
+        let bytes = task.description.len();
+        if copies.tasks.len() >= KNOWN_TASKS
+            || copies.description_bytes + bytes > KNOWN_DESCRIPTION_BYTES
+        {
+            *copies = Copies::default();
         }
-        tasks.insert(task.id, task.clone());
+        copies.description_bytes += bytes;
+        copies.tasks.insert(task.id, task.clone());
     }
 
     fn forget(&self, id: Uuid) {
-        self.lock().remove(&id);
+        self.lock().remove(id);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Uuid, Task>> {
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Copies> {
+        self.copies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Copies {
+    fn remove(&mut self, id: Uuid) {
+        if let Some(old) = self.tasks.remove(&id) {
+            self.description_bytes -= old.description.len();
+        }
     }
 }
 
@@ -1815,8 +1836,69 @@ async fn reconnect(
 mod tests {
     use super::*;
 
+    fn task(state: TaskState) -> Task {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).expect("valid timestamp");
+        Task {
+            id: Uuid::from_u128(1),
+            description: "water the plants".into(),
+            state,
+            worker_id: None,
+            created_at: at,
+            updated_at: at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: at + chrono::TimeDelta::hours(1),
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        }
+    }
+
     fn id(n: u128) -> Uuid {
         Uuid::from_u128(n)
+    }
+
+    #[test]
+    fn known_tasks_keep_live_tasks_that_read_back_exactly() {
+        let known = KnownTasks::default();
+        let mut t = task(TaskState::Active);
+        known.wrote(&t);
+        assert_eq!(known.get(t.id), Some(t.clone()));
+        known.forget(t.id);
+        assert_eq!(known.get(t.id), None);
+
+        // A nanosecond PostgreSQL would round away: not kept.
+        known.wrote(&t);
+        t.updated_at += chrono::TimeDelta::nanoseconds(1);
+        known.wrote(&t);
+        assert_eq!(known.get(t.id), None);
+
+        // A terminal task takes no command: not kept.
+        let mut done = task(TaskState::Active);
+        known.wrote(&done);
+        done.state = TaskState::Completed;
+        known.wrote(&done);
+        assert_eq!(known.get(done.id), None);
+    }
+
+    #[test]
+    fn known_tasks_stay_within_their_byte_budget() {
+        let known = KnownTasks::default();
+        let mut big = task(TaskState::Open);
+        big.description = "x".repeat(KNOWN_DESCRIPTION_BYTES / 2 + 1);
+        for n in 0..3 {
+            big.id = id(n);
+            known.wrote(&big);
+            let bytes = known.lock().description_bytes;
+            assert!(bytes <= KNOWN_DESCRIPTION_BYTES, "{bytes} bytes kept");
+            assert_eq!(known.get(big.id).map(|t| t.id), Some(id(n)));
+        }
+        // Rewriting a copy replaces its bytes.
+        known.wrote(&big);
+        assert_eq!(known.lock().description_bytes, big.description.len());
     }
 
     #[tokio::test]
