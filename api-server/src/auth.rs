@@ -12,6 +12,7 @@ use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use meatspace_core::StoreError;
 use meatspace_core::token::{self, TokenHash};
 use uuid::Uuid;
 
@@ -145,8 +146,8 @@ pub(crate) async fn authorize_agent_token(
     let wrong = invalid_agent_token;
     let subject = token_subject(token, AGENT_PREFIX).ok_or_else(wrong)?;
     let hash = state
-        .store
-        .agent_token_hash(subject)
+        .agent_digests
+        .digest(subject, state.store.agent_token_hash(subject))
         .await?
         .ok_or_else(wrong)?;
     if !hash.verify(token) {
@@ -260,14 +261,11 @@ impl FromRequestParts<AppState> for WorkerAuth {
 pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, ApiError> {
     let wrong = || ApiError::Unauthorized("the worker token is not valid".into());
     let id = token_subject(token, WORKER_PREFIX).ok_or_else(wrong)?;
-    let hash = match state.worker_digests.get(id) {
-        Some(hash) => hash,
-        None => {
-            let hash = state.store.worker_token_hash(id).await?.ok_or_else(wrong)?;
-            state.worker_digests.insert(id, hash.clone());
-            hash
-        }
-    };
+    let hash = state
+        .worker_digests
+        .digest(id, state.store.worker_token_hash(id))
+        .await?
+        .ok_or_else(wrong)?;
     if hash.verify(token) {
         Ok(id)
     } else {
@@ -275,40 +273,121 @@ pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, 
     }
 }
 
-/// Worker token digests already read from the store, by worker id, so that
-/// a worker's requests do not each read the digest again.
+/// Token digests already read from the store, by the id of the task or
+/// worker a token names, so that a client's requests do not each read its
+/// digest again. [`AppState`] holds two: `worker_digests`
+/// ([`DigestCache::for_workers`]) and `agent_digests`
+/// ([`DigestCache::for_agents`]). Only digests that exist are kept (read
+/// from the store, or [remembered](DigestCache::remember) once the create
+/// that stored them committed): an unknown id is read every time, so a
+/// token is never refused on the word of the cache.
 ///
-/// Sound because a worker's digest never changes and a worker is never
-/// removed: the store has no statement that updates or deletes a worker.
-/// Only digests that exist are kept (an unknown worker is read every
-/// time). Whoever adds a way to revoke a worker token must drop the entry
-/// here (in every process) before the revocation is acknowledged.
-#[derive(Debug, Clone, Default)]
-pub struct WorkerDigests {
-    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<Uuid, TokenHash>>>,
+/// Why a cached digest gives the answer the store would give:
+///
+/// - **Worker tokens.** A worker's digest never changes and a worker is
+///   never removed: the store has no statement that updates or deletes a
+///   worker. Kept for good.
+/// - **Agent tokens.** A task's digest is written once, when the task is
+///   created, and never updated. Retention's purge deletes the task but
+///   keeps the digest as a tombstone (`purged_tasks`), and
+///   [`Store::agent_token_hash`](meatspace_core::Store::agent_token_hash)
+///   reads the tombstone too, so a purge does not change its answer:
+///   the token still authenticates, and the command or read it authorizes
+///   still goes to the store, which answers that the task is gone (404),
+///   exactly as without the cache. The one change that does alter the
+///   store's answer is forgetting the tombstone
+///   ([`Store::forget_purged_before`](meatspace_core::Store::forget_purged_before),
+///   30 days after the purge by default), after which the token is unknown
+///   (401). So an agent digest is kept at most [`AGENT_DIGEST_MAX_AGE`]:
+///   a token of a forgotten tombstone is told 404 rather than 401 for at
+///   most that long, as a request that read the digest just before the
+///   tombstone went would be.
+///
+/// There is no revocation of either token. Whoever adds one must drop the
+/// entry here (in every process) before the revocation is acknowledged.
+#[derive(Debug, Clone)]
+pub struct DigestCache {
+    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<Uuid, Known>>>,
+    /// How long an entry is trusted after it was read; `None`: for good.
+    max_age: Option<std::time::Duration>,
 }
 
-/// Digests kept at most; when full, the map starts over.
-const WORKER_DIGESTS: usize = 100_000;
+#[derive(Debug, Clone)]
+struct Known {
+    hash: TokenHash,
+    read_at: std::time::Instant,
+}
 
-impl WorkerDigests {
+/// Digests kept at most per cache; when full, the map starts over.
+const DIGESTS: usize = 100_000;
+
+/// Longest an agent token digest is used after it was read (see
+/// [`DigestCache`]).
+pub const AGENT_DIGEST_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl DigestCache {
+    /// For worker tokens: kept for good.
+    pub fn for_workers() -> Self {
+        Self::new(None)
+    }
+
+    /// For agent tokens: kept at most [`AGENT_DIGEST_MAX_AGE`].
+    pub fn for_agents() -> Self {
+        Self::new(Some(AGENT_DIGEST_MAX_AGE))
+    }
+
+    fn new(max_age: Option<std::time::Duration>) -> Self {
+        DigestCache {
+            known: Default::default(),
+            max_age,
+        }
+    }
+
+    /// The digest of `id`'s token: the kept one, or what `read` (the
+    /// store's lookup) answers, kept when it exists.
+    pub async fn digest(
+        &self,
+        id: Uuid,
+        read: impl std::future::Future<Output = Result<Option<TokenHash>, StoreError>>,
+    ) -> Result<Option<TokenHash>, StoreError> {
+        if let Some(hash) = self.get(id) {
+            return Ok(Some(hash));
+        }
+        let read_at = std::time::Instant::now();
+        let hash = read.await?;
+        if let Some(hash) = &hash {
+            self.insert(id, hash.clone(), read_at);
+        }
+        Ok(hash)
+    }
+
+    /// Keeps the digest of a token the caller has just stored (committed),
+    /// as if it had been read now.
+    pub fn remember(&self, id: Uuid, hash: TokenHash) {
+        self.insert(id, hash, std::time::Instant::now());
+    }
+
     fn get(&self, id: Uuid) -> Option<TokenHash> {
+        let known = self.lock();
+        let entry = known.get(&id)?;
+        let fresh = self
+            .max_age
+            .is_none_or(|max_age| entry.read_at.elapsed() < max_age);
+        fresh.then(|| entry.hash.clone())
+    }
+
+    fn insert(&self, id: Uuid, hash: TokenHash, read_at: std::time::Instant) {
+        let mut known = self.lock();
+        if known.len() >= DIGESTS {
+            known.clear();
+        }
+        known.insert(id, Known { hash, read_at });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Uuid, Known>> {
         self.known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&id)
-            .cloned()
-    }
-
-    fn insert(&self, id: Uuid, hash: TokenHash) {
-        let mut known = self
-            .known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if known.len() >= WORKER_DIGESTS {
-            known.clear();
-        }
-        known.insert(id, hash);
     }
 }
 
@@ -330,5 +409,54 @@ mod tests {
         assert_eq!(token_subject(&token, WORKER_PREFIX), None);
         assert!(hash.verify(&token));
         assert_eq!(token_subject("mst_nonsense", AGENT_PREFIX), None);
+    }
+
+    /// Counts the store reads a cache makes.
+    async fn digest_counting(
+        cache: &DigestCache,
+        id: Uuid,
+        stored: Option<&TokenHash>,
+        reads: &std::sync::atomic::AtomicUsize,
+    ) -> Option<TokenHash> {
+        let read = async {
+            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(stored.cloned())
+        };
+        cache.digest(id, read).await.expect("no store error")
+    }
+
+    #[tokio::test]
+    async fn a_digest_is_read_once_and_an_unknown_id_every_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (id, hash) = (Uuid::new_v4(), TokenHash::of("mst_x"));
+        for cache in [DigestCache::for_workers(), DigestCache::for_agents()] {
+            let reads = AtomicUsize::new(0);
+            for _ in 0..3 {
+                let got = digest_counting(&cache, id, Some(&hash), &reads).await;
+                assert_eq!(got, Some(hash.clone()));
+            }
+            assert_eq!(reads.load(Ordering::SeqCst), 1);
+
+            let (unknown, reads) = (Uuid::new_v4(), AtomicUsize::new(0));
+            for _ in 0..3 {
+                assert_eq!(digest_counting(&cache, unknown, None, &reads).await, None);
+            }
+            assert_eq!(reads.load(Ordering::SeqCst), 3, "an unknown id was cached");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_digest_older_than_its_limit_is_read_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // A limit of zero: every entry is already too old.
+        let cache = DigestCache::new(Some(std::time::Duration::ZERO));
+        let (id, hash) = (Uuid::new_v4(), TokenHash::of("mst_x"));
+        let reads = AtomicUsize::new(0);
+        for _ in 0..3 {
+            digest_counting(&cache, id, Some(&hash), &reads).await;
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
+        // The tombstone is forgotten: the store no longer knows the token.
+        assert_eq!(digest_counting(&cache, id, None, &reads).await, None);
     }
 }

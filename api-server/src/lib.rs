@@ -80,8 +80,10 @@ pub struct AppState {
     pub integrations: integrations::Integrations,
     /// `Host` headers the MCP endpoint (`/mcp`) accepts.
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
-    /// Worker token digests already read (see [`auth::WorkerDigests`]).
-    pub worker_digests: auth::WorkerDigests,
+    /// Worker token digests already read ([`auth::DigestCache::for_workers`]).
+    pub worker_digests: auth::DigestCache,
+    /// Agent token digests already read ([`auth::DigestCache::for_agents`]).
+    pub agent_digests: auth::DigestCache,
 }
 
 impl AppState {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use meatspace_api::auth::DevKey;
+use meatspace_api::auth::{DevKey, DigestCache};
 use meatspace_api::config::Config;
 use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
@@ -126,7 +126,8 @@ async fn main() -> anyhow::Result<()> {
             webhook_allow: config.controller.webhooks.webhook_allow.clone(),
         },
         mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
-        worker_digests: Default::default(),
+        worker_digests: DigestCache::for_workers(),
+        agent_digests: DigestCache::for_agents(),
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

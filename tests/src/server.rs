@@ -13,7 +13,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_api::auth::DevKey;
+use meatspace_api::auth::{DevKey, DigestCache};
 use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
@@ -161,7 +161,8 @@ impl TestServer {
             rate_limit: RateLimit::new(options.rate_limit),
             integrations: options.integrations.clone(),
             mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
-            worker_digests: Default::default(),
+            worker_digests: DigestCache::for_workers(),
+            agent_digests: DigestCache::for_agents(),
         };
         let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")

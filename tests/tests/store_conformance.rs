@@ -124,6 +124,7 @@ conformance! {
         racing_claims_have_exactly_one_winner,
         racing_endings_leave_one_terminal_state_and_event,
         pollers_see_every_event_of_concurrent_appenders,
+        pollers_see_every_event_of_many_appenders_to_one_task,
         invites_work_once_and_expire,
         racing_invite_redemptions_have_one_winner,
         sessions_read_back_until_they_expire_or_end,
@@ -132,6 +133,7 @@ conformance! {
     databases: [
         replicas_starting_together_migrate_once,
         stored_data_reveals_no_token,
+        commands_act_on_changes_made_through_another_store,
     ],
 }
 
@@ -2131,14 +2133,39 @@ async fn issue_statuses(store: &dyn Store, task: Uuid) -> Vec<IssueStatus> {
 /// feed with `after = the last id it saw`. Every poller must deliver exactly
 /// the committed events of its task, ascending, none missed.
 async fn pollers_see_every_event_of_concurrent_appenders(store: Arc<dyn Store>) {
-    const TASKS: usize = 4;
-    const WRITERS: usize = 8;
-    const PER_WRITER: usize = 200;
+    follow_concurrent_appenders(store, 4, 8, 200).await;
+}
 
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        tasks.push(task_in(&*store, TaskState::Active).await);
-    }
+/// Sixteen connections of the assigned worker send messages to one task at
+/// once while a poller follows it: on PostgreSQL most writes find that
+/// another one committed since they read the task, so they decide again or
+/// take the row lock (see `PgStore::apply`). Every acknowledged message is
+/// in the feed exactly once, the feed ascends with nothing missed, and the
+/// task's `last_event_id` is its newest event's id. (Some writes lose
+/// their race several times and fall back to the row lock: with that
+/// fallback replaced by an error, this case failed in each of three runs.)
+async fn pollers_see_every_event_of_many_appenders_to_one_task(store: Arc<dyn Store>) {
+    follow_concurrent_appenders(store, 1, 16, 40).await;
+}
+
+/// `writers` writers append `per_writer` messages each to `tasks` active
+/// tasks (writer `n` to task `n % tasks`), while one poller per task
+/// follows its feed with `after = the last id it saw`.
+async fn follow_concurrent_appenders(
+    store: Arc<dyn Store>,
+    tasks: usize,
+    writers: usize,
+    per_writer: usize,
+) {
+    assert_eq!(writers % tasks, 0, "as many writers on every task");
+    let per_task = writers / tasks * per_writer;
+    let tasks = {
+        let mut all = Vec::new();
+        for _ in 0..tasks {
+            all.push(task_in(&*store, TaskState::Active).await);
+        }
+        all
+    };
     let done = Arc::new(AtomicBool::new(false));
 
     let pollers: Vec<_> = tasks
@@ -2170,31 +2197,49 @@ async fn pollers_see_every_event_of_concurrent_appenders(store: Arc<dyn Store>) 
         })
         .collect();
 
-    let writers: Vec<_> = (0..WRITERS)
+    let writer_handles: Vec<_> = (0..writers)
         .map(|n| {
-            let (task, w) = &tasks[n % TASKS];
+            let (task, w) = &tasks[n % tasks.len()];
             let (store, id, w) = (store.clone(), task.id, *w);
             tokio::spawn(async move {
                 let mut ids = Vec::new();
-                for i in 0..PER_WRITER {
+                for i in 0..per_writer {
                     let text = format!("writer {n} message {i}");
                     let applied = store.apply(id, message(w, &text), at(10)).await;
-                    ids.push(applied.expect("append").events[0].id);
+                    let applied = applied.expect("append");
+                    let [event] = &applied.events[..] else {
+                        panic!("a message appends one event: {:?}", applied.events);
+                    };
+                    assert_eq!(event.data["text"], json!(text));
+                    assert_eq!(applied.task.last_event_id, event.id);
+                    ids.push(event.id);
                 }
                 ids
             })
         })
         .collect();
-    let mut acknowledged: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); TASKS];
-    for (n, writer) in writers.into_iter().enumerate() {
-        acknowledged[n % TASKS].extend(writer.await.expect("a writer panicked"));
+    let mut acknowledged: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); tasks.len()];
+    for (n, writer) in writer_handles.into_iter().enumerate() {
+        let ids = writer.await.expect("a writer panicked");
+        let task = n % tasks.len();
+        let before = acknowledged[task].len();
+        acknowledged[task].extend(&ids);
+        assert_eq!(
+            acknowledged[task].len(),
+            before + ids.len(),
+            "writer {n}: an event id acknowledged twice"
+        );
     }
     done.store(true, Ordering::SeqCst);
 
     for (n, ((task, _), poller)) in tasks.iter().zip(pollers).enumerate() {
         let delivered = poller.await.expect("a poller panicked");
         let committed = all_events(&*store, task.id).await;
-        assert_eq!(committed.len(), 3 + 2 * PER_WRITER);
+        assert_eq!(committed.len(), 3 + per_task);
+        assert!(
+            committed.windows(2).all(|w| w[0].id < w[1].id),
+            "task {n}: the feed does not ascend"
+        );
         let delivered_ids: BTreeSet<i64> = delivered.iter().map(|e| e.id).collect();
         let missed: Vec<i64> = committed
             .iter()
@@ -2215,17 +2260,372 @@ async fn pollers_see_every_event_of_concurrent_appenders(store: Arc<dyn Store>) 
             messages, acknowledged[n],
             "task {n}: committed is not acknowledged"
         );
+        let stored = read(&*store, task.id).await.expect("task");
+        assert_eq!(
+            stored.last_event_id,
+            committed.last().expect("events").id,
+            "task {n}: last_event_id is not the newest event's"
+        );
         // Each writer's messages are in the order it sent them.
-        for writer in (0..WRITERS).filter(|w| w % TASKS == n) {
+        for writer in (0..writers).filter(|w| w % tasks.len() == n) {
             let prefix = format!("writer {writer} message ");
             let order: Vec<usize> = committed
                 .iter()
                 .filter_map(|e| e.data["text"].as_str()?.strip_prefix(&prefix)?.parse().ok())
                 .collect();
-            let sent: Vec<usize> = (0..PER_WRITER).collect();
+            let sent: Vec<usize> = (0..per_writer).collect();
             assert_eq!(order, sent, "writer {writer}");
         }
     }
+}
+
+/// Two stores on one database, as two server processes (or a server and
+/// the controller) are: each command acts on the task as the other left
+/// it, whatever the store remembers of its own last write. (PostgreSQL's
+/// `apply` first decides on its own copy of the task; a refusal from that
+/// copy, or a write of a decision made on it after the task changed, would
+/// fail these. Checked: answering the copy's refusal fails the first part,
+/// writing without the `last_event_id` check fails the second.)
+async fn commands_act_on_changes_made_through_another_store(db: &TestDb) {
+    let (one, other) = (db.store(policy()).await, db.store(policy()).await);
+    let (one, other) = (&*one, &*other);
+
+    // `one` claimed (its copy: assigned), `other` started: `one`'s complete
+    // is decided on the active task, not refused as "assigned".
+    let (task, w) = task_in(one, TaskState::Assigned).await;
+    ok(other, task.id, start(w), 4).await;
+    let done = ok(one, task.id, complete(w, None), 5).await;
+    assert_eq!(done.task.state, TaskState::Completed);
+    assert_eq!(done.task.started_at, Some(at(4)));
+    let feed = all_events(one, task.id).await;
+    assert_eq!(
+        kinds(&feed),
+        [
+            EventType::TaskPublished,
+            EventType::TaskAssigned,
+            EventType::TaskStarted,
+            EventType::TaskCompleted
+        ]
+    );
+
+    // `one` started it, `other` extended it: `one`'s message keeps the
+    // extension.
+    let (task, w) = task_in(one, TaskState::Active).await;
+    let extended = at(2 * LIFETIME);
+    ok(
+        other,
+        task.id,
+        Command::Extend(Extension::Until(extended)),
+        4,
+    )
+    .await;
+    let sent = ok(one, task.id, message(w, "still here"), 5).await;
+    assert_eq!(sent.task.expires_at, extended);
+    let stored = read(other, task.id).await.expect("task");
+    assert_eq!(stored, sent.task);
+    assert_eq!(stored.last_event_id, sent.events[0].id);
+
+    // `one` started it, `other` cancelled it: `one`'s complete is refused
+    // and the task has one terminal event.
+    let (task, w) = task_in(one, TaskState::Active).await;
+    ok(other, task.id, cancel(), 4).await;
+    let terminal = Refusal::Terminal {
+        state: TaskState::Cancelled,
+    };
+    refused(one, task.id, complete(w, None), 5, terminal).await;
+
+    // `one` published it, `other` gave it to a worker: `one`'s claim for
+    // another worker is refused.
+    let (task, _) = task_in(one, TaskState::Open).await;
+    let (first, second) = (worker(one).await, worker(one).await);
+    ok(other, task.id, claim(first), 4).await;
+    refused(
+        one,
+        task.id,
+        claim(second),
+        5,
+        wrong("claim", TaskState::Assigned),
+    )
+    .await;
+    assert_eq!(
+        read(one, task.id).await.expect("task").worker_id,
+        Some(first)
+    );
+}
+
+// ---- PostgreSQL: a command that meets a change committed after it read the task ----------
+
+// On PostgreSQL, `apply` reads the task without a lock, decides, and writes
+// with one statement that locks the row and writes only if the task is
+// still as read; otherwise it reads and decides again (`PgStore::apply`).
+// These cases make that retry happen for certain, rather than by a lucky
+// interleaving: another transaction holds the task's row lock with a change
+// written but not committed; the command reads the task as it was, its
+// write waits for the lock (the test watches PostgreSQL say so), and only
+// then is the change committed. The command must act on the task as
+// changed. SQLite has one writer and reads the task inside its write
+// transaction, so there is nothing to interleave there.
+//
+// Checked against deliberately broken versions of `PgStore::apply`, each
+// of which fails these cases: a retry that writes the first (stale)
+// decision again with the re-read task's state and last event id as its
+// condition (the message case reverts the extension; the losing claim and
+// the late complete are applied: two claims, two terminal events); a write
+// conditional on the state alone, without `last_event_id` (the message
+// case reverts the extension); and a write whose "nothing written" is
+// taken as success or as an error (every case).
+
+mod postgres_only {
+    use meatspace_tests::{Db, TestDb};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_message_written_after_a_concurrent_extension_keeps_it() {
+        let db = TestDb::new(Db::Postgres).await;
+        super::a_message_written_after_a_concurrent_extension_keeps_it(&db).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_claim_that_meets_a_committed_claim_is_refused() {
+        let db = TestDb::new(Db::Postgres).await;
+        super::a_claim_that_meets_a_committed_claim_is_refused(&db).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_complete_that_meets_a_committed_cancel_is_refused() {
+        let db = TestDb::new(Db::Postgres).await;
+        super::a_complete_that_meets_a_committed_cancel_is_refused(&db).await;
+    }
+}
+
+/// Another writer of task `id` in the middle of its transaction: it holds
+/// the task's row lock and has written what the domain decides for
+/// `command` at `secs` (events, issue closures, task row), uncommitted.
+/// Raw SQL, so that the test chooses the moment it commits.
+async fn another_writer_holding_the_lock(
+    db: &TestDb,
+    store: &dyn Store,
+    id: Uuid,
+    command: Command,
+    secs: i64,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .expect("connect");
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .expect("lock the task");
+    let before = read(store, id).await.expect("task");
+    let d = meatspace_core::decide(
+        &before,
+        &meatspace_core::Context::default(),
+        command,
+        at(secs),
+        &policy(),
+    )
+    .expect("the other writer's command is accepted");
+    let mut task = d.task;
+    for e in &d.events {
+        task.last_event_id = sqlx::query_scalar(
+            "INSERT INTO events (task_id, type, actor, created_at, data) \
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        )
+        .bind(id)
+        .bind(e.kind.as_str())
+        .bind(e.actor.as_str())
+        .bind(task.updated_at)
+        .bind(&e.data)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("insert an event");
+    }
+    for change in d.issue_changes {
+        let meatspace_core::IssueChange::CloseAll { resolution } = change else {
+            panic!("the other writer only closes issues: {change:?}");
+        };
+        sqlx::query(
+            "UPDATE issues SET status = 'closed', resolution = $2, resolved_at = $3 \
+             WHERE task_id = $1 AND status = 'open'",
+        )
+        .bind(id)
+        .bind(resolution)
+        .bind(task.updated_at)
+        .execute(&mut *tx)
+        .await
+        .expect("close issues");
+    }
+    sqlx::query(
+        "UPDATE tasks SET state = $2, worker_id = $3, updated_at = $4, published_at = $5, \
+         assigned_at = $6, started_at = $7, ended_at = $8, start_by = $9, active_until = $10, \
+         next_deadline = $11, open_issues = $12, last_event_id = $13, expires_at = $14 \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(task.state.as_str())
+    .bind(task.worker_id)
+    .bind(task.updated_at)
+    .bind(task.published_at)
+    .bind(task.assigned_at)
+    .bind(task.started_at)
+    .bind(task.ended_at)
+    .bind(task.start_by)
+    .bind(task.active_until)
+    .bind(task.next_deadline())
+    .bind(task.open_issues)
+    .bind(task.last_event_id)
+    .bind(task.expires_at)
+    .execute(&mut *tx)
+    .await
+    .expect("update the task");
+    tx
+}
+
+/// Runs `command` at `secs` on task `id` while `other` (which holds the
+/// task's row lock, see [`another_writer_holding_the_lock`]) commits: the
+/// command has read the task before the change, and the change commits
+/// while its conditional write waits for the lock.
+async fn apply_while_another_writer_commits(
+    db: &TestDb,
+    store: &Arc<dyn Store>,
+    id: Uuid,
+    command: Command,
+    secs: i64,
+    other: sqlx::Transaction<'static, sqlx::Postgres>,
+) -> Outcome {
+    let running = tokio::spawn({
+        let store = store.clone();
+        async move { store.apply(id, command, at(secs)).await }
+    });
+    // PostgreSQL's word that the command's one-statement write (not the
+    // locking path's `SELECT … FOR UPDATE`, which would see the change
+    // after the wait without any retry) waits for the lock, i.e. that it
+    // read the task before the change.
+    let watcher = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .expect("connect");
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE 'WITH lk AS MATERIALIZED%'",
+        )
+        .fetch_one(&watcher)
+        .await
+        .expect("read pg_stat_activity");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            !running.is_finished(),
+            "the command finished without waiting for the other writer's lock: {:?}",
+            running.await
+        );
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the command's write never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    other.commit().await.expect("the other writer commits");
+    running.await.expect("the command panicked")
+}
+
+async fn a_message_written_after_a_concurrent_extension_keeps_it(db: &TestDb) {
+    let store = db.store(policy()).await;
+    let (task, w) = task_in(&*store, TaskState::Active).await;
+    let id = task.id;
+    let extended = at(2 * LIFETIME);
+    let other = another_writer_holding_the_lock(
+        db,
+        &*store,
+        id,
+        Command::Extend(Extension::Until(extended)),
+        9,
+    )
+    .await;
+    let applied = apply_while_another_writer_commits(
+        db,
+        &store,
+        id,
+        message(w, "sent while the agent extended the task"),
+        10,
+        other,
+    )
+    .await
+    .expect("the message is accepted after the extension");
+
+    // A write of the decision made before the extension would put the old
+    // deadline back.
+    assert_eq!(applied.task.expires_at, extended);
+    let stored = read(&*store, id).await.expect("task");
+    assert_eq!(stored, applied.task);
+    let feed = all_events(&*store, id).await;
+    assert_eq!(
+        kinds(&feed[feed.len() - 2..]),
+        [EventType::TaskExtended, EventType::WorkerMessage]
+    );
+    assert_eq!(applied.events, feed[feed.len() - 1..]);
+    assert_eq!(stored.last_event_id, feed.last().expect("events").id);
+}
+
+async fn a_claim_that_meets_a_committed_claim_is_refused(db: &TestDb) {
+    let store = db.store(policy()).await;
+    let (task, _) = task_in(&*store, TaskState::Open).await;
+    let id = task.id;
+    let (first, second) = (worker(&*store).await, worker(&*store).await);
+    let other = another_writer_holding_the_lock(db, &*store, id, claim(first), 9).await;
+    let outcome =
+        apply_while_another_writer_commits(db, &store, id, claim(second), 10, other).await;
+
+    match outcome {
+        Err(StoreError::Refused(r)) => assert_eq!(r, wrong("claim", TaskState::Assigned)),
+        other => panic!("the second claim must be refused, got {other:?}"),
+    }
+    let stored = read(&*store, id).await.expect("task");
+    assert_eq!(stored.worker_id, Some(first));
+    let feed = all_events(&*store, id).await;
+    assert_eq!(
+        kinds(&feed),
+        [EventType::TaskPublished, EventType::TaskAssigned]
+    );
+    assert_eq!(feed[1].data["worker_id"], json!(first));
+    assert_eq!(stored.last_event_id, feed[1].id);
+}
+
+async fn a_complete_that_meets_a_committed_cancel_is_refused(db: &TestDb) {
+    let store = db.store(policy()).await;
+    let (task, w) = task_in(&*store, TaskState::Active).await;
+    let id = task.id;
+    let other = another_writer_holding_the_lock(db, &*store, id, cancel(), 9).await;
+    let outcome =
+        apply_while_another_writer_commits(db, &store, id, complete(w, Some("done")), 10, other)
+            .await;
+
+    match outcome {
+        Err(StoreError::Refused(r)) => assert_eq!(
+            r,
+            Refusal::Terminal {
+                state: TaskState::Cancelled
+            }
+        ),
+        other => panic!("the complete must be refused, got {other:?}"),
+    }
+    let stored = read(&*store, id).await.expect("task");
+    assert_eq!(stored.state, TaskState::Cancelled);
+    let feed = all_events(&*store, id).await;
+    let terminal: Vec<EventType> = feed
+        .iter()
+        .filter(|e| e.kind.is_terminal())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(terminal, [EventType::TaskCancelled]);
+    assert_eq!(stored.last_event_id, feed.last().expect("events").id);
 }
 
 // ---- worker web app: invites, sessions, task lists ---------------------------------

@@ -145,6 +145,7 @@ pub(crate) async fn create(
         created_at: now,
         expires_at: now + lifetime,
     };
+    let digest = new.agent_token_hash.clone();
     let (task, webhook_secret) = match webhook_url {
         None => (state.store.create_task(new).await?, None),
         Some(url) => (
@@ -152,6 +153,8 @@ pub(crate) async fn create(
             Some(state.integrations.server_key.webhook_secret(id)),
         ),
     };
+    // Committed: the agent's first request (its publish) need not read it.
+    state.agent_digests.remember(id, digest);
     Ok(CreatedTask {
         task,
         agent_token,

@@ -242,12 +242,23 @@ async fn claim(
     claim_task(&state, worker, id).await.map(axum::Json)
 }
 
-/// The claim of [`claim`], shared with the web app.
+/// The claim of [`claim`], shared with the web app. The claim is tried
+/// first (most claims succeed: one statement); only a refused claim reads
+/// the task, to tell the worker no more than it may know.
 pub(crate) async fn claim_task(
     state: &AppState,
     worker: Uuid,
     id: Uuid,
 ) -> Result<TaskChange, ApiError> {
+    let refusal = match state
+        .store
+        .apply(id, Command::Claim { worker }, clock::now())
+        .await
+    {
+        Ok(applied) => return Ok(applied.into()),
+        Err(StoreError::Refused(refusal)) => refusal,
+        Err(e) => return Err(e.into()),
+    };
     let task = state
         .store
         .task(id)
@@ -255,25 +266,18 @@ pub(crate) async fn claim_task(
         .ok_or_else(ApiError::task_not_found)?;
     let mine = task.worker_id == Some(worker);
     // Drafts are the agent's business, and a task another worker holds (or
-    // held) is theirs: neither exists for this worker.
-    if !mine && task.state != TaskState::Open {
+    // held) is theirs: neither exists for this worker. A claim that lost
+    // the race to another worker (or to the task's end) gets the same
+    // answer, as if it had come later. Only a task that is still open, or
+    // is this worker's, says why the claim was refused.
+    let taken = matches!(
+        refusal,
+        Refusal::WrongState { .. } | Refusal::Terminal { .. }
+    );
+    if !mine && (task.state != TaskState::Open || taken) {
         return Err(no_open_task());
     }
-    match state
-        .store
-        .apply(id, Command::Claim { worker }, clock::now())
-        .await
-    {
-        Ok(applied) => Ok(applied.into()),
-        // Lost the race: between the read and the write another worker won
-        // (or the task ended). Same answer as if it had happened earlier.
-        Err(StoreError::Refused(Refusal::WrongState { .. } | Refusal::Terminal { .. }))
-            if !mine =>
-        {
-            Err(no_open_task())
-        }
-        Err(e) => Err(e.into()),
-    }
+    Err(refusal.into())
 }
 
 fn no_open_task() -> ApiError {

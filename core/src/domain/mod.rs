@@ -2,8 +2,9 @@
 //!
 //! [`decide`] is the whole state machine: given a task, a [`Command`] and
 //! `now`, it returns the new task and the events to append, or a
-//! [`Refusal`] that says why the command is not allowed. The store runs it
-//! inside a transaction that holds the task's row lock.
+//! [`Refusal`] that says why the command is not allowed. The store writes
+//! a decision in a transaction that holds the task's row lock, and only
+//! while the task is still the one it was decided on.
 
 mod command;
 mod event;

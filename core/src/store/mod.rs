@@ -1,9 +1,13 @@
 //! Persistence behind one trait, [`Store`], with a PostgreSQL and a SQLite
 //! implementation. Each owns its migrations (under `core/migrations/`).
 //!
-//! Every change to a task goes through [`Store::apply`]: begin a transaction,
-//! lock the task row, run the pure [`decide`](crate::decide), write the task,
-//! its events, issues and photo, commit. Holding the row lock while events
+//! Every change to a task goes through [`Store::apply`]: read the task, run
+//! the pure [`decide`](crate::decide), and write the task, its events,
+//! issues and photo in one transaction that holds the task's row lock and
+//! checks that the task is still as it was decided on (SQLite and
+//! PostgreSQL's locking path read it under the lock; PostgreSQL's
+//! optimistic path reads it first and re-checks it under the lock in its
+//! write, deciding again when it changed). Holding the row lock while events
 //! are inserted is what makes one task's event ids become visible in
 //! ascending order, so a client polling `after=<last id>` never misses one.
 
@@ -210,8 +214,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// is wrong.
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
 
-    /// Runs `command` on the task in one transaction holding its row lock.
-    /// Fails with [`StoreError::NotFound`] or [`StoreError::Refused`].
+    /// Runs `command` on the task: decides on the task as committed at one
+    /// moment during the call and, if the command is accepted, writes the
+    /// change in one transaction that holds the task's row lock and
+    /// commits only if the task is still as decided on. Fails with
+    /// [`StoreError::NotFound`] or [`StoreError::Refused`].
     async fn apply(
         &self,
         task_id: Uuid,

@@ -1,8 +1,13 @@
 //! The PostgreSQL store: the production backend.
 //!
-//! Row locks do the coordination. [`Store::apply`] takes `FOR UPDATE` on the
-//! task row, so concurrent writers to one task queue up and its event ids
-//! (from one identity sequence) commit in ascending order.
+//! Row locks do the coordination. Every write of a task takes `FOR UPDATE`
+//! on its row before it appends events, so concurrent writers to one task
+//! queue up and its event ids (from one identity sequence) commit in
+//! ascending order. [`Store::apply`] mostly decides on a task read without
+//! the lock (or on the copy it wrote last) and then writes with one
+//! statement that takes the lock and writes only if the task is still as
+//! read (see [`PgStore::write_in_one_statement`]); otherwise it reads the
+//! task and decides again.
 //! [`Store::reconcile_due`] takes `FOR UPDATE SKIP LOCKED` on a batch of due
 //! rows, so several controller replicas split the due work without waiting
 //! for each other and never act on the same task twice. Every task change
@@ -53,6 +58,9 @@ pub struct PgStore {
     policy: Policy,
     /// Bumped after every commit that touches a task (see [`TaskVersions`]).
     versions: Arc<TaskVersions>,
+    /// The tasks as this store last wrote them, for [`Store::apply`]'s
+    /// first try (see [`KnownTasks`]).
+    known: Arc<KnownTasks>,
     /// When `ping` last failed: older pooled connections are not reused.
     outages: Arc<Outages>,
 }
@@ -130,6 +138,7 @@ impl PgStore {
             probe,
             policy,
             versions: Arc::default(),
+            known: Arc::default(),
             outages,
         })
     }
@@ -139,11 +148,111 @@ impl PgStore {
         &self.pool
     }
 
+    /// One optimistic try of [`Store::apply`]: decides `command` on `task`
+    /// (read without a lock, or this store's copy) and writes the decision
+    /// with [`PgStore::write_in_one_statement`] if the task is still as
+    /// `task` shows it.
+    async fn try_write(
+        &self,
+        task: &Task,
+        command: &Command,
+        now: DateTime<Utc>,
+    ) -> Result<Try, StoreError> {
+        let decision = match decide(
+            task,
+            &Context::default(),
+            command.clone(),
+            now,
+            &self.policy,
+        ) {
+            Ok(decision) => decision,
+            Err(refusal) => return Ok(Try::Refused(refusal)),
+        };
+        if !fits_one_statement(&decision) {
+            return Ok(Try::NeedsLock);
+        }
+        let written = Self::write_in_one_statement(&self.pool, task, decision).await;
+        // Whatever the answer, the statement may have committed.
+        self.versions.bump(task.id);
+        match written {
+            Ok(Some(applied)) => {
+                self.known.wrote(&applied.task);
+                Ok(Try::Written(applied))
+            }
+            Ok(None) => {
+                self.known.forget(task.id);
+                Ok(Try::Changed)
+            }
+            Err(e) => {
+                self.known.forget(task.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Store::apply`] in one transaction that takes the task's row lock
+    /// before it reads the task (and the issue an answer refers to).
+    async fn apply_locked(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(task_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let task = task_from_row(&row)?;
+        let mut ctx = Context::default();
+        if let Command::RespondToIssue { issue_event_id, .. } = &command {
+            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
+                .bind(issue_event_id)
+                .bind(task_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
+        }
+        let decision = match decide(&task, &ctx, command, now, &self.policy) {
+            Ok(decision) => decision,
+            Err(refusal) => {
+                // Release the row lock before answering: a dropped transaction
+                // is rolled back only later, in the background, when its
+                // connection returns to the pool, and until then other
+                // writers wait and `reconcile_due` skips the task.
+                tx.rollback().await?;
+                return Err(refusal.into());
+            }
+        };
+        self.known.forget(task_id);
+        let applied = Self::write(&mut tx, &task, decision).await?;
+        let committed = tx.commit().await;
+        self.versions.bump(task_id);
+        committed?;
+        self.known.wrote(&applied.task);
+        Ok(applied)
+    }
+
+    /// Writes `d`, decided on `before`, in the caller's transaction, which
+    /// holds the task's row lock.
     async fn write(
         tx: &mut Transaction<'_, Postgres>,
         before: &Task,
         d: Decision,
     ) -> Result<Applied, StoreError> {
+        if fits_one_statement(&d) {
+            let task_id = before.id;
+            return Self::write_in_one_statement(&mut **tx, before, d)
+                .await?
+                .ok_or_else(|| {
+                    // Impossible while we hold the row lock; refuse rather
+                    // than commit a change that did not happen.
+                    StoreError::Corrupt(format!("task {task_id} changed under its lock"))
+                });
+        }
         let Decision {
             mut task,
             events: new_events,
@@ -152,22 +261,6 @@ impl PgStore {
             applied,
         } = d;
         let now = task.updated_at;
-        if photo.is_none()
-            && issue_changes
-                .iter()
-                .all(|c| matches!(c, IssueChange::CloseAll { .. }))
-            && issue_changes.len() <= 1
-        {
-            return Self::write_in_one_statement(
-                tx,
-                before,
-                task,
-                new_events,
-                issue_changes,
-                applied,
-            )
-            .await;
-        }
         if let Some(p) = &photo {
             sqlx::query(
                 "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -290,20 +383,62 @@ impl PgStore {
 }
 
 impl PgStore {
-    /// [`PgStore::write`] for the common decision (events, perhaps closing
-    /// the open issues, no photo, no issue opened or answered) in one
-    /// statement, so one round trip: the events are inserted in their
-    /// order (identity values are drawn as the sorted rows are inserted, so
-    /// they ascend in the decision's order), the issues closed, the task
-    /// updated (still conditional on its state) and the change notified.
-    async fn write_in_one_statement(
-        tx: &mut Transaction<'_, Postgres>,
+    /// Writes a decision that [`fits_one_statement`] with one statement (so
+    /// one round trip), on the condition that the task is still exactly as
+    /// `before` shows it: same state and same `last_event_id`. Returns
+    /// `None`, having written nothing, when it is not.
+    ///
+    /// The statement, in order of its data dependencies:
+    ///
+    /// 1. `lk` locks the task row (`FOR UPDATE`) if it still has the state
+    ///    and last event id the decision was made on. When another
+    ///    transaction holds the lock, it waits; under READ COMMITTED,
+    ///    PostgreSQL then re-checks the `WHERE` against the newest version
+    ///    of the row (EvalPlanQual) and skips the row if it no longer
+    ///    matches (or was deleted). So `lk` has one row exactly when this
+    ///    statement holds the lock on the task as it was read.
+    /// 2. `ev` inserts the events, one per decided event crossed with
+    ///    `lk`: none unless the lock is held. Their ids are drawn from the
+    ///    identity sequence only then, in the decision's order (the sorted
+    ///    rows are inserted one by one), so one task's event ids become
+    ///    visible in ascending order, as DESIGN ("Events") requires: every
+    ///    other writer of the task appends only while holding the same lock.
+    /// 3. `closed` closes the open issues (a terminal or lapsed decision),
+    ///    `up` writes the task (its `last_event_id` the newest event's), and
+    ///    the notification is sent, each only if `lk` has its row.
+    ///
+    /// Why `(state, last_event_id)` is enough to tell "unchanged": every
+    /// decision [`decide`] accepts appends at least one event (each arm of
+    /// its `match` pushes one or ends the task, which pushes one), every
+    /// write of a task row (`write`, this statement, `write_reconciled`)
+    /// sets `last_event_id` to the newest event it appended, and event ids
+    /// come from one sequence, so they only grow: any committed change to
+    /// the task since `before` was read moved its `last_event_id`. Issues
+    /// of the task change only together with the task row (under its lock,
+    /// with an event), so they too are as `before` was read; and purge
+    /// deletes the row, which leaves `lk` empty.
+    ///
+    /// Run on its own (autocommit, [`PgStore::apply`]'s optimistic path),
+    /// the statement is its own transaction and commits the lock, events,
+    /// issues, task and notification together. Run inside a transaction
+    /// that already holds the lock ([`PgStore::write`]), `lk` just finds
+    /// the row it holds.
+    async fn write_in_one_statement<'c, E>(
+        conn: E,
         before: &Task,
-        mut task: Task,
-        new_events: Vec<crate::NewEvent>,
-        issue_changes: Vec<IssueChange>,
-        applied: Option<crate::Due>,
-    ) -> Result<Applied, StoreError> {
+        d: Decision,
+    ) -> Result<Option<Applied>, StoreError>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        debug_assert!(fits_one_statement(&d));
+        let Decision {
+            mut task,
+            events: new_events,
+            issue_changes,
+            applied,
+            photo: _,
+        } = d;
         let now = task.updated_at;
         let close = issue_changes.into_iter().find_map(|c| match c {
             IssueChange::CloseAll { resolution } => Some(resolution),
@@ -313,24 +448,29 @@ impl PgStore {
         let actors: Vec<&str> = new_events.iter().map(|e| e.actor.as_str()).collect();
         let data: Vec<&serde_json::Value> = new_events.iter().map(|e| &e.data).collect();
         let row = sqlx::query(
-            "WITH ev AS ( \
+            "WITH lk AS MATERIALIZED ( \
+               SELECT id FROM tasks WHERE id = $1 AND state = $7 AND last_event_id = $20 \
+               FOR UPDATE), \
+             ev AS ( \
                INSERT INTO events (task_id, type, actor, created_at, data) \
-               SELECT $1, u.type, u.actor, $5, u.data \
-               FROM UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(type, actor, data, n) \
+               SELECT lk.id, u.type, u.actor, $5, u.data \
+               FROM lk CROSS JOIN \
+                 UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(type, actor, data, n) \
                ORDER BY u.n RETURNING id), \
              closed AS ( \
                UPDATE issues SET status = 'closed', resolution = $6, resolved_at = $5 \
-               WHERE $6::text IS NOT NULL AND task_id = $1 AND status = 'open' RETURNING 1), \
+               WHERE $6::text IS NOT NULL AND task_id = $1 AND status = 'open' \
+                 AND EXISTS (SELECT 1 FROM lk)), \
              up AS ( \
                UPDATE tasks SET state = $8, worker_id = $9, updated_at = $5, published_at = $10, \
                  assigned_at = $11, started_at = $12, ended_at = $13, start_by = $14, \
                  active_until = $15, next_deadline = $16, open_issues = $17, \
                  last_event_id = COALESCE((SELECT max(id) FROM ev), tasks.last_event_id), \
                  expires_at = $18 \
-               WHERE id = $1 AND state = $7 RETURNING last_event_id) \
+               WHERE id = $1 AND EXISTS (SELECT 1 FROM lk) RETURNING id) \
              SELECT ARRAY(SELECT id FROM ev ORDER BY id) AS ids, \
-               (SELECT count(*) FROM up) AS updated, (SELECT count(*) FROM closed) AS closed, \
-               pg_notify($19, $1::text) AS notified",
+               (SELECT count(*) FROM up) AS updated, \
+               (SELECT pg_notify($19, id::text) FROM up) AS notified",
         )
         .bind(task.id)
         .bind(&kinds)
@@ -351,17 +491,22 @@ impl PgStore {
         .bind(task.open_issues)
         .bind(task.expires_at)
         .bind(CHANNEL)
-        .fetch_one(&mut **tx)
+        .bind(before.last_event_id)
+        .fetch_one(conn)
         .await?;
         let ids: Vec<i64> = row.try_get("ids")?;
         let updated: i64 = row.try_get("updated")?;
-        if updated != 1 || ids.len() != new_events.len() {
-            // Impossible while we hold the row lock; refuse rather than
-            // commit events for a change that did not happen.
-            return Err(StoreError::Corrupt(format!(
-                "task {} changed under its lock",
-                task.id
-            )));
+        match (updated, ids.len()) {
+            (0, 0) => return Ok(None),
+            (1, n) if n == new_events.len() => {}
+            _ => {
+                return Err(StoreError::Corrupt(format!(
+                    "task {}: {updated} rows and {} of {} events written",
+                    task.id,
+                    ids.len(),
+                    new_events.len()
+                )));
+            }
         }
         let events: Vec<Event> = new_events
             .into_iter()
@@ -379,11 +524,11 @@ impl PgStore {
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
         }
-        Ok(Applied {
+        Ok(Some(Applied {
             task,
             events,
             applied,
-        })
+        }))
     }
 
     /// Writes the controller's decisions for a batch of locked tasks with a
@@ -548,6 +693,137 @@ impl PgStore {
         Ok(out.into_iter().map(|(_, a)| a).collect())
     }
 }
+
+/// What one optimistic try of [`Store::apply`] came to.
+enum Try {
+    /// The decision is written and committed.
+    Written(Applied),
+    /// [`decide`] refused the command on the task as the try saw it.
+    Refused(crate::Refusal),
+    /// Nothing was written: the task is no longer as the try saw it.
+    Changed,
+    /// The decision needs [`PgStore::write`]'s statements under the lock.
+    NeedsLock,
+}
+
+/// The tasks as this store last wrote them (non-terminal ones only), so
+/// that [`Store::apply`] can decide a task's next command without reading
+/// the task first: the common case of one client driving its task through
+/// publish, claim, start and complete costs one statement per command.
+///
+/// A copy may be stale (another process, or a controller, changed the task
+/// since), and that is safe, because nothing is answered from it alone:
+///
+/// - a decision made on the copy is written by
+///   [`PgStore::write_in_one_statement`] only if the task's state and
+///   `last_event_id` are still the copy's, and then the whole row is the
+///   copy: the copy holds every column this store wrote with that
+///   `last_event_id` (only timestamps that PostgreSQL keeps exactly, see
+///   [`KnownTasks::wrote`]), and any later write would have moved
+///   `last_event_id` (see the statement's documentation);
+/// - a refusal decided on the copy is not an answer: [`Store::apply`]
+///   reads the task and decides again, as it does when the write finds the
+///   task changed.
+///
+/// At worst a stale copy costs one write that writes nothing.
+#[derive(Debug, Default)]
+struct KnownTasks {
+    copies: Mutex<Copies>,
+}
+
+#[derive(Debug, Default)]
+struct Copies {
+    tasks: std::collections::HashMap<Uuid, Task>,
+    /// Bytes of the kept descriptions (a description may be 16 KB).
+    description_bytes: usize,
+}
+
+/// Copies kept at most, and bytes of their descriptions at most: beyond
+/// either, the map starts over (a miss costs one read).
+const KNOWN_TASKS: usize = 16 * 1024;
+const KNOWN_DESCRIPTION_BYTES: usize = 8 << 20;
+
+impl KnownTasks {
+    fn get(&self, id: Uuid) -> Option<Task> {
+        self.lock().tasks.get(&id).cloned()
+    }
+
+    /// Records `task` as just committed by this store. A terminal task
+    /// accepts no command any more, so it is dropped instead; so is a task
+    /// with a timestamp finer than PostgreSQL's microseconds, which would
+    /// not read back as it was written.
+    fn wrote(&self, task: &Task) {
+        let exact = |t: &DateTime<Utc>| t.timestamp_subsec_nanos().is_multiple_of(1000);
+        let times = [
+            Some(task.created_at),
+            Some(task.updated_at),
+            task.published_at,
+            task.assigned_at,
+            task.started_at,
+            task.ended_at,
+            Some(task.expires_at),
+            task.start_by,
+            task.active_until,
+        ];
+        let mut copies = self.lock();
+        copies.remove(task.id);
+        if task.state.is_terminal() || !times.iter().flatten().all(exact) {
+            return;
+        }
+        let bytes = task.description.len();
+        if copies.tasks.len() >= KNOWN_TASKS
+            || copies.description_bytes + bytes > KNOWN_DESCRIPTION_BYTES
+        {
+            *copies = Copies::default();
+        }
+        copies.description_bytes += bytes;
+        copies.tasks.insert(task.id, task.clone());
+    }
+
+    fn forget(&self, id: Uuid) {
+        self.lock().remove(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Copies> {
+        self.copies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Copies {
+    fn remove(&mut self, id: Uuid) {
+        if let Some(old) = self.tasks.remove(&id) {
+            self.description_bytes -= old.description.len();
+        }
+    }
+}
+
+/// Whether [`PgStore::write_in_one_statement`] can write the decision: it
+/// appends events and at most closes the open issues; no photo, no issue
+/// opened or answered (those take [`PgStore::write`]'s statements).
+fn fits_one_statement(d: &Decision) -> bool {
+    d.photo.is_none()
+        && d.issue_changes.len() <= 1
+        && d.issue_changes
+            .iter()
+            .all(|c| matches!(c, IssueChange::CloseAll { .. }))
+}
+
+/// Commands whose decision never [`fits_one_statement`] or that read more
+/// than the task row (`RespondToIssue` reads its issue): [`PgStore::apply`]
+/// runs them under the row lock straight away.
+fn needs_row_lock(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Photo { .. } | Command::RaiseIssue { .. } | Command::RespondToIssue { .. }
+    )
+}
+
+/// How often [`PgStore::apply`] reads, decides and tries the conditional
+/// write before it takes the row lock first instead. A write finds the task
+/// changed only when another writer of the same task committed in between,
+/// so a second or third try normally succeeds; the bound keeps a task that
+/// many writers hammer from starving one of them.
+const OPTIMISTIC_ATTEMPTS: usize = 3;
 
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -767,6 +1043,7 @@ impl Store for PgStore {
         .await;
         self.versions.bump(task.id);
         created?;
+        self.known.wrote(&task);
         Ok(task)
     }
 
@@ -791,6 +1068,23 @@ impl Store for PgStore {
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
+    /// Two ways to the same result (see [`Store::apply`]'s contract):
+    ///
+    /// - **Optimistic** (most commands, two round trips, or one): read the
+    ///   task without a lock, [`decide`], and write with
+    ///   [`PgStore::write_in_one_statement`], which locks the row first and
+    ///   writes only if the task is still as read. If it is not (another
+    ///   writer committed in between), nothing was written: read and decide
+    ///   again, since the decision may now be different (the losing
+    ///   claimant of a task is refused). A refusal is an answer as good as
+    ///   the locking path's: it is about a committed state of the task at a
+    ///   moment within this call. The first try uses this store's own copy
+    ///   of the task instead of reading it, when it has one
+    ///   ([`KnownTasks`]); that try's refusals are no answer.
+    /// - **Locking** (issues, photos, answers to issues, decisions that do
+    ///   more than append events and close issues, and after
+    ///   [`OPTIMISTIC_ATTEMPTS`] lost races): `BEGIN`, `SELECT … FOR
+    ///   UPDATE`, decide, write, `COMMIT`.
     #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
@@ -798,40 +1092,28 @@ impl Store for PgStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(task_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let task = task_from_row(&row)?;
-        let mut ctx = Context::default();
-        if let Command::RespondToIssue { issue_event_id, .. } = &command {
-            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
-                .bind(issue_event_id)
-                .bind(task_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
-        }
-        let decision = match decide(&task, &ctx, command, now, &self.policy) {
-            Ok(decision) => decision,
-            Err(refusal) => {
-                // Release the row lock before answering: a dropped transaction
-                // is rolled back only later, in the background, when its
-                // connection returns to the pool, and until then other
-                // writers wait and `reconcile_due` skips the task.
-                tx.rollback().await?;
-                return Err(refusal.into());
+        if !needs_row_lock(&command) {
+            // First on the copy of the task this store last wrote, without
+            // reading it: the write checks it is still current. A refusal
+            // or a stale copy is no answer: the store is read next.
+            if let Some(copy) = self.known.get(task_id) {
+                match self.try_write(&copy, &command, now).await? {
+                    Try::Written(applied) => return Ok(applied),
+                    Try::Refused(_) | Try::Changed => {}
+                    Try::NeedsLock => return self.apply_locked(task_id, command, now).await,
+                }
             }
-        };
-        let applied = Self::write(&mut tx, &task, decision).await?;
-        let committed = tx.commit().await;
-        self.versions.bump(task_id);
-        committed?;
-        Ok(applied)
+            for _ in 0..OPTIMISTIC_ATTEMPTS {
+                let task = self.task(task_id).await?.ok_or(StoreError::NotFound)?;
+                match self.try_write(&task, &command, now).await? {
+                    Try::Written(applied) => return Ok(applied),
+                    Try::Refused(refusal) => return Err(refusal.into()),
+                    Try::Changed => {}
+                    Try::NeedsLock => break,
+                }
+            }
+        }
+        self.apply_locked(task_id, command, now).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1055,6 +1337,7 @@ impl Store for PgStore {
         let committed = tx.commit().await;
         for a in &out {
             self.versions.bump(a.task.id);
+            self.known.forget(a.task.id);
         }
         committed?;
         Ok(out)
@@ -1100,6 +1383,7 @@ impl Store for PgStore {
         let committed = tx.commit().await;
         for id in &ids {
             self.versions.bump(*id);
+            self.known.forget(*id);
         }
         committed?;
         Ok(deleted)
@@ -1552,8 +1836,69 @@ async fn reconnect(
 mod tests {
     use super::*;
 
+    fn task(state: TaskState) -> Task {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).expect("valid timestamp");
+        Task {
+            id: Uuid::from_u128(1),
+            description: "water the plants".into(),
+            state,
+            worker_id: None,
+            created_at: at,
+            updated_at: at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: at + chrono::TimeDelta::hours(1),
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        }
+    }
+
     fn id(n: u128) -> Uuid {
         Uuid::from_u128(n)
+    }
+
+    #[test]
+    fn known_tasks_keep_live_tasks_that_read_back_exactly() {
+        let known = KnownTasks::default();
+        let mut t = task(TaskState::Active);
+        known.wrote(&t);
+        assert_eq!(known.get(t.id), Some(t.clone()));
+        known.forget(t.id);
+        assert_eq!(known.get(t.id), None);
+
+        // A nanosecond PostgreSQL would round away: not kept.
+        known.wrote(&t);
+        t.updated_at += chrono::TimeDelta::nanoseconds(1);
+        known.wrote(&t);
+        assert_eq!(known.get(t.id), None);
+
+        // A terminal task takes no command: not kept.
+        let mut done = task(TaskState::Active);
+        known.wrote(&done);
+        done.state = TaskState::Completed;
+        known.wrote(&done);
+        assert_eq!(known.get(done.id), None);
+    }
+
+    #[test]
+    fn known_tasks_stay_within_their_byte_budget() {
+        let known = KnownTasks::default();
+        let mut big = task(TaskState::Open);
+        big.description = "x".repeat(KNOWN_DESCRIPTION_BYTES / 2 + 1);
+        for n in 0..3 {
+            big.id = id(n);
+            known.wrote(&big);
+            let bytes = known.lock().description_bytes;
+            assert!(bytes <= KNOWN_DESCRIPTION_BYTES, "{bytes} bytes kept");
+            assert_eq!(known.get(big.id).map(|t| t.id), Some(id(n)));
+        }
+        // Rewriting a copy replaces its bytes.
+        known.wrote(&big);
+        assert_eq!(known.lock().description_bytes, big.description.len());
     }
 
     #[tokio::test]
