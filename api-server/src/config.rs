@@ -70,7 +70,8 @@ pub struct Config {
 
     /// Seconds a client has to send a request's headers, from the
     /// connection's start or the end of the previous response: slow
-    /// (slowloris) and idle keep-alive connections are closed after it.
+    /// (slowloris) and idle keep-alive connections are closed after it, as
+    /// is an HTTP/2 connection that carried no request for as long.
     #[arg(long, env = "MEATSPACE_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_read_timeout_seconds: u64,

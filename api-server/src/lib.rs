@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use meatspace_core::{Command, Policy, Store, clock};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -29,6 +29,7 @@ use uuid::Uuid;
 pub mod auth;
 pub mod availability;
 pub mod config;
+pub mod connection;
 pub mod error;
 pub mod extract;
 pub mod fd_limit;
@@ -237,7 +238,8 @@ pub struct ServeOptions {
     /// Time a client has to send a request's headers, counted from the
     /// connection's start or from the end of the previous response: a
     /// client trickling headers (slowloris) or an idle keep-alive
-    /// connection is closed after it.
+    /// connection is closed after it. An HTTP/2 connection is closed
+    /// (gracefully) once it has carried no request for as long.
     pub header_read_timeout: Duration,
     /// Most connections open at once; past it the server stops accepting
     /// (new clients wait in the listen backlog) until one closes.
@@ -339,10 +341,15 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     use hyper::body::Incoming;
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use std::convert::Infallible;
     use tower::ServiceExt;
 
-    let permits = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // u32: what `acquire_many` takes back at shutdown.
+    let max_connections = u32::try_from(options.max_connections)
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections as usize));
+    let (stopping, stop) = tokio::sync::watch::channel(false);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .timer(TokioTimer::new())
@@ -378,23 +385,44 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: axum::http::Request<Incoming>| {
-            req.extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
-            app.clone().oneshot(req.map(axum::body::Body::new))
-        });
         let (http1, http2) = (Arc::clone(&http1), Arc::clone(&http2));
-        let watcher = graceful.watcher();
+        let mut stop = stop.clone();
         let header_read_timeout = options.header_read_timeout;
         tokio::spawn(async move {
-            let ended = match protocol::detect(stream, header_read_timeout).await {
+            let detected = tokio::select! {
+                detected = protocol::detect(stream, header_read_timeout) => detected,
+                // No request started: nothing to finish.
+                _ = stop.wait_for(|stopping| *stopping) => return,
+            };
+            let ended = match detected {
                 Ok((protocol::Protocol::Http1, io)) => {
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        app.clone().oneshot(with_peer(req, peer))
+                    });
                     let connection = http1.serve_connection(TokioIo::new(io), service);
-                    watcher.watch(connection).await.map_err(|e| e.to_string())
+                    connection::drive(connection, stop, None)
+                        .await
+                        .map_err(|e| e.to_string())
                 }
                 Ok((protocol::Protocol::Http2, io)) => {
+                    let activity = connection::Activity::new();
+                    let service = hyper::service::service_fn({
+                        let activity = Arc::clone(&activity);
+                        move |req: Request<Incoming>| {
+                            let in_flight = activity.begin();
+                            let response = app.clone().oneshot(with_peer(req, peer));
+                            async move {
+                                let response = response.await?;
+                                Ok::<_, Infallible>(response.map(|body| {
+                                    axum::body::Body::new(connection::Tracked::new(body, in_flight))
+                                }))
+                            }
+                        }
+                    });
                     let connection = http2.serve_connection(TokioIo::new(io), service);
-                    watcher.watch(connection).await.map_err(|e| e.to_string())
+                    connection::drive(connection, stop, Some((activity, header_read_timeout)))
+                        .await
+                        .map_err(|e| e.to_string())
                 }
                 Err(e) => Err(format!("before its first request: {e}")),
             };
@@ -405,6 +433,18 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Every connection shuts down gracefully and returns its permit at its end.
+    let _ = stopping.send(true);
+    let _ = permits.acquire_many(max_connections).await;
     Ok(())
+}
+
+/// The request as the router takes it, with the client's address.
+fn with_peer(
+    mut req: Request<hyper::body::Incoming>,
+    peer: std::net::SocketAddr,
+) -> Request<axum::body::Body> {
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(peer));
+    req.map(axum::body::Body::new)
 }

@@ -12,7 +12,9 @@
 //! - a client over its rate limit gets 429 with `Retry-After`, other
 //!   credentials carry on, and the capabilities document states the limit;
 //! - slow and idle connections are closed after the header-read timeout,
-//!   and a connection cap holds further clients back until one closes.
+//!   and a connection cap holds further clients back until one closes;
+//! - an HTTP/2 connection is closed once it carries no request for as long
+//!   (a waiting long poll keeps it open).
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -38,6 +40,7 @@ meatspace_tests::api_tests!(
     a_client_over_its_limit_gets_429_and_others_do_not,
     slow_and_idle_connections_are_closed,
     the_connection_cap_holds_clients_back_until_one_closes,
+    an_idle_http2_connection_is_closed_but_not_while_a_request_waits,
 );
 
 fn worker_path(id: Uuid, rest: &str) -> String {
@@ -389,4 +392,62 @@ async fn the_connection_cap_holds_clients_back_until_one_closes(db: Db) {
         .unwrap()
         .unwrap();
     assert_eq!(status, StatusCode::OK);
+}
+
+async fn an_idle_http2_connection_is_closed_but_not_while_a_request_waits(db: Db) {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let srv = TestServer::start_with(
+        db,
+        ServerOptions {
+            serve: ServeOptions {
+                header_read_timeout: Duration::from_secs(1),
+                ..ServeOptions::default()
+            },
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let (id, token) = srv.create_task("Count the benches in the park").await;
+    let addr = srv.base_url.trim_start_matches("http://").to_owned();
+    let tcp = TcpStream::connect(&addr).await.unwrap();
+    let (mut send, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+    let get = |path: &str| {
+        hyper::Request::get(srv.url(path))
+            .header("authorization", format!("Bearer {token}"))
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+
+    // A long poll three times the idle timeout keeps the connection open ...
+    let poll = send
+        .send_request(get(&format!("/api/v1/tasks/{id}/events?after=0&wait=3")))
+        .await
+        .unwrap();
+    assert_eq!(poll.status(), StatusCode::OK);
+    let page: Value =
+        serde_json::from_slice(&poll.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(page["events"], json!([]), "{page}");
+    // ... so it carries the next request,
+    send.ready()
+        .await
+        .expect("the connection was closed under a long poll");
+    let task = send
+        .send_request(get(&format!("/api/v1/tasks/{id}")))
+        .await
+        .expect("the connection was closed under a long poll");
+    assert_eq!(task.status(), StatusCode::OK);
+    task.into_body().collect().await.unwrap();
+    // ... and silence then closes it (GOAWAY, then the end of the connection).
+    tokio::time::timeout(Duration::from_secs(30), connection)
+        .await
+        .expect("an idle HTTP/2 connection stayed open")
+        .unwrap()
+        .unwrap();
 }
