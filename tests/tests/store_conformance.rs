@@ -121,6 +121,8 @@ conformance! {
         tasks_after_pages_every_task_by_id,
         purge_removes_ended_tasks_with_their_data_only,
         changes_name_each_changed_task_in_order,
+        concurrent_creates_each_land_and_are_announced,
+        a_failing_create_among_concurrent_ones_fails_alone,
         racing_claims_have_exactly_one_winner,
         racing_endings_leave_one_terminal_state_and_event,
         pollers_see_every_event_of_concurrent_appenders,
@@ -1978,6 +1980,103 @@ async fn changes_name_each_changed_task_in_order(store: Arc<dyn Store>) {
         }
     }
     assert_eq!(got, want);
+}
+
+/// Creates that arrive together each land intact and are announced (the
+/// PostgreSQL store writes concurrent creates as one statement).
+async fn concurrent_creates_each_land_and_are_announced(store: Arc<dyn Store>) {
+    const CREATES: usize = 120;
+    let mut changes = store.changes().await.expect("subscribe");
+    let jobs = (0..CREATES)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            // Text that array literals would have to quote.
+            let description = format!("task {i}: {{\"a\", 'b'}}, \\ NULL ,");
+            let job: BoxFuture<'static, (Created, String)> = Box::pin(async move {
+                let created = create_at(&*store, i as i64, &description).await;
+                (created, description)
+            });
+            job
+        })
+        .collect();
+    let created = race(jobs).await;
+    let mut want = BTreeSet::new();
+    for (i, (c, description)) in created.iter().enumerate() {
+        let task = read(&*store, c.task.id)
+            .await
+            .expect("created task reads back");
+        assert_eq!(task.description, *description);
+        assert_eq!(task.state, TaskState::Draft);
+        assert_eq!(task.created_at, at(i as i64));
+        assert_eq!(task.expires_at, at(i as i64 + LIFETIME));
+        let digest = store
+            .agent_token_hash(c.task.id)
+            .await
+            .expect("read digest")
+            .expect("a digest");
+        assert!(digest.verify(&c.token), "task {i}'s token does not verify");
+        want.insert(c.task.id);
+    }
+    let mut announced = BTreeSet::new();
+    while announced.len() < want.len() {
+        match tokio::time::timeout(Duration::from_secs(10), changes.next()).await {
+            Ok(Some(Change::Task(id))) => {
+                announced.insert(id);
+            }
+            Ok(Some(Change::Gap)) => panic!("a gap without any outage"),
+            Ok(None) => panic!("the change stream ended"),
+            Err(_) => panic!(
+                "{} of {CREATES} creates announced within 10s",
+                announced.len()
+            ),
+        }
+    }
+    assert_eq!(announced, want);
+}
+
+/// A create that fails (its id is taken) fails alone: the creates written
+/// with it land.
+async fn a_failing_create_among_concurrent_ones_fails_alone(store: Arc<dyn Store>) {
+    const CREATES: usize = 60;
+    let taken = create(&*store).await.id;
+    let jobs = (0..CREATES)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            let job: BoxFuture<'static, (Uuid, Result<Task, StoreError>)> = Box::pin(async move {
+                let id = if i == CREATES / 2 {
+                    taken
+                } else {
+                    Uuid::new_v4()
+                };
+                let new = NewTask {
+                    id,
+                    description: format!("task {i}"),
+                    agent_token_hash: TokenHash::of(&token::generate("mst_")),
+                    created_at: at(0),
+                    expires_at: at(LIFETIME),
+                };
+                (id, store.create_task(new).await)
+            });
+            job
+        })
+        .collect();
+    let outcomes = race(jobs).await;
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter(|(_, outcome)| outcome.is_err())
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(failed, vec![taken], "only the create of a taken id fails");
+    for (id, outcome) in &outcomes {
+        if outcome.is_ok() {
+            assert!(
+                read(&*store, *id).await.is_some(),
+                "acknowledged create {id} is missing"
+            );
+        }
+    }
+    let original = read(&*store, taken).await.expect("the first task is kept");
+    assert_eq!(original.description, "water the plants");
 }
 
 // ---- concurrency ---------------------------------------------------------------------------

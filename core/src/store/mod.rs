@@ -22,6 +22,7 @@ use crate::token::TokenHash;
 use crate::{Command, Event, Issue, Policy, Refusal, Task};
 
 mod idempotency;
+mod pg_creates;
 mod postgres;
 mod requests;
 mod sqlite;

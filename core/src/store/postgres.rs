@@ -26,6 +26,7 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
+use super::pg_creates::{Creates, NewRow};
 use super::{
     Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Store,
     StoreError, TaskVersions, Worker,
@@ -63,6 +64,8 @@ pub struct PgStore {
     known: Arc<KnownTasks>,
     /// When `ping` last failed: older pooled connections are not reused.
     outages: Arc<Outages>,
+    /// Concurrent creates are written together (see [`Creates`]).
+    creates: Creates,
 }
 
 /// When the database was last seen unreachable.
@@ -134,6 +137,7 @@ impl PgStore {
             .acquire_timeout(PROBE_TIMEOUT)
             .connect_lazy(url)?;
         Ok(Self {
+            creates: Creates::start(pool.clone(), CHANNEL),
             pool,
             probe,
             policy,
@@ -1024,23 +1028,17 @@ impl Store for PgStore {
             open_issues: 0,
             last_event_id: 0,
         };
-        // One statement (its own transaction): the notification is sent
-        // when it commits, as with an explicit transaction, in one round trip.
-        let created = sqlx::query(
-            "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
-               updated_at, expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6) \
-               RETURNING id) \
-             SELECT pg_notify($7, id::text) FROM t",
-        )
-        .bind(task.id)
-        .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
-        .bind(task.created_at)
-        .bind(task.expires_at)
-        .bind(task.next_deadline())
-        .bind(CHANNEL)
-        .execute(&self.pool)
-        .await;
+        let created = self
+            .creates
+            .create(NewRow {
+                id: task.id,
+                description: task.description.clone(),
+                agent_token_hash: new.agent_token_hash,
+                created_at: task.created_at,
+                expires_at: task.expires_at,
+                next_deadline: task.next_deadline(),
+            })
+            .await;
         self.versions.bump(task.id);
         created?;
         self.known.wrote(&task);

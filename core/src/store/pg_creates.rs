@@ -1,0 +1,203 @@
+//! Task creation on PostgreSQL, grouped: creates that arrive while others
+//! are being written share one statement. They pay one round trip, one
+//! commit and one notification signal between them. Each would otherwise
+//! pay its own, and PostgreSQL serializes NOTIFY at commit, so under load a
+//! commit's notification is what creates wait on.
+//!
+//! Nothing waits to fill a group. A writer takes the first create queued
+//! and whatever else is queued at that moment (up to [`MAX_GROUP`]), so a
+//! lone create is written at once, with the same single-row statement as
+//! before grouping. [`WRITERS`] groups can be in flight at once. Every
+//! create is answered only after its group commits. A group refused as a
+//! whole for anything but an outage is written again one create at a time,
+//! so one create's fault is never another's.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::token::TokenHash;
+
+/// Groups written at once (each takes a pooled connection).
+const WRITERS: usize = 4;
+/// Most creates in one statement.
+const MAX_GROUP: usize = 64;
+
+/// One new task's row.
+#[derive(Debug)]
+pub(super) struct NewRow {
+    pub id: Uuid,
+    pub description: String,
+    pub agent_token_hash: TokenHash,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub next_deadline: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug)]
+struct Queued {
+    row: NewRow,
+    done: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// The queue of creates and its writers; the writers stop when the last
+/// clone of the queue is dropped.
+#[derive(Debug, Clone)]
+pub(super) struct Creates {
+    queue: mpsc::UnboundedSender<Queued>,
+}
+
+impl Creates {
+    /// Starts the writers, which use `pool` and notify on `channel`.
+    pub fn start(pool: PgPool, channel: &'static str) -> Self {
+        let (queue, queued) = mpsc::unbounded_channel();
+        let queued = Arc::new(Mutex::new(queued));
+        for _ in 0..WRITERS {
+            tokio::spawn(write_groups(pool.clone(), channel, Arc::clone(&queued)));
+        }
+        Creates { queue }
+    }
+
+    /// Inserts `row` as a draft and notifies its id; returns once committed.
+    pub async fn create(&self, row: NewRow) -> Result<(), StoreError> {
+        let (done, answer) = oneshot::channel();
+        self.queue
+            .send(Queued { row, done })
+            .map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable(sqlx::Error::PoolClosed)
+}
+
+/// One writer: takes a group off the queue, writes it, answers its creates.
+async fn write_groups(
+    pool: PgPool,
+    channel: &'static str,
+    queued: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
+) {
+    loop {
+        let group = {
+            let mut queued = queued.lock().await;
+            let Some(first) = queued.recv().await else {
+                return;
+            };
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match queued.try_recv() {
+                    Ok(next) => group.push(next),
+                    Err(_) => break,
+                }
+            }
+            group
+        };
+        let written = insert(&pool, channel, group.iter().map(|q| &q.row)).await;
+        match written {
+            Err(e) if group.len() > 1 && !e.is_unavailable() => {
+                // Find the fault's owner: each alone.
+                for q in group {
+                    let alone = insert(&pool, channel, std::iter::once(&q.row)).await;
+                    let _ = q.done.send(alone);
+                }
+            }
+            Err(e) => {
+                let mut group = group.into_iter();
+                // The error for the first; the same kind for the others.
+                let shared = share(&e);
+                if let Some(q) = group.next() {
+                    let _ = q.done.send(Err(e));
+                }
+                for q in group {
+                    let _ = q.done.send(Err(shared()));
+                }
+            }
+            Ok(()) => {
+                for q in group {
+                    let _ = q.done.send(Ok(()));
+                }
+            }
+        }
+    }
+}
+
+/// Makes more of an error of the same kind (sqlx errors do not clone).
+fn share(e: &StoreError) -> impl Fn() -> StoreError + use<> {
+    let unavailable = e.is_unavailable();
+    let message = e.to_string();
+    move || {
+        let e = sqlx::Error::Protocol(message.clone());
+        if unavailable {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Database(e)
+        }
+    }
+}
+
+/// Inserts the rows and notifies their ids, in one statement (its own
+/// transaction): the notifications are sent when it commits.
+async fn insert<'a>(
+    pool: &PgPool,
+    channel: &str,
+    rows: impl ExactSizeIterator<Item = &'a NewRow>,
+) -> Result<(), StoreError> {
+    if rows.len() == 1 {
+        let row = rows.into_iter().next().expect("one row");
+        sqlx::query(
+            "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
+               updated_at, expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6) \
+               RETURNING id) \
+             SELECT pg_notify($7, id::text) FROM t",
+        )
+        .bind(row.id)
+        .bind(&row.description)
+        .bind(&row.agent_token_hash.0[..])
+        .bind(row.created_at)
+        .bind(row.expires_at)
+        .bind(row.next_deadline)
+        .bind(channel)
+        .execute(pool)
+        .await?;
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut descriptions = Vec::with_capacity(rows.len());
+    let mut hashes = Vec::with_capacity(rows.len());
+    let mut created = Vec::with_capacity(rows.len());
+    let mut expires = Vec::with_capacity(rows.len());
+    let mut deadlines = Vec::with_capacity(rows.len());
+    for row in rows {
+        ids.push(row.id);
+        descriptions.push(row.description.as_str());
+        hashes.push(&row.agent_token_hash.0[..]);
+        created.push(row.created_at);
+        expires.push(row.expires_at);
+        deadlines.push(row.next_deadline);
+    }
+    sqlx::query(
+        "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
+           updated_at, expires_at, next_deadline) \
+           SELECT id, description, 'draft', hash, created, created, expires, deadline \
+           FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::timestamptz[], \
+             $5::timestamptz[], $6::timestamptz[]) \
+             AS r(id, description, hash, created, expires, deadline) \
+           RETURNING id) \
+         SELECT pg_notify($7, id::text) FROM t",
+    )
+    .bind(ids)
+    .bind(descriptions)
+    .bind(hashes)
+    .bind(created)
+    .bind(expires)
+    .bind(deadlines)
+    .bind(channel)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
