@@ -279,6 +279,18 @@ async fn a_client_over_its_limit_gets_429_and_others_do_not(db: Db) {
     srv.create_task("Another fence").await;
 }
 
+/// A server with these connection limits.
+async fn server_with(db: Db, serve: ServeOptions) -> TestServer {
+    TestServer::start_with(
+        db,
+        ServerOptions {
+            serve,
+            ..ServerOptions::default()
+        },
+    )
+    .await
+}
+
 /// Reads until the server closes the connection; true if it did within `bound`.
 async fn closed_within(stream: &mut TcpStream, bound: Duration) -> bool {
     let mut buf = [0u8; 4096];
@@ -294,14 +306,11 @@ async fn closed_within(stream: &mut TcpStream, bound: Duration) -> bool {
 }
 
 async fn slow_and_idle_connections_are_closed(db: Db) {
-    let srv = TestServer::start_with(
+    let srv = server_with(
         db,
-        ServerOptions {
-            serve: ServeOptions {
-                header_read_timeout: Duration::from_secs(1),
-                ..ServeOptions::default()
-            },
-            ..ServerOptions::default()
+        ServeOptions {
+            header_read_timeout: Duration::from_secs(1),
+            ..ServeOptions::default()
         },
     )
     .await;
@@ -347,14 +356,11 @@ async fn slow_and_idle_connections_are_closed(db: Db) {
 }
 
 async fn the_connection_cap_holds_clients_back_until_one_closes(db: Db) {
-    let srv = TestServer::start_with(
+    let srv = server_with(
         db,
-        ServerOptions {
-            serve: ServeOptions {
-                max_connections: 2,
-                ..ServeOptions::default()
-            },
-            ..ServerOptions::default()
+        ServeOptions {
+            max_connections: 2,
+            ..ServeOptions::default()
         },
     )
     .await;
@@ -399,14 +405,11 @@ async fn an_idle_http2_connection_is_closed_but_not_while_a_request_waits(db: Db
     use hyper::body::Bytes;
     use hyper_util::rt::{TokioExecutor, TokioIo};
 
-    let srv = TestServer::start_with(
+    let srv = server_with(
         db,
-        ServerOptions {
-            serve: ServeOptions {
-                header_read_timeout: Duration::from_secs(1),
-                ..ServeOptions::default()
-            },
-            ..ServerOptions::default()
+        ServeOptions {
+            header_read_timeout: Duration::from_secs(1),
+            ..ServeOptions::default()
         },
     )
     .await;
