@@ -503,6 +503,11 @@ async fn preload(backend: Backend, url: &str) -> Result<()> {
             pool.close().await;
         }
     }
+    // The checkpoints above only reach the OS (the throwaway PostgreSQL runs
+    // with fsync off): flush the gigabytes of dirty pages now, or the kernel
+    // writes them back during the measurements.
+    let synced = tokio::process::Command::new("sync").status().await?;
+    anyhow::ensure!(synced.success(), "sync after the preload failed: {synced}");
     Ok(())
 }
 
