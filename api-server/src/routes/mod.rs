@@ -284,6 +284,9 @@ pub async fn event_feed(
     Ok(open_feed(state, id, q, floor, reader).await?.page().await)
 }
 
+/// Counter of empty polls answered from a known head, without the database.
+pub const MEMORY_ANSWERS: &str = "meatspace_feed_memory_answers_total";
+
 /// An agent's request of its task's feed (`GET /api/v1/tasks/{id}/events`),
 /// authenticated here rather than by an extractor, so that a page read from
 /// the database costs one statement ([`Store::feed_read`]: token digest,
@@ -313,6 +316,7 @@ pub async fn agent_event_feed(
                 return Err(invalid_agent_token());
             }
             if q.after >= head.last_event_id {
+                metrics::counter!(MEMORY_ANSWERS).increment(1);
                 return Ok(FeedAnswer::Page(EventPage {
                     task_id: id,
                     task_state: head.state,

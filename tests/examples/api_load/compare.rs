@@ -11,6 +11,10 @@
 //! - `empty poll`: `GET /api/v1/tasks/{id}/events?after=<last id>` of the
 //!   clients' tasks, round robin: the request every monitored task makes,
 //!   forever;
+//! - `empty poll after a restart` (last): the same after the server was
+//!   restarted on the same database, over the tasks polled before and as
+//!   many created after the restart (the server's count of polls answered
+//!   from memory is printed after each run);
 //! - `create`: `POST /api/v1/tasks`;
 //! - `lifecycle`: each connection runs tasks through create, publish,
 //!   claim, start and complete, one request after the other (reported as
@@ -192,6 +196,15 @@ fn print_summary(settings: &Settings, all: &[(Backend, Vec<Figures>)]) {
                 _ => {}
             }
         }
+        if let Some(r) = find("empty poll after a restart") {
+            println!(
+                "  {:<10} {:<10}: server {:>7.0} req/s (p99 {:.2} ms) after a restart",
+                backend.name(),
+                "empty poll",
+                r.rate,
+                r.p99_ms
+            );
+        }
         if let Some(l) = find("lifecycle") {
             println!(
                 "  {:<10} {:<10}: {:.0} tasks/s (5 requests each, p99 {:.2} ms per request)",
@@ -323,8 +336,36 @@ async fn bench_backend(
         .await?,
     );
     println!(
-        "  server peak RSS (VmHWM): {}",
-        mib(server.memory_kib("VmHWM"))
+        "  server peak RSS (VmHWM): {}; empty polls answered from memory: {}",
+        mib(server.memory_kib("VmHWM")),
+        memory_answers(&server, &http).await?
+    );
+    server.stop().await?;
+
+    // Every production server restarts: poll again after a restart on the
+    // same database, the tasks polled before it and as many created after.
+    let server = Server::start(&settings.server, &database_url, dir.path()).await?;
+    let mut restarted = futures::future::try_join_all(
+        (0..settings.clients).map(|_| active_task(&server, &http, POLL_FEED_EVENTS - 3)),
+    )
+    .await?;
+    restarted.extend(tasks);
+    rows.push(
+        run_wrk(
+            settings,
+            &server,
+            wrk,
+            work.path(),
+            "empty poll after a restart",
+            &lua_poll(&restarted),
+            false,
+        )
+        .await?,
+    );
+    println!(
+        "  after the restart: server peak RSS (VmHWM): {}; empty polls answered from memory: {}",
+        mib(server.memory_kib("VmHWM")),
+        memory_answers(&server, &http).await?
     );
     server.stop().await?;
     let logged = super::log_tail(dir.path());
@@ -351,6 +392,26 @@ async fn bench_backend(
         drop_postgres_database(&database_url).await?;
     }
     Ok(rows)
+}
+
+/// The server's count of empty polls it answered from memory.
+async fn memory_answers(server: &Server, http: &Client) -> Result<u64> {
+    let text = http
+        .get(server.url("/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("meatspace_feed_memory_answers_total")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0, |v| v as u64))
 }
 
 fn indent(text: &str) -> String {
