@@ -49,6 +49,18 @@ log() { printf '[helm-check] %s\n' "$*" >&2; }
 die() { printf '[helm-check] ERROR: %s\n' "$*" >&2; exit 1; }
 
 FAILURES=()
+FINISHED=false  # the script got to its end (else a command aborted it)
+# report — the summary of every failed check, and whether the script got
+# through all its parts.
+report() {
+  if ((${#FAILURES[@]})); then
+    printf '\n[helm-check] %d check(s) FAILED:\n' "${#FAILURES[@]}" >&2
+    printf '[helm-check]   - %s\n' "${FAILURES[@]}" >&2
+  fi
+  if ! $FINISHED; then
+    printf '[helm-check] FAIL: aborted before the last part (see the error above); later checks did not run\n' >&2
+  fi
+}
 # fail MESSAGE [OUTPUT-FILE] — record a failed check and show why.
 fail() {
   FAILURES+=("$1")
@@ -91,6 +103,8 @@ LOCAL_DB=""       # PostgreSQL database of part 8, dropped on exit
 cleanup() {
   local rc=$?
   trap - EXIT
+  # An abort (set -e) skips the summary at the end: give it here.
+  if [[ $rc -ne 0 ]] && ! $FINISHED; then report; fi
   local pid
   for pid in "${LOCAL_PIDS[@]}"; do
     if kill -TERM "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null || true; fi
@@ -185,14 +199,42 @@ for name in "${VALUE_SETS[@]}"; do
   log "   $name values render: $(tr '\n' ' ' <"$WORK/$name.objects")"
 done
 
-# expect_rule DESCRIPTION COMMAND... — the command must succeed.
+# expect_rule DESCRIPTION COMMAND... — the command must succeed. It is one
+# simple command: a pipeline after it (`expect_rule … grep … | grep …`)
+# would not be judged by expect_rule at all, so a check that needs one is a
+# function (see output_is).
 expect_rule() {
   local what=$1; shift
   if "$@"; then pass "$what"; else fail "$what"; fi
 }
 not() { ! "$@"; }
+# output_is WANT COMMAND... — the command succeeds and prints exactly WANT
+# (a command that fails, kubectl say, proves nothing).
+output_is() {
+  local want=$1 got; shift
+  if ! got=$("$@"); then
+    printf '[helm-check]     %s failed\n' "$1" >&2
+    return 1
+  fi
+  [[ $got == "$want" ]] && return 0
+  printf '[helm-check]     %s printed %s, expected %s\n' "$1" "${got:-nothing}" "$want" >&2
+  return 1
+}
+# false_switches FILE — how many of MEATSPACE_MIRROR_ENABLED and
+# MEATSPACE_LEADER_ELECTION are set to "false".
+false_switches() {
+  grep -A1 -E 'name: MEATSPACE_(MIRROR_ENABLED|LEADER_ELECTION)$' "$1" | grep -c 'value: "false"'
+}
+# rendered VALUES-SET — the rules of a values set need its rendering: say so
+# when it is missing (a renamed ci/ file, a failed render) rather than skip
+# them.
+rendered() {
+  [[ -f $WORK/$1.yaml && -f $WORK/$1.objects ]] && return 0
+  fail "no rendering of the $1 values (is deploy/helm/meatspace/ci/$1-values.yaml missing?): its rules were not checked"
+  return 1
+}
 
-if [[ -f $WORK/default.objects ]]; then
+if rendered default; then
   d=$WORK/default.yaml
   expect_rule "default: API server PDB (2 replicas)" has_object "$d" PodDisruptionBudget/meatspace-api-server
   expect_rule "default: controller PDB (2 replicas)" has_object "$d" PodDisruptionBudget/meatspace-controller
@@ -219,20 +261,19 @@ if render default "$WORK/nocrd.yaml" --set crds.install=false; then
 else
   fail "helm template with crds.install=false" "$WORK/nocrd.yaml.err"
 fi
-if [[ -f $WORK/external-database.yaml ]]; then
+if rendered external-database; then
   e=$WORK/external-database.yaml
   expect_rule "mirror off: no Role, no RoleBinding" not grep -Eq '^kind: (Role|RoleBinding)$' "$e"
   expect_rule "mirror off: the controller mounts no token" \
     not grep -q 'automountServiceAccountToken: true' "$e"
   expect_rule "mirror off: MEATSPACE_MIRROR_ENABLED=false, leader election off" \
-    grep -A1 -E 'name: MEATSPACE_(MIRROR_ENABLED|LEADER_ELECTION)$' "$e" \
-    | grep -c 'value: "false"' | grep -qx 2
+    output_is 2 false_switches "$e"
 fi
-if [[ -f $WORK/existing-secret.yaml ]]; then
+if rendered existing-secret; then
   s=$WORK/existing-secret.yaml
   expect_rule "existing Secret: the chart creates no Secret" not grep -q '^kind: Secret$' "$s"
   expect_rule "existing Secret: the pods read it by its keys" \
-    grep -c -E 'name: meatspace-credentials$' "$s" | grep -qx 5
+    output_is 5 grep -c -E 'name: meatspace-credentials$' "$s"
   expect_rule "leader election off: no Lease Role" not has_object "$s" Role/meatspace-controller-leader-election
 fi
 
@@ -640,10 +681,13 @@ check_local_controller() {
     fi
     sleep 0.2
   done
-  k -n "$mirror" get meatspacetask "$id" -o json >"$WORK/mst.json" 2>&1 || true
-  grep -qF -- "$token" "$WORK/mst.json" && fail "the agent token appears in the MeatspaceTask"
+  if k -n "$mirror" get meatspacetask "$id" -o json >"$WORK/mst.json" 2>"$WORK/mst.err"; then
+    grep -qF -- "$token" "$WORK/mst.json" && fail "the agent token appears in the MeatspaceTask"
+  else
+    fail "reading MeatspaceTask $id to look for the agent token" "$WORK/mst.err"
+  fi
   expect_rule "local controller: it holds the chart's Lease $lease as $pod" \
-    test "$(k -n "$NS" get lease "$lease" -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null)" = "$pod"
+    output_is "$pod" k -n "$NS" get lease "$lease" -o 'jsonpath={.spec.holderIdentity}'
   expect_rule "local controller: /metrics counts its writes to $mirror" \
     grep -q "meatspace_mirror_writes_total{namespace=\"$mirror\"" <(curl -fsS --max-time 5 "$ctl_url/metrics")
 
@@ -651,7 +695,7 @@ check_local_controller() {
   stop_local "$ctl_pid"
   expect_rule "local controller: SIGTERM stops it cleanly (exit $STOPPED_RC)" test "$STOPPED_RC" = 0
   expect_rule "local controller: it released the Lease on the way out" \
-    test -z "$(k -n "$NS" get lease "$lease" -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null)"
+    output_is "" k -n "$NS" get lease "$lease" -o 'jsonpath={.spec.holderIdentity}'
   if ((${#FAILURES[@]} == failed_before)); then
     pass "the controller binary, as $NS/$sa with the chart's environment (RBAC, no admin), mirrored task $id as an open MeatspaceTask"
   fi
@@ -687,21 +731,31 @@ if $INSTALLED; then
 
   if helm_ok "helm uninstall" uninstall "$RELEASE" -n "$NS" --timeout 2m; then
     INSTALLED=false
+    failed_before=${#FAILURES[@]}
     k get crd "$CRD_NAME" >/dev/null 2>&1 || fail "uninstall: the CRD was deleted despite crds.keep=true"
-    left=$(k -n "$NS" get deployments,statefulsets,services,roles,rolebindings,serviceaccounts -o name 2>/dev/null)
-    [[ -z $left ]] || fail "uninstall: objects remain in $NS: $(tr '\n' ' ' <<<"$left")"
-    k -n "$MIRROR_NS" get roles,rolebindings -o name 2>/dev/null | grep -q . \
-      && fail "uninstall: RBAC remains in $MIRROR_NS"
+    # What is left, as kubectl lists it; a kubectl that fails proves nothing.
+    if left=$(k -n "$NS" get deployments,statefulsets,services,roles,rolebindings,serviceaccounts -o name 2>"$WORK/left.err"); then
+      [[ -z $left ]] || fail "uninstall: objects remain in $NS: $(tr '\n' ' ' <<<"$left")"
+    else
+      fail "uninstall: listing what remains in $NS" "$WORK/left.err"
+    fi
+    if left=$(k -n "$MIRROR_NS" get roles,rolebindings -o name 2>"$WORK/left.err"); then
+      [[ -z $left ]] || fail "uninstall: RBAC remains in $MIRROR_NS: $(tr '\n' ' ' <<<"$left")"
+    else
+      fail "uninstall: listing the RBAC left in $MIRROR_NS" "$WORK/left.err"
+    fi
     k -n "$NS" get secret meatspace-postgresql >/dev/null 2>&1 \
       || fail "uninstall: the PostgreSQL password Secret was deleted despite retainOnUninstall"
-    pass "uninstall removed the release and kept the CRD and the retained PostgreSQL Secret"
+    if ((${#FAILURES[@]} == failed_before)); then
+      pass "uninstall removed the release and kept the CRD and the retained PostgreSQL Secret"
+    fi
   fi
 fi
 
 # ---- result -------------------------------------------------------------------------
+FINISHED=true
 if ((${#FAILURES[@]})); then
-  printf '\n[helm-check] %d check(s) FAILED:\n' "${#FAILURES[@]}" >&2
-  printf '[helm-check]   - %s\n' "${FAILURES[@]}" >&2
+  report
   exit 1
 fi
-log "PASS"
+log "PASS: every check passed"

@@ -323,7 +323,13 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         let mut before = feed.watch(Uuid::new_v4());
         let waiting = tokio::spawn(async move { before.changed(far).await });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Close only once the wait is under way (the hub counts it), so that
+        // this is the close of a wait in progress, not one that starts after.
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while feed.waiting() == 0 {
+            assert!(Instant::now() < give_up, "the wait never started");
+            tokio::task::yield_now().await;
+        }
         feed.close();
         assert!(feed.is_closed());
         let woken = tokio::time::timeout(Duration::from_secs(1), waiting)

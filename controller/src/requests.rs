@@ -838,12 +838,57 @@ mod tests {
         assert!(answered(&issues, 9, IssueAction::Clarify).is_err());
     }
 
+    /// A Kubernetes object name (DNS-1123 subdomain): at most 253
+    /// characters, lowercase letters, digits, '-' and '.', beginning and
+    /// ending with a letter or digit.
+    fn is_object_name(name: &str) -> bool {
+        let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        !name.is_empty()
+            && name.len() <= 253
+            && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
+            && name.starts_with(alnum)
+            && name.ends_with(alnum)
+    }
+
     #[test]
     fn secret_names_are_valid_and_distinct() {
-        assert_eq!(secret_name("fetch-milk", "u"), "fetch-milk-agent-token");
-        let long = "a".repeat(250);
-        let name = secret_name(&long, "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
-        assert!(name.len() <= 253, "{name}");
+        const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        assert_eq!(secret_name("fetch-milk", UID), "fetch-milk-agent-token");
+        // The name form while the suffix fits (up to 241 characters), the
+        // UID form beyond, up to the longest name the apiserver allows.
+        assert_eq!(secret_name(&"a".repeat(241), UID).len(), 253);
+        assert_eq!(
+            secret_name(&"a".repeat(242), UID),
+            format!("meatspace-task-{UID}-agent-token")
+        );
+        // Resources of one namespace: each its own name and UID, short and
+        // long names, some long ones sharing their first 241 characters.
+        let mut resources = Vec::new();
+        for (i, len) in [1, 63, 240, 241, 242, 250, 253].into_iter().enumerate() {
+            for letter in ['a', 'b'] {
+                let uid = Uuid::from_u128((i as u128) << 8 | letter as u128).to_string();
+                resources.push((letter.to_string().repeat(len), uid));
+            }
+        }
+        resources.push(("a".repeat(241) + "z", Uuid::from_u128(1000).to_string()));
+        resources.push(("a".repeat(252) + "z", Uuid::from_u128(1001).to_string()));
+        let mut seen = std::collections::BTreeMap::new();
+        for (resource, uid) in &resources {
+            let name = secret_name(resource, uid);
+            assert!(
+                is_object_name(&name),
+                "{} characters: {name} is not a valid object name",
+                resource.len()
+            );
+            assert_eq!(secret_name(resource, uid), name, "stable");
+            if let Some(other) = seen.insert(name.clone(), resource) {
+                panic!(
+                    "resources of {} and {} characters share the Secret {name}",
+                    other.len(),
+                    resource.len()
+                );
+            }
+        }
     }
 
     #[test]

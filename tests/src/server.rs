@@ -347,44 +347,50 @@ impl TestServer {
 
     /// How many rows each table holds, read straight from the database.
     pub async fn counts(&self) -> RowCounts {
-        const TABLES: [&str; 5] = ["tasks", "events", "issues", "photos", "workers"];
-        let mut n = [0i64; 5];
-        match self.backend {
-            Db::Postgres => {
-                let mut conn = sqlx::PgConnection::connect(&self.db.url)
+        row_counts(self.backend, &self.db.url).await
+    }
+}
+
+/// How many rows each table of the database at `url` holds (a server
+/// process's database, say), read straight from it.
+pub async fn row_counts(backend: Db, url: &str) -> RowCounts {
+    const TABLES: [&str; 5] = ["tasks", "events", "issues", "photos", "workers"];
+    let mut n = [0i64; 5];
+    match backend {
+        Db::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(url)
+                .await
+                .expect("connect to the test database");
+            for (i, table) in TABLES.iter().enumerate() {
+                n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+                    .fetch_one(&mut conn)
                     .await
-                    .expect("connect to the test database");
-                for (i, table) in TABLES.iter().enumerate() {
-                    n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-                        .fetch_one(&mut conn)
-                        .await
-                        .expect("count rows");
-                }
-                conn.close().await.ok();
+                    .expect("count rows");
             }
-            Db::Sqlite => {
-                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&self.db.url)
-                    .expect("SQLite URL")
-                    .read_only(true);
-                let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            conn.close().await.ok();
+        }
+        Db::Sqlite => {
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+                .expect("SQLite URL")
+                .read_only(true);
+            let mut conn = sqlx::SqliteConnection::connect_with(&options)
+                .await
+                .expect("open the test database");
+            for (i, table) in TABLES.iter().enumerate() {
+                n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+                    .fetch_one(&mut conn)
                     .await
-                    .expect("open the test database");
-                for (i, table) in TABLES.iter().enumerate() {
-                    n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-                        .fetch_one(&mut conn)
-                        .await
-                        .expect("count rows");
-                }
-                conn.close().await.ok();
+                    .expect("count rows");
             }
+            conn.close().await.ok();
         }
-        RowCounts {
-            tasks: n[0],
-            events: n[1],
-            issues: n[2],
-            photos: n[3],
-            workers: n[4],
-        }
+    }
+    RowCounts {
+        tasks: n[0],
+        events: n[1],
+        issues: n[2],
+        photos: n[3],
+        workers: n[4],
     }
 }
 

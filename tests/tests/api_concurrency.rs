@@ -27,6 +27,10 @@ const TERMINAL_EVENTS: [&str; 4] = [
     "task.expired",
 ];
 
+/// How long a loop that waits for the others may wait before it fails
+/// (instead of hanging the test run).
+const PATIENCE: Duration = Duration::from_secs(120);
+
 fn worker_path(id: Uuid, rest: &str) -> String {
     format!("/api/v1/worker/tasks/{id}{rest}")
 }
@@ -72,52 +76,81 @@ async fn twenty_workers_race_to_claim_one_task(db: Db) {
     }
 }
 
+/// Rounds of [`RACES`] races at most, until each side has won one.
+const MAX_ROUNDS: usize = 10;
+const RACES: usize = 16;
+
 async fn racing_endings_leave_one_terminal_state_and_event(db: Db) {
     let srv = &TestServer::start(db).await;
-    let tasks =
-        join_all((0..16).map(|i| async move { srv.active_task(&format!("Contested {i}")).await }))
-            .await;
-    let races = tasks.iter().enumerate().map(|(i, t)| {
-        let ending = if i % 2 == 0 { "/complete" } else { "/stop" };
-        async move {
-            let (worker, agent) = tokio::join!(
-                srv.worker(&t.worker_token)
+    let (mut worker_wins, mut agent_wins) = (0, 0);
+    let mut rounds = 0;
+    // A race one side always wins would make this test weaker than it
+    // looks: more rounds until each side has won at least once.
+    while rounds < MAX_ROUNDS && (worker_wins == 0 || agent_wins == 0) {
+        rounds += 1;
+        let tasks = join_all(
+            (0..RACES).map(|i| async move { srv.active_task(&format!("Contested {i}")).await }),
+        )
+        .await;
+        let races = tasks.iter().enumerate().map(|(i, t)| {
+            let ending = if i % 2 == 0 { "/complete" } else { "/stop" };
+            async move {
+                let worker = srv
+                    .worker(&t.worker_token)
                     .post(&worker_path(t.task_id, ending))
-                    .send(),
-                srv.agent(&t.agent_token)
+                    .send();
+                let agent = srv
+                    .agent(&t.agent_token)
                     .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
-                    .send(),
-            );
-            let (worker, agent) = (worker.unwrap(), agent.unwrap());
-            let statuses = (worker.status(), agent.status());
-            let bodies: (Value, Value) =
-                (worker.json().await.unwrap(), agent.json().await.unwrap());
-            (t, ending, statuses, bodies)
-        }
-    });
-    let mut worker_wins = 0;
-    for (t, ending, (worker_status, agent_status), (worker_body, agent_body)) in
-        join_all(races).await
-    {
-        let (winner_state, loser) = match (worker_status, agent_status) {
-            (StatusCode::OK, StatusCode::CONFLICT) => {
-                worker_wins += 1;
-                let state = if ending == "/complete" {
-                    "completed"
+                    .send();
+                // Either side's request goes out first in half the races.
+                let (worker, agent) = if i % 4 < 2 {
+                    tokio::join!(worker, agent)
                 } else {
-                    "stopped"
+                    let (agent, worker) = tokio::join!(agent, worker);
+                    (worker, agent)
                 };
-                (state, agent_body)
+                let (worker, agent) = (worker.unwrap(), agent.unwrap());
+                let statuses = (worker.status(), agent.status());
+                let bodies: (Value, Value) =
+                    (worker.json().await.unwrap(), agent.json().await.unwrap());
+                (t, ending, statuses, bodies)
             }
-            (StatusCode::CONFLICT, StatusCode::OK) => ("cancelled", worker_body),
-            other => panic!("exactly one ending must win: {other:?} {worker_body} {agent_body}"),
-        };
-        assert_eq!(loser["task_state"], winner_state, "{loser}");
-        assert_terminal_once(srv, t, winner_state).await;
+        });
+        for (t, ending, (worker_status, agent_status), (worker_body, agent_body)) in
+            join_all(races).await
+        {
+            let (winner_state, loser) = match (worker_status, agent_status) {
+                (StatusCode::OK, StatusCode::CONFLICT) => {
+                    worker_wins += 1;
+                    let state = if ending == "/complete" {
+                        "completed"
+                    } else {
+                        "stopped"
+                    };
+                    (state, agent_body)
+                }
+                (StatusCode::CONFLICT, StatusCode::OK) => {
+                    agent_wins += 1;
+                    ("cancelled", worker_body)
+                }
+                other => {
+                    panic!("exactly one ending must win: {other:?} {worker_body} {agent_body}")
+                }
+            };
+            assert_eq!(loser["task_state"], winner_state, "{loser}");
+            assert_terminal_once(srv, t, winner_state).await;
+        }
     }
-    // Not a proof of interleaving, but a race where one side always wins
-    // would make this test weaker than it looks.
-    eprintln!("worker won {worker_wins} of 16 races");
+    println!(
+        "{} races: the worker won {worker_wins}, the agent {agent_wins}",
+        rounds * RACES
+    );
+    assert!(
+        worker_wins > 0 && agent_wins > 0,
+        "one side won all {} races: nothing was raced",
+        rounds * RACES
+    );
 }
 
 /// The task is in `state`, and its feed ends with the one terminal event
@@ -140,7 +173,14 @@ async fn follow(srv: &TestServer, task_id: Uuid, token: &str) -> Vec<Value> {
     let mut delivered = Vec::new();
     let mut after = 0;
     let mut limit = 1;
+    let give_up = tokio::time::Instant::now() + PATIENCE;
     loop {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "task {task_id}: the feed was not terminal and drained after {PATIENCE:?} \
+             ({} events read, cursor {after})",
+            delivered.len()
+        );
         let page = srv
             .agent(token)
             .get(&format!(
@@ -209,7 +249,13 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
             };
             let ender = async {
                 if cancel_midway {
+                    let give_up = tokio::time::Instant::now() + PATIENCE;
                     while srv.store.events(t.task_id, 0, 100).await.unwrap().len() < 23 {
+                        assert!(
+                            tokio::time::Instant::now() < give_up,
+                            "the writers of task {} did not get 20 messages in within {PATIENCE:?}",
+                            t.task_id
+                        );
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                     srv.agent(&t.agent_token)

@@ -241,17 +241,28 @@ async fn another_tasks_events_do_not_end_a_wait(db: Db) {
     let b = srv.active_task("Task B").await;
     let after = cursor(&srv, a.task_id, &a.agent_token).await;
 
+    // Long enough that five appends fit in it on a busy machine; the test
+    // checks below that they did.
+    const WAIT_SECONDS: u32 = 10;
     let sent = Instant::now();
     let waiter = poll(
         srv.agent(&a.agent_token)
-            .get(&events_path(a.task_id, after, 2)),
+            .get(&events_path(a.task_id, after, WAIT_SECONDS)),
     );
     // B's events must arrive while A waits, or they prove nothing.
     srv.until_waiting(1).await;
+    let mut last_append = sent;
     for i in 0..5 {
-        append_message(&srv, b.task_id, &b.worker_token, &format!("B says {i}")).await;
+        (_, last_append) =
+            append_message(&srv, b.task_id, &b.worker_token, &format!("B says {i}")).await;
     }
+    assert!(
+        !waiter.is_finished() && srv.feed.waiting() == 1,
+        "A's wait was over before B's appends had landed ({:?} after it began): they proved nothing",
+        last_append.duration_since(sent)
+    );
     let (page, answered) = waiter.await.expect("waiter");
+    assert!(answered > last_append);
 
     assert!(
         page_events(&page).is_empty(),
@@ -261,8 +272,8 @@ async fn another_tasks_events_do_not_end_a_wait(db: Db) {
     assert_eq!(page["next_cursor"], after);
     let took = answered.duration_since(sent);
     assert!(
-        took >= Duration::from_millis(1950),
-        "the wait on A ended after {took:?}, before its 2 s"
+        took >= Duration::from_millis(u64::from(WAIT_SECONDS) * 1000 - 50),
+        "the wait on A ended after {took:?}, before its {WAIT_SECONDS} s"
     );
     // B's feed has them.
     let b_after = cursor(&srv, b.task_id, &b.agent_token).await;

@@ -32,7 +32,12 @@ fn client(server: &TestServer) -> Client {
 }
 
 /// Reads a feed to its end; returns every event and checks the batches.
-async fn drain(mut feed: Feed) -> Vec<Event> {
+async fn drain(feed: Feed) -> Vec<Event> {
+    drain_over(feed).await.0
+}
+
+/// [`drain`], and the transport the feed ended up using.
+async fn drain_over(mut feed: Feed) -> (Vec<Event>, Transport) {
     let mut events: Vec<Event> = Vec::new();
     let mut terminal_batches = 0;
     let read = async {
@@ -50,7 +55,7 @@ async fn drain(mut feed: Feed) -> Vec<Event> {
         .await
         .expect("the feed ends once the task is terminal");
     assert_eq!(terminal_batches, 1, "exactly one terminal batch");
-    events
+    (events, feed.current_transport())
 }
 
 async fn client_drives_a_whole_lifecycle(db: Db) {
@@ -274,33 +279,69 @@ async fn problems_are_typed_errors(db: Db) {
 }
 
 async fn auto_transport_follows_the_whole_feed(db: Db) {
-    // With a server that has no stream route, Auto follows by long poll;
-    // with one, by SSE. Either way the follower sees the whole feed.
+    // Straight to the server, Auto follows by SSE; through a proxy that
+    // answers 404 on the stream route (a server without it), by long poll.
+    // Either way the follower sees the whole feed.
     let server = TestServer::start(db).await;
-    let client = client(&server);
-    let (_, task) = client
-        .create_task(&CreateTask::new("Count the benches"))
-        .await
-        .expect("create");
-    task.publish().await.expect("publish");
-    let follower = tokio::spawn(drain(task.follow(0)));
-    let (_, worker) = client.register_worker("Grace").await.expect("register");
-    worker.claim(task.id()).await.expect("claim");
-    worker.start(task.id()).await.expect("start");
-    for i in 0..5 {
-        worker
-            .message(task.id(), &format!("bench {i}"))
+    let (no_stream, seen) = flaky_proxy(server.base_url.clone(), |_, request_line| {
+        if request_line.contains("/events/stream") {
+            Fault::NotFound
+        } else {
+            Fault::Forward
+        }
+    })
+    .await;
+    let direct = client(&server);
+    for (base, expected) in [
+        (server.base_url.clone(), Transport::Sse),
+        (no_stream, Transport::LongPoll),
+    ] {
+        let follower_client = Client::builder(&base)
+            .dev_key(server.dev_key.clone())
+            .build()
+            .expect("client");
+        let (_, task) = follower_client
+            .create_task(&CreateTask::new("Count the benches"))
             .await
-            .expect("message");
+            .expect("create");
+        task.publish().await.expect("publish");
+        let follower = tokio::spawn(drain_over(
+            task.follow(0).long_poll_wait(Duration::from_secs(5)),
+        ));
+        // The worker writes to the server directly: the proxy serves one
+        // connection at a time, and a long poll holds it.
+        let (_, worker) = direct.register_worker("Grace").await.expect("register");
+        worker.claim(task.id()).await.expect("claim");
+        worker.start(task.id()).await.expect("start");
+        for i in 0..5 {
+            worker
+                .message(task.id(), &format!("bench {i}"))
+                .await
+                .expect("message");
+        }
+        worker.stop(task.id(), Some("rain")).await.expect("stop");
+        let (seen_events, transport) = follower.await.expect("follower");
+        assert_eq!(transport, expected, "the transport Auto chose via {base}");
+        let feed = server.feed(task.id(), task.token()).await;
+        assert_eq!(
+            seen_events.iter().map(|e| e.id).collect::<Vec<_>>(),
+            json_ids(&feed)
+        );
+        assert_eq!(seen_events.last().unwrap().kind, EventType::TaskStopped);
     }
-    worker.stop(task.id(), Some("rain")).await.expect("stop");
-    let seen = follower.await.expect("follower");
-    let feed = server.feed(task.id(), task.token()).await;
-    assert_eq!(
-        seen.iter().map(|e| e.id).collect::<Vec<_>>(),
-        json_ids(&feed)
-    );
-    assert_eq!(seen.last().unwrap().kind, EventType::TaskStopped);
+    // Through the proxy: one attempt at the stream, then long polls only.
+    let seen = seen.lock().unwrap().clone();
+    let lines: Vec<&str> = seen.iter().map(|s| s.request_line.as_str()).collect();
+    let streams = lines
+        .iter()
+        .filter(|l| l.contains("/events/stream"))
+        .count();
+    let polls = lines
+        .iter()
+        .filter(|l| l.starts_with("GET ") && l.contains("/events?") && l.contains("wait="))
+        .count();
+    assert_eq!(streams, 1, "{lines:#?}");
+    assert!(polls >= 1, "{lines:#?}");
     server.stop().await;
 }
 
@@ -325,11 +366,13 @@ enum Fault {
     /// Pass the request to the server, then close without an answer: the
     /// change happened but the client never hears of it.
     LoseAnswer,
+    /// Answer 404, as a server without the route would.
+    NotFound,
 }
 
 /// Every third connection fails with a broken connection, then 503, then
 /// goes through: each call succeeds on its third attempt.
-fn drop_busy_forward(n: usize) -> Fault {
+fn drop_busy_forward(n: usize, _request_line: &str) -> Fault {
     match n % 3 {
         1 => Fault::Drop,
         2 => Fault::Busy,
@@ -338,10 +381,11 @@ fn drop_busy_forward(n: usize) -> Fault {
 }
 
 /// A proxy on 127.0.0.1 in front of the real server that treats the n-th
-/// connection (from 1) as `plan(n)` says.
+/// connection (from 1), whose request line is `line`, as `plan(n, line)`
+/// says.
 async fn flaky_proxy(
     upstream: String,
-    plan: fn(usize) -> Fault,
+    plan: fn(usize, &str) -> Fault,
 ) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -375,9 +419,17 @@ async fn flaky_proxy(
                 });
                 log.len() - 1
             };
-            let fault = plan(n);
+            let fault = plan(n, &request_line);
             match fault {
                 Fault::Drop => drop(sock),
+                Fault::NotFound => {
+                    let body = r#"{"type":"about:blank","title":"Not Found","status":404}"#;
+                    let res = format!(
+                        "HTTP/1.1 404 Not Found\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(res.as_bytes()).await;
+                }
                 Fault::Busy => {
                     let body = r#"{"type":"https://meatspace.dev/problems/database-unavailable","title":"Service Unavailable","status":503,"detail":"busy"}"#;
                     let res = format!(
@@ -569,7 +621,7 @@ async fn a_lost_answer_is_replayed_not_repeated(db: Db) {
     let server = TestServer::start(db).await;
     // Each logical call: the first attempt reaches the server but its
     // answer is lost; the retry carries the same key and gets the replay.
-    let (proxy, seen) = flaky_proxy(server.base_url.clone(), |n| {
+    let (proxy, seen) = flaky_proxy(server.base_url.clone(), |n, _| {
         if n % 2 == 1 {
             Fault::LoseAnswer
         } else {

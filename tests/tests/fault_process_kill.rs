@@ -4,8 +4,8 @@
 //! rounds).
 //!
 //! Each round starts the processes, lets workers write messages and agents
-//! create tasks that expire a second later, and kills everything without
-//! warning mid-stream. At the end, with the processes running once more,
+//! create tasks that expire a second or two later, and kills everything
+//! without warning mid-stream. At the end, with the processes running once more,
 //! the promises checked are:
 //!
 //! - nothing acknowledged is lost: every message answered 200 is in its
@@ -14,10 +14,17 @@
 //! - every short-lived task ends expired with exactly one terminal event,
 //!   and that event is its last, however often the controller died
 //!   mid-sweep.
+//!
+//! Each round is killed once the controller has expired one of the round's
+//! short-lived tasks, and the test fails unless some kill came while a
+//! round's expiries were under way (some done, some left to the next
+//! processes): a kill that only ever hit an idle controller tests nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use meatspace_core::{Policy, Store, TaskState};
 use meatspace_tests::Db;
 use meatspace_tests::TestDb;
 use meatspace_tests::process::{Binary, ServerProcess};
@@ -28,6 +35,8 @@ use uuid::Uuid;
 
 const ROUNDS: usize = 4;
 const WRITERS: usize = 4;
+/// Tasks per round that expire a second or two after they are created.
+const SHORT_LIVED: usize = 6;
 const DEV_KEY: &str = "msd_fault_test_dev_key_0123456789abcdef";
 
 mod postgres {
@@ -107,14 +116,17 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
     }
     first.kill().await;
 
+    // Read straight from the database: how far the expiries had got when
+    // a round was killed.
+    let store = test_db.store(Policy::default()).await;
     let mut ledger = Ledger::default();
     let mut n = 0;
+    let mut kills_mid_expiries = 0;
     for round in 0..ROUNDS {
         let procs = start(db, &test_db.url).await;
         // Load until a few writes are in, then kill in the middle of it.
         let target = 10 + round * 5;
         let mut acked_this_round = 0;
-        let mut creates = 0;
         while acked_this_round < target * WRITERS {
             for (task, _, worker_token) in &writers {
                 n += 1;
@@ -139,12 +151,27 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
                 ledger.acked.entry(*task).or_default().push(text);
                 acked_this_round += 1;
             }
-            if creates < 5 {
-                creates += 1;
-                let (id, token) = create(&client, &procs.api, 1).await;
-                publish(&client, &procs.api, id, &token).await;
-                ledger.short_lived.push((id, token));
-            }
+        }
+        // Short-lived tasks, due in one and two seconds: the kill below
+        // comes once the first has expired, amid the round's expiries.
+        for i in 0..SHORT_LIVED {
+            let lifetime = if i < SHORT_LIVED / 2 { 1 } else { 2 };
+            let (id, token) = create(&client, &procs.api, lifetime).await;
+            publish(&client, &procs.api, id, &token).await;
+            ledger.short_lived.push((id, token));
+        }
+        // The controller at work on this round's tasks: one has expired.
+        let this_round: Vec<Uuid> = ledger.short_lived[ledger.short_lived.len() - SHORT_LIVED..]
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        while expired_count(&store, &this_round).await == 0 {
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "round {round}: none of its tasks expired within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         // Kill with requests in flight: fire some and do not wait.
         let in_flight: Vec<_> = writers
@@ -163,6 +190,14 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
             .collect();
         let flying = tokio::spawn(futures::future::join_all(in_flight));
         procs.kill().await;
+        let expired = expired_count(&store, &this_round).await;
+        println!(
+            "round {round}: killed with {expired} of its {} short-lived tasks expired",
+            this_round.len()
+        );
+        if expired < this_round.len() {
+            kills_mid_expiries += 1;
+        }
         // Whatever those got, a 200 would count as acknowledged.
         for (res, (task, _, _)) in flying.await.unwrap().into_iter().zip(&writers) {
             if let Ok(res) = res
@@ -176,6 +211,12 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
             }
         }
     }
+
+    assert!(
+        kills_mid_expiries > 0,
+        "every kill came after the controller had expired all of its round's tasks: \
+         no kill hit the expiries under way"
+    );
 
     // Everything running once more: the controller finishes what is due.
     let last = start(db, &test_db.url).await;
@@ -196,7 +237,7 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
             );
         }
     }
-    assert_eq!(ledger.short_lived.len(), ROUNDS * 5);
+    assert_eq!(ledger.short_lived.len(), ROUNDS * SHORT_LIVED);
     for (id, token) in &ledger.short_lived {
         let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
         let feed = loop {
@@ -223,6 +264,18 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
         assert_eq!(terminal, 1, "task {id}: {:?}", types(&feed));
     }
     last.kill().await;
+}
+
+/// How many of the tasks are expired in the database.
+async fn expired_count(store: &Arc<dyn Store>, tasks: &[Uuid]) -> usize {
+    let mut n = 0;
+    for id in tasks {
+        let task = store.task(*id).await.expect("read a task");
+        if task.is_some_and(|t| t.state == TaskState::Expired) {
+            n += 1;
+        }
+    }
+    n
 }
 
 fn check_order(feed: &[Value]) {

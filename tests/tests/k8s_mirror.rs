@@ -978,6 +978,19 @@ async fn a_thousand_tasks_are_mirrored_and_a_resync_of_unchanged_tasks_writes_no
     let versions = resource_versions(&c).await;
     let writes = c.writes();
     let (apiserver_writes, apiserver_reads) = apiserver_requests();
+    // The zeros below mean something only if the apiserver's counter is
+    // there and counted the mirror's writes so far (a missing series reads
+    // as zero too).
+    assert!(
+        apiserver_writes - apiserver_before >= writes_to_mirror,
+        "the apiserver counted {} MeatspaceTask writes while the mirror made {writes_to_mirror}: \
+         is apiserver_request_total missing from its /metrics?",
+        apiserver_writes - apiserver_before
+    );
+    assert!(
+        apiserver_reads > 0,
+        "the apiserver counted no MeatspaceTask reads, not even this test's LISTs"
+    );
     let resyncs = c.resyncs();
     let started = Instant::now();
     let (_, _) = eventually(Duration::from_secs(60), "three more resyncs", || async {
@@ -1080,8 +1093,10 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     // out, then mirrors its own store.
     let crashed = Instant::now();
     a.crash().await;
+    // How soon is a figure (printed below); the bound is only one a busy
+    // machine cannot miss.
     let (_, takeover) = eventually(
-        2 * duration + Duration::from_secs(3),
+        Duration::from_secs(60),
         "replica-b to take over",
         || async { (c.lease_holder().await.as_deref() == Some("replica-b")).then_some(()) },
     )
@@ -1091,10 +1106,6 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     assert!(
         takeover >= duration * 2 / 3 - Duration::from_millis(200),
         "replica-b took the Lease {takeover:?} after the crash, before it expired"
-    );
-    assert!(
-        takeover <= duration + duration / 3 + Duration::from_secs(1),
-        "replica-b took {takeover:?} to take over a Lease of {duration:?}"
     );
     let b_tasks = BTreeSet::from([resource_name(b1.id)]);
     eventually(LAG_LIMIT, "replica-b to mirror its store", || async {
@@ -1108,13 +1119,30 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     // A new follower; the leader shuts down cleanly and releases the Lease,
     // so the follower need not wait for it to expire.
     let a2 = replica(&store_a, "replica-a2");
-    tokio::time::sleep(duration).await;
-    assert_eq!(c.lease_holder().await.as_deref(), Some("replica-b"));
+    // A negative check, so it takes a wait: for a whole Lease duration (three
+    // of a2's attempts, one every third of it) the holder keeps its Lease
+    // and its store stays the one mirrored.
+    let b_tasks = BTreeSet::from([resource_name(b1.id), resource_name(b2.id)]);
+    let watch_until = Instant::now() + duration;
+    while Instant::now() < watch_until {
+        assert_eq!(c.lease_holder().await.as_deref(), Some("replica-b"));
+        assert_eq!(c.names().await, b_tasks, "the follower wrote");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let stopping = Instant::now();
     b.stop().await;
-    eventually(duration, "replica-a2 to take over", || async {
-        (c.lease_holder().await.as_deref() == Some("replica-a2")).then_some(())
-    })
+    // Released on the way out, not left to expire: once stop() returns the
+    // Lease is no longer b's.
+    assert_ne!(
+        c.lease_holder().await.as_deref(),
+        Some("replica-b"),
+        "replica-b kept the Lease after a clean shutdown"
+    );
+    eventually(
+        Duration::from_secs(60),
+        "replica-a2 to take over",
+        || async { (c.lease_holder().await.as_deref() == Some("replica-a2")).then_some(()) },
+    )
     .await;
     let handover = stopping.elapsed();
     eventually(LAG_LIMIT, "replica-a2 to mirror its store", || async {

@@ -796,13 +796,44 @@ async fn each_answer_reaches_the_worker_once_across_restarts() {
             (999_999, Refused)
         ]
     );
-    // After a second restart the acknowledgements stay as they are.
+    // After a second restart the acknowledgements stay as they are. The
+    // status already says so before the new controller does anything, so
+    // wait until it has reconciled the resource: a third issue, raised now,
+    // can only reach the status through a pass of the new controller, and
+    // that pass applies the spec's responses before it writes the status.
     controller.stop().await;
     let controller = s.controller();
-    s.until("mailbox", "still three acknowledgements", |m| {
-        m.status.as_ref().is_some_and(|st| st.responses.len() == 3)
-    })
-    .await;
+    let third = worker
+        .post(&format!("/api/v1/worker/tasks/{id}/issues"))
+        .json(&json!({ "kind": "unclear_instructions", "text": "Which floor?" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let third = third["events"][0]["id"]
+        .as_i64()
+        .expect("the issue's event id");
+    let after_restart = s
+        .until(
+            "mailbox",
+            "the third issue listed by the new controller",
+            |m| {
+                m.status
+                    .as_ref()
+                    .is_some_and(|st| st.issues.iter().any(|i| i.event_id == third))
+            },
+        )
+        .await;
+    let results_after: Vec<_> = after_restart
+        .status
+        .as_ref()
+        .unwrap()
+        .responses
+        .iter()
+        .map(|r| (r.issue_event_id, r.result))
+        .collect();
+    assert_eq!(
+        results_after, results,
+        "the acknowledgements changed across the restart"
+    );
     let feed = s.server.feed(id, &agent_token).await;
     let answers = feed
         .iter()

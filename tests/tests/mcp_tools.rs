@@ -733,6 +733,16 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
         )
         .await;
     assert_eq!(result.is_error, Some(true));
+    // No such issue: the API's 404 problem, not just any tool error.
+    let problem = checked(&result)["problem"].clone();
+    assert_eq!(problem["status"], 404, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("999999"),
+        "{problem}"
+    );
 
     // The wait is bounded: the schema says so, and the tool refuses more.
     let schema = Value::Object(agent.tools["wait_for_events"].input_schema.as_ref().clone());
@@ -841,10 +851,10 @@ async fn the_host_guard_is_configurable(db: Db) {
         initialize_with_host(&srv, "mcp.example.com").await,
         StatusCode::OK
     );
-    assert!(
-        initialize_with_host(&srv, "evil.example")
-            .await
-            .is_client_error()
+    assert_eq!(
+        initialize_with_host(&srv, "evil.example").await,
+        StatusCode::FORBIDDEN,
+        "a host that is not listed"
     );
     srv.stop().await;
 }

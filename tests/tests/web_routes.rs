@@ -184,7 +184,7 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
 async fn pages_need_a_session_and_forms_their_token(db: Db) {
     let srv = TestServer::start(db).await;
     let http = no_redirects();
-    let (task, _) = srv
+    let (task, agent_token) = srv
         .create_open_task("Check the bakery's opening hours.")
         .await;
     for path in ["/app/tasks", "/app/my", &format!("/app/tasks/{task}")] {
@@ -202,7 +202,10 @@ async fn pages_need_a_session_and_forms_their_token(db: Db) {
         .send()
         .await
         .expect("post");
+    // Without a session: off to the login page, and nobody claimed it.
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(header_str(&res, LOCATION).as_deref(), Some("/app/login"));
+    assert_eq!(srv.task(task, &agent_token).await["state"], "open");
 
     // Sign in with a worker token; a wrong one is a human error, not a 500.
     let (_, token) = srv.register_worker("Ada").await;
@@ -265,6 +268,7 @@ async fn pages_need_a_session_and_forms_their_token(db: Db) {
         header_str(&res, LOCATION),
         Some(format!("/app/tasks/{task}"))
     );
+    assert_eq!(srv.task(task, &agent_token).await["state"], "assigned");
 
     // The live feed answers JSON in words for the session's own task.
     let feed = http

@@ -1,7 +1,11 @@
-//! Expiry benchmark on PostgreSQL (not a pass/fail test; run it by hand):
+//! Expiry benchmark on PostgreSQL (not a pass/fail test, and not among the
+//! test binaries: a `harness = false` bench target, run by hand with a
+//! PostgreSQL server as `scripts/test` starts one):
 //!
 //! ```text
-//! cargo test -p meatspace-tests --release --test controller_bench -- --ignored --nocapture
+//! D=$(mktemp -d); scripts/postgres.sh start $D >/dev/null; source $D/env
+//! cargo bench -p meatspace-tests --bench controller_bench
+//! scripts/postgres.sh stop $D
 //! ```
 //!
 //! Loads 990,000 background tasks in every state (open, assigned and active
@@ -14,6 +18,7 @@
 //! tasks due at the same instant. `MEATSPACE_BENCH_BACKGROUND` overrides the
 //! number of background tasks.
 
+#[path = "../tests/controller_support/mod.rs"]
 mod controller_support;
 
 use std::collections::HashMap;
@@ -219,8 +224,15 @@ async fn measure(
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: minutes of loading; run by hand with --ignored"]
+fn main() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(expiry_lag_with_10k_due_among_1m_tasks());
+}
+
 async fn expiry_lag_with_10k_due_among_1m_tasks() {
     let background: i64 = std::env::var("MEATSPACE_BENCH_BACKGROUND")
         .ok()
