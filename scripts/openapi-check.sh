@@ -117,6 +117,34 @@ log "server ready on $BASE"
 curl -sf "$BASE/api/v1/openapi.json" -o "$WORK/openapi.json" || die "GET /api/v1/openapi.json failed"
 "$VENV/bin/openapi-spec-validator" "$WORK/openapi.json" || die "openapi-spec-validator rejects the document"
 
+# Every event type has its own schema under the Event union (a oneOf
+# discriminated on `type`), and its example validates against the union,
+# matching exactly its own branch (jsonschema comes with schemathesis).
+"$PY" - "$WORK/openapi.json" <<'PY' || die "the event schemas and their examples disagree"
+import json, sys
+from jsonschema import Draft202012Validator
+doc = json.load(open(sys.argv[1]))
+schemas = doc["components"]["schemas"]
+# The document itself as the root schema, so "#/components/..." resolves
+# (its other keys are not JSON Schema keywords and are ignored).
+def validator(ref):
+    return Draft202012Validator(dict(doc, **{"$ref": ref}))
+union = schemas["Event"]
+mapping = union["discriminator"]["mapping"]
+names = set(schemas["EventType"]["enum"])
+assert set(mapping) == names, f"event types without a schema: {names ^ set(mapping)}"
+assert sorted(b["$ref"] for b in union["oneOf"]) == sorted(mapping.values())
+for kind, ref in mapping.items():
+    branch = schemas[ref.rsplit("/", 1)[-1]]
+    example = branch["example"]
+    assert example["type"] == kind, (kind, example)
+    validator("#/components/schemas/Event").validate(example)
+    for other_kind, other in mapping.items():
+        ok = validator(other).is_valid(example)
+        assert ok == (other_kind == kind), f"the {kind} example matches {other_kind}"
+print(f"[openapi-check] {len(mapping)} event types, each example valid against its own schema only", file=sys.stderr)
+PY
+
 # ---- 2. schemathesis ----------------------------------------------------------------
 # Calls the API and prints the JSON answer; fails on any other status.
 api() {

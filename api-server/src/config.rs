@@ -209,3 +209,170 @@ impl std::fmt::Debug for Config {
             .finish_non_exhaustive()
     }
 }
+
+/// Where the data lives, as [`Config::check`] read `DATABASE_URL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    Postgres,
+    /// A SQLite file in `dir` (locked by the server), or an in-memory
+    /// database (`None`: nothing on disk to lock).
+    Sqlite {
+        dir: Option<PathBuf>,
+    },
+}
+
+// ---- start-up validation ----------------------------------------------------
+// Everything that can be wrong with the configuration is found here, before
+// the server creates a directory, generates or prints a key, binds a port or
+// opens a database; each message says what to set.
+impl Config {
+    /// Checks the configuration as a whole; the first problem is the error.
+    pub fn check(&self) -> Result<Database, crate::startup::StartupError> {
+        use crate::startup::{MIN_DEV_KEY_CHARS, StartupError};
+        let fail = |s: String| Err(StartupError(s));
+        let database = match self.database_url.as_deref().map(str::trim) {
+            None => Database::Sqlite {
+                dir: Some(self.data_dir.clone()),
+            },
+            Some("") => {
+                return fail(
+                    "DATABASE_URL is empty: unset it to keep the data in --data-dir \
+                     (SQLite), or set postgres://USER:PASSWORD@HOST/DB or sqlite://PATH"
+                        .into(),
+                );
+            }
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Database::Postgres
+            }
+            Some(url) if url.starts_with("sqlite:") => sqlite_dir(url)?,
+            Some(url) => {
+                let shown = redact_url(url);
+                return fail(match url.split_once("://") {
+                    Some((scheme, _)) => format!(
+                        "DATABASE_URL {shown} uses {scheme}://, which meatspace does not \
+                         support: use postgres://USER:PASSWORD@HOST/DB (PostgreSQL) or \
+                         sqlite://PATH (a SQLite file), or unset it for the embedded default"
+                    ),
+                    None => format!(
+                        "DATABASE_URL {shown} is not a URL: for a SQLite file write \
+                         sqlite://{url}; for PostgreSQL postgres://USER:PASSWORD@HOST/DB"
+                    ),
+                });
+            }
+        };
+        let postgres = database == Database::Postgres;
+        match self.dev_key.as_deref().filter(|k| !k.is_empty()) {
+            Some(key) if key.chars().count() < MIN_DEV_KEY_CHARS => {
+                return fail(format!(
+                    "MEATSPACE_DEV_KEY is {} characters long; use at least {MIN_DEV_KEY_CHARS} \
+                     (e.g. the output of `openssl rand -base64 24`)",
+                    key.chars().count()
+                ));
+            }
+            None if postgres => {
+                return fail(
+                    "MEATSPACE_DEV_KEY must be set when the database is PostgreSQL (at least \
+                     16 characters, e.g. `openssl rand -base64 24`); only the embedded SQLite \
+                     default generates one"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        match self.secret_key.as_deref().filter(|k| !k.is_empty()) {
+            Some(text) => {
+                if let Err(e) = meatspace_core::secret::ServerKey::from_text(text) {
+                    return fail(format!(
+                        "MEATSPACE_SECRET_KEY: {e} (e.g. the output of `openssl rand -base64 32`)"
+                    ));
+                }
+            }
+            None if postgres => {
+                return fail(
+                    "MEATSPACE_SECRET_KEY must be set when the database is PostgreSQL (at \
+                     least 32 characters, e.g. `openssl rand -base64 32`; give the controller \
+                     the same one)"
+                        .into(),
+                );
+            }
+            None => {}
+        }
+        let policy: meatspace_core::Policy = self.policy.clone().into();
+        if let Err(e) = policy.check() {
+            return fail(format!("invalid task policy: {e}"));
+        }
+        Ok(database)
+    }
+}
+
+/// The directory of a `sqlite:` URL's file, which must exist: SQLite
+/// creates the file but not its directory, and then only says "unable to
+/// open database file".
+fn sqlite_dir(url: &str) -> Result<Database, crate::startup::StartupError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or_default();
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() || path == ":memory:" || rest.contains("mode=memory") {
+        return Ok(Database::Sqlite { dir: None });
+    }
+    let file = std::path::Path::new(path);
+    let dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(crate::startup::StartupError(format!(
+            "the directory {} of the SQLite database in DATABASE_URL does not exist: create it \
+             (mkdir -p {}), or unset DATABASE_URL to keep the data in --data-dir",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    Ok(Database::Sqlite { dir: Some(dir) })
+}
+
+#[cfg(test)]
+mod check_tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn check(env: &[&str]) -> Result<Database, String> {
+        let mut args = vec!["meatspace-api-server"];
+        args.extend_from_slice(env);
+        Config::try_parse_from(args)
+            .expect("parses")
+            .check()
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn each_mistake_gets_its_own_message() {
+        let e = check(&["--database-url", "mysql://u:pw@h/db"]).unwrap_err();
+        assert!(e.contains("uses mysql://") && !e.contains("pw"), "{e}");
+        let e = check(&["--database-url", "data.db"]).unwrap_err();
+        assert!(e.contains("write sqlite://data.db"), "{e}");
+        let e = check(&["--database-url", "sqlite:///no/such/dir/x.db"]).unwrap_err();
+        assert!(
+            e.contains("/no/such/dir") && e.contains("does not exist"),
+            "{e}"
+        );
+        let e = check(&["--database-url", "postgres://h/db"]).unwrap_err();
+        assert!(e.contains("MEATSPACE_DEV_KEY must be set"), "{e}");
+        let e = check(&["--dev-key", "short"]).unwrap_err();
+        assert!(e.contains("at least 16"), "{e}");
+        let e = check(&["--secret-key", "short"]).unwrap_err();
+        assert!(
+            e.contains("MEATSPACE_SECRET_KEY") && e.contains("32"),
+            "{e}"
+        );
+        assert_eq!(
+            check(&["--data-dir", "/tmp/x"]).unwrap(),
+            Database::Sqlite {
+                dir: Some("/tmp/x".into())
+            }
+        );
+    }
+}

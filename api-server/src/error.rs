@@ -85,7 +85,7 @@ pub mod responses {
     #[derive(Debug, utoipa::ToResponse)]
     #[response(
         content_type = "application/problem+json",
-        headers(("Retry-After" = String, description = "Seconds to wait before retrying"))
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))
     )]
     #[allow(dead_code)] // describes the document; never constructed
     pub struct ServiceUnavailable(Problem);

@@ -22,6 +22,9 @@ pub struct Integrations {
     pub idempotency_ttl: TimeDelta,
     /// Webhook destinations allowed although they are not public addresses.
     pub webhook_allow: AllowList,
+    /// How long the controller retries a failing webhook endpoint (its
+    /// `MEATSPACE_WEBHOOK_GIVE_UP_SECONDS`), as the capabilities state it.
+    pub webhook_give_up: Duration,
 }
 
 impl Integrations {
@@ -32,6 +35,9 @@ impl Integrations {
             sse_heartbeat: DEFAULT_SSE_HEARTBEAT,
             idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,
             webhook_allow: AllowList::default(),
+            webhook_give_up: meatspace_controller::ControllerConfig::default()
+                .webhooks
+                .give_up_after,
         }
     }
 }

@@ -31,6 +31,7 @@ pub mod availability;
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod event_schema;
 pub mod extract;
 pub mod fd_limit;
 pub mod feed;
@@ -43,6 +44,7 @@ pub mod photo;
 pub mod protocol;
 pub mod rate_limit;
 pub mod routes;
+pub mod startup;
 pub mod telemetry;
 pub mod web;
 
@@ -102,6 +104,8 @@ impl AppState {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "meatspace", description = "Hire people for work in the physical world."),
+    // Relative: the paths are served where this document was fetched from.
+    servers((url = "/", description = "This server")),
     modifiers(&SecuritySchemes),
     // Every error response refers to it (see `error::responses`).
     components(schemas(error::Problem)),
@@ -174,6 +178,9 @@ pub fn router(state: AppState) -> Router {
     );
     document_lifetime_bounds(&mut openapi, &state.policy);
     document_rate_limit(&mut openapi);
+    document_path_ids(&mut openapi);
+    let mut openapi = serde_json::to_value(&openapi).expect("the OpenAPI document is JSON");
+    event_schema::document(&mut openapi);
     let openapi = Arc::new(openapi);
     // MCP clients send the dev key as a header (their configuration), so
     // the limiter charges an MCP session to it, or to the client's address
@@ -275,6 +282,33 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
     {
         field.minimum = Some(policy.min_lifetime.num_seconds().into());
         field.maximum = Some(policy.max_lifetime.num_seconds().into());
+    }
+}
+
+/// Says on every id in a path what the server does with one that is not a
+/// UUID: it names nothing, so the answer is 404, as for an unknown id (a
+/// 400 would tell a prober which ids are well-formed, and nothing more).
+fn document_path_ids(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::ParameterIn;
+    for item in openapi.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            for p in operation.parameters.iter_mut().flatten() {
+                if p.parameter_in == ParameterIn::Path && p.description.is_none() {
+                    p.description = Some(format!(
+                        "The {} (a UUID, or an event id for event_id); a value that is not one \
+                         names nothing and is answered 404, like an unknown id",
+                        p.name.replace('_', " ")
+                    ));
+                }
+            }
+        }
     }
 }
 

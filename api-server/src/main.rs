@@ -5,38 +5,71 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use meatspace_api::auth::{DevKey, DigestCache};
-use meatspace_api::config::Config;
+use meatspace_api::config::{Config, Database};
 use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
+use meatspace_api::startup::{self, DataDirLock};
 use meatspace_api::{AppState, router, serve, telemetry};
 use meatspace_core::Policy;
 use meatspace_core::secret::ServerKey;
 use meatspace_core::store::{ConnectOptions, connect, redact_url};
 use tokio::sync::watch;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let config = Config::parse();
     telemetry::init(config.log_format);
-    let url = config.database_url();
-    if config.database_url.is_none() {
-        std::fs::create_dir_all(&config.data_dir)
-            .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, each cause once, on stderr (and in the log).
+            let text = startup::one_line(&e);
+            eprintln!("error: {text}");
+            std::process::ExitCode::FAILURE
+        }
     }
-    let dev_key = match (&config.dev_key, config.is_sqlite()) {
-        (Some(key), _) if !key.is_empty() => key.clone(),
-        (_, true) => {
-            let key = DevKey::generate();
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    // Nothing is created, generated, printed, bound or opened before the
+    // configuration as a whole is valid.
+    let database = config.check()?;
+    let url = config.database_url();
+    let sqlite = matches!(database, Database::Sqlite { .. });
+    if sqlite {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
+    }
+    // One process owns a SQLite database (and runs its embedded controller).
+    let mut lock = match &database {
+        Database::Sqlite { dir: Some(dir) } => Some(DataDirLock::acquire(dir)?),
+        _ => None,
+    };
+    let listener = startup::bind(config.listen_addr).await?;
+    let addr = listener.local_addr()?;
+    if let Some(lock) = lock.as_mut() {
+        lock.record_address(addr)?;
+    }
+    let dev_key = match config.dev_key.as_deref().filter(|k| !k.is_empty()) {
+        Some(key) => key.to_owned(),
+        None => {
+            // `check` refused PostgreSQL without a key: this is SQLite. The
+            // key is kept next to the data, so a restart keeps it.
+            let key = startup::load_or_create_dev_key(&config.data_dir)?;
             // Printed on purpose: the embedded default has no other way to
             // hand the developer a key. Never done with PostgreSQL.
             println!(
-                "meatspace dev key (generated for this run; set MEATSPACE_DEV_KEY to choose one): {key}"
+                "meatspace dev key (kept in {}; set MEATSPACE_DEV_KEY to choose one): {key}",
+                config.data_dir.join(startup::DEV_KEY_FILE).display()
             );
             key
-        }
-        (_, false) => {
-            anyhow::bail!("MEATSPACE_DEV_KEY must be set when the database is PostgreSQL")
         }
     };
 
@@ -44,29 +77,26 @@ async fn main() -> anyhow::Result<()> {
     // and kept next to the database (0600), so replays and webhook secrets
     // survive a restart. Never generated for PostgreSQL: several replicas
     // and the controller must share one key.
-    let server_key = match (&config.secret_key, config.is_sqlite()) {
-        (Some(text), _) if !text.is_empty() => {
-            ServerKey::from_text(text).context("MEATSPACE_SECRET_KEY")?
-        }
-        (_, true) => {
-            std::fs::create_dir_all(&config.data_dir)
-                .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
-            ServerKey::load_or_create(&config.data_dir).context("the server secret key")?
-        }
-        (_, false) => {
-            anyhow::bail!("MEATSPACE_SECRET_KEY must be set when the database is PostgreSQL")
-        }
+    let server_key = match config.secret_key.as_deref().filter(|k| !k.is_empty()) {
+        Some(text) => ServerKey::from_text(text).context("MEATSPACE_SECRET_KEY")?,
+        None => ServerKey::load_or_create(&config.data_dir).context("the server secret key")?,
     };
 
     let policy: Policy = config.policy.clone().into();
-    policy.check().context("invalid task policy")?;
     let options = ConnectOptions {
         max_connections: config.db_max_connections,
         acquire_timeout: std::time::Duration::from_secs(config.db_acquire_timeout_seconds),
     };
-    let store = connect(&url, policy, &options)
-        .await
-        .with_context(|| format!("open the database {}", redact_url(&url)))?;
+    let store = connect(&url, policy, &options).await.map_err(|e| {
+        let hint = match (&database, e.is_unavailable()) {
+            (Database::Postgres, true) => {
+                " (is PostgreSQL running and reachable, and does DATABASE_URL name it?)"
+            }
+            _ => "",
+        };
+        let cause = startup::one_line(&anyhow::Error::new(e));
+        anyhow::anyhow!("open the database {}: {cause}{hint}", redact_url(&url))
+    })?;
     tracing::info!(database = %redact_url(&url), "store ready");
 
     let feed = Feed::start(Arc::clone(&store));
@@ -124,15 +154,15 @@ async fn main() -> anyhow::Result<()> {
                 i64::try_from(config.idempotency_ttl_seconds).unwrap_or(86_400),
             ),
             webhook_allow: config.controller.webhooks.webhook_allow.clone(),
+            webhook_give_up: std::time::Duration::from_secs(
+                config.controller.webhooks.webhook_give_up_seconds,
+            ),
         },
         mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
         worker_digests: DigestCache::for_workers(),
         agent_digests: DigestCache::for_agents(),
     };
-    let listener = tokio::net::TcpListener::bind(config.listen_addr)
-        .await
-        .with_context(|| format!("listen on {}", config.listen_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, embedded_controller = controller.is_some(), "listening");
+    tracing::info!(%addr, embedded_controller = controller.is_some(), "listening");
     let mut serve_options = config.serve_options();
     serve_options.max_connections = usize::try_from(meatspace_api::fd_limit::raise_and_fit(
         serve_options.max_connections as u64,
@@ -146,6 +176,8 @@ async fn main() -> anyhow::Result<()> {
             .context("controller task panicked")?
             .context("controller failed")?;
     }
+    // The data directory stays locked until the embedded controller is done.
+    drop(lock);
     Ok(())
 }
 

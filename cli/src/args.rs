@@ -18,13 +18,32 @@ use uuid::Uuid;
 /// Text written by workers is untrusted data: the CLI marks it as such and
 /// never interprets it.
 #[derive(Debug, Parser)]
-#[command(name = "meatspace", version, propagate_version = true)]
+#[command(
+    name = "meatspace",
+    version,
+    propagate_version = true,
+    after_help = EXIT_STATUS
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The exit statuses (`crate::exit`), for scripts and agents.
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success; `task watch`: the task ended (the final state is printed)
+  1  the server refused the request (a wrong state, invalid input) or another failure
+  2  a bad argument: unknown option, invalid --url, a task this state directory does not know
+  3  the server did not accept the credential (401): dev key, task token or worker token
+  4  no such task on that server, or not yours (404)
+  5  the server could not be reached or stayed unavailable (connection failure, 429, 503)
+     through every retry; `task watch` never exits for these, it retries and says so on stderr
+
+Errors go to stderr: a line of text, or with --output json one JSON object
+({\"kind\":\"error\",\"exit_code\",\"status\",\"message\",\"hint\",\"problem\"}).";
 
 #[derive(Debug, Args)]
 pub struct Global {
@@ -44,14 +63,16 @@ pub struct Global {
     #[arg(long, env = "MEATSPACE_STATE_DIR", global = true)]
     pub state_dir: Option<PathBuf>,
 
-    /// Output format: text for people, or JSON for scripts (one JSON
-    /// document per command; `task watch` prints one JSON object per line).
+    /// Output format: `human` (text for people) or `json` for scripts (one
+    /// JSON document per command on stdout, `task watch` one object per
+    /// line; errors as one JSON object on stderr).
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Human, env = "MEATSPACE_OUTPUT", global = true)]
     pub output: Output,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
+    #[value(alias = "text")]
     Human,
     Json,
 }
@@ -103,9 +124,23 @@ pub enum TaskCommand {
     },
     /// List the tasks in the state directory with their last known states.
     List,
+    /// Adopt a task created elsewhere (with curl, the client crate or
+    /// another state directory), so that `task watch`, `task respond` and
+    /// the rest work on it. The token is checked against the server first.
+    Import {
+        /// The task id.
+        id: Uuid,
+        /// File holding the task's agent token (`mst_…`); `-` or no flag
+        /// reads it from stdin.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
     /// Follow a task's events until it ends. Prints each event, stores the
     /// cursor after printing, and resumes from it when run again. Exits 0
-    /// with the final state once the task is terminal.
+    /// with the final state once the task is terminal. While the server is
+    /// unreachable or answers 503/429 it retries with backoff and says so
+    /// on stderr; it exits non-zero only for what retrying cannot fix (see
+    /// the exit statuses in `meatspace --help`).
     Watch {
         /// The task id.
         id: Uuid,
@@ -264,16 +299,16 @@ pub enum WorkerCommand {
     Complete {
         /// The task id.
         id: Uuid,
-        /// A note for the agent.
-        #[arg(long)]
-        text: Option<String>,
+        /// A note for the agent (the event's `note`).
+        #[arg(long, alias = "text")]
+        note: Option<String>,
     },
     /// Stop the task (always allowed to the assigned worker).
     Stop {
         /// The task id.
         id: Uuid,
-        /// Why, for the agent.
-        #[arg(long)]
-        text: Option<String>,
+        /// Why, for the agent (the event's `reason`).
+        #[arg(long, alias = "text")]
+        reason: Option<String>,
     },
 }

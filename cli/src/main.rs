@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use meatspace_client::{Client, Error};
 
-use args::{Cli, Command};
+use args::{Cli, Command, Output};
 use state::StateDir;
 
 /// Server used when neither a flag, the environment nor a task record names one.
@@ -35,11 +35,124 @@ impl Ctx {
             .as_deref()
             .or(recorded)
             .unwrap_or(DEFAULT_URL);
+        check_base_url(url)?;
         let mut b = Client::builder(url);
         if let Some(key) = &self.global.dev_key {
             b = b.dev_key(key.clone());
         }
-        Ok(b.build()?)
+        Ok(b.build().map_err(|e| Usage(e.to_string()))?)
+    }
+}
+
+/// A mistake in what was asked (an argument, the URL, a task this state
+/// directory does not know): retrying cannot fix it. Exit status 2, as for
+/// the errors clap finds.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Exit statuses, as `--help` documents them.
+pub mod exit {
+    /// Success (`task watch`: the task ended).
+    pub const OK: u8 = 0;
+    /// The server refused the request (wrong state, invalid input) or
+    /// another failure.
+    pub const FAILED: u8 = 1;
+    /// A bad argument or usage.
+    pub const USAGE: u8 = 2;
+    /// The server did not accept the credential (401).
+    pub const UNAUTHORIZED: u8 = 3;
+    /// No such task, or not yours (404).
+    pub const NOT_FOUND: u8 = 4;
+    /// The server could not be reached or stayed unavailable (connection
+    /// failures, 429, 503) through every retry.
+    pub const UNAVAILABLE: u8 = 5;
+}
+
+/// The URL must be a server's base URL: a missing scheme and an API path
+/// are the two usual slips, and the server's own answers to them (a parse
+/// error, a 404) do not say what is wrong.
+fn check_base_url(url: &str) -> Result<(), Usage> {
+    if !url.contains("://") {
+        return Err(Usage(format!(
+            "the server URL {url:?} has no scheme: add http:// (e.g. --url http://{url}); set it \
+             with --url or MEATSPACE_URL"
+        )));
+    }
+    let path = url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .and_then(|rest| rest.find('/').map(|i| &rest[i..]))
+        .unwrap_or("");
+    if path.trim_end_matches('/').ends_with("/api/v1") || path.contains("/api/v1/") {
+        let base = &url[..url.len() - path.len()];
+        return Err(Usage(format!(
+            "the server URL {url:?} includes the API path: use the base URL (--url {base}); the \
+             CLI adds /api/v1/… itself"
+        )));
+    }
+    Ok(())
+}
+
+/// What a command acts on, for hints that name the right next command.
+#[derive(Debug, Clone, Copy)]
+struct Subject {
+    /// `worker …` rather than `task …`.
+    worker: bool,
+    /// The command needs the dev key (task create, worker register).
+    uses_dev_key: bool,
+    task: Option<uuid::Uuid>,
+}
+
+impl Subject {
+    fn of(command: &Command) -> Subject {
+        use args::{TaskCommand as T, WorkerCommand as W};
+        let (worker, uses_dev_key, task) = match command {
+            Command::Task(t) => match t {
+                T::Create { .. } => (false, true, None),
+                T::List => (false, false, None),
+                T::Publish { id }
+                | T::Get { id }
+                | T::Cancel { id }
+                | T::Import { id, .. }
+                | T::Watch { id, .. }
+                | T::Respond { id, .. }
+                | T::Extend { id, .. }
+                | T::Photo { id, .. } => (false, false, Some(*id)),
+            },
+            Command::Worker(w) => match w {
+                W::Register { .. } => (true, true, None),
+                W::Tasks { .. } => (true, false, None),
+                W::Get { id }
+                | W::Claim { id }
+                | W::Start { id }
+                | W::Message { id, .. }
+                | W::Photo { id, .. }
+                | W::Issue { id, .. }
+                | W::Complete { id, .. }
+                | W::Stop { id, .. } => (true, false, Some(*id)),
+            },
+            Command::Mcp => (false, false, None),
+        };
+        Subject {
+            worker,
+            uses_dev_key,
+            task,
+        }
+    }
+
+    /// `<id>` as text, or a placeholder that reads as one.
+    fn id(&self) -> String {
+        self.task
+            .map(|id| id.to_string())
+            .unwrap_or_else(|| "<task id>".into())
     }
 }
 
@@ -56,11 +169,38 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let output = cli.global.output;
+    let subject = Subject::of(&cli.command);
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("error: {}", explain(&e));
-            ExitCode::FAILURE
+            let code = exit_code(&e);
+            let message = one_line(&e);
+            let hint = hint(&e, subject);
+            match output {
+                // One JSON object on stderr, as every error in JSON mode:
+                // stdout carries only results.
+                Output::Json => {
+                    let problem = e.downcast_ref::<Error>().and_then(Error::problem).map(|p| {
+                        serde_json::json!({
+                            "status": p.status, "type": p.kind, "title": p.title,
+                            "detail": p.detail, "task_state": p.task_state,
+                        })
+                    });
+                    let doc = serde_json::json!({
+                        "kind": "error",
+                        "exit_code": code,
+                        "status": e.downcast_ref::<Error>().and_then(Error::status),
+                        "message": message,
+                        "hint": (!hint.is_empty()).then_some(&hint),
+                        "problem": problem,
+                    });
+                    eprintln!("{doc}");
+                }
+                Output::Human if hint.is_empty() => eprintln!("error: {message}"),
+                Output::Human => eprintln!("error: {message}\n  hint: {hint}"),
+            }
+            ExitCode::from(code)
         }
     }
 }
@@ -79,43 +219,107 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .global
                 .url
                 .clone()
-                .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+                .unwrap_or_else(|| DEFAULT_URL.to_owned());
+            check_base_url(&url)?;
             let root = ctx.state.root().join("mcp");
             meatspace_mcp::stdio::serve(&url, ctx.global.dev_key.clone(), &root).await
         }
     }
 }
 
-/// The error with a hint about the next step, for the common failures.
-fn explain(e: &anyhow::Error) -> String {
-    let Some(client_error) = e.downcast_ref::<Error>() else {
-        return format!("{e:#}");
-    };
-    let hint = match client_error {
-        Error::Transport(_) => {
-            "is the server running? Point the CLI at it with --url or MEATSPACE_URL \
-             (default http://127.0.0.1:8080)"
-        }
-        Error::Problem(p) => match (p.status, p.slug()) {
-            (401, _) => {
-                "the server did not accept the credential: for create and register pass the dev key \
-                 (--dev-key or MEATSPACE_DEV_KEY; the server prints it at start); for a task, check \
-                 that --url is the server it was created on"
-            }
-            (404, _) => "check the id, and that --url is the server the task lives on",
-            (409, _) => "see the task's current state with `meatspace task get ID`",
-            (422, _) => "fix the input as the message says; `--help` lists each option",
-            (429 | 503, _) => "the server is busy or unavailable; try again in a moment",
-            _ => "",
+/// The exit status of a failure (see [`exit`]).
+fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<Usage>().is_some() {
+        return exit::USAGE;
+    }
+    match e.downcast_ref::<Error>() {
+        Some(Error::Invalid(_)) => exit::USAGE,
+        Some(Error::Transport(_)) => exit::UNAVAILABLE,
+        Some(err) => match err.status() {
+            Some(401) => exit::UNAUTHORIZED,
+            Some(404) => exit::NOT_FOUND,
+            Some(429 | 502 | 503 | 504) => exit::UNAVAILABLE,
+            _ => exit::FAILED,
         },
-        Error::Invalid(_) => "",
-        Error::Http { .. } => "is --url pointing at a meatspace API server?",
-        Error::Decode(_) => "the server may be a different version than this CLI",
+        None => exit::FAILED,
+    }
+}
+
+/// The error and its causes on one line, each cause once (reqwest and the
+/// client both name the failed request; saying it twice hides the cause).
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// What to do next, for the common failures; empty when the message says it.
+fn hint(e: &anyhow::Error, subject: Subject) -> String {
+    let Some(client_error) = e.downcast_ref::<Error>() else {
+        return String::new();
     };
-    let msg = format!("{e:#}");
-    if hint.is_empty() {
-        msg
-    } else {
-        format!("{msg}\n  hint: {hint}")
+    let id = subject.id();
+    match client_error {
+        Error::Transport(_) => "is the server running? Point the CLI at it with --url or \
+             MEATSPACE_URL (default http://127.0.0.1:8080)"
+            .into(),
+        Error::Problem(p) => match p.status {
+            401 if subject.uses_dev_key => "the server did not accept the development key: pass \
+                 the one it printed at start (--dev-key or MEATSPACE_DEV_KEY; the embedded \
+                 server keeps it in .meatspace/dev.key)"
+                .into(),
+            401 if subject.worker => "the server did not accept the worker token: check that \
+                 --url is the server you registered on, or register again with `meatspace \
+                 worker register --name NAME --replace`"
+                .into(),
+            401 => format!(
+                "the server did not accept the task's token: check that --url is the server \
+                 task {id} was created on (`meatspace task import {id} --token-file FILE` \
+                 replaces a stored token)"
+            ),
+            404 if subject.worker => format!(
+                "check the id ({id}) and that --url is the server the task lives on; \
+                 `meatspace worker tasks` lists the open ones"
+            ),
+            404 => format!("check the id ({id}), and that --url is the server the task lives on"),
+            409 if subject.worker => {
+                format!("see the task's current state with `meatspace worker get {id}`")
+            }
+            409 => format!("see the task's current state with `meatspace task get {id}`"),
+            422 => "fix the input as the message says; `--help` lists each option".into(),
+            429 | 503 => "the server is busy or unavailable; try again in a moment".into(),
+            _ => String::new(),
+        },
+        Error::Invalid(_) => String::new(),
+        Error::Http { .. } => "is --url pointing at a meatspace API server?".into(),
+        Error::Decode(_) => "the server may be a different version than this CLI".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_slips_say_what_to_write() {
+        let e = check_base_url("127.0.0.1:8080").unwrap_err().0;
+        assert!(e.contains("add http://"), "{e}");
+        let e = check_base_url("http://127.0.0.1:8080/api/v1")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("--url http://127.0.0.1:8080)"), "{e}");
+        let e = check_base_url("http://h:1/api/v1/tasks").unwrap_err().0;
+        assert!(e.contains("base URL"), "{e}");
+        check_base_url("http://127.0.0.1:8080").unwrap();
+        check_base_url("https://example.test/meatspace/").unwrap();
     }
 }

@@ -40,12 +40,19 @@ pub fn emit<T: Serialize>(
 /// A task in a few lines.
 pub fn task_summary(task: &Task) -> String {
     let mut s = format!(
-        "task {}  {}\n  description: {}\n  expires at:  {}",
+        "task {}  {}\n  description: {}",
         task.id,
         task.state,
         one_line(&task.description),
-        task.expires_at.to_rfc3339()
     );
+    // A finished task no longer expires: say when it ended instead.
+    match task.ended_at {
+        Some(ended) => s.push_str(&format!("\n  ended at:    {}", ended.to_rfc3339())),
+        None => s.push_str(&format!(
+            "\n  expires at:  {}",
+            task.expires_at.to_rfc3339()
+        )),
+    }
     if let Some(w) = task.worker_id {
         s.push_str(&format!("\n  worker:      {w}"));
     }

@@ -117,14 +117,17 @@ impl StateDir {
     /// The record of `id`, or an error that says how such a record comes
     /// to exist.
     pub fn task(&self, id: Uuid) -> Result<TaskRecord> {
-        self.load_task(id)?.with_context(|| {
-            format!(
+        match self.load_task(id)? {
+            Some(record) => Ok(record),
+            None => Err(crate::Usage(format!(
                 "no local record of task {id} in {}: only tasks created with `meatspace task create` \
-                 with this state directory have their token here (pass --state-dir or set \
-                 MEATSPACE_STATE_DIR if you used another one; `meatspace task list` shows what is here)",
+                 or adopted with `meatspace task import {id} --token-file FILE` have their token \
+                 here (pass --state-dir or set MEATSPACE_STATE_DIR if you used another one; \
+                 `meatspace task list` shows what is here)",
                 self.root.display()
-            )
-        })
+            ))
+            .into()),
+        }
     }
 
     pub fn save_task(&self, record: &TaskRecord) -> Result<()> {
@@ -195,13 +198,15 @@ impl StateDir {
     }
 
     pub fn worker(&self) -> Result<WorkerRecord> {
-        self.load_worker()?.with_context(|| {
-            format!(
+        match self.load_worker()? {
+            Some(record) => Ok(record),
+            None => Err(crate::Usage(format!(
                 "no worker registered in {}: run `meatspace worker register --name NAME` first \
                  (or pass the --state-dir you registered with)",
                 self.root.display()
-            )
-        })
+            ))
+            .into()),
+        }
     }
 
     pub fn save_worker(&self, record: &WorkerRecord) -> Result<()> {

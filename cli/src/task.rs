@@ -1,19 +1,21 @@
 //! `meatspace task …`: the agent's side, with the token, cursor and last
 //! known state of each task kept in the state directory.
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use meatspace_client::types::{CreateTask, Extension, TaskChange};
-use meatspace_client::{IssueAction, Task, TaskHandle, Transport};
+use meatspace_client::{IssueAction, RetryPolicy, Task, TaskHandle, Transport};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::Ctx;
 use crate::args::{ActionArg, Output, TaskCommand, TransportArg};
 use crate::output::{self, emit, event_human, one_line, task_summary};
 use crate::state::{TaskRecord, merge_task};
+use crate::{Ctx, Usage};
 
 pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
     match cmd {
@@ -67,6 +69,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
         }
         TaskCommand::Get { id } => get(ctx, id).await,
         TaskCommand::List => list(ctx),
+        TaskCommand::Import { id, token_file } => import(ctx, id, token_file).await,
         TaskCommand::Watch {
             id,
             transport,
@@ -115,10 +118,12 @@ async fn create(
     webhook: Option<String>,
 ) -> Result<()> {
     if ctx.global.dev_key.is_none() {
-        bail!(
-            "creating a task needs the development key: pass --dev-key KEY or set MEATSPACE_DEV_KEY \
-             (the server prints it when it starts)"
-        );
+        return Err(Usage(
+            "creating a task needs the development key: pass --dev-key KEY or set \
+             MEATSPACE_DEV_KEY (the server prints it when it starts)"
+                .into(),
+        )
+        .into());
     }
     let client = ctx.client(None)?;
     let req = CreateTask {
@@ -219,7 +224,9 @@ fn list(ctx: &Ctx) -> Result<()> {
             })
         })
         .collect();
-    emit(ctx.global.output, &rows, || {
+    // An object, like every listing (`worker tasks` too), so fields can be
+    // added without breaking scripts.
+    emit(ctx.global.output, &json!({ "tasks": rows }), || {
         if records.is_empty() {
             return format!(
                 "no tasks in {} (create one with `meatspace task create --description …`)",
@@ -240,6 +247,104 @@ fn list(ctx: &Ctx) -> Result<()> {
     })
 }
 
+/// Adopts a task created elsewhere: checks the token against the server
+/// (a task it cannot read is refused here, not at the first watch), then
+/// stores it. A task already known keeps its cursor.
+async fn import(ctx: &Ctx, id: Uuid, token_file: Option<PathBuf>) -> Result<()> {
+    let text = match token_file.as_deref() {
+        Some(path) if path != Path::new("-") => std::fs::read_to_string(path).map_err(|e| {
+            Usage(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            ))
+        })?,
+        _ => {
+            let mut text = String::new();
+            std::io::stdin()
+                .take(64 * 1024)
+                .read_to_string(&mut text)
+                .context("read the token from stdin")?;
+            text
+        }
+    };
+    let token = text.trim().to_owned();
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        return Err(Usage(
+            "the token must be the task's agent token (mst_…) on its own: give it with \
+             --token-file FILE or on stdin"
+                .into(),
+        )
+        .into());
+    }
+    let existing = ctx.state.load_task(id)?;
+    let recorded = existing.as_ref().map(|r| r.server.clone());
+    let client = ctx.client(recorded.as_deref())?;
+    let task = client.task(id, token.clone()).get().await?;
+    let record = TaskRecord {
+        id,
+        server: client.base_url().to_owned(),
+        agent_token: token,
+        webhook_secret: existing.as_ref().and_then(|r| r.webhook_secret.clone()),
+        cursor: existing.as_ref().map_or(0, |r| r.cursor),
+        task: task.clone(),
+        updated_at: Utc::now(),
+    };
+    ctx.state.save_task(&record)?;
+    let file = ctx.state.task_file(id);
+    emit(
+        ctx.global.output,
+        &json!({ "task": task, "state_file": file, "cursor": record.cursor }),
+        || {
+            format!(
+                "imported {}\ntoken stored in {}\nfollow it with: meatspace task watch {id}",
+                task_summary(&task),
+                file.display()
+            )
+        },
+    )
+}
+
+/// Failures that waiting can fix: the server is restarting, overloaded or
+/// briefly unreachable. Everything else (401, 404, a bad answer) is final.
+fn retriable(e: &meatspace_client::Error) -> bool {
+    matches!(e, meatspace_client::Error::Transport(_))
+        || matches!(e.status(), Some(429 | 502 | 503 | 504))
+}
+
+/// How long `watch` waits before its next try, and says so on stderr.
+fn backoff(out: Output, failures: u32, cursor: i64, e: &meatspace_client::Error) -> Duration {
+    let delay = RetryPolicy {
+        max_attempts: 0,
+        initial_backoff: Duration::from_millis(500),
+        max_backoff: Duration::from_secs(5),
+    }
+    .backoff(failures.saturating_sub(1));
+    // The error and its causes, each said once.
+    let mut reason = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !reason.contains(&text) {
+            reason.push_str(": ");
+            reason.push_str(&text);
+        }
+        source = cause.source();
+    }
+    match out {
+        Output::Json => eprintln!(
+            "{}",
+            json!({ "kind": "retry", "message": reason, "cursor": cursor,
+                    "retry_in_seconds": delay.as_secs_f64(), "failures": failures })
+        ),
+        Output::Human => eprintln!(
+            "meatspace: {reason}; retrying in {:.1} s from event {cursor} (the task goes on; \
+             Ctrl-C stops, run again to resume)",
+            delay.as_secs_f64()
+        ),
+    }
+    delay
+}
+
 /// Follows the feed from the stored cursor. The cursor is stored only
 /// after a batch has been printed (and stdout flushed), so a crash at any
 /// point loses nothing; at worst the last batch is printed again.
@@ -256,7 +361,25 @@ async fn watch(ctx: &Ctx, id: Uuid, transport: TransportArg, from_start: bool) -
         eprintln!("watching task {id} from event {after} (Ctrl-C stops; run again to resume)");
     }
     let mut feed = h.follow(after).transport(transport);
-    while let Some(batch) = feed.next().await? {
+    let mut failures = 0u32;
+    loop {
+        let batch = match feed.next().await {
+            Ok(Some(batch)) => batch,
+            Ok(None) => break,
+            Err(e) if retriable(&e) => {
+                failures += 1;
+                tokio::time::sleep(backoff(out, failures, feed.cursor(), &e)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if failures > 0 && out == Output::Human {
+            eprintln!(
+                "meatspace: reconnected; resuming after event {}",
+                feed.cursor()
+            );
+        }
+        failures = 0;
         {
             let mut stdout = std::io::stdout().lock();
             for e in &batch.events {
@@ -280,7 +403,16 @@ async fn watch(ctx: &Ctx, id: Uuid, transport: TransportArg, from_start: bool) -
             break;
         }
     }
-    let task = h.get().await?;
+    let task = loop {
+        match h.get().await {
+            Ok(task) => break task,
+            Err(e) if retriable(&e) => {
+                failures += 1;
+                tokio::time::sleep(backoff(out, failures, feed.cursor(), &e)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     finish(ctx, id, &task)?;
     match out {
         Output::Json => output::json(&json!({ "kind": "final", "task": task })),

@@ -61,11 +61,11 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
             "raised issue",
             h.issue(id, issue_kind(kind), &text).await?,
         ),
-        WorkerCommand::Complete { id, text } => {
-            show(ctx, "completed", h.complete(id, text.as_deref()).await?)
+        WorkerCommand::Complete { id, note } => {
+            show(ctx, "completed", h.complete(id, note.as_deref()).await?)
         }
-        WorkerCommand::Stop { id, text } => {
-            show(ctx, "stopped", h.stop(id, text.as_deref()).await?)
+        WorkerCommand::Stop { id, reason } => {
+            show(ctx, "stopped", h.stop(id, reason.as_deref()).await?)
         }
     }
 }
@@ -83,10 +83,12 @@ async fn register(ctx: &Ctx, name: &str, replace: bool) -> Result<()> {
         );
     }
     if ctx.global.dev_key.is_none() {
-        bail!(
+        return Err(crate::Usage(
             "registering a worker needs the development key: pass --dev-key KEY or set \
              MEATSPACE_DEV_KEY (the server prints it when it starts)"
-        );
+                .into(),
+        )
+        .into());
     }
     let client = ctx.client(None)?;
     let (registered, _): (_, WorkerHandle) = client.register_worker(name).await?;
@@ -110,15 +112,41 @@ async fn register(ctx: &Ctx, name: &str, replace: bool) -> Result<()> {
     )
 }
 
+/// One line per action: what happened, the task's state now, and the
+/// feed event(s) it wrote (their ids are the agent's cursor positions).
 fn show(ctx: &Ctx, verb: &str, change: TaskChange) -> Result<()> {
     emit(ctx.global.output, &change, || {
-        let ids: Vec<String> = change.events.iter().map(|e| format!("#{}", e.id)).collect();
-        format!(
-            "{verb} ({})\n{}",
-            ids.join(", "),
-            task_summary(&change.task)
-        )
+        let events: Vec<String> = change
+            .events
+            .iter()
+            .map(|e| format!("{} #{}", e.kind.as_str(), e.id))
+            .collect();
+        let mut s = format!(
+            "{verb}: task {} is {}",
+            change.task.id,
+            change.task.state.as_str()
+        );
+        if !events.is_empty() {
+            s.push_str(&format!(" (event {})", events.join(", ")));
+        }
+        if let Some(next) = next_step(&change.task) {
+            s.push_str(&format!("\n  next: {next}"));
+        }
+        s
     })
+}
+
+/// The worker's usual next command after an action.
+fn next_step(task: &meatspace_client::Task) -> Option<String> {
+    use meatspace_client::TaskState;
+    let id = task.id;
+    match task.state {
+        TaskState::Assigned => Some(format!("meatspace worker start {id}")),
+        TaskState::Active => Some(format!(
+            "meatspace worker message {id} TEXT | photo {id} FILE | complete {id} --note TEXT"
+        )),
+        _ => None,
+    }
 }
 
 fn issue_kind(k: IssueKindArg) -> IssueKind {

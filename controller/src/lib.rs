@@ -139,7 +139,24 @@ pub async fn run(
             Shutdown(stopped),
         ));
     }
-    tracing::info!(?config, "controller running");
+    // Plain numbers, not Rust's Debug of the settings: operators read this.
+    tracing::info!(
+        retention_seconds = config.retention.num_seconds(),
+        tombstone_retention_seconds = config.tombstone_retention.num_seconds(),
+        retention_interval_seconds = config.retention_interval.as_secs(),
+        batch_size = config.batch_size,
+        max_sleep_seconds = config.max_sleep.as_secs(),
+        webhook_retry_base_ms = config.webhooks.retry_base.as_millis() as u64,
+        webhook_retry_max_seconds = config.webhooks.retry_max.as_secs(),
+        webhook_give_up_after_seconds = config.webhooks.give_up_after.as_secs(),
+        webhooks_signed = config.webhooks.server_key.is_some(),
+        mirror_namespace = config
+            .mirror
+            .as_ref()
+            .map(|m| m.namespace.as_str())
+            .unwrap_or("(off)"),
+        "controller running"
+    );
 
     let mut result = Ok(());
     tokio::select! {

@@ -18,7 +18,9 @@ pub fn init(filter: &str, format: LogFormat) -> Result<(), tracing_subscriber::f
     let filter = EnvFilter::try_new(filter)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, never into a file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     // A second init (a test that already set one) is harmless, so its error is ignored.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -29,6 +29,10 @@ use crate::types::{
 /// document turns on extend_task.
 const EXTEND_PATH: &str = "/api/v1/tasks/{task_id}/extend";
 
+/// Shortest time wait_for_events keeps retrying an unreachable or
+/// unavailable API before it reports the failure.
+const RETRY_WINDOW: Duration = Duration::from_secs(30);
+
 /// list_my_tasks over stdio takes no argument: the tasks are the ones in
 /// the state directory.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
@@ -279,13 +283,53 @@ impl AgentApi for RemoteApi {
             self.update(id, |r| r.cursor = r.cursor.max(ack)).await?;
         }
         let after = cursor.unwrap_or(record.cursor);
-        let page: ApiEventPage = send(
-            self.request(Method::GET, &format!("/api/v1/tasks/{id}/events"))
-                .query(&[("after", after), ("wait", wait.as_secs() as i64)])
-                .timeout(wait + Duration::from_secs(30))
-                .bearer_auth(&record.agent_token),
-        )
-        .await?;
+        // A restarting or overloaded server is waited out, within the call's
+        // wait (and at least RETRY_WINDOW), so an agent does not read a
+        // server restart as the end of its task.
+        let started = tokio::time::Instant::now();
+        let wait_until = started + wait;
+        let give_up = started + wait.max(RETRY_WINDOW);
+        let mut failures = 0u32;
+        let page: ApiEventPage = loop {
+            let left = wait_until.saturating_duration_since(tokio::time::Instant::now());
+            let result = send(
+                self.request(Method::GET, &format!("/api/v1/tasks/{id}/events"))
+                    .query(&[("after", after), ("wait", left.as_secs() as i64)])
+                    .timeout(left + Duration::from_secs(30))
+                    .bearer_auth(&record.agent_token),
+            )
+            .await;
+            match result {
+                Ok(page) => break page,
+                Err(p) if matches!(p.status, 429 | 502 | 503 | 504) => {
+                    let now = tokio::time::Instant::now();
+                    if now >= give_up {
+                        let mut p = p;
+                        p.detail.push_str(
+                            "; the task is unaffected: call wait_for_events again with the same \
+                             cursor",
+                        );
+                        return Err(p);
+                    }
+                    failures += 1;
+                    let delay = Duration::from_millis(250)
+                        .saturating_mul(2u32.saturating_pow(failures.min(5)))
+                        .min(Duration::from_secs(5))
+                        .min(give_up - now);
+                    // stderr, which the stdio transport leaves free (stdout
+                    // is the protocol): MCP hosts show it in their logs.
+                    eprintln!(
+                        "meatspace mcp: wait_for_events: the API is unavailable ({}: {}); \
+                         retrying in {:.1} s",
+                        p.status,
+                        p.detail,
+                        delay.as_secs_f64()
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                Err(p) => return Err(p),
+            }
+        };
         self.note_state(id, page.task_state).await?;
         Ok(page)
     }

@@ -317,10 +317,10 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
 
     // The local listing shows the last known state.
     let list = run_json(cli(&server, &state), &["task", "list"]).await;
-    assert_eq!(list[0]["id"], id.to_string(), "{list}");
-    assert_eq!(list[0]["state"], "completed", "{list}");
+    assert_eq!(list["tasks"][0]["id"], id.to_string(), "{list}");
+    assert_eq!(list["tasks"][0]["state"], "completed", "{list}");
     assert!(
-        list[0].get("agent_token").is_none(),
+        list["tasks"][0].get("agent_token").is_none(),
         "listings never print tokens"
     );
 
@@ -514,7 +514,7 @@ async fn worker_commands_do_a_task(db: Db) {
     .await;
     assert_eq!(stopped["task"]["state"], "stopped");
     let list = run_json(agent(), &["task", "list"]).await;
-    assert_eq!(list.as_array().unwrap().len(), 3, "{list}");
+    assert_eq!(list["tasks"].as_array().unwrap().len(), 3, "{list}");
     server.stop().await;
 }
 
@@ -526,12 +526,16 @@ async fn errors_say_what_to_do_next(db: Db) {
     let mut no_key = cli(&server, &state);
     no_key.env_remove("MEATSPACE_DEV_KEY");
     let ran = run(no_key, &["task", "create", "--description", "x"]).await;
-    assert_eq!(ran.status.code(), Some(1));
+    assert_eq!(ran.status.code(), Some(2), "a missing key is a usage error");
     assert!(ran.stderr.contains("MEATSPACE_DEV_KEY"), "{}", ran.stderr);
 
     let unknown = Uuid::new_v4().to_string();
     let ran = run(cli(&server, &state), &["task", "get", &unknown]).await;
-    assert_eq!(ran.status.code(), Some(1));
+    assert_eq!(
+        ran.status.code(),
+        Some(2),
+        "an unknown local task is a bad argument"
+    );
     assert!(ran.stderr.contains("no local record"), "{}", ran.stderr);
     assert!(ran.stderr.contains("meatspace task list"), "{}", ran.stderr);
 
@@ -562,7 +566,7 @@ async fn errors_say_what_to_do_next(db: Db) {
     let mut dead = cli(&server, &state);
     dead.env("MEATSPACE_URL", format!("http://127.0.0.1:{port}"));
     let ran = run(dead, &["task", "get", &id]).await;
-    assert_eq!(ran.status.code(), Some(1));
+    assert_eq!(ran.status.code(), Some(5), "unreachable is exit 5");
     assert!(
         ran.stderr.contains("is the server running"),
         "{}",
@@ -672,6 +676,9 @@ async fn extend_moves_the_deadline(db: Db) {
     );
     // The local copy follows.
     let list = run_json(cli(&server, &state), &["task", "list"]).await;
-    assert_eq!(list[0]["expires_at"], extended["task"]["expires_at"]);
+    assert_eq!(
+        list["tasks"][0]["expires_at"],
+        extended["task"]["expires_at"]
+    );
     server.stop().await;
 }

@@ -75,7 +75,8 @@ pub fn document(state: &AppState) -> Value {
                         policy.min_lifetime.num_seconds(),
                         policy.max_lifetime.num_seconds(),
                         policy.default_lifetime.num_seconds()
-                    )
+                    ),
+                    "webhook_url": "string, optional: an http(s) URL that receives every event as a signed webhook; the answer then also carries webhook_secret (shown once)"
                 },
                 "returns": ["task", "agent_token"]
             },
@@ -125,7 +126,26 @@ pub fn document(state: &AppState) -> Value {
                 "method": "GET",
                 "path": "/api/v1/tasks/{task_id}/events/stream",
                 "auth": "task_bearer"
-            }
+            },
+            // The worker side, for agents that test their own tasks end to
+            // end (the OpenAPI document has the bodies).
+            "register_worker": { "method": "POST", "path": "/api/v1/workers", "auth": "development_key",
+                "body": { "name": "string (1-200 chars)" }, "returns": ["worker", "worker_token"] },
+            "worker_open_tasks": { "method": "GET", "path": "/api/v1/worker/tasks", "auth": "worker_bearer" },
+            "worker_get_task": { "method": "GET", "path": "/api/v1/worker/tasks/{task_id}", "auth": "worker_bearer" },
+            "worker_claim": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/claim", "auth": "worker_bearer" },
+            "worker_start": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/start", "auth": "worker_bearer" },
+            "worker_message": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/messages", "auth": "worker_bearer",
+                "body": { "text": format!("string (1-{MAX_TEXT_CHARS} chars)") } },
+            "worker_photo": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/photos", "auth": "worker_bearer",
+                "body": "the image bytes (Content-Type image/jpeg, image/png or image/webp)" },
+            "worker_issue": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/issues", "auth": "worker_bearer",
+                "body": { "kind": IssueKind::ALL.map(IssueKind::as_str).join(" | "), "text": format!("string (1-{MAX_TEXT_CHARS} chars)") } },
+            "worker_complete": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/complete", "auth": "worker_bearer",
+                "body": { "text": "string, optional: the event's note" } },
+            "worker_stop": { "method": "POST", "path": "/api/v1/worker/tasks/{task_id}/stop", "auth": "worker_bearer",
+                "body": { "text": "string, optional: the event's reason" } },
+            "worker_task_events": { "method": "GET", "path": "/api/v1/worker/tasks/{task_id}/events?after={cursor}", "auth": "worker_bearer" }
         },
         "integrations": {
             "idempotency": {
@@ -152,7 +172,12 @@ pub fn document(state: &AppState) -> Value {
                 "create_field": "webhook_url",
                 "secret_field": "webhook_secret",
                 "signature": "Standard Webhooks 1.0 (webhook-id, webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256>)",
-                "delivery": "at-least-once, in event order, retried with exponential backoff and jitter for at least 24 h; 410 Gone disables the endpoint",
+                "delivery": format!(
+                    "at-least-once, in event order, retried with exponential backoff and jitter for {} s ({} h); 410 Gone disables the endpoint",
+                    state.integrations.webhook_give_up.as_secs(),
+                    state.integrations.webhook_give_up.as_secs() / 3600
+                ),
+                "retry_seconds": state.integrations.webhook_give_up.as_secs(),
                 "state": "GET /api/v1/tasks/{task_id} → webhook",
                 "address_policy": "only http/https to public addresses unless the server's allow-list permits others; redirects are not followed"
             }

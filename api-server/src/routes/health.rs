@@ -1,6 +1,7 @@
 //! Probes and metrics: `/livez` (the process answers), `/readyz` (the
 //! database answers, as [`crate::availability`] sees it; 503 otherwise) and
-//! `/metrics` (Prometheus text format).
+//! `/metrics` (Prometheus text format), and `/`, which points a browser at
+//! the worker app and an API client at the capabilities document.
 
 use axum::Router;
 use axum::extract::State;
@@ -16,6 +17,28 @@ pub fn router() -> Router<AppState> {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/", get(root))
+}
+
+/// `GET /`: whoever opens the bare address learns where to go. A browser
+/// (asking for HTML) is sent to the worker app; anything else gets the
+/// entry points as JSON.
+async fn root(headers: axum::http::HeaderMap) -> Response {
+    let wants_html = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
+    if wants_html {
+        return axum::response::Redirect::to("/app").into_response();
+    }
+    axum::Json(serde_json::json!({
+        "service": "meatspace",
+        "worker_app": "/app",
+        "capabilities": "/api/v1/capabilities",
+        "openapi": "/api/v1/openapi.json",
+        "detail": "agents: start with GET /api/v1/capabilities; people doing tasks: open /app in a browser",
+    }))
+    .into_response()
 }
 
 /// Ready while the availability monitor sees the database answer: it

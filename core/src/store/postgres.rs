@@ -112,6 +112,20 @@ impl PgStore {
         policy: Policy,
         options: &ConnectOptions,
     ) -> Result<Self, StoreError> {
+        // The pool retries a failing connection until its acquire timeout
+        // and then says only "pool timed out"; one direct connection first
+        // reports why it fails (refused, unknown host, wrong password).
+        {
+            use sqlx::Connection;
+            let probe = tokio::time::timeout(
+                options.acquire_timeout.max(Duration::from_secs(10)),
+                sqlx::PgConnection::connect(url),
+            )
+            .await
+            .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolTimedOut))?
+            .map_err(StoreError::from)?;
+            let _ = probe.close().await;
+        }
         let outages = Arc::new(Outages::new());
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)

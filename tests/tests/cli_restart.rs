@@ -1,0 +1,395 @@
+//! The API server killed with SIGKILL and restarted while an agent follows
+//! a task: `meatspace task watch` (over SSE and over long poll) keeps
+//! going, says on stderr that it is retrying, resumes from its cursor and
+//! prints the whole feed exactly once (no gap, no duplicate) before it
+//! exits 0 at the terminal event; `meatspace mcp`'s wait_for_events called
+//! while the server is down waits it out and returns the next event rather
+//! than an error.
+//!
+//! The server runs as a process (SQLite in a directory of the test, on a
+//! fixed address, so the restart comes back where the clients look); the
+//! CLI is the built binary.
+
+mod process_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use process_support::{ApiProcess, free_port};
+use reqwest::StatusCode;
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use uuid::Uuid;
+
+const DEV_KEY: &str = "msd_restart_test_dev_key_0123456789";
+
+fn cli_bin() -> PathBuf {
+    let path = std::env::current_exe()
+        .expect("test binary path")
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory")
+        .join("meatspace");
+    assert!(
+        path.is_file(),
+        "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
+        path.display()
+    );
+    path
+}
+
+/// A server on a fixed address in `dir`, restartable.
+struct Restartable {
+    dir: PathBuf,
+    addr: String,
+    runs: usize,
+    process: ApiProcess,
+}
+
+impl Restartable {
+    async fn start(dir: &Path) -> Restartable {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let process = Self::spawn(dir, &addr, 0);
+        let mut s = Restartable {
+            dir: dir.to_owned(),
+            addr,
+            runs: 1,
+            process,
+        };
+        s.process.ready().await;
+        s
+    }
+
+    fn spawn(dir: &Path, addr: &str, run: usize) -> ApiProcess {
+        ApiProcess::start(
+            dir,
+            &format!("server-{run}"),
+            addr,
+            &[
+                ("MEATSPACE_DEV_KEY", DEV_KEY),
+                ("MEATSPACE_RATE_LIMIT_PER_SECOND", "0"),
+            ],
+        )
+    }
+
+    async fn restart(&mut self) {
+        self.process = Self::spawn(&self.dir, &self.addr, self.runs);
+        self.runs += 1;
+        self.process.ready().await;
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// An open task with an active worker, made over HTTP: (id, agent token, worker token).
+async fn active_task(base: &str) -> (Uuid, String, String) {
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{base}/api/v1/tasks"))
+        .header("x-meatspace-dev-key", DEV_KEY)
+        .json(&json!({ "description": "Count the bikes in the rack" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+    let token = created["agent_token"].as_str().unwrap().to_owned();
+    let ok = |r: reqwest::Response| {
+        assert!(r.status().is_success(), "{}", r.status());
+    };
+    ok(http
+        .post(format!("{base}/api/v1/tasks/{id}/publish"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap());
+    let worker: Value = http
+        .post(format!("{base}/api/v1/workers"))
+        .header("x-meatspace-dev-key", DEV_KEY)
+        .json(&json!({ "name": "Ada" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let wtoken = worker["worker_token"].as_str().unwrap().to_owned();
+    for step in ["claim", "start"] {
+        ok(http
+            .post(format!("{base}/api/v1/worker/tasks/{id}/{step}"))
+            .bearer_auth(&wtoken)
+            .send()
+            .await
+            .unwrap());
+    }
+    (id, token, wtoken)
+}
+
+async fn worker_post(base: &str, wtoken: &str, id: Uuid, path: &str, body: Value) {
+    let res = reqwest::Client::new()
+        .post(format!("{base}/api/v1/worker/tasks/{id}/{path}"))
+        .bearer_auth(wtoken)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "{path}");
+}
+
+async fn feed_ids(base: &str, token: &str, id: Uuid) -> Vec<i64> {
+    let page: Value = reqwest::Client::new()
+        .get(format!("{base}/api/v1/tasks/{id}/events?after=0&limit=500"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect()
+}
+
+type Lines<R> = tokio::io::Lines<BufReader<R>>;
+
+async fn next_line<R: tokio::io::AsyncRead + Unpin>(lines: &mut Lines<R>, what: &str) -> String {
+    tokio::time::timeout(Duration::from_secs(90), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within 90 s"))
+        .expect("read")
+        .unwrap_or_else(|| panic!("output ended before {what}"))
+}
+
+/// The next line of a JSON watch; an event's id is added to `printed`.
+async fn read_event<R: tokio::io::AsyncRead + Unpin>(
+    out: &mut Lines<R>,
+    printed: &mut Vec<i64>,
+) -> Value {
+    let line = next_line(out, "an event line").await;
+    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    if v["kind"] == "event" {
+        printed.push(v["event"]["id"].as_i64().unwrap());
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_over_sse_survives_a_server_restart() {
+    watch_survives_a_server_restart("sse").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_over_long_poll_survives_a_server_restart() {
+    watch_survives_a_server_restart("long-poll").await;
+}
+
+async fn watch_survives_a_server_restart(transport: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Restartable::start(dir.path()).await;
+    let base = server.base();
+    let (id, token, wtoken) = active_task(&base).await;
+
+    // The task was made with curl-like calls: the CLI adopts it.
+    let state = dir.path().join("state");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &token).unwrap();
+    let import = tokio::process::Command::new(cli_bin())
+        .env_clear()
+        .env("MEATSPACE_URL", &base)
+        .env("MEATSPACE_STATE_DIR", &state)
+        .args(["task", "import", &id.to_string(), "--token-file"])
+        .arg(&token_file)
+        .output()
+        .await
+        .unwrap();
+    assert!(import.status.success(), "{:?}", import);
+
+    let mut watch = tokio::process::Command::new(cli_bin())
+        .env_clear()
+        .env("MEATSPACE_URL", &base)
+        .env("MEATSPACE_STATE_DIR", &state)
+        .args(["--output", "json", "task", "watch", &id.to_string()])
+        .args(["--transport", transport])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut err = BufReader::new(watch.stderr.take().unwrap()).lines();
+    let mut printed: Vec<i64> = Vec::new();
+    worker_post(&base, &wtoken, id, "messages", json!({ "text": "one" })).await;
+    loop {
+        let v = read_event(&mut out, &mut printed).await;
+        if v["event"]["data"]["text"] == "one" {
+            break;
+        }
+    }
+
+    // SIGKILL: the watch must notice, say so, and keep trying.
+    server.process.kill().await;
+    loop {
+        let line = next_line(&mut err, "a retry notice on stderr").await;
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_ne!(v["kind"], "error", "the watch gave up: {line}");
+        if v["kind"] == "retry" {
+            break;
+        }
+    }
+    assert!(
+        watch.try_wait().unwrap().is_none(),
+        "the watch exited while the server was down"
+    );
+    server.restart().await;
+    // Drain stderr from here on, so the watch never blocks on it.
+    let notices = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = err.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+
+    worker_post(&base, &wtoken, id, "messages", json!({ "text": "two" })).await;
+    worker_post(&base, &wtoken, id, "messages", json!({ "text": "three" })).await;
+    worker_post(
+        &base,
+        &wtoken,
+        id,
+        "complete",
+        json!({ "text": "12 bikes" }),
+    )
+    .await;
+    let last = loop {
+        let v = read_event(&mut out, &mut printed).await;
+        if v["kind"] == "final" {
+            break v;
+        }
+    };
+    assert_eq!(last["task"]["state"], "completed", "{last}");
+    let status = tokio::time::timeout(Duration::from_secs(30), watch.wait())
+        .await
+        .expect("the watch exits after the final line")
+        .unwrap();
+    assert!(status.success(), "exit {status}");
+    let notices = notices.await.unwrap();
+    assert!(
+        notices.iter().all(|l| !l.contains("\"kind\":\"error\"")),
+        "{notices:?}"
+    );
+    assert_eq!(
+        printed,
+        feed_ids(&base, &token, id).await,
+        "every event printed once, in order, across the restart"
+    );
+    server.process.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_wait_for_events_waits_out_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Restartable::start(dir.path()).await;
+    let base = server.base();
+    let stderr_path = dir.path().join("mcp.stderr");
+    let mut cmd = tokio::process::Command::new(cli_bin());
+    cmd.env_clear()
+        .env("MEATSPACE_DEV_KEY", DEV_KEY)
+        .args(["mcp", "--url", &base, "--state-dir"])
+        .arg(dir.path().join("state"))
+        .kill_on_drop(true);
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("start meatspace mcp");
+    let client = ().serve(transport).await.expect("MCP session over stdio");
+    let call = |name: &'static str, args: Value| {
+        let client = client.clone();
+        async move {
+            let Value::Object(args) = args else {
+                unreachable!()
+            };
+            client
+                .call_tool(CallToolRequestParams::new(name).with_arguments(args))
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+        }
+    };
+    let created = call(
+        "create_task",
+        json!({ "description": "Check the mailbox", "publish": true }),
+    )
+    .await;
+    let created = created.structured_content.expect("structured result");
+    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+
+    // A worker claims; the agent reads up to there.
+    let http = reqwest::Client::new();
+    let worker: Value = http
+        .post(format!("{base}/api/v1/workers"))
+        .header("x-meatspace-dev-key", DEV_KEY)
+        .json(&json!({ "name": "Lin" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let wtoken = worker["worker_token"].as_str().unwrap().to_owned();
+    worker_post(&base, &wtoken, id, "claim", json!({})).await;
+    let first = call("wait_for_events", json!({ "task_id": id, "cursor": 0 })).await;
+    assert_ne!(first.is_error, Some(true), "{first:?}");
+    let first = first.structured_content.unwrap();
+    let cursor = first["next_cursor"].as_i64().unwrap();
+
+    // Down: a wait starts now and must outlast the restart.
+    server.process.kill().await;
+    let waiting = tokio::spawn(call(
+        "wait_for_events",
+        json!({ "task_id": id, "cursor": cursor, "wait_seconds": 25 }),
+    ));
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&stderr_path)
+        .unwrap_or_default()
+        .contains("retrying")
+    {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "wait_for_events never said it was retrying"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.restart().await;
+    worker_post(&base, &wtoken, id, "start", json!({})).await;
+    let result = tokio::time::timeout(Duration::from_secs(90), waiting)
+        .await
+        .expect("wait_for_events answers")
+        .unwrap();
+    assert_ne!(
+        result.is_error,
+        Some(true),
+        "a restart is not an error: {result:?}"
+    );
+    let result = result.structured_content.unwrap();
+    let types: Vec<&str> = result["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["task.started"], "{result}");
+    client.cancel().await.ok();
+    server.process.kill().await;
+}
