@@ -19,6 +19,7 @@ use tokio::sync::watch;
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     telemetry::init(config.log_format);
+    let public_origin = config.public_origin()?;
     let url = config.database_url();
     if config.database_url.is_none() {
         std::fs::create_dir_all(&config.data_dir)
@@ -128,6 +129,8 @@ async fn main() -> anyhow::Result<()> {
         mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
         worker_digests: DigestCache::for_workers(),
         agent_digests: DigestCache::for_agents(),
+        public_origin,
+        max_task_events: config.max_events_per_task,
     };
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await
