@@ -198,8 +198,8 @@ impl FromRequestParts<AppState> for WorkerSession {
 /// A state-changing request that the browser did not mark as coming from
 /// another site. `Sec-Fetch-Site` (sent by every current browser) must be
 /// `same-origin` (or `none`, a request the user made directly); an
-/// `Origin` header must be this server's public origin. A client that
-/// sends neither (not a browser) still needs the CSRF token.
+/// `Origin` header other than `null` must be this server's public origin.
+/// A client that sends neither (not a browser) still needs the CSRF token.
 #[derive(Debug, Clone, Copy)]
 pub struct SameOrigin;
 
@@ -228,12 +228,15 @@ pub fn same_origin(headers: &HeaderMap, expected: &str) -> bool {
             return false;
         }
     }
-    match headers.get(header::ORIGIN) {
-        // `null` (a sandboxed or privacy-sensitive context) is not us either.
-        Some(origin) => origin
-            .to_str()
-            .is_ok_and(|o| o.eq_ignore_ascii_case(expected)),
-        None => true,
+    match headers
+        .get(header::ORIGIN)
+        .map(|o| o.to_str().unwrap_or_default())
+    {
+        // Under this app's `Referrer-Policy: no-referrer` a browser sends
+        // `Origin: null` with every form, its own included: that says
+        // nothing, and `Sec-Fetch-Site` (checked above) decides.
+        Some(origin) if origin != "null" => origin.eq_ignore_ascii_case(expected),
+        _ => true,
     }
 }
 
@@ -258,6 +261,11 @@ mod tests {
     fn forms_from_other_origins_are_refused() {
         let us = "https://m.example";
         assert!(same_origin(&headers(&[]), us), "no browser headers");
+        // What a browser sends under Referrer-Policy: no-referrer.
+        assert!(same_origin(
+            &headers(&[("sec-fetch-site", "same-origin"), ("origin", "null")]),
+            us
+        ));
         assert!(same_origin(
             &headers(&[
                 ("sec-fetch-site", "same-origin"),
@@ -271,7 +279,7 @@ mod tests {
             headers(&[("origin", "https://evil.m.example")]),
             headers(&[("origin", "https://m.example:8443")]),
             headers(&[("origin", "http://m.example")]),
-            headers(&[("origin", "null")]),
+            headers(&[("origin", "null"), ("sec-fetch-site", "cross-site")]),
             headers(&[
                 ("sec-fetch-site", "same-origin"),
                 ("origin", "https://evil.example"),
