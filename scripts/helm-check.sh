@@ -467,7 +467,7 @@ check_controller_identity() {
           echo "events.events.k8s.io [] [] [create patch]"
         fi
         if [[ $requests == yes ]]; then
-          echo "secrets [] [] [create get patch delete]"
+          echo "secrets [] [] [create get delete]"
         fi
         echo "$mst [] [] [get list watch create patch delete]"
         echo "$mst/status [] [] [get patch]"
