@@ -40,9 +40,12 @@ RUN groupadd --system --gid "${APP_UID}" meatspace \
  && install -d -o meatspace -g meatspace -m 0750 /var/lib/meatspace
 COPY --from=build /out/meatspace-api-server /out/meatspace-controller /usr/local/bin/
 # Without DATABASE_URL the API server keeps a SQLite file here; the chart
-# always sets a PostgreSQL URL and a read-only root filesystem.
+# always sets a PostgreSQL URL and a read-only root filesystem. Listening
+# beyond loopback needs a public URL: the default suits
+# `docker run -p 8080:8080`; the chart sets the real one.
 ENV MEATSPACE_DATA_DIR=/var/lib/meatspace \
     MEATSPACE_LISTEN_ADDR=0.0.0.0:8080 \
+    MEATSPACE_PUBLIC_URL=http://localhost:8080 \
     MEATSPACE_CONTROLLER_LISTEN_ADDR=0.0.0.0:9091
 WORKDIR /var/lib/meatspace
 # Numeric, so that Kubernetes' runAsNonRoot can verify it.

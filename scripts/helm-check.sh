@@ -256,6 +256,27 @@ if render default "$WORK/nokeep.yaml" --set crds.keep=false; then
 else
   fail "helm template with crds.keep=false" "$WORK/nokeep.yaml.err"
 fi
+if render default "$WORK/requests.yaml" --set controller.mirror.requests.enabled=true; then
+  expect_rule "requests on: the mirror defaults to a namespace of its own" \
+    grep -A1 'name: MEATSPACE_MIRROR_NAMESPACE$' "$WORK/requests.yaml" | grep -qF "value: \"$NS-tasks\""
+else
+  fail "helm template with requests enabled" "$WORK/requests.yaml.err"
+fi
+expect_rule "requests on: the release namespace is refused as the mirror's" \
+  not render default "$WORK/requests-here.yaml" --set controller.mirror.requests.enabled=true \
+    --set "controller.mirror.namespace=$NS"
+if [[ -f $WORK/default.yaml ]]; then
+  expect_rule "default: MEATSPACE_PUBLIC_URL is the in-cluster Service" \
+    grep -A1 'name: MEATSPACE_PUBLIC_URL$' "$WORK/default.yaml" \
+    | grep -qF "value: \"http://meatspace-api-server.$NS.svc\""
+fi
+if render default "$WORK/ingress.yaml" --set ingress.enabled=true \
+     --set 'ingress.tls[0].secretName=t' --set 'ingress.tls[0].hosts[0]=meatspace.example.test'; then
+  expect_rule "ingress with TLS: MEATSPACE_PUBLIC_URL is its https host" \
+    grep -A1 'name: MEATSPACE_PUBLIC_URL$' "$WORK/ingress.yaml" | grep -qF 'value: "https://meatspace.example.test"'
+else
+  fail "helm template with an Ingress" "$WORK/ingress.yaml.err"
+fi
 if render default "$WORK/nocrd.yaml" --set crds.install=false; then
   expect_rule "crds.install=false: no CRD" not grep -q '^kind: CustomResourceDefinition$' "$WORK/nocrd.yaml"
 else
@@ -440,7 +461,8 @@ check_controller_identity() {
   can "$ctl" yes patch "$mst" --subresource=status -n "$mirror"
   can "$ctl" "$events" create events -n "$mirror"
   # Requested tasks: the agent-token Secrets, by name only (no list or watch).
-  for v in create get patch delete; do can "$ctl" "$requests" "$v" secrets -n "$mirror"; done
+  for v in create get delete; do can "$ctl" "$requests" "$v" secrets -n "$mirror"; done
+  can "$ctl" no patch secrets -n "$mirror"
   can "$ctl" no watch secrets -n "$mirror"
   can "$ctl" no update secrets -n "$mirror"
   can "$ctl" yes create "$lease_res" -n "$NS"
@@ -486,7 +508,7 @@ check_controller_identity() {
           echo "events.events.k8s.io [] [] [create patch]"
         fi
         if [[ $requests == yes ]]; then
-          echo "secrets [] [] [create get patch delete]"
+          echo "secrets [] [] [create get delete]"
         fi
         echo "$mst [] [] [get list watch create patch delete]"
         echo "$mst/status [] [] [get patch]"

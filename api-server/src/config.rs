@@ -56,6 +56,14 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_MAX_PHOTO_DIMENSION", default_value_t = 8192)]
     pub max_photo_dimension: u32,
 
+    /// Most events one task's feed may hold. Past it, messages, photos,
+    /// issues, answers and extensions are refused with 409
+    /// (`task-event-limit`); the task can still be completed, stopped or
+    /// cancelled.
+    #[arg(long, env = "MEATSPACE_MAX_EVENTS_PER_TASK", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    pub max_events_per_task: u64,
+
     /// Largest number of database connections.
     #[arg(long, env = "MEATSPACE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -110,6 +118,14 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_MCP_ALLOWED_HOSTS", default_value = "")]
     pub mcp_allowed_hosts: String,
 
+    /// The URL people and agents open, as an origin
+    /// (`https://meatspace.example.com`): every absolute link (invite links)
+    /// is made from it, and cookies are `Secure` exactly when it is https.
+    /// Required unless the server listens on a loopback address; there,
+    /// unset, links follow the request's Host and X-Forwarded-Proto.
+    #[arg(long, env = "MEATSPACE_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
     /// Log format: text or json. Log level comes from RUST_LOG (default info).
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", default_value = "text")]
     pub log_format: crate::telemetry::LogFormat,
@@ -159,6 +175,14 @@ impl Config {
         }
     }
 
+    /// The public origin in effect (see [`crate::public_url`]), or why the
+    /// configuration cannot run.
+    pub fn public_origin(
+        &self,
+    ) -> Result<crate::public_url::PublicOrigin, crate::public_url::PublicUrlError> {
+        crate::public_url::PublicOrigin::for_listener(self.public_url.as_deref(), self.listen_addr)
+    }
+
     /// The database URL in effect.
     pub fn database_url(&self) -> String {
         match &self.database_url {
@@ -195,6 +219,7 @@ impl std::fmt::Debug for Config {
             .field("embedded_controller", &self.embedded_controller)
             .field("max_photo_bytes", &self.max_photo_bytes)
             .field("max_photo_dimension", &self.max_photo_dimension)
+            .field("max_events_per_task", &self.max_events_per_task)
             .field(
                 "header_read_timeout_seconds",
                 &self.header_read_timeout_seconds,
@@ -204,6 +229,7 @@ impl std::fmt::Debug for Config {
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("mcp_allowed_hosts", &self.mcp_allowed_hosts)
+            .field("public_url", &self.public_url)
             .field("policy", &self.policy)
             .field("controller", &self.controller)
             .finish_non_exhaustive()

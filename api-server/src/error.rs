@@ -58,6 +58,8 @@ pub mod responses {
     pub struct NotFound(Problem);
 
     /// The task's state does not allow this; `task_state` says what it is.
+    /// Or (`task-event-limit`) the task's feed holds its limit of events
+    /// (`limits.events_per_task` of the capabilities document).
     #[derive(Debug, utoipa::ToResponse)]
     #[response(content_type = "application/problem+json")]
     #[allow(dead_code)] // describes the document; never constructed
@@ -187,6 +189,11 @@ impl From<Refusal> for ApiError {
             Refusal::NotAnExtension { .. } | Refusal::BeyondMaxLifetime { .. } => {
                 ApiError::Invalid(detail)
             }
+            Refusal::EventLimit { .. } => ApiError::Conflict {
+                slug: "task-event-limit",
+                detail,
+                task_state: None,
+            },
         }
     }
 }

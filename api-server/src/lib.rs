@@ -42,6 +42,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod photo;
 pub mod protocol;
+pub mod public_url;
 pub mod rate_limit;
 pub mod routes;
 pub mod startup;
@@ -87,6 +88,11 @@ pub struct AppState {
     pub worker_digests: auth::DigestCache,
     /// Agent token digests already read ([`auth::DigestCache::for_agents`]).
     pub agent_digests: auth::DigestCache,
+    /// The origin of absolute links and the cookie `Secure` decision.
+    pub public_origin: public_url::PublicOrigin,
+    /// Most events one task's feed may hold: past it, commands that only
+    /// add to the feed are refused ([`meatspace_core::over_event_limit`]).
+    pub max_task_events: u64,
 }
 
 impl AppState {
@@ -96,6 +102,20 @@ impl AppState {
         task_id: Uuid,
         command: Command,
     ) -> Result<axum::Json<TaskChange>, ApiError> {
+        // Storage per task is bounded: the JSON API, the web app and MCP
+        // all act through here. Writers racing past the check at once can
+        // add one event each beyond the limit, no more.
+        if command.is_limited() {
+            let limit = self.max_task_events;
+            if self.store.count_events(task_id, limit).await? >= limit {
+                let task = self
+                    .store
+                    .task(task_id)
+                    .await?
+                    .ok_or_else(ApiError::task_not_found)?;
+                return Err(meatspace_core::over_event_limit(&task, &command, limit).into());
+            }
+        }
         let applied = self.store.apply(task_id, command, clock::now()).await?;
         Ok(axum::Json(applied.into()))
     }

@@ -41,6 +41,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Nothing is created, generated, printed, bound or opened before the
     // configuration as a whole is valid.
     let database = config.check()?;
+    let public_origin = config.public_origin()?;
     let url = config.database_url();
     let sqlite = matches!(database, Database::Sqlite { .. });
     if sqlite {
@@ -161,6 +162,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
         worker_digests: DigestCache::for_workers(),
         agent_digests: DigestCache::for_agents(),
+        public_origin,
+        max_task_events: config.max_events_per_task,
     };
     tracing::info!(%addr, embedded_controller = controller.is_some(), "listening");
     let mut serve_options = config.serve_options();

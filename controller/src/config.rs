@@ -305,7 +305,8 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Server secret key, the same as the API server's: derives the
-    /// webhook signing secrets. Without it no webhook is delivered.
+    /// webhook signing secrets. Required: without it the controller
+    /// refuses to start, since it could not sign any webhook.
     #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<String>,
     #[command(flatten)]

@@ -1,4 +1,5 @@
-//! `meatspace-controller`: parses the configuration, sets up logging and
+//! `meatspace-controller`: parses the configuration (refusing to start
+//! without the server key that signs webhooks), sets up logging and
 //! metrics, opens the store (running migrations), serves `/livez`,
 //! `/readyz` and `/metrics`, and runs the reconcilers of
 //! [`meatspace_controller::run`] until SIGTERM or Ctrl-C.
@@ -14,6 +15,18 @@ use tokio::sync::watch;
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     telemetry::init(&config.log, config.log_format).context("invalid log filter")?;
+    // Any task may name a webhook (the API server accepts webhook_url
+    // whenever it runs), and a delivery this process cannot sign is a
+    // webhook that silently never fires: refuse to start instead.
+    let Some(secret_key) = config.secret_key.as_deref().filter(|k| !k.is_empty()) else {
+        anyhow::bail!(
+            "MEATSPACE_SECRET_KEY is not set: tasks may name a webhook_url, and without the \
+             server key the controller cannot sign their deliveries. Give the controller the \
+             same MEATSPACE_SECRET_KEY as the API server."
+        );
+    };
+    let server_key =
+        meatspace_core::secret::ServerKey::from_text(secret_key).context("MEATSPACE_SECRET_KEY")?;
     tracing::info!(?config, "starting meatspace-controller");
     let handle = metrics::install_recorder().context("install the Prometheus recorder")?;
 
@@ -50,17 +63,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut controller_config =
         meatspace_controller::ControllerConfig::from(config.controller.clone()).with_policy(policy);
-    match config.secret_key.as_deref().filter(|k| !k.is_empty()) {
-        Some(text) => {
-            controller_config.webhooks.server_key = Some(
-                meatspace_core::secret::ServerKey::from_text(text)
-                    .context("MEATSPACE_SECRET_KEY")?,
-            );
-        }
-        None => tracing::warn!(
-            "MEATSPACE_SECRET_KEY is not set: webhooks cannot be signed and are not delivered"
-        ),
-    }
+    controller_config.webhooks.server_key = Some(server_key);
     let result = meatspace_controller::run(store, controller_config, shutdown_signal()).await;
     // Probes keep answering until the reconcilers have finished their batches.
     let _ = stop_http.send(true);

@@ -2,7 +2,8 @@
 //! issues and photos, once they have been terminal for the retention period
 //! (30 days by default). After that the API answers 404 for them, until
 //! their tombstones are forgotten too (another 30 days by default). It also
-//! deletes Idempotency-Key records whose replay window has ended.
+//! deletes Idempotency-Key records whose replay window has ended, and the
+//! web app's expired sessions and used or expired invites.
 //!
 //! Unlike expiry it polls, every [`ControllerConfig::retention_interval`]:
 //! nobody waits on a deletion to the second, and a poll that finds nothing
@@ -92,13 +93,19 @@ impl Retention {
                 .store
                 .purge_idempotency_keys(clock::now(), self.batch_size)
                 .await?;
+            // Expired sessions and used or expired invites: each sign-in
+            // adds a row, which nothing else ever deletes.
+            let sign_ins = self
+                .store
+                .purge_sign_ins(clock::now(), self.batch_size)
+                .await?;
             metrics::reconciled(NAME, started.elapsed());
             metrics::purged(purged);
             tracing::Span::current().record("purged", purged);
             if purged > 0 {
                 tracing::info!(purged, "deleted terminal tasks past retention");
             }
-            Ok(purged.max(forgotten).max(keys) >= u64::from(self.batch_size))
+            Ok(purged.max(forgotten).max(keys).max(sign_ins) >= u64::from(self.batch_size))
         }
         .instrument(span)
         .await

@@ -25,11 +25,14 @@
 //! Gone`. The reconciler sleeps until the earliest next attempt and wakes
 //! early when a task changes (a new event).
 //!
-//! Safe by default (SSRF): only `http` and `https`, and only addresses on
-//! the public internet. Loopback, private (RFC 1918, unique local),
-//! link-local (which holds the cloud metadata address 169.254.169.254),
-//! carrier-grade NAT, unspecified, multicast, broadcast and documentation
-//! addresses are refused unless an [`AllowList`] of CIDRs in configuration
+//! Safe by default (SSRF): only `http` and `https`, and only globally
+//! routable unicast addresses ([`is_public`], an allow-list: IPv6 inside
+//! `2000::/3` only, IPv4 outside every special-purpose block, and an IPv4
+//! address embedded in IPv6 — mapped, compatible, 6to4, Teredo — checked as
+//! IPv4). Loopback, private, unique and site-local, link-local (which holds
+//! the cloud metadata address 169.254.169.254), carrier-grade NAT,
+//! unspecified, multicast, broadcast and documentation addresses are
+//! refused unless an [`AllowList`] of CIDRs in configuration
 //! (`MEATSPACE_WEBHOOK_ALLOW`, e.g. `127.0.0.1/32`) permits them. Checking
 //! at delivery time after resolution (the client's resolver drops every
 //! address that is not allowed) defeats a name that resolved to a public
@@ -118,9 +121,18 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Addresses on the public internet.
+/// Globally routable unicast addresses: the only destinations a webhook
+/// may reach without the allow-list.
+///
+/// This is an allow-list, not a list of known-bad ranges: an IPv6 address
+/// passes only inside global unicast `2000::/3`, minus the special-purpose
+/// blocks in it; an IPv4 address only outside every special-purpose block
+/// of the IANA registry. Addresses that carry an IPv4 address inside
+/// (IPv4-mapped `::ffff:0:0/96`, IPv4-compatible `::/96`, 6to4
+/// `2002::/16`, Teredo `2001::/32`) pass only when every embedded IPv4
+/// address does, because a relay or a dual-stack host delivers them there.
 pub fn is_public(ip: IpAddr) -> bool {
-    match canonical(ip) {
+    match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => is_public_v6(v6),
     }
@@ -128,36 +140,55 @@ pub fn is_public(ip: IpAddr) -> bool {
 
 fn is_public_v4(ip: Ipv4Addr) -> bool {
     let [a, b, c, _] = ip.octets();
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_broadcast()
-        || ip.is_documentation()
-        || ip.is_multicast()
-        || a == 0
-        // Carrier-grade NAT 100.64.0.0/10.
-        || (a == 100 && (64..128).contains(&b))
-        // IETF protocol assignments 192.0.0.0/24, benchmarking 198.18.0.0/15.
-        || (a == 192 && b == 0 && c == 0)
-        || (a == 198 && (18..20).contains(&b))
-        // Reserved 240.0.0.0/4.
-        || a >= 240)
+    // The special-purpose blocks of the IANA IPv4 registry (RFC 6890 and
+    // its updates) and multicast: none is globally routable unicast.
+    let special = a == 0 // "this network" 0.0.0.0/8
+        || a == 10 // private
+        || (a == 100 && (64..128).contains(&b)) // carrier-grade NAT 100.64.0.0/10
+        || a == 127 // loopback
+        || (a == 169 && b == 254) // link-local, the cloud metadata address
+        || (a == 172 && (16..32).contains(&b)) // private
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 0 && c == 2) // documentation TEST-NET-1
+        || (a == 192 && b == 88 && c == 99) // 6to4 relay anycast (deprecated)
+        || (a == 192 && b == 168) // private
+        || (a == 198 && (18..20).contains(&b)) // benchmarking 198.18.0.0/15
+        || (a == 198 && b == 51 && c == 100) // documentation TEST-NET-2
+        || (a == 203 && b == 0 && c == 113) // documentation TEST-NET-3
+        || a >= 224; // multicast 224/4, reserved 240/4, broadcast
+    !special
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_multicast()
-        // Unique local fc00::/7 (includes the fd00:ec2::254 metadata address).
-        || (first & 0xfe00) == 0xfc00
-        // Link-local fe80::/10.
-        || (first & 0xffc0) == 0xfe80
-        // Documentation 2001:db8::/32.
-        || (first == 0x2001 && ip.segments()[1] == 0x0db8)
-        // NAT64 64:ff9b::/96 can reach IPv4 private space.
-        || (first == 0x0064 && ip.segments()[1] == 0xff9b))
+    let s = ip.segments();
+    let embedded = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    // IPv4-mapped ::ffff:a.b.c.d and IPv4-compatible ::a.b.c.d (which
+    // includes :: and ::1, whose IPv4 reading is in 0.0.0.0/8).
+    if s[..5] == [0; 5] && (s[5] == 0 || s[5] == 0xffff) {
+        return is_public_v4(embedded(s[6], s[7]));
+    }
+    // Only global unicast 2000::/3 is routable on the internet.
+    if s[0] & 0xe000 != 0x2000 {
+        return false;
+    }
+    match s[0] {
+        // 6to4: the IPv4 address of the site in bits 16..48.
+        0x2002 => is_public_v4(embedded(s[1], s[2])),
+        0x2001 => match s[1] {
+            // Teredo: the server's IPv4 address in bits 32..64, the
+            // client's, inverted, in bits 96..128.
+            0x0000 => is_public_v4(embedded(s[2], s[3])) && is_public_v4(embedded(!s[6], !s[7])),
+            // Documentation 2001:db8::/32.
+            0x0db8 => false,
+            // The rest of the IETF protocol assignments 2001::/23
+            // (benchmarking, ORCHID, AMT, ...) is not globally reachable
+            // unicast.
+            x => x >= 0x0200,
+        },
+        // Documentation 3fff::/20 (RFC 9637).
+        0x3fff => s[1] >= 0x1000,
+        _ => true,
+    }
 }
 
 /// Why a webhook URL is refused.
@@ -556,6 +587,70 @@ mod tests {
             assert!(!none.permits(ip(bad)), "{bad} must be refused");
         }
         for good in ["93.184.216.34", "1.1.1.1", "2606:4700::1111"] {
+            assert!(none.permits(ip(good)), "{good} is public");
+        }
+    }
+
+    #[test]
+    fn embedded_and_special_ipv6_ranges_are_refused() {
+        let none = AllowList::default();
+        for bad in [
+            // The review's examples: IPv4-compatible loopback, site-local,
+            // 6to4 of loopback.
+            "::127.0.0.1",
+            "fec0::1",
+            "2002:7f00:1::",
+            // 6to4 of private and metadata addresses.
+            "2002:a00:1::1",
+            "2002:a9fe:a9fe::1",
+            // Teredo whose client (inverted 127.0.0.1) or server is internal.
+            "2001:0:5ef5:79fd:0:0:80ff:fffe",
+            "2001:0:a00:1:0:0:a2c1:1f1e",
+            // IPv4-compatible private, NAT64 of loopback, documentation,
+            // ORCHID, discard-only, IPv4-mapped metadata, multicast.
+            "::10.0.0.1",
+            "64:ff9b::7f00:1",
+            "2001:db8::1",
+            "3fff::1",
+            "2001:10::1",
+            "100::1",
+            "::ffff:169.254.169.254",
+            "ff02::1",
+            "fc00::1",
+            "4000::1",
+        ] {
+            assert!(!none.permits(ip(bad)), "{bad} must be refused");
+        }
+        for good in [
+            // 6to4 and Teredo of public addresses, IPv4-compatible public.
+            "2002:5db8:d822::1",
+            "2001:0:5ef5:79fd:0:0:a2c1:1f1e",
+            "::93.184.216.34",
+            "::ffff:1.1.1.1",
+            "2a00:1450:4001:82b::200e",
+            "3fff:1000::1",
+        ] {
+            assert!(none.permits(ip(good)), "{good} is globally routable");
+        }
+    }
+
+    #[test]
+    fn special_ipv4_ranges_are_refused() {
+        let none = AllowList::default();
+        for bad in [
+            "192.0.0.8",
+            "192.0.2.1",
+            "192.88.99.1",
+            "198.18.0.1",
+            "198.51.100.7",
+            "203.0.113.9",
+            "224.0.0.1",
+            "240.0.0.1",
+            "0.1.2.3",
+        ] {
+            assert!(!none.permits(ip(bad)), "{bad} must be refused");
+        }
+        for good in ["8.8.8.8", "100.128.0.1", "172.32.0.1", "192.0.3.1"] {
             assert!(none.permits(ip(good)), "{good} is public");
         }
     }

@@ -214,7 +214,7 @@ pub fn requested_task_rules() -> Vec<PolicyRule> {
         ..PolicyRule::default()
     };
     vec![
-        rule("", "secrets", &["create", "get", "patch", "delete"]),
+        rule("", "secrets", &["create", "get", "delete"]),
         rule("", "events", &["create", "patch"]),
         rule("events.k8s.io", "events", &["create", "patch"]),
     ]

@@ -78,6 +78,10 @@ pub struct ServerOptions {
     pub integrations: Integrations,
     /// `Host` headers `/mcp` accepts (the binary's default: loopback).
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
+    /// `MEATSPACE_PUBLIC_URL` (default: none, as on loopback).
+    pub public_origin: meatspace_api::public_url::PublicOrigin,
+    /// `MEATSPACE_MAX_EVENTS_PER_TASK` (the binary's default).
+    pub max_task_events: u64,
 }
 
 impl Default for ServerOptions {
@@ -94,6 +98,8 @@ impl Default for ServerOptions {
             serve: ServeOptions::default(),
             integrations: Integrations::new(ServerKey::generate().0),
             mcp_allowed_hosts: Default::default(),
+            public_origin: meatspace_api::public_url::PublicOrigin::FromRequest,
+            max_task_events: 2_000,
         }
     }
 }
@@ -163,6 +169,8 @@ impl TestServer {
             mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
             worker_digests: DigestCache::for_workers(),
             agent_digests: DigestCache::for_agents(),
+            public_origin: options.public_origin.clone(),
+            max_task_events: options.max_task_events,
         };
         let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use meatspace_api::integrations::Integrations;
 use meatspace_core::secret::ServerKey;
+use meatspace_core::{Policy, clock};
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, ids, types};
 use reqwest::StatusCode;
@@ -18,6 +19,7 @@ meatspace_tests::api_tests!(
     heartbeats_arrive_as_comments_on_an_idle_stream,
     a_stream_of_a_terminal_task_sends_the_rest_and_ends,
     the_worker_stream_is_for_the_assigned_worker_only,
+    the_next_worker_never_sees_a_lapsed_workers_conversation,
     bad_cursors_are_refused,
 );
 
@@ -277,6 +279,159 @@ async fn the_worker_stream_is_for_the_assigned_worker_only(db: Db) {
         .get(&path)
         .expect_problem(StatusCode::UNAUTHORIZED)
         .await;
+}
+
+/// A session cookie (`name=value`) of the web app for a worker token, signed
+/// in over plain HTTP as a browser would.
+async fn web_session(server: &TestServer, token: &str) -> String {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let cookie_of = |res: &reqwest::Response, name: &str| {
+        res.headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.contains(name))
+            .and_then(|v| v.split(';').next())
+            .expect("the cookie")
+            .to_owned()
+    };
+    let form = http.get(server.url("/app/login")).send().await.unwrap();
+    let pre = cookie_of(&form, "ms_presession");
+    let html = form.text().await.unwrap();
+    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    let csrf = html[at..].split('"').next().unwrap().to_owned();
+    let signed_in = http
+        .post(server.url("/app/login"))
+        .header("cookie", &pre)
+        .form(&[("csrf", csrf.as_str()), ("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
+    cookie_of(&signed_in, "ms_session")
+}
+
+async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
+    // The review's attack: worker A claims, talks to the agent (who answers
+    // with a door code), never starts; the assignment lapses and worker B
+    // claims. B's stream, polled feed and web page must start at the
+    // reopening.
+    let policy = Policy {
+        start_timeout: chrono::TimeDelta::seconds(1),
+        ..Policy::default()
+    };
+    let server = TestServer::start_with_policy(db, policy).await;
+    let (id, agent) = server.create_open_task("Water the plants").await;
+    let (_, a) = server.register_worker("A").await;
+    let (_, b) = server.register_worker("B").await;
+    let worker_path = |rest: &str| format!("/api/v1/worker/tasks/{id}{rest}");
+    let claimed = server
+        .worker(&a)
+        .post(&worker_path("/claim"))
+        .expect_json(StatusCode::OK)
+        .await;
+    server
+        .worker(&a)
+        .post(&worker_path("/messages"))
+        .json(&json!({ "text": "A's private note" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let raised = server
+        .worker(&a)
+        .post(&worker_path("/issues"))
+        .json(&json!({ "kind": "access_blocked", "text": "the door is locked" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let issue = raised["events"][0]["id"].as_i64().unwrap();
+    server
+        .agent(&agent)
+        .post(&format!("/api/v1/tasks/{id}/issues/{issue}/respond"))
+        .json(&json!({ "action": "clarify", "text": "the door code is 4711" }))
+        .expect_json(StatusCode::OK)
+        .await;
+
+    // A never starts: once start_by has passed, the task reopens.
+    let start_by: chrono::DateTime<chrono::Utc> = claimed["task"]["start_by"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    while clock::now() <= start_by {
+        let left = (start_by - clock::now()).to_std().unwrap_or_default();
+        tokio::time::sleep(left + Duration::from_millis(5)).await;
+    }
+    let reopened = server.store.reconcile_due(clock::now(), 10).await.unwrap();
+    assert_eq!(reopened.len(), 1);
+    server
+        .worker(&b)
+        .post(&worker_path("/claim"))
+        .expect_json(StatusCode::OK)
+        .await;
+
+    // B's stream from the start: its own assignment, then its own message,
+    // and nothing of A's conversation before them.
+    let mut stream = SseReader::open(server.worker(&b).get(&worker_path("/events/stream"))).await;
+    server
+        .worker(&b)
+        .post(&worker_path("/messages"))
+        .json(&json!({ "text": "B is here" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let mut seen = Vec::new();
+    loop {
+        let (_, kind, data) = stream.next_event().await.expect("the stream goes on");
+        let text = data.to_string();
+        seen.push(kind.clone());
+        assert!(
+            !text.contains("4711") && !text.contains("A's private note"),
+            "B's stream replays A's conversation: {seen:?} {text}"
+        );
+        if text.contains("B is here") {
+            break;
+        }
+    }
+    assert_eq!(seen, ["task.assigned", "worker.message"]);
+    // A reconnect from cursor 0 (Last-Event-ID) is no way around it either.
+    let mut again = SseReader::open(
+        server
+            .worker(&b)
+            .get(&worker_path("/events/stream"))
+            .header("last-event-id", "0"),
+    )
+    .await;
+    let (_, kind, _) = again.next_event().await.unwrap();
+    assert_eq!(kind, "task.assigned");
+
+    // The polled feed and the web page agree.
+    let page = server
+        .worker(&b)
+        .get(&worker_path("/events?after=0"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let events = page["events"].as_array().unwrap().clone();
+    assert_eq!(types(&events), ["task.assigned", "worker.message"]);
+    let session = web_session(&server, &b).await;
+    let html = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(server.url(&format!("/app/tasks/{id}")))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("B is here"), "B's page shows B's feed");
+    assert!(
+        !html.contains("4711") && !html.contains("private note"),
+        "B's page shows A's conversation"
+    );
 }
 
 async fn bad_cursors_are_refused(db: Db) {

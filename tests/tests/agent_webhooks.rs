@@ -435,6 +435,13 @@ async fn unsafe_urls_are_refused_at_creation_without_traffic(db: Db) {
         "http://169.254.169.254/latest/meta-data".to_owned(),
         "http://[::1]/hook".to_owned(),
         "http://0.0.0.0/hook".to_owned(),
+        // Loopback written as IPv4-compatible IPv6, site-local, 6to4 of
+        // loopback, IPv4-mapped loopback, Teredo of loopback.
+        "http://[::127.0.0.1]/".to_owned(),
+        "http://[fec0::1]/".to_owned(),
+        "http://[2002:7f00:1::]/".to_owned(),
+        "http://[::ffff:127.0.0.1]/hook".to_owned(),
+        "http://[2001:0:5ef5:79fd::80ff:fffe]/hook".to_owned(),
         "ftp://127.0.0.1/hook".to_owned(),
         "not a url".to_owned(),
     ] {

@@ -14,7 +14,10 @@
 //! - slow and idle connections are closed after the header-read timeout,
 //!   and a connection cap holds further clients back until one closes;
 //! - an HTTP/2 connection is closed once it carries no request for as long
-//!   (a waiting long poll keeps it open).
+//!   (a waiting long poll keeps it open);
+//! - a task's feed holds at most the configured number of events: past it
+//!   messages (API and web app), issues, answers and extensions get 409
+//!   `task-event-limit`, while completing still works.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -41,6 +44,7 @@ meatspace_tests::api_tests!(
     slow_and_idle_connections_are_closed,
     the_connection_cap_holds_clients_back_until_one_closes,
     an_idle_http2_connection_is_closed_but_not_while_a_request_waits,
+    a_full_feed_refuses_additions_but_not_endings,
 );
 
 fn worker_path(id: Uuid, rest: &str) -> String {
@@ -453,4 +457,135 @@ async fn an_idle_http2_connection_is_closed_but_not_while_a_request_waits(db: Db
         .expect("an idle HTTP/2 connection stayed open")
         .unwrap()
         .unwrap();
+}
+
+async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
+    // The review sent 100 messages a second without end; now a task's feed
+    // is bounded. published, assigned, started: 3 events; 7 more fit.
+    const LIMIT: u64 = 10;
+    let srv = TestServer::start_with(
+        db,
+        ServerOptions {
+            max_task_events: LIMIT,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let t = srv.active_task("Paint the gate").await;
+    let issue = raise(&srv, t.task_id, &t.worker_token, "which colour?").await;
+    let message = |n: u64| {
+        srv.worker(&t.worker_token)
+            .post(&worker_path(t.task_id, "/messages"))
+            .json(&json!({ "text": format!("coat {n}") }))
+    };
+    for n in 0..6 {
+        message(n).expect_json(StatusCode::OK).await;
+    }
+    assert_eq!(
+        srv.feed(t.task_id, &t.agent_token).await.len() as u64,
+        LIMIT
+    );
+    let refused = message(6).expect_problem(StatusCode::CONFLICT).await;
+    assert!(
+        str_at(&refused, "/type").ends_with("/task-event-limit"),
+        "{refused}"
+    );
+    assert!(
+        str_at(&refused, "/detail").contains("10 events"),
+        "{refused}"
+    );
+    // Issues, answers and extensions are additions too.
+    srv.worker(&t.worker_token)
+        .post(&worker_path(t.task_id, "/issues"))
+        .json(&json!({ "kind": "access_blocked", "text": "again" }))
+        .expect_problem(StatusCode::CONFLICT)
+        .await;
+    srv.agent(&t.agent_token)
+        .post(&format!(
+            "/api/v1/tasks/{}/issues/{issue}/respond",
+            t.task_id
+        ))
+        .json(&json!({ "action": "clarify", "text": "green" }))
+        .expect_problem(StatusCode::CONFLICT)
+        .await;
+    srv.agent(&t.agent_token)
+        .post(&format!("/api/v1/tasks/{}/extend", t.task_id))
+        .json(&json!({ "add_seconds": 60 }))
+        .expect_problem(StatusCode::CONFLICT)
+        .await;
+    // Another worker still gets 404: the limit reveals nothing.
+    let (_, other) = srv.register_worker("Other").await;
+    srv.worker(&other)
+        .post(&worker_path(t.task_id, "/messages"))
+        .json(&json!({ "text": "hello?" }))
+        .expect_problem(StatusCode::NOT_FOUND)
+        .await;
+
+    // The web app's message form is refused the same way, as a page.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = http.get(srv.url("/app/login")).send().await.unwrap();
+    let pre = cookie(&login, "ms_presession");
+    let csrf = csrf_in(&login.text().await.unwrap());
+    let signed_in = http
+        .post(srv.url("/app/login"))
+        .header("cookie", &pre)
+        .form(&[("csrf", csrf.as_str()), ("token", t.worker_token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let session = cookie(&signed_in, "ms_session");
+    let page = http
+        .get(srv.url(&format!("/app/tasks/{}", t.task_id)))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    let csrf = csrf_in(&page.text().await.unwrap());
+    let res = http
+        .post(srv.url(&format!("/app/tasks/{}/messages", t.task_id)))
+        .header("cookie", &session)
+        .form(&[("csrf", csrf.as_str()), ("text", "from the phone")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert!(res.text().await.unwrap().contains("limit of 10 events"));
+    assert_eq!(
+        srv.feed(t.task_id, &t.agent_token).await.len() as u64,
+        LIMIT
+    );
+
+    // Ending the task is never refused.
+    srv.worker(&t.worker_token)
+        .post(&worker_path(t.task_id, "/complete"))
+        .json(&json!({}))
+        .expect_json(StatusCode::OK)
+        .await;
+    let caps = srv
+        .get("/api/v1/capabilities")
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(caps["limits"]["events_per_task"], LIMIT);
+}
+
+/// `name=value` of the Set-Cookie header `name`.
+fn cookie(res: &reqwest::Response, name: &str) -> String {
+    res.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .and_then(|v| v.split(';').next())
+        .expect("the cookie")
+        .to_owned()
+}
+
+/// The hidden `csrf` field of a page.
+fn csrf_in(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    html[at..].split('"').next().unwrap().to_owned()
 }

@@ -88,6 +88,42 @@ fn has_uuid(s: &str) -> bool {
 }
 
 #[test]
+fn off_loopback_the_server_needs_a_public_url() {
+    // Listening beyond loopback without MEATSPACE_PUBLIC_URL, links and
+    // cookies would trust the client's Host and X-Forwarded-Proto: the
+    // binary refuses to start, before it opens any database; a malformed
+    // public URL is refused the same way.
+    let api = meatspace_tests::process::Binary::ApiServer.path();
+    let dir = tempfile::tempdir().unwrap();
+    for (listen, public, expect) in [
+        ("0.0.0.0:0", None, "MEATSPACE_PUBLIC_URL is not set"),
+        (
+            "127.0.0.1:0",
+            Some("https://m.example/app"),
+            "must be an origin",
+        ),
+        (
+            "0.0.0.0:0",
+            Some("ftp://m.example"),
+            "must use http or https",
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(&api);
+        cmd.env_clear()
+            .current_dir(dir.path())
+            .env("MEATSPACE_LISTEN_ADDR", listen)
+            .env("DATABASE_URL", "sqlite:///nonexistent/never-opened.db");
+        if let Some(url) = public {
+            cmd.env("MEATSPACE_PUBLIC_URL", url);
+        }
+        let out = cmd.output().expect("run the API server");
+        assert!(!out.status.success(), "started with {listen} {public:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{listen} {public:?}: {err}");
+    }
+}
+
+#[test]
 fn uuid_detection_works() {
     assert!(has_uuid(&format!("route=\"/a/{}\"", Uuid::new_v4())));
     assert!(has_uuid(&Uuid::new_v4().simple().to_string()));

@@ -61,6 +61,29 @@ fn a_missing_database_url_is_a_clear_error() {
     assert!(err.contains("--database-url"), "{err}");
 }
 
+#[test]
+fn without_the_secret_key_it_refuses_to_start() {
+    // Webhooks can always exist (the API server accepts webhook_url), and
+    // one this process cannot sign would silently never fire. The check
+    // comes before the store is opened: no database is needed to see it.
+    for key in [None, Some("")] {
+        let mut cmd = std::process::Command::new(controller_bin());
+        cmd.env_clear()
+            .env("DATABASE_URL", "sqlite:///nonexistent/never-opened.db")
+            .env("MEATSPACE_CONTROLLER_LISTEN_ADDR", "127.0.0.1:0");
+        if let Some(k) = key {
+            cmd.env("MEATSPACE_SECRET_KEY", k);
+        }
+        let out = cmd.output().expect("run without a secret key");
+        assert!(!out.status.success(), "it started without a key ({key:?})");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("MEATSPACE_SECRET_KEY is not set") && err.contains("webhook"),
+            "{err}"
+        );
+    }
+}
+
 async fn probes_metrics_and_graceful_shutdown(db: Db) {
     let db = TestDb::new(db).await;
     let store = db.store(Policy::default()).await;

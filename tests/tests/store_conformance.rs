@@ -130,6 +130,8 @@ conformance! {
         invites_work_once_and_expire,
         racing_invite_redemptions_have_one_winner,
         sessions_read_back_until_they_expire_or_end,
+        unusable_sign_ins_are_purged_and_usable_ones_kept,
+        events_are_counted_up_to_a_bound,
         worker_tasks_and_newest_open_tasks,
     ],
     databases: [
@@ -2840,6 +2842,82 @@ async fn sessions_read_back_until_they_expire_or_end(store: Arc<dyn Store>) {
     assert!(s.delete_session(id).await.expect("delete"));
     assert_eq!(s.session(id, at(1)).await.expect("read"), None, "ended");
     assert!(!s.delete_session(id).await.expect("delete again"));
+}
+
+async fn unusable_sign_ins_are_purged_and_usable_ones_kept(store: Arc<dyn Store>) {
+    let s = &*store;
+    let (worker, _) = worker_with_token(s).await;
+    // Sessions: one expired at 50, one live until 500.
+    let (expired, live) = (Uuid::new_v4(), Uuid::new_v4());
+    s.create_session(expired, worker, TokenHash::of("mss_a"), at(0), at(50))
+        .await
+        .unwrap();
+    s.create_session(live, worker, TokenHash::of("mss_b"), at(0), at(500))
+        .await
+        .unwrap();
+    // Invites: used, expired, and one still open.
+    let (used, lapsed, open) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    for (id, until) in [(used, 500), (lapsed, 50), (open, 500)] {
+        s.create_invite(id, TokenHash::of(&format!("msi_{id}")), at(0), at(until))
+            .await
+            .unwrap();
+    }
+    s.redeem_invite(
+        used,
+        Uuid::new_v4(),
+        "Grace",
+        TokenHash::of("msw_g"),
+        at(10),
+    )
+    .await
+    .unwrap()
+    .expect("redeemed");
+
+    // Nothing is due at 40 but the used invite; at 100, in batches of one,
+    // the rest goes and nothing usable does.
+    assert_eq!(s.purge_sign_ins(at(40), 10).await.unwrap(), 1);
+    assert_eq!(s.invite(used).await.unwrap(), None);
+    let mut purged = 0;
+    loop {
+        let n = s.purge_sign_ins(at(100), 1).await.unwrap();
+        assert!(n <= 2, "a batch of one per table");
+        purged += n;
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(purged, 2);
+    assert_eq!(s.invite(lapsed).await.unwrap(), None);
+    assert!(
+        s.invite(open).await.unwrap().is_some(),
+        "an open invite went"
+    );
+    assert!(
+        s.session(live, at(100)).await.unwrap().is_some(),
+        "a live session went"
+    );
+    assert_eq!(
+        s.session(expired, at(0)).await.unwrap(),
+        None,
+        "the expired one stays"
+    );
+    assert!(!s.delete_session(expired).await.unwrap());
+}
+
+async fn events_are_counted_up_to_a_bound(store: Arc<dyn Store>) {
+    let s = &*store;
+    let t = create_at(s, 0, "count me").await;
+    ok(s, t.task.id, Command::Publish, 1).await;
+    let w = worker(s).await;
+    ok(s, t.task.id, Command::Claim { worker: w }, 2).await;
+    for i in 0..5 {
+        let text = format!("message {i}");
+        ok(s, t.task.id, Command::Message { worker: w, text }, 3).await;
+    }
+    // published, assigned and five messages.
+    assert_eq!(s.count_events(t.task.id, 100).await.unwrap(), 7);
+    assert_eq!(s.count_events(t.task.id, 3).await.unwrap(), 3, "bounded");
+    assert_eq!(s.count_events(Uuid::new_v4(), 100).await.unwrap(), 0);
 }
 
 async fn worker_tasks_and_newest_open_tasks(store: Arc<dyn Store>) {

@@ -2,14 +2,17 @@
 //! contract, the session cookie's attributes, CSRF refusals, the security
 //! headers and the redirects of pages that need a session.
 
+use meatspace_api::public_url::PublicOrigin;
 use meatspace_tests::Db;
 use meatspace_tests::api_tests;
-use meatspace_tests::server::{Expect, TestServer, header_str, str_at};
+use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, str_at};
 use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 api_tests!(
+    a_public_url_decides_links_and_cookies_not_the_client,
+    session_forms_from_other_origins_are_refused,
     invites_need_the_dev_key_and_a_valid_lifetime,
     an_invite_signs_a_person_in_once,
     pages_need_a_session_and_forms_their_token,
@@ -53,6 +56,143 @@ async fn create_invite(srv: &TestServer) -> String {
         .expect_json(StatusCode::CREATED)
         .await;
     str_at(&body, "/invite_url")
+}
+
+async fn a_public_url_decides_links_and_cookies_not_the_client(db: Db) {
+    // The review's attack: `Host: evil.example` minted invite links to the
+    // attacker's site, and a proxy without X-Forwarded-Proto got cookies
+    // without Secure. With MEATSPACE_PUBLIC_URL neither header counts.
+    let srv = TestServer::start_with(
+        db,
+        ServerOptions {
+            public_origin: PublicOrigin::parse("https://meatspace.example.test").unwrap(),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let http = no_redirects();
+    for (host, proto) in [("evil.example", "http"), ("127.0.0.1", "https")] {
+        let body = srv
+            .dev(Method::POST, "/api/v1/workers/invites")
+            .header("host", host)
+            .header("x-forwarded-proto", proto)
+            .expect_json(StatusCode::CREATED)
+            .await;
+        let link = str_at(&body, "/invite_url");
+        assert!(
+            link.starts_with("https://meatspace.example.test/app/invite/msi_"),
+            "{link}"
+        );
+    }
+    // The link's path works on this server; no proxy header is sent, and
+    // still the cookies are the secure ones.
+    let body = srv
+        .dev(Method::POST, "/api/v1/workers/invites")
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let path = str_at(&body, "/invite_url").replace("https://meatspace.example.test", "");
+    let page = http.get(srv.url(&path)).send().await.expect("invite page");
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(cookie_pair(&page, "ms_presession").is_none());
+    let (pre, attrs) = cookie_pair(&page, "__Host-ms_presession").expect("__Host- cookie");
+    assert!(
+        attrs.contains("Secure") && attrs.contains("Path=/;"),
+        "{attrs}"
+    );
+    let csrf = csrf_of(&page.text().await.expect("page"));
+    // The browser's Origin is the public one, not the address it connected to.
+    let refused = http
+        .post(srv.url(&path))
+        .header(COOKIE, &pre)
+        .header("origin", &srv.base_url)
+        .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let joined = http
+        .post(srv.url(&path))
+        .header(COOKIE, &pre)
+        .header("origin", "https://meatspace.example.test")
+        .header("sec-fetch-site", "same-origin")
+        .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(joined.status(), StatusCode::SEE_OTHER);
+    let (_, attrs) = cookie_pair(&joined, "ms_session").expect("a session cookie");
+    assert!(attrs.contains("Secure"), "{attrs}");
+}
+
+async fn session_forms_from_other_origins_are_refused(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = no_redirects();
+    let (task, _) = srv.create_open_task("Feed the cat.").await;
+    let (_, token) = srv.register_worker("Ada").await;
+    let login = http.get(srv.url("/app/login")).send().await.expect("login");
+    let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
+    let csrf = csrf_of(&login.text().await.expect("page"));
+    // Signing in from another site is refused, token or not.
+    let refused = http
+        .post(srv.url("/app/login"))
+        .header(COOKIE, &pre)
+        .header("sec-fetch-site", "cross-site")
+        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let ok = http
+        .post(srv.url("/app/login"))
+        .header(COOKIE, &pre)
+        .header("origin", &srv.base_url)
+        .header("sec-fetch-site", "same-origin")
+        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+    let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
+    let page = http
+        .get(srv.url(&format!("/app/tasks/{task}")))
+        .header(COOKIE, &session)
+        .send()
+        .await
+        .expect("page");
+    let csrf = csrf_of(&page.text().await.expect("page"));
+    let claim = srv.url(&format!("/app/tasks/{task}/claim"));
+    for (name, value) in [
+        ("origin", "http://evil.example".to_owned()),
+        // Another port of the same host is another origin.
+        ("origin", srv.base_url.replace("127.0.0.1:", "127.0.0.1:1")),
+        ("sec-fetch-site", "same-site".to_owned()),
+    ] {
+        let res = http
+            .post(&claim)
+            .header(COOKIE, &session)
+            .header(name, value.as_str())
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{name}: {value}");
+    }
+    let task_json = srv.store.task(task).await.unwrap().unwrap();
+    assert_eq!(
+        task_json.state,
+        meatspace_core::TaskState::Open,
+        "not claimed"
+    );
+    let res = http
+        .post(&claim)
+        .header(COOKIE, &session)
+        .header("origin", &srv.base_url)
+        .header("sec-fetch-site", "same-origin")
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
 }
 
 async fn invites_need_the_dev_key_and_a_valid_lifetime(db: Db) {
@@ -135,11 +275,48 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     assert_eq!(srv.counts().await.workers, 0);
 
-    // Behind TLS, the session cookie is Secure; HttpOnly and SameSite always.
+    // A form from another origin is refused even with the right token.
+    for (name, value) in [
+        ("origin", "http://evil.example"),
+        ("sec-fetch-site", "cross-site"),
+        ("sec-fetch-site", "same-site"),
+    ] {
+        let refused = http
+            .post(&url)
+            .header(COOKIE, &pre)
+            .header(name, value)
+            .form(&[("csrf", csrf.as_str()), ("name", "Mallory")])
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{name}: {value}");
+    }
+    assert_eq!(srv.counts().await.workers, 0);
+
+    // Behind TLS (on loopback without a public URL, a proxy's
+    // X-Forwarded-Proto says so), the pre-session cookie is `__Host-`
+    // prefixed and the session cookie Secure; HttpOnly and SameSite always.
+    let tls_page = http
+        .get(&url)
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .expect("invite page");
+    let (pre, attrs) =
+        cookie_pair(&tls_page, "__Host-ms_presession").expect("a __Host- pre-session cookie");
+    for attr in ["Secure", "Path=/;", "HttpOnly"] {
+        assert!(attrs.contains(attr), "{attr} missing: {attrs}");
+    }
+    let csrf = csrf_of(&tls_page.text().await.expect("page"));
     let joined = http
         .post(&url)
         .header(COOKIE, &pre)
         .header("x-forwarded-proto", "https")
+        .header(
+            "origin",
+            format!("https://{}", srv.base_url.trim_start_matches("http://")),
+        )
+        .header("sec-fetch-site", "same-origin")
         .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
         .send()
         .await
@@ -166,6 +343,7 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
     let again = http
         .post(&url)
         .header(COOKIE, &pre)
+        .header("x-forwarded-proto", "https")
         .form(&[("csrf", csrf.as_str()), ("name", "Eve")])
         .send()
         .await

@@ -238,6 +238,8 @@ pub fn document(state: &AppState) -> Value {
             "photo_max_dimension": state.photo_limits.max_dimension,
             "photo_types": ACCEPTED_TYPES,
             "events_page": MAX_EVENTS_PAGE,
+            "events_per_task": state.max_task_events,
+            "events_per_task_note": "past it, messages, photos, issues, answers and extensions are refused with 409 problem type task-event-limit; complete, stop and cancel still work",
             "events_wait_seconds": MAX_WAIT_SECONDS,
             "rate_limit": rate_limit(state)
         },

@@ -77,7 +77,7 @@ async fn create_invite(
     let now = clock::now();
     let expires_at = now + Duration::seconds(seconds as i64);
     state.store.create_invite(id, hash, now, expires_at).await?;
-    let invite_url = format!("{}/app/invite/{code}", public_origin(&headers));
+    let invite_url = format!("{}/app/invite/{code}", state.public_origin.origin(&headers));
     Ok((
         StatusCode::CREATED,
         [(header::CACHE_CONTROL, "no-store")],
@@ -87,22 +87,6 @@ async fn create_invite(
         }),
     )
         .into_response())
-}
-
-/// `scheme://host` the client reached this server at: the Host header, and
-/// https when a proxy in front says the request came over TLS.
-fn public_origin(headers: &HeaderMap) -> String {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic()))
-        .unwrap_or("localhost");
-    let scheme = if crate::web::session::over_tls(headers) {
-        "https"
-    } else {
-        "http"
-    };
-    format!("{scheme}://{host}")
 }
 
 /// The optional JSON body: empty means every default.

@@ -10,7 +10,7 @@ pub mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_core::{Event, Store, Task};
+use meatspace_core::{Event, FeedView, Store, Task};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -118,6 +118,16 @@ impl EventsQuery {
             wait: Duration::from_secs(u64::from(wait)),
         })
     }
+}
+
+/// What `worker` may see of task `id`'s feed ([`FeedView::worker`]: from
+/// its own assignment on). The JSON feed, the web app and the event stream
+/// all take it from here.
+pub async fn worker_view(store: &dyn Store, worker: Uuid, id: Uuid) -> Result<FeedView, ApiError> {
+    let last_unassigned = store
+        .last_event_of_type(id, meatspace_core::EventType::TaskUnassigned)
+        .await?;
+    Ok(FeedView::worker(worker, last_unassigned))
 }
 
 /// Who reads a feed: the agent sees every event of its task; a worker

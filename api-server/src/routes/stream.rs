@@ -26,7 +26,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use meatspace_core::{Event, Store, Task};
+use meatspace_core::{Event, FeedView, Store};
 use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -120,7 +120,7 @@ async fn agent_stream(
     Query(q): Query<StreamQuery>,
 ) -> Result<Response, ApiError> {
     let after = start_cursor(&headers, &q)?;
-    stream(state, id, after, Visibility::Agent).await
+    stream(state, id, after, FeedView::Agent).await
 }
 
 /// The task's event feed as Server-Sent Events, for the assigned worker.
@@ -144,31 +144,20 @@ async fn worker_stream(
     Query(q): Query<StreamQuery>,
 ) -> Result<Response, ApiError> {
     let after = start_cursor(&headers, &q)?;
-    stream(state, id, after, Visibility::Worker(worker)).await
+    // The same view as the polled feed: from this worker's assignment on,
+    // never the conversation of a worker whose assignment lapsed.
+    let view = super::worker_view(state.store.as_ref(), worker, id).await?;
+    stream(state, id, after, view).await
 }
 
-/// Who may read the stream; checked again on every wake, so a worker who
-/// loses the assignment stops receiving.
-#[derive(Debug, Clone, Copy)]
-enum Visibility {
-    Agent,
-    Worker(Uuid),
-}
-
-impl Visibility {
-    fn allows(self, task: &Task) -> bool {
-        match self {
-            Visibility::Agent => true,
-            Visibility::Worker(w) => task.worker_id == Some(w),
-        }
-    }
-}
-
+/// Streams what `who` may see of task `id`'s feed after `after`. Whether
+/// the reader may read the task is checked again on every wake, so a worker
+/// who loses the assignment stops receiving.
 async fn stream(
     state: AppState,
     id: Uuid,
     after: i64,
-    who: Visibility,
+    who: FeedView,
 ) -> Result<Response, ApiError> {
     // Subscribe before the first read, as the long poll does: a change
     // committed after the read still wakes the stream.
@@ -177,13 +166,13 @@ async fn stream(
         .store
         .task(id)
         .await?
-        .filter(|t| who.allows(t))
+        .filter(|t| who.may_read(t))
         .ok_or_else(ApiError::task_not_found)?;
     let follower = Follower {
         store: state.store.clone(),
         watch,
         task_id: id,
-        cursor: after,
+        cursor: who.start(after),
         who,
         pending: VecDeque::new(),
         done: false,
@@ -208,7 +197,7 @@ struct Follower {
     task_id: Uuid,
     /// Id of the last event sent (or the starting cursor).
     cursor: i64,
-    who: Visibility,
+    who: FeedView,
     /// Events read but not yet sent.
     pending: VecDeque<Event>,
     /// The terminal event has been queued, or the stream must stop.
@@ -264,7 +253,7 @@ impl Follower {
             .store
             .task(self.task_id)
             .await?
-            .filter(|t| self.who.allows(t))
+            .filter(|t| self.who.may_read(t))
         else {
             // Deleted by retention, or no longer this worker's task.
             self.done = true;
@@ -277,7 +266,7 @@ impl Follower {
             self.done = task.state.is_terminal();
             return Ok(false);
         }
-        for e in events {
+        for e in events.into_iter().filter(|e| self.who.shows(e)) {
             let terminal = e.kind.is_terminal();
             self.pending.push_back(e);
             if terminal {

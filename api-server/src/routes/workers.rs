@@ -10,8 +10,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::DateTime;
 use meatspace_core::store::{OpenTasksCursor, Worker};
 use meatspace_core::{
-    Command, EventType, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, StoreError, Task, TaskState,
-    clock,
+    Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, StoreError, Task, TaskState, clock,
 };
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -597,13 +596,6 @@ async fn task_events(
     TaskId(id): TaskId,
     Query(q): Query<EventsQuery>,
 ) -> Result<FeedAnswer, ApiError> {
-    // A task that was reopened after an assignment lapsed belongs to its
-    // new worker from the reopening on: what the previous worker sent, and
-    // the answers it got, are not this worker's to read.
-    let floor = state
-        .store
-        .last_event_of_type(id, EventType::TaskUnassigned)
-        .await?
-        .unwrap_or(0);
-    open_feed(&state, id, &q, floor, Reader::Worker(worker)).await
+    let view = super::worker_view(state.store.as_ref(), worker, id).await?;
+    open_feed(&state, id, &q, view.floor(), Reader::Worker(worker)).await
 }

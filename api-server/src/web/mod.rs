@@ -28,7 +28,7 @@ use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{
     EventsQuery, Reader, checked_optional_text, checked_text, event_feed, workers,
 };
-use session::{WorkerSession, check_csrf, csrf_token, pre_session};
+use session::{SameOrigin, WorkerSession, check_csrf, csrf_token, pre_session};
 
 /// The Content-Security-Policy of every page: only the app's own script,
 /// style and images, no inline code, forms post only here, no framing.
@@ -151,10 +151,13 @@ fn human(e: &ApiError) -> (StatusCode, String) {
                 .into(),
         ),
         ApiError::Conflict {
-            slug, task_state, ..
+            slug,
+            task_state,
+            detail,
         } => {
             let state = task_state.map(|s| s.as_str()).unwrap_or("changed");
             let text = match *slug {
+                "task-event-limit" => sentence(detail),
                 "task-terminal" => {
                     format!("This task has ended ({state}); nothing more can be done on it.")
                 }
@@ -522,7 +525,7 @@ async fn invite_form(
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
     live_invite(&state, &code).await?;
-    let (pre, set) = pre_session(&headers);
+    let (pre, set) = pre_session(&state, &headers);
     let page = InvitePage {
         nav: None,
         csrf: csrf_token(&pre),
@@ -535,19 +538,20 @@ async fn invite_form(
 
 async fn accept_invite(
     State(state): State<AppState>,
+    _: SameOrigin,
     Path(code): Path<String>,
     headers: HeaderMap,
     Form(form): Form<NameForm>,
 ) -> Result<Response, AppError> {
     check_csrf(
-        session::cookie(&headers, session::PRE_SESSION_COOKIE),
+        session::pre_session_value(&state, &headers),
         form.csrf.as_deref(),
     )?;
     let invite_id = live_invite(&state, &code).await?;
     let name = match checked_text("name", &form.name, MAX_NAME_CHARS) {
         Ok(n) => n.trim().to_owned(),
         Err(e) => {
-            let (pre, set) = pre_session(&headers);
+            let (pre, set) = pre_session(&state, &headers);
             let page = InvitePage {
                 nav: None,
                 csrf: csrf_token(&pre),
@@ -597,8 +601,12 @@ struct LoginQuery {
     signed_out: Option<String>,
 }
 
-async fn login_form(headers: HeaderMap, Query(q): Query<LoginQuery>) -> Response {
-    let (pre, set) = pre_session(&headers);
+async fn login_form(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<LoginQuery>,
+) -> Response {
+    let (pre, set) = pre_session(&state, &headers);
     let page = LoginPage {
         nav: None,
         csrf: csrf_token(&pre),
@@ -619,11 +627,12 @@ struct TokenForm {
 
 async fn login(
     State(state): State<AppState>,
+    _: SameOrigin,
     headers: HeaderMap,
     Form(form): Form<TokenForm>,
 ) -> Result<Response, AppError> {
     check_csrf(
-        session::cookie(&headers, session::PRE_SESSION_COOKIE),
+        session::pre_session_value(&state, &headers),
         form.csrf.as_deref(),
     )?;
     match verify_worker_token(&state, form.token.trim()).await {
@@ -635,7 +644,7 @@ async fn login(
             ))
         }
         Err(ApiError::Unauthorized(_)) => {
-            let (pre, set) = pre_session(&headers);
+            let (pre, set) = pre_session(&state, &headers);
             let page = LoginPage {
                 nav: None,
                 csrf: csrf_token(&pre),
@@ -668,7 +677,12 @@ async fn logout(
 ) -> Result<Response, AppError> {
     s.check_csrf(form.csrf.as_deref())?;
     state.store.delete_session(s.session_id).await?;
-    let clear = session::set_cookie(&headers, session::SESSION_COOKIE, "", 0);
+    let clear = session::set_cookie(
+        state.public_origin.secure(&headers),
+        session::SESSION_COOKIE,
+        "",
+        0,
+    );
     Ok(with_cookie(
         Redirect::to("/app/login?signed_out=1").into_response(),
         Some(clear),
@@ -716,17 +730,13 @@ async fn worker_feed(
     after: i64,
     wait: u32,
 ) -> Result<(Vec<FeedItem>, i64, TaskState), ApiError> {
-    let floor = state
-        .store
-        .last_event_of_type(id, EventType::TaskUnassigned)
-        .await?
-        .unwrap_or(0);
+    let view = crate::routes::worker_view(state.store.as_ref(), worker, id).await?;
     let q = EventsQuery {
         after,
         limit: Some(crate::routes::MAX_EVENTS_PAGE),
         wait: Some(wait),
     };
-    let page = event_feed(state, id, &q, floor, Reader::Worker(worker)).await?;
+    let page = event_feed(state, id, &q, view.floor(), Reader::Worker(worker)).await?;
     Ok((
         page.events.iter().map(feed_item).collect(),
         page.next_cursor,

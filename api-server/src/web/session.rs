@@ -3,13 +3,20 @@
 //! The session cookie holds `mss_<session id>_<secret>`; the store keeps the
 //! secret's SHA-256 digest, looked up by id and compared in constant time,
 //! like every other credential. The cookie is HttpOnly, SameSite=Lax,
-//! scoped to `/app`, and Secure when the request came over TLS.
+//! scoped to `/app`, and Secure when the server's public URL is https
+//! ([`crate::public_url`]).
 //!
 //! Every form carries a CSRF token derived from a cookie the page's origin
 //! alone can read: the session cookie once signed in, otherwise a random
 //! pre-session cookie (for the invite and sign-in forms). The token is the
 //! digest of that cookie's value, so a cross-site page, which cannot read
 //! the cookie, cannot compute it, and the server keeps no extra state.
+//! A double-submitted cookie is only as strong as the cookie's origin, and
+//! a sibling subdomain or another port of the same host can set cookies
+//! too: so when secure the pre-session cookie is `__Host-` prefixed (the
+//! browser accepts it only from this very origin, over TLS, for path `/`),
+//! and every state-changing form is also refused when the browser says it
+//! comes from elsewhere ([`SameOrigin`]: `Sec-Fetch-Site`, `Origin`).
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -30,21 +37,24 @@ use crate::auth::{credential_subject, issue_token};
 
 /// Name of the session cookie.
 pub const SESSION_COOKIE: &str = "ms_session";
-/// Name of the pre-session cookie behind the CSRF token of the sign-in forms.
+/// Name of the pre-session cookie behind the CSRF token of the sign-in
+/// forms, over plain HTTP.
 pub const PRE_SESSION_COOKIE: &str = "ms_presession";
+/// Its name when cookies are Secure: a `__Host-` cookie cannot be set by
+/// another origin (a sibling subdomain, another port).
+pub const SECURE_PRE_SESSION_COOKIE: &str = "__Host-ms_presession";
 /// Prefix of session cookie values.
 const SESSION_PREFIX: &str = "mss_";
 /// How long a session lasts.
 pub const SESSION_DAYS: i64 = 14;
 
-/// Whether the request reached us over TLS: directly (no proxy in this
-/// setup) or, behind a TLS-terminating proxy, as `X-Forwarded-Proto: https`.
-pub fn over_tls(headers: &HeaderMap) -> bool {
-    headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(',').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+/// The name of the pre-session cookie, by whether cookies are Secure.
+pub fn pre_session_cookie(secure: bool) -> &'static str {
+    if secure {
+        SECURE_PRE_SESSION_COOKIE
+    } else {
+        PRE_SESSION_COOKIE
+    }
 }
 
 /// The value of cookie `name`, if the request carries it.
@@ -60,11 +70,18 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// A `Set-Cookie` value; `max_age` 0 deletes the cookie.
-pub fn set_cookie(headers: &HeaderMap, name: &str, value: &str, max_age: i64) -> HeaderValue {
-    let secure = if over_tls(headers) { "; Secure" } else { "" };
+/// A `Set-Cookie` value; `max_age` 0 deletes the cookie. A `__Host-`
+/// cookie must have path `/` (and Secure, no Domain); the others are
+/// scoped to the app.
+pub fn set_cookie(secure: bool, name: &str, value: &str, max_age: i64) -> HeaderValue {
+    let path = if name.starts_with("__Host-") {
+        "/"
+    } else {
+        "/app"
+    };
+    let secure = if secure { "; Secure" } else { "" };
     let value =
-        format!("{name}={value}; Path=/app; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}");
+        format!("{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}");
     HeaderValue::from_str(&value).expect("cookie values are URL-safe base64 and ids")
 }
 
@@ -86,15 +103,26 @@ pub fn check_csrf(cookie_value: Option<&str>, submitted: Option<&str>) -> Result
 }
 
 /// The pre-session cookie of this request, or a new one to set.
-pub fn pre_session(headers: &HeaderMap) -> (String, Option<HeaderValue>) {
-    match cookie(headers, PRE_SESSION_COOKIE) {
+pub fn pre_session(state: &AppState, headers: &HeaderMap) -> (String, Option<HeaderValue>) {
+    let secure = state.public_origin.secure(headers);
+    let name = pre_session_cookie(secure);
+    match cookie(headers, name) {
         Some(v) => (v.to_owned(), None),
         None => {
             let v = token::generate("");
-            let set = set_cookie(headers, PRE_SESSION_COOKIE, &v, 24 * 3600);
+            let set = set_cookie(secure, name, &v, 24 * 3600);
             (v, Some(set))
         }
     }
+}
+
+/// The value of this request's pre-session cookie, under the name cookies
+/// of this request's kind carry.
+pub fn pre_session_value<'a>(state: &AppState, headers: &'a HeaderMap) -> Option<&'a str> {
+    cookie(
+        headers,
+        pre_session_cookie(state.public_origin.secure(headers)),
+    )
 }
 
 /// Starts a session for `worker_id`; returns the `Set-Cookie` value.
@@ -111,7 +139,7 @@ pub async fn start(
         .create_session(id, worker_id, hash, now, now + Duration::days(SESSION_DAYS))
         .await?;
     Ok(set_cookie(
-        headers,
+        state.public_origin.secure(headers),
         SESSION_COOKIE,
         &secret,
         SESSION_DAYS * 24 * 3600,
@@ -143,6 +171,11 @@ impl FromRequestParts<AppState> for WorkerSession {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        // Every form of a session changes something: a cross-site one is
+        // refused before the session is even looked up.
+        if !parts.method.is_safe() {
+            SameOrigin::from_request_parts(parts, state).await?;
+        }
         let value = cookie(&parts.headers, SESSION_COOKIE).ok_or(AppError::SignIn)?;
         let id = credential_subject(value, SESSION_PREFIX).ok_or(AppError::SignIn)?;
         let session = state
@@ -162,7 +195,116 @@ impl FromRequestParts<AppState> for WorkerSession {
     }
 }
 
+/// A state-changing request that the browser did not mark as coming from
+/// another site. `Sec-Fetch-Site` (sent by every current browser) must be
+/// `same-origin` (or `none`, a request the user made directly); an
+/// `Origin` header other than `null` must be this server's public origin.
+/// A client that sends neither (not a browser) still needs the CSRF token.
+#[derive(Debug, Clone, Copy)]
+pub struct SameOrigin;
+
+impl FromRequestParts<AppState> for SameOrigin {
+    type Rejection = AppError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let expected = state.public_origin.origin(&parts.headers);
+        if same_origin(&parts.headers, &expected) {
+            Ok(SameOrigin)
+        } else {
+            Err(AppError::Csrf)
+        }
+    }
+}
+
+/// Whether a request's `Sec-Fetch-Site` and `Origin` allow it to come from
+/// `expected` (`scheme://host[:port]`).
+pub fn same_origin(headers: &HeaderMap, expected: &str) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        let site = site.to_str().unwrap_or_default();
+        if !(site.eq_ignore_ascii_case("same-origin") || site.eq_ignore_ascii_case("none")) {
+            return false;
+        }
+    }
+    match headers
+        .get(header::ORIGIN)
+        .map(|o| o.to_str().unwrap_or_default())
+    {
+        // Under this app's `Referrer-Policy: no-referrer` a browser sends
+        // `Origin: null` with every form, its own included: that says
+        // nothing, and `Sec-Fetch-Site` (checked above) decides.
+        Some(origin) if origin != "null" => origin.eq_ignore_ascii_case(expected),
+        _ => true,
+    }
+}
+
 /// A digest for a credential presented in a URL (an invite code).
 pub fn digest(credential: &str) -> TokenHash {
     TokenHash::of(credential)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn forms_from_other_origins_are_refused() {
+        let us = "https://m.example";
+        assert!(same_origin(&headers(&[]), us), "no browser headers");
+        // What a browser sends under Referrer-Policy: no-referrer.
+        assert!(same_origin(
+            &headers(&[("sec-fetch-site", "same-origin"), ("origin", "null")]),
+            us
+        ));
+        assert!(same_origin(
+            &headers(&[
+                ("sec-fetch-site", "same-origin"),
+                ("origin", "https://m.example")
+            ]),
+            us
+        ));
+        for bad in [
+            headers(&[("sec-fetch-site", "same-site")]),
+            headers(&[("sec-fetch-site", "cross-site")]),
+            headers(&[("origin", "https://evil.m.example")]),
+            headers(&[("origin", "https://m.example:8443")]),
+            headers(&[("origin", "http://m.example")]),
+            headers(&[("origin", "null"), ("sec-fetch-site", "cross-site")]),
+            headers(&[
+                ("sec-fetch-site", "same-origin"),
+                ("origin", "https://evil.example"),
+            ]),
+        ] {
+            assert!(!same_origin(&bad, us), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_secure_pre_session_cookie_is_host_prefixed() {
+        assert_eq!(pre_session_cookie(true), "__Host-ms_presession");
+        let set = set_cookie(true, pre_session_cookie(true), "v", 60);
+        let set = set.to_str().unwrap();
+        assert!(
+            set.contains("; Path=/;") && set.ends_with("; Secure"),
+            "{set}"
+        );
+        assert!(!set.contains("Domain"), "{set}");
+        let plain = set_cookie(false, pre_session_cookie(false), "v", 60);
+        assert!(
+            plain
+                .to_str()
+                .unwrap()
+                .starts_with("ms_presession=v; Path=/app;")
+        );
+    }
 }

@@ -79,6 +79,28 @@ impl Command {
         }
     }
 
+    /// Whether the per-task event limit applies to the command: it only
+    /// adds to the feed (a message, photo, issue, answer or extension).
+    /// Transitions never count against it, so a task whose feed is full
+    /// can still be completed, stopped or cancelled, by an answer that
+    /// cancels too.
+    pub fn is_limited(&self) -> bool {
+        match self {
+            Command::Message { .. }
+            | Command::Photo { .. }
+            | Command::RaiseIssue { .. }
+            | Command::Extend(_) => true,
+            Command::RespondToIssue { action, .. } => *action != IssueAction::Cancel,
+            Command::Publish
+            | Command::Cancel { .. }
+            | Command::Claim { .. }
+            | Command::Start { .. }
+            | Command::Complete { .. }
+            | Command::Stop { .. }
+            | Command::Reconcile => false,
+        }
+    }
+
     /// The worker a worker command acts for, if any (claim excluded: the
     /// claimant is not yet assigned).
     fn acting_worker(&self) -> Option<Uuid> {
@@ -186,6 +208,28 @@ pub enum Refusal {
         limit: DateTime<Utc>,
         requested: DateTime<Utc>,
     },
+    #[error(
+        "the task's feed holds its limit of {limit} events: no more messages, photos, issues, \
+         answers or extensions can be added; it can still be completed, stopped or cancelled"
+    )]
+    EventLimit { limit: u64 },
+}
+
+/// Why `command`, which [`Command::is_limited`], is refused on `task`, whose
+/// feed already holds `limit` events or more. The checks that come first in
+/// [`decide`] keep their answers (another worker's task is not found, an
+/// ended task is terminal), so the limit reveals nothing about a task to
+/// someone who may not act on it.
+pub fn over_event_limit(task: &Task, command: &Command, limit: u64) -> Refusal {
+    if let Some(worker) = command.acting_worker()
+        && task.worker_id != Some(worker)
+    {
+        return Refusal::NotYourTask;
+    }
+    if task.state.is_terminal() {
+        return Refusal::Terminal { state: task.state };
+    }
+    Refusal::EventLimit { limit }
 }
 
 /// Decides the effect of `command` on `task` at `now`.
@@ -499,6 +543,76 @@ mod tests {
 
     fn run(t: &Task, c: Command, secs: i64) -> Result<Decision, Refusal> {
         decide(t, &Context::default(), c, at(secs), &Policy::default())
+    }
+
+    #[test]
+    fn only_additions_to_the_feed_count_against_the_event_limit() {
+        let respond = |action| Command::RespondToIssue {
+            issue_event_id: 1,
+            action,
+            text: None,
+        };
+        for limited in [
+            Command::Message {
+                worker: W,
+                text: "x".into(),
+            },
+            Command::RaiseIssue {
+                worker: W,
+                kind: IssueKind::AccessBlocked,
+                text: "x".into(),
+            },
+            respond(IssueAction::Clarify),
+            respond(IssueAction::Acknowledge),
+            Command::Extend(Extension::By(chrono::TimeDelta::hours(1))),
+        ] {
+            assert!(limited.is_limited(), "{}", limited.name());
+        }
+        for free in [
+            respond(IssueAction::Cancel),
+            Command::Cancel { reason: None },
+            Command::Complete {
+                worker: W,
+                note: None,
+            },
+            Command::Stop {
+                worker: W,
+                reason: None,
+            },
+            Command::Start { worker: W },
+            Command::Claim { worker: W },
+            Command::Publish,
+            Command::Reconcile,
+        ] {
+            assert!(!free.is_limited(), "{}", free.name());
+        }
+    }
+
+    #[test]
+    fn the_event_limit_answers_after_whose_task_and_whether_it_ended() {
+        let mut t = task(TaskState::Active);
+        t.worker_id = Some(W);
+        let msg = |worker| Command::Message {
+            worker,
+            text: "x".into(),
+        };
+        assert_eq!(
+            over_event_limit(&t, &msg(W), 5),
+            Refusal::EventLimit { limit: 5 }
+        );
+        assert_eq!(over_event_limit(&t, &msg(OTHER), 5), Refusal::NotYourTask);
+        let extend = Command::Extend(Extension::By(chrono::TimeDelta::hours(1)));
+        assert_eq!(
+            over_event_limit(&t, &extend, 5),
+            Refusal::EventLimit { limit: 5 }
+        );
+        t.state = TaskState::Completed;
+        assert_eq!(
+            over_event_limit(&t, &msg(W), 5),
+            Refusal::Terminal {
+                state: TaskState::Completed
+            }
+        );
     }
 
     fn assigned() -> Task {

@@ -10,11 +10,15 @@ mod command;
 mod event;
 mod issue;
 mod task;
+mod view;
 
-pub use command::{Command, Context, Decision, Extension, IssueChange, NewPhoto, Refusal, decide};
+pub use command::{
+    Command, Context, Decision, Extension, IssueChange, NewPhoto, Refusal, decide, over_event_limit,
+};
 pub use event::{Actor, Event, EventType, NewEvent};
 pub use issue::{Issue, IssueAction, IssueKind, IssueStatus};
 pub use task::{Due, ExpiryReason, Task, TaskState};
+pub use view::FeedView;
 
 /// Largest task description, in characters (Unicode scalar values).
 pub const MAX_DESCRIPTION_CHARS: usize = 4000;

@@ -306,6 +306,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
+    /// How many events the task has, counting no further than `up_to`
+    /// (the per-task event limit: the count costs at most that many index
+    /// entries).
+    async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError>;
+
+    /// Deletes at most `limit` sign-in records that can no longer be used:
+    /// sessions expired at `now`, and invites used or expired. Returns how
+    /// many went. Each sign-in adds a session and each invite a row, so
+    /// without this the tables grow for ever.
+    async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;
+
     /// Id of the newest event of type `kind` of the task, if any (the
     /// worker's feed starts after the last `task.unassigned`).
     async fn last_event_of_type(

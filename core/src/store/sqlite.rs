@@ -851,6 +851,38 @@ impl Store for SqliteStore {
         Ok(forgotten)
     }
 
+    async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = ? LIMIT ?)",
+        )
+        .bind(task_id.to_string())
+        .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        let sessions = sqlx::query(
+            "DELETE FROM worker_sessions WHERE id IN \
+             (SELECT id FROM worker_sessions WHERE expires_at <= ? LIMIT ?)",
+        )
+        .bind(ms(now))
+        .bind(i64::from(limit))
+        .execute(&self.writer)
+        .await?;
+        let invites = sqlx::query(
+            "DELETE FROM worker_invites WHERE id IN \
+             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR expires_at <= ? LIMIT ?)",
+        )
+        .bind(ms(now))
+        .bind(i64::from(limit))
+        .execute(&self.writer)
+        .await?;
+        Ok(sessions.rows_affected() + invites.rows_affected())
+    }
+
     async fn last_event_of_type(
         &self,
         task_id: Uuid,

@@ -349,6 +349,9 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The server key the controller processes of these tests sign with.
+pub const TEST_SECRET_KEY: &str = "controller-test-server-key-of-at-least-32-characters";
+
 /// A `meatspace-controller` process. Killed if the test ends without
 /// stopping it.
 #[derive(Debug)]
@@ -370,6 +373,8 @@ impl Process {
             .env("DATABASE_URL", database_url)
             .env("MEATSPACE_CONTROLLER_LISTEN_ADDR", &addr)
             .env("RUST_LOG", "info,meatspace_controller=debug")
+            // The controller refuses to start without the webhook key.
+            .env("MEATSPACE_SECRET_KEY", TEST_SECRET_KEY)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

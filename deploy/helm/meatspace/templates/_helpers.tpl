@@ -92,9 +92,44 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "meatspace.fullname" .) .Values.secret.existingSecret }}
 {{- end }}
 
-{{/* Namespace of the MeatspaceTask resources the controller mirrors into. */}}
+{{/*
+The API server's public URL (MEATSPACE_PUBLIC_URL): apiServer.publicUrl, else
+the first Ingress host (https when a TLS entry lists it), else the in-cluster
+Service. Never taken from a client's Host header.
+*/}}
+{{- define "meatspace.publicUrl" -}}
+{{- if .Values.apiServer.publicUrl -}}
+{{- .Values.apiServer.publicUrl -}}
+{{- else if and .Values.ingress.enabled .Values.ingress.hosts -}}
+{{- $host := (first .Values.ingress.hosts).host -}}
+{{- $scheme := "http" -}}
+{{- range .Values.ingress.tls -}}
+{{- if has $host (.hosts | default list) -}}
+{{- $scheme = "https" -}}
+{{- end -}}
+{{- end -}}
+{{- printf "%s://%s" $scheme $host -}}
+{{- else -}}
+{{- $port := int .Values.apiServer.service.port -}}
+{{- printf "http://%s.%s.svc%s" (include "meatspace.apiServer.fullname" .) .Release.Namespace (ternary "" (printf ":%d" $port) (eq $port 80)) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+Namespace of the MeatspaceTask resources the controller mirrors into. With
+requested tasks the controller may create, get and delete the Secrets there
+(RBAC cannot narrow that to its own), so the mirror then defaults to a
+namespace of its own, <release namespace>-tasks, and is refused in the
+release namespace, which holds the credentials Secret.
+*/}}
 {{- define "meatspace.mirrorNamespace" -}}
-{{- default .Release.Namespace .Values.controller.mirror.namespace }}
+{{- $requests := dig "requests" "enabled" false .Values.controller.mirror -}}
+{{- $own := printf "%s-tasks" .Release.Namespace -}}
+{{- $ns := .Values.controller.mirror.namespace | default (ternary $own .Release.Namespace $requests) -}}
+{{- if and $requests (eq $ns .Release.Namespace) -}}
+{{- fail (printf "meatspace: controller.mirror.requests.enabled lets the controller create, get and delete the Secrets of the mirror namespace; give the mirror a namespace of its own (controller.mirror.namespace, default %s), not the release namespace that holds the credentials Secret" $own) -}}
+{{- end -}}
+{{- $ns -}}
 {{- end }}
 
 {{/*
