@@ -276,6 +276,7 @@ impl Server {
                 meatspace_core::secret::ServerKey::generate().1,
             )
             .env("MEATSPACE_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .env("MEATSPACE_METRICS_LISTEN_ADDR", "127.0.0.1:0")
             .env("MEATSPACE_DATA_DIR", dir)
             .env("RUST_LOG", "warn")
             // 32 clients share one dev key: measure the server, not the limiter.
