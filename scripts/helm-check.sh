@@ -667,7 +667,7 @@ check_local_controller() {
   local dev_key
   dev_key=msd_$(tr -dc 'A-Za-z0-9' </dev/urandom | head -c 40 || true)
   env -i PATH="$PATH" HOME="$HOME" DATABASE_URL="$db_url" MEATSPACE_DEV_KEY="$dev_key" MEATSPACE_SECRET_KEY="$secret_key" \
-    MEATSPACE_LISTEN_ADDR="127.0.0.1:$api_port" MEATSPACE_EMBEDDED_CONTROLLER=never RUST_LOG=info \
+    MEATSPACE_LISTEN_ADDR="127.0.0.1:$api_port" MEATSPACE_METRICS_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_EMBEDDED_CONTROLLER=never RUST_LOG=info \
     "$bin/meatspace-api-server" >"$WORK/local-api-server.log" 2>&1 &
   api_pid=$!; LOCAL_PIDS+=("$api_pid")
 

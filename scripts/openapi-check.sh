@@ -94,7 +94,7 @@ trap 'exit 143' TERM
 DEV_KEY=msd_openapi_check_$RANDOM$RANDOM
 # Port 0: the kernel picks a free port, which the server logs.
 env -u DATABASE_URL MEATSPACE_DATA_DIR="$WORK/data" MEATSPACE_DEV_KEY="$DEV_KEY" \
-  MEATSPACE_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_LOG_FORMAT=json \
+  MEATSPACE_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_METRICS_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_LOG_FORMAT=json \
   "$BIN" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 ADDR=""

@@ -367,6 +367,11 @@ impl DigestCache {
         self.insert(id, hash, std::time::Instant::now());
     }
 
+    /// The kept digest of `id`'s token, without reading the store.
+    pub fn cached(&self, id: Uuid) -> Option<TokenHash> {
+        self.get(id)
+    }
+
     fn get(&self, id: Uuid) -> Option<TokenHash> {
         let known = self.lock();
         let entry = known.get(&id)?;
@@ -388,6 +393,89 @@ impl DigestCache {
         self.known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Who a verified credential belongs to: the unit that rate limits and
+/// `Idempotency-Key` scopes are kept per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Principal {
+    /// The development key (today every agent shares it).
+    DevKey,
+    /// The agent token of this task.
+    Agent(Uuid),
+    /// The token of this worker.
+    Worker(Uuid),
+}
+
+/// What the credential of a request proves before the store is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presented {
+    /// No credential header.
+    Nothing,
+    /// A credential that verified against a digest held in memory.
+    Verified(Principal),
+    /// A credential whose digest is not in memory: telling needs a store read.
+    Unknown,
+    /// A credential that cannot be valid: wrong form, or it does not match
+    /// the digest in memory.
+    Wrong,
+}
+
+/// Judges the credential of a request (the `Authorization` bearer token,
+/// else the development key header) from memory alone: no store read.
+pub fn presented(state: &AppState, headers: &HeaderMap) -> Presented {
+    if headers.get(AUTHORIZATION).is_some() {
+        let Ok(token) = bearer(headers) else {
+            return Presented::Wrong;
+        };
+        let (principal, hash) = if let Some(id) = token_subject(token, AGENT_PREFIX) {
+            (Principal::Agent(id), state.agent_digests.cached(id))
+        } else if let Some(id) = token_subject(token, WORKER_PREFIX) {
+            (Principal::Worker(id), state.worker_digests.cached(id))
+        } else {
+            return Presented::Wrong;
+        };
+        return match hash {
+            Some(hash) if hash.verify(token) => Presented::Verified(principal),
+            Some(_) => Presented::Wrong,
+            None => Presented::Unknown,
+        };
+    }
+    match headers.get(DEV_KEY_HEADER).map(|v| v.to_str()) {
+        None => Presented::Nothing,
+        Some(Ok(key)) if state.dev_key.0.verify(key) => Presented::Verified(Principal::DevKey),
+        Some(_) => Presented::Wrong,
+    }
+}
+
+/// The principal the request's credential proves, reading the store for a
+/// digest not in memory (the caller has charged that read to the client's
+/// address: see [`crate::rate_limit`]). `None` when it proves nothing.
+pub async fn principal(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<Principal>, ApiError> {
+    match presented(state, headers) {
+        Presented::Verified(p) => Ok(Some(p)),
+        Presented::Nothing | Presented::Wrong => Ok(None),
+        Presented::Unknown => {
+            let token = bearer(headers)?;
+            if let Some(id) = token_subject(token, AGENT_PREFIX) {
+                let hash = state
+                    .agent_digests
+                    .digest(id, state.store.agent_token_hash(id))
+                    .await?;
+                Ok(hash
+                    .is_some_and(|h| h.verify(token))
+                    .then_some(Principal::Agent(id)))
+            } else {
+                Ok(verify_worker_token(state, token)
+                    .await
+                    .ok()
+                    .map(Principal::Worker))
+            }
+        }
     }
 }
 

@@ -39,6 +39,16 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_LISTEN_ADDR", default_value = "127.0.0.1:8080")]
     pub listen_addr: SocketAddr,
 
+    /// Address of the Prometheus `/metrics` endpoint, a listener of its own
+    /// so that the public address (and an Ingress in front of it) never
+    /// serves it. Port 0 picks a free port (logged at start).
+    #[arg(
+        long,
+        env = "MEATSPACE_METRICS_LISTEN_ADDR",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub metrics_listen_addr: SocketAddr,
+
     /// Run the controller (expiry, retention) inside this process.
     #[arg(
         long,
@@ -63,6 +73,23 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_MAX_EVENTS_PER_TASK", default_value_t = 2_000,
           value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
     pub max_events_per_task: u64,
+    /// Largest photo in pixels in all (width × height), read from the
+    /// image header before anything is decoded.
+    #[arg(long, env = "MEATSPACE_MAX_PHOTO_PIXELS", default_value_t = crate::photo::DEFAULT_MAX_PIXELS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_photo_pixels: u64,
+
+    /// Most photo bytes (as stored, after re-encoding) one task may hold;
+    /// further uploads are refused with 413 photo-quota-exceeded.
+    #[arg(long, env = "MEATSPACE_MAX_PHOTO_BYTES_PER_TASK", default_value_t = crate::photo::DEFAULT_MAX_TASK_BYTES)]
+    pub max_photo_bytes_per_task: u64,
+
+    /// Memory all photo decodes in flight may use together, in bytes
+    /// (whole MiB): each reserves what its header says it needs and waits
+    /// for room; a photo needing more than all of it is refused (413).
+    #[arg(long, env = "MEATSPACE_PHOTO_DECODE_MEMORY_BYTES", default_value_t = crate::photo::DEFAULT_DECODE_MEMORY_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024 * 1024..))]
+    pub photo_decode_memory_bytes: u64,
 
     /// Largest number of database connections.
     #[arg(long, env = "MEATSPACE_DB_MAX_CONNECTIONS", default_value_t = 16)]
@@ -100,9 +127,10 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub http2_max_streams: u32,
 
-    /// Requests per second one credential (dev key, agent or worker token;
-    /// the client's IP address without one) may keep up on the API routes;
-    /// beyond it the answer is 429 with Retry-After. 0 turns limiting off.
+    /// Requests per second one credential (dev key, agent or worker token,
+    /// once verified; the client's IP address before that, and without
+    /// one) may keep up on every route; beyond it the answer is 429 with
+    /// Retry-After. 0 turns limiting off.
     #[arg(long, env = "MEATSPACE_RATE_LIMIT_PER_SECOND", default_value_t = 100)]
     pub rate_limit_per_second: u32,
 
@@ -110,6 +138,36 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_RATE_LIMIT_BURST", default_value_t = 200,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub rate_limit_burst: u32,
+
+    /// Failed authentications (401, or an invite code that is not valid)
+    /// per minute one client address may keep up; past it the address
+    /// gets 429 for requests that carry no verified credential. 0 turns
+    /// this limit off.
+    #[arg(long, env = "MEATSPACE_AUTH_FAILURES_PER_MINUTE", default_value_t = 60)]
+    pub auth_failures_per_minute: u32,
+
+    /// Failed authentications one address may make at once.
+    #[arg(long, env = "MEATSPACE_AUTH_FAILURES_BURST", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub auth_failures_burst: u32,
+
+    /// Event streams and long polls one credential may hold open at once;
+    /// beyond it 429 too-many-streams. 0: no cap.
+    #[arg(
+        long,
+        env = "MEATSPACE_MAX_STREAMS_PER_CREDENTIAL",
+        default_value_t = 32
+    )]
+    pub max_streams_per_credential: u32,
+
+    /// Event streams and long polls one client address may hold open at
+    /// once (all its credentials together). 0: no cap.
+    #[arg(
+        long,
+        env = "MEATSPACE_MAX_STREAMS_PER_ADDRESS",
+        default_value_t = 1024
+    )]
+    pub max_streams_per_address: u32,
 
     /// Host names (or host:port) the MCP endpoint /mcp accepts in the Host
     /// header, comma-separated; `*` accepts any. Empty (the default): only
@@ -172,6 +230,11 @@ impl Config {
             per_second: std::num::NonZeroU32::new(self.rate_limit_per_second),
             burst: std::num::NonZeroU32::new(self.rate_limit_burst)
                 .unwrap_or(std::num::NonZeroU32::MIN),
+            auth_failures_per_minute: std::num::NonZeroU32::new(self.auth_failures_per_minute),
+            auth_failures_burst: std::num::NonZeroU32::new(self.auth_failures_burst)
+                .unwrap_or(std::num::NonZeroU32::MIN),
+            max_streams_per_credential: std::num::NonZeroU32::new(self.max_streams_per_credential),
+            max_streams_per_address: std::num::NonZeroU32::new(self.max_streams_per_address),
         }
     }
 
@@ -216,10 +279,14 @@ impl std::fmt::Debug for Config {
             .field("sse_heartbeat_seconds", &self.sse_heartbeat_seconds)
             .field("idempotency_ttl_seconds", &self.idempotency_ttl_seconds)
             .field("listen_addr", &self.listen_addr)
+            .field("metrics_listen_addr", &self.metrics_listen_addr)
             .field("embedded_controller", &self.embedded_controller)
             .field("max_photo_bytes", &self.max_photo_bytes)
             .field("max_photo_dimension", &self.max_photo_dimension)
             .field("max_events_per_task", &self.max_events_per_task)
+            .field("max_photo_pixels", &self.max_photo_pixels)
+            .field("max_photo_bytes_per_task", &self.max_photo_bytes_per_task)
+            .field("photo_decode_memory_bytes", &self.photo_decode_memory_bytes)
             .field(
                 "header_read_timeout_seconds",
                 &self.header_read_timeout_seconds,
@@ -228,6 +295,13 @@ impl std::fmt::Debug for Config {
             .field("http2_max_streams", &self.http2_max_streams)
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
+            .field("auth_failures_per_minute", &self.auth_failures_per_minute)
+            .field("auth_failures_burst", &self.auth_failures_burst)
+            .field(
+                "max_streams_per_credential",
+                &self.max_streams_per_credential,
+            )
+            .field("max_streams_per_address", &self.max_streams_per_address)
             .field("mcp_allowed_hosts", &self.mcp_allowed_hosts)
             .field("public_url", &self.public_url)
             .field("policy", &self.policy)

@@ -117,6 +117,13 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("{0}")]
     TooManyRequests(String),
+    /// The task holds as many photo bytes as one task may.
+    #[error("{0}")]
+    PhotoQuota(String),
+    /// The credential or address holds as many event streams and long
+    /// polls open as it may.
+    #[error("{0}")]
+    TooManyStreams(String),
     #[error("the database is unavailable")]
     Unavailable,
     #[error("internal error")]
@@ -152,6 +159,8 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
             ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate-limited"),
+            ApiError::PhotoQuota(_) => (StatusCode::PAYLOAD_TOO_LARGE, "photo-quota-exceeded"),
+            ApiError::TooManyStreams(_) => (StatusCode::TOO_MANY_REQUESTS, "too-many-streams"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "database-unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

@@ -1,5 +1,7 @@
-//! `Idempotency-Key` on every state-changing `POST` (IETF httpapi draft
-//! "The Idempotency-Key HTTP Header Field"), as one middleware.
+//! `Idempotency-Key` on every state-changing `POST` of the API (IETF
+//! httpapi draft "The Idempotency-Key HTTP Header Field"), as one
+//! middleware over the API's routes only (not `/mcp`, `/app` or unknown
+//! paths), run once the route is matched.
 //!
 //! - The first request with a key claims it (a row in the store) and runs;
 //!   its answer is recorded, sealed with the server key, for
@@ -9,9 +11,17 @@
 //!   same body, plus `Idempotency-Replayed: true`.
 //! - The same key with a different request (method, path, content type or
 //!   body) is refused with 422; while the first is still running, with 409.
-//! - Keys are scoped to the credential that sent them (the development key,
-//!   an agent token or a worker token, by its SHA-256), so two clients never
-//!   see each other's answers.
+//! - Keys are scoped to the authenticated principal ([`Principal`]): an
+//!   agent token's task, a worker token's worker, or the development key
+//!   together with the client's identity where it sends one
+//!   ([`CLIENT_ID`]): every agent shares the development key today, so
+//!   without it two agents that pick the same key would see each other's
+//!   answers. A request whose credential does not verify is passed on
+//!   untouched (it is refused 401): nothing is read or recorded for it,
+//!   so an anonymous client cannot make the server buffer bodies or
+//!   write rows.
+//! - The body is read up to the route's own limit (the photo route's for
+//!   photos, 64 KiB for every other route).
 //!
 //! A create's answer carries the agent token, which the store keeps only as
 //! a digest. The record is therefore sealed (ChaCha20-Poly1305 under a key
@@ -21,13 +31,16 @@
 //! [`meatspace_core::secret`]). Since the record lives in the database, a
 //! server restart between the first request and the retry changes nothing.
 //!
-//! Answers that say nothing about the request (5xx, 401, 408, 429) are not
-//! recorded: the claim is released and a retry runs again. A claim whose
-//! process died mid-request is taken over after a lease of
-//! [`LEASE`] rather than blocking the key for its whole window.
+//! Only 2xx answers and the domain's 4xx (400, 404, 409, 410, 422) are
+//! recorded; any other (5xx, 401, 408, 413, 415, 429, ...) says nothing
+//! lasting about the request: the claim is released and a retry runs
+//! again. So is an answer larger than [`MAX_RECORDED_BYTES`], which is
+//! still given in full. A claim whose process died mid-request is taken
+//! over after a lease of [`LEASE`] rather than blocking the key for its
+//! whole window.
 
-use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -38,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::AppState;
-use crate::auth::DEV_KEY_HEADER;
+use crate::auth::{self, Principal};
 use crate::error::{ApiError, problem};
 
 /// The request header.
@@ -51,7 +64,25 @@ pub const MAX_KEY_LEN: usize = 255;
 /// may take (the server's request timeout is 40 s).
 pub const LEASE: TimeDelta = TimeDelta::seconds(60);
 /// Largest answer recorded (every JSON answer is far smaller).
-const MAX_RECORDED_BYTES: usize = 1024 * 1024;
+pub const MAX_RECORDED_BYTES: usize = 1024 * 1024;
+/// Request header naming the client (any 1-255 visible ASCII characters,
+/// e.g. a random id per agent process): part of the scope of keys sent
+/// with the development key, which every agent shares.
+pub const CLIENT_ID: &str = "x-meatspace-client-id";
+
+/// Statuses whose answers are recorded and replayed: success, and the
+/// domain's refusals of the request itself.
+fn worth_recording(status: StatusCode) -> bool {
+    status.is_success()
+        || matches!(
+            status,
+            StatusCode::BAD_REQUEST
+                | StatusCode::NOT_FOUND
+                | StatusCode::CONFLICT
+                | StatusCode::GONE
+                | StatusCode::UNPROCESSABLE_ENTITY
+        )
+}
 
 /// What is sealed and stored: enough to replay the answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,15 +106,26 @@ pub async fn middleware(State(state): State<AppState>, req: Request, next: Next)
         Ok(key) => key,
         Err(e) => return e.into_response(),
     };
-    // Without a credential the request is refused anyway (401); there is
-    // nothing to scope the key to.
-    let Some(scope) = scope_of(req.headers()) else {
-        return next.run(req).await;
+    // A credential that does not verify gets its 401 from the route, with
+    // nothing buffered or recorded here.
+    let principal = match auth::principal(&state, req.headers()).await {
+        Ok(Some(principal)) => principal,
+        Ok(None) => return next.run(req).await,
+        Err(e) => return e.into_response(),
+    };
+    let scope = scope_of(principal, req.headers());
+    let limit = match req.extensions().get::<MatchedPath>() {
+        Some(path) if path.as_str() == crate::routes::workers::PHOTO_PATH => {
+            state.photo_limits.max_bytes
+        }
+        _ => crate::MAX_JSON_BYTES,
     };
     let (parts, body) = req.into_parts();
-    let limit = state.photo_limits.max_bytes.max(crate::MAX_JSON_BYTES) + 64 * 1024;
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return ApiError::TooLarge("the request body is too large".into()).into_response();
+        return ApiError::TooLarge(format!(
+            "the request body is larger than this route's limit of {limit} bytes"
+        ))
+        .into_response();
     };
     let fingerprint = fingerprint(&parts.method, &parts.uri, &parts.headers, &bytes);
     let claim = IdempotencyClaim {
@@ -145,33 +187,34 @@ pub async fn middleware(State(state): State<AppState>, req: Request, next: Next)
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
     let status = res.status();
-    let worth_recording = !(status.is_server_error()
-        || matches!(
-            status,
-            StatusCode::UNAUTHORIZED | StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
-        ));
-    if !worth_recording {
+    if !worth_recording(status) {
         release(&state, &scope, &key).await;
         return res;
     }
     let (parts, body) = res.into_parts();
-    let recorded = match axum::body::to_bytes(body, MAX_RECORDED_BYTES).await {
-        Ok(bytes) => match String::from_utf8(bytes.to_vec()) {
-            Ok(body) => Recorded {
-                status: status.as_u16(),
-                content_type: header_string(&parts.headers, header::CONTENT_TYPE),
-                location: header_string(&parts.headers, header::LOCATION),
-                body,
-            },
-            Err(e) => {
-                release(&state, &scope, &key).await;
-                return Response::from_parts(parts, Body::from(e.into_bytes()));
-            }
-        },
+    let bytes = match read_up_to(body, MAX_RECORDED_BYTES).await {
+        Ok(Ok(bytes)) => bytes,
+        // Too large to record: given whole, not recorded.
+        Ok(Err(whole)) => {
+            release(&state, &scope, &key).await;
+            return Response::from_parts(parts, whole);
+        }
         Err(e) => {
             release(&state, &scope, &key).await;
             return ApiError::Internal(anyhow::anyhow!("reading an answer to record: {e}"))
                 .into_response();
+        }
+    };
+    let recorded = match String::from_utf8(bytes) {
+        Ok(body) => Recorded {
+            status: status.as_u16(),
+            content_type: header_string(&parts.headers, header::CONTENT_TYPE),
+            location: header_string(&parts.headers, header::LOCATION),
+            body,
+        },
+        Err(e) => {
+            release(&state, &scope, &key).await;
+            return Response::from_parts(parts, Body::from(e.into_bytes()));
         }
     };
     let plain = serde_json::to_vec(&recorded).unwrap_or_default();
@@ -185,6 +228,25 @@ pub async fn middleware(State(state): State<AppState>, req: Request, next: Next)
         tracing::warn!(error = %e, "recording an idempotent answer failed");
     }
     Response::from_parts(parts, Body::from(recorded.body))
+}
+
+/// The body of an answer: `Ok(bytes)` when it holds at most `max` bytes,
+/// else `Err` with a body that streams the whole answer (what was read,
+/// then the rest).
+async fn read_up_to(body: Body, max: usize) -> Result<Result<Vec<u8>, Body>, axum::Error> {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        read.extend_from_slice(&chunk);
+        if read.len() > max {
+            let head =
+                futures::stream::once(async move { Ok::<_, axum::Error>(Bytes::from(read)) });
+            return Ok(Err(Body::from_stream(head.chain(stream))));
+        }
+    }
+    Ok(Ok(read))
 }
 
 async fn release(state: &AppState, scope: &[u8; 32], key: &str) {
@@ -235,19 +297,29 @@ fn parse_key(raw: &HeaderValue) -> Result<String, ApiError> {
     Ok(s.to_owned())
 }
 
-/// SHA-256 of the credential the request presents: the development key or
-/// the bearer token. The raw credential is never stored.
-pub fn scope_of(h: &HeaderMap) -> Option<[u8; 32]> {
-    let (kind, value) = if let Some(v) = h.get(header::AUTHORIZATION) {
-        ("bearer", v)
-    } else {
-        ("dev-key", h.get(DEV_KEY_HEADER)?)
-    };
+/// The scope of a key: SHA-256 of the principal, and for the development
+/// key of the client id the request sends, if any. No credential is part
+/// of it, so none is stored.
+pub fn scope_of(principal: Principal, h: &HeaderMap) -> [u8; 32] {
     let mut d = Sha256::new();
-    d.update(kind.as_bytes());
-    d.update([0]);
-    d.update(value.as_bytes());
-    Some(d.finalize().into())
+    match principal {
+        Principal::DevKey => {
+            d.update(b"dev-key\0");
+            if let Some(client) = h.get(CLIENT_ID) {
+                d.update(b"client\0");
+                d.update(client.as_bytes());
+            }
+        }
+        Principal::Agent(task) => {
+            d.update(b"agent\0");
+            d.update(task.as_bytes());
+        }
+        Principal::Worker(worker) => {
+            d.update(b"worker\0");
+            d.update(worker.as_bytes());
+        }
+    }
+    d.finalize().into()
 }
 
 pub fn fingerprint(method: &Method, uri: &axum::http::Uri, h: &HeaderMap, body: &[u8]) -> [u8; 32] {
@@ -290,7 +362,9 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
             .description(Some(
                 "Makes the request safe to retry: the same key with the same request within the replay \
                  window returns the first answer (with `Idempotency-Replayed: true`); with another \
-                 request 422; while the first is in flight 409. Scoped to the credential.",
+                 request 422; while the first is in flight 409. Scoped to the authenticated principal \
+                 (the task of an agent token, the worker of a worker token; the development key \
+                 together with the X-Meatspace-Client-Id header when sent).",
             ))
             .schema(Some(
                 ObjectBuilder::new()
@@ -369,15 +443,34 @@ mod tests {
     }
 
     #[test]
-    fn scopes_follow_the_credential() {
-        let mut a = HeaderMap::new();
-        a.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        let mut b = HeaderMap::new();
-        b.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer y"));
-        let mut dev = HeaderMap::new();
-        dev.insert(DEV_KEY_HEADER, HeaderValue::from_static("Bearer x"));
-        assert_ne!(scope_of(&a), scope_of(&b));
-        assert_ne!(scope_of(&a), scope_of(&dev));
-        assert_eq!(scope_of(&HeaderMap::new()), None);
+    fn scopes_follow_the_principal_and_the_dev_key_clients_identity() {
+        let id = uuid::Uuid::new_v4();
+        let none = HeaderMap::new();
+        let client = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CLIENT_ID, HeaderValue::from_static(v));
+            h
+        };
+        assert_ne!(
+            scope_of(Principal::Agent(id), &none),
+            scope_of(Principal::Worker(id), &none)
+        );
+        assert_ne!(
+            scope_of(Principal::DevKey, &client("a")),
+            scope_of(Principal::DevKey, &client("b"))
+        );
+        assert_ne!(
+            scope_of(Principal::DevKey, &client("a")),
+            scope_of(Principal::DevKey, &none)
+        );
+        assert_eq!(
+            scope_of(Principal::DevKey, &client("a")),
+            scope_of(Principal::DevKey, &client("a"))
+        );
+        // The client id scopes only the shared development key.
+        assert_eq!(
+            scope_of(Principal::Agent(id), &client("a")),
+            scope_of(Principal::Agent(id), &none)
+        );
     }
 }

@@ -155,6 +155,9 @@ impl utoipa::Modify for SecuritySchemes {
 /// Builds the application.
 pub fn router(state: AppState) -> Router {
     // Every route that needs the database fails fast while it is down.
+    // `Idempotency-Key` applies to these routes only (the API's
+    // state-changing POSTs), inside the routing: a request reaches it
+    // once its route is known, so the body limit is the route's own.
     let needs_database = OpenApiRouter::new()
         .merge(routes::tasks::router())
         .merge(routes::stream::router())
@@ -162,15 +165,15 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::invites::router())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            idempotency::middleware,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             availability::guard,
         ));
     let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(routes::capabilities::router())
         .merge(needs_database)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate_limit::limit,
-        ))
         .split_for_parts();
     let mut openapi = openapi;
     idempotency::document(&mut openapi);
@@ -210,10 +213,6 @@ pub fn router(state: AppState) -> Router {
         .route_service(meatspace_mcp::HTTP_PATH, mcp::service(state.clone()))
         .layer(axum::middleware::map_response(
             mcp::transport_errors_as_problems,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            rate_limit::limit,
         ));
     let routes = Router::new()
         .merge(api)
@@ -228,13 +227,16 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("this route does not take that method".into())
         })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BYTES))
+        // Every route and the fallback: the API, `/mcp`, the web app (its
+        // sign-in too), the probes and unknown paths (see `rate_limit`).
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            idempotency::middleware,
+            rate_limit::limit,
         ))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BYTES))
         // Inside the routing, where the matched route template (its label)
-        // is known; outside the idempotency layer, so replays count too.
+        // is known; outside the idempotency and rate limit layers, so
+        // replays and 429s count too.
         .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state);
     // The layers every request passes through wrap the router once, as one
@@ -243,7 +245,11 @@ pub fn router(state: AppState) -> Router {
     let stack = tower::ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http())
+        // Its own span: the default one logs the URI, and invite codes
+        // travel in paths (see `telemetry::request_span`).
+        .layer(
+            TraceLayer::new_for_http().make_span_with(telemetry::request_span::<axum::body::Body>),
+        )
         .layer(axum::middleware::map_response(
             error::problem_for_every_error,
         ))
@@ -339,7 +345,10 @@ fn document_rate_limit(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::header::HeaderBuilder;
     use utoipa::openapi::{ContentBuilder, Ref, RefOr};
     let response = ResponseBuilder::new()
-        .description("Too many requests for this credential; retry after the given seconds")
+        .description(
+            "Too many requests (or open event streams and long polls) for this credential or \
+             client address; retry after the given seconds",
+        )
         .header(
             "Retry-After",
             HeaderBuilder::new()

@@ -141,8 +141,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
         dev_key: DevKey::new(&dev_key),
         policy,
         photo_limits: PhotoLimits {
-            max_bytes: config.max_photo_bytes,
-            max_dimension: config.max_photo_dimension,
+            max_pixels: config.max_photo_pixels,
+            max_task_bytes: config.max_photo_bytes_per_task,
+            decode_memory: meatspace_api::photo::DecodeMemory::new(
+                config.photo_decode_memory_bytes,
+            ),
+            ..PhotoLimits::new(config.max_photo_bytes, config.max_photo_dimension)
         },
         metrics: metrics_handle.clone(),
         availability,
@@ -172,7 +176,32 @@ async fn run(config: Config) -> anyhow::Result<()> {
         u64::from(config.db_max_connections) + 2,
     ))
     .unwrap_or(usize::MAX);
+    // The metrics listener: bound before serving, so a taken port fails the
+    // start rather than a scrape; it stops with the API listener.
+    let metrics_listener = tokio::net::TcpListener::bind(config.metrics_listen_addr)
+        .await
+        .with_context(|| format!("listen on {} (metrics)", config.metrics_listen_addr))?;
+    tracing::info!(addr = %metrics_listener.local_addr()?, "serving /metrics");
+    let metrics = {
+        let mut rx = stop_rx.clone();
+        let app = meatspace_api::metrics::router(metrics_handle.clone());
+        tokio::spawn(serve(
+            metrics_listener,
+            app,
+            meatspace_api::ServeOptions {
+                max_connections: 64,
+                ..meatspace_api::ServeOptions::default()
+            },
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            },
+        ))
+    };
     serve(listener, router(state), serve_options, shutdown).await?;
+    metrics
+        .await
+        .context("metrics listener panicked")?
+        .context("metrics listener failed")?;
     if let Some(handle) = controller {
         handle
             .await

@@ -41,13 +41,55 @@ pub async fn upkeep(handle: PrometheusHandle) {
     }
 }
 
+/// The `method` label: the methods of RFC 9110 and PATCH by name, every
+/// other (a client may send any token as a method) as `other`, so clients
+/// cannot grow the label space.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
+}
+
+/// The router of the metrics listener: `GET /metrics` in the Prometheus
+/// text format, and nothing else. It is served on its own address
+/// (`MEATSPACE_METRICS_LISTEN_ADDR`), never on the public one, so the
+/// Ingress cannot route to it and anonymous clients cannot read it.
+pub fn router(handle: PrometheusHandle) -> axum::Router {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move {
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    handle.render(),
+                )
+                    .into_response()
+            }
+        }),
+    )
+}
+
 /// Middleware recording request count and latency per route template.
 pub async fn track(req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = req.method().to_string();
+    let method = method_label(req.method()).to_owned();
     let started = Instant::now();
     let res = next.run(req).await;
     let status = res.status().as_u16().to_string();
@@ -56,4 +98,22 @@ pub async fn track(req: Request, next: Next) -> Response {
     metrics::histogram!("meatspace_http_request_duration_seconds", &labels)
         .record(started.elapsed().as_secs_f64());
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_methods_share_one_label() {
+        for (method, label) in [
+            ("GET", "GET"),
+            ("PATCH", "PATCH"),
+            ("BREW", "other"),
+            ("get", "other"),
+        ] {
+            let method = axum::http::Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(method_label(&method), label);
+        }
+    }
 }

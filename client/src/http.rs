@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Problem};
 use crate::types::{CreateTask, CreatedTask, RegisteredWorker};
-use crate::{DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, TaskHandle, WorkerHandle};
+use crate::{CLIENT_ID_HEADER, DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, TaskHandle, WorkerHandle};
 
 /// How often and how patiently transient failures are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +123,7 @@ impl ClientBuilder {
                 dev_key: self.dev_key,
                 retry: self.retry,
                 timeout: self.timeout,
+                client_id: Uuid::new_v4().to_string(),
             }),
         })
     }
@@ -141,6 +142,10 @@ struct Inner {
     dev_key: Option<String>,
     retry: RetryPolicy,
     timeout: Duration,
+    /// Random per client: sent with the development key (which every
+    /// agent shares) so that the server keeps this client's
+    /// `Idempotency-Key` answers apart from every other agent's.
+    client_id: String,
 }
 
 impl std::fmt::Debug for Client {
@@ -339,6 +344,7 @@ impl Client {
                     Error::Invalid("this call needs the development key; none was given".into())
                 })?;
                 req.header(DEV_KEY_HEADER, key)
+                    .header(CLIENT_ID_HEADER, &self.inner.client_id)
             }
             Auth::Bearer(token) => req.header(AUTHORIZATION, format!("Bearer {token}")),
         };

@@ -40,5 +40,8 @@ pub use worker::WorkerHandle;
 pub const DEV_KEY_HEADER: &str = "x-meatspace-dev-key";
 /// Request header making a POST safe to retry.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// Header naming this client, sent with the development key: the server
+/// scopes `Idempotency-Key` answers of the shared key to it.
+pub const CLIENT_ID_HEADER: &str = "x-meatspace-client-id";
 /// Response header the server sets on a replayed answer.
 pub const IDEMPOTENCY_REPLAYED_HEADER: &str = "idempotency-replayed";

@@ -7,9 +7,9 @@
 //! renamed over it and the directory synced, so a crash leaves either the
 //! old record or the new one, never a torn file or a lost cursor.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -47,10 +47,16 @@ pub struct StateDir {
 
 impl StateDir {
     /// Opens (creating if needed) the directory at `root`, making it and
-    /// its `tasks` directory private to the user.
+    /// its `tasks` directory private to the user. Parents it creates are
+    /// 0700 too (`~/.local/state/meatspace` when only `~/.local` exists):
+    /// created 0755 they would let other users list the state directory's
+    /// name and times. Parents that already exist are left as they are.
     pub fn open(root: &Path) -> std::io::Result<Self> {
         let tasks = root.join("tasks");
-        fs::create_dir_all(&tasks)?;
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&tasks)?;
         for dir in [root, tasks.as_path()] {
             fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
         }
@@ -144,6 +150,11 @@ mod tests {
         let dir = StateDir::open(&root.path().join("state")).unwrap();
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&root.path().join("state")), 0o700);
+        // Missing parents are created private too, whatever the umask.
+        let nested = root.path().join("a/b/state");
+        StateDir::open(&nested).unwrap();
+        assert_eq!(mode(&root.path().join("a")), 0o700);
+        assert_eq!(mode(&root.path().join("a/b")), 0o700);
         let mut record = TaskRecord {
             task_id: Uuid::new_v4(),
             agent_token: "mst_x".into(),

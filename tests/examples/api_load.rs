@@ -254,6 +254,8 @@ struct Server {
     child: tokio::process::Child,
     pid: u32,
     base_url: String,
+    /// `http://127.0.0.1:<port>` of its metrics listener.
+    metrics_url: String,
     dev_key: String,
     /// Holds the server's stdout (`server.out`) and stderr (`server.err`).
     dir: PathBuf,
@@ -263,6 +265,9 @@ impl Server {
     /// Starts the binary on a free port of 127.0.0.1 and waits for `/readyz`.
     async fn start(binary: &Path, database_url: &str, dir: &Path) -> Result<Server> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let dev_key = meatspace_api::auth::DevKey::generate();
@@ -276,6 +281,10 @@ impl Server {
                 meatspace_core::secret::ServerKey::generate().1,
             )
             .env("MEATSPACE_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .env(
+                "MEATSPACE_METRICS_LISTEN_ADDR",
+                format!("127.0.0.1:{metrics_port}"),
+            )
             .env("MEATSPACE_DATA_DIR", dir)
             .env("RUST_LOG", "warn")
             // 32 clients share one dev key: measure the server, not the limiter.
@@ -291,6 +300,7 @@ impl Server {
             child,
             pid,
             base_url: format!("http://127.0.0.1:{port}"),
+            metrics_url: format!("http://127.0.0.1:{metrics_port}"),
             dev_key,
             dir: dir.to_owned(),
         };

@@ -114,15 +114,25 @@ async fn main() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
     let dev_key = "msd_sse-fanout-benchmark-key-0123456789";
     let mut child = tokio::process::Command::new(&server)
         .env_clear()
         .env("MEATSPACE_DATA_DIR", dir.path())
         .env("MEATSPACE_DEV_KEY", dev_key)
         .env("MEATSPACE_LISTEN_ADDR", &addr)
+        .env("MEATSPACE_METRICS_LISTEN_ADDR", &metrics_addr)
         .env("RUST_LOG", "warn")
-        // Every stream uses the one task's token: no per-credential limit.
+        // Every stream uses the one task's token: no per-credential limit,
+        // and no cap on the streams of one token or address.
         .env("MEATSPACE_RATE_LIMIT_PER_SECOND", "0")
+        .env("MEATSPACE_MAX_STREAMS_PER_CREDENTIAL", "1000000")
+        .env("MEATSPACE_MAX_STREAMS_PER_ADDRESS", "1000000")
         // Allocator tuning passes through (e.g. MALLOC_ARENA_MAX=2).
         .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")))
         .stdin(Stdio::null())
@@ -348,7 +358,7 @@ async fn main() {
         // Every poll has read its (empty) page and waits in the feed hub.
         let give_up = Instant::now() + Duration::from_secs(120);
         loop {
-            let waiting = long_polls_waiting(&client, &base).await;
+            let waiting = long_polls_waiting(&client, &format!("http://{metrics_addr}")).await;
             if waiting >= open {
                 break;
             }

@@ -64,6 +64,9 @@ pub struct ServerProcess {
     child: tokio::process::Child,
     /// `host:port` it listens on.
     pub addr: String,
+    /// `host:port` of the API server's metrics listener (`None` for the
+    /// controller, which serves `/metrics` on `addr`).
+    pub metrics_addr: Option<String>,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -74,8 +77,16 @@ impl ServerProcess {
         let dir = tempfile::tempdir().expect("temporary directory");
         let log = dir.path().join("process.log");
         let addr = format!("127.0.0.1:{}", free_port());
-        let child = tokio::process::Command::new(binary.path())
-            .env_clear()
+        let mut command = tokio::process::Command::new(binary.path());
+        command.env_clear();
+        // The metrics listener's default port would be shared by every
+        // API server of the suite.
+        let metrics_addr = (binary == Binary::ApiServer).then(|| {
+            let metrics_addr = format!("127.0.0.1:{}", free_port());
+            command.env("MEATSPACE_METRICS_LISTEN_ADDR", &metrics_addr);
+            metrics_addr
+        });
+        let child = command
             .env(binary.listen_env(), &addr)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
@@ -89,6 +100,7 @@ impl ServerProcess {
         ServerProcess {
             child,
             addr,
+            metrics_addr,
             log,
             _dir: dir,
         }

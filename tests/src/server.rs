@@ -89,10 +89,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             policy: Policy::default(),
-            photo_limits: PhotoLimits {
-                max_bytes: 10 * 1024 * 1024,
-                max_dimension: 8192,
-            },
+            photo_limits: PhotoLimits::new(10 * 1024 * 1024, 8192),
             connect: ConnectOptions::default(),
             rate_limit: RateLimitSettings::OFF,
             serve: ServeOptions::default(),
@@ -104,11 +101,42 @@ impl Default for ServerOptions {
     }
 }
 
+/// The state the binary builds, on `db` with `options`, and the
+/// development key it accepts: for tests that serve a router of their own
+/// around the real middleware.
+pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, String) {
+    let store = connect(&db.url, options.policy, &options.connect)
+        .await
+        .expect("open the store");
+    let dev_key = DevKey::generate();
+    let feed = Feed::start(Arc::clone(&store));
+    let state = AppState {
+        store: Arc::clone(&store),
+        dev_key: DevKey::new(&dev_key),
+        policy: options.policy,
+        photo_limits: options.photo_limits.clone(),
+        metrics: meatspace_api::metrics::handle(),
+        feed,
+        availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
+        rate_limit: RateLimit::new(options.rate_limit),
+        integrations: options.integrations.clone(),
+        mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
+        worker_digests: DigestCache::for_workers(),
+        agent_digests: DigestCache::for_agents(),
+        public_origin: options.public_origin.clone(),
+        max_task_events: options.max_task_events,
+    };
+    (state, dev_key)
+}
+
 /// A running API server on its own fresh database.
 #[derive(Debug)]
 pub struct TestServer {
     /// `http://127.0.0.1:<port>`, without a trailing slash.
     pub base_url: String,
+    /// The metrics listener's `http://127.0.0.1:<port>` (the binary serves
+    /// `/metrics` on an address of its own, as this does).
+    pub metrics_url: String,
     /// The development key the server accepts (random per server).
     pub dev_key: String,
     pub client: reqwest::Client,
@@ -151,27 +179,8 @@ impl TestServer {
     /// A server on a database the test made itself (e.g. on a PostgreSQL
     /// server it restarts, [`crate::pg::PgServer`]).
     pub async fn start_on(backend: Db, db: TestDb, options: ServerOptions) -> TestServer {
-        let store = connect(&db.url, options.policy, &options.connect)
-            .await
-            .expect("open the store");
-        let dev_key = DevKey::generate();
-        let feed = Feed::start(Arc::clone(&store));
-        let state = AppState {
-            store: Arc::clone(&store),
-            dev_key: DevKey::new(&dev_key),
-            policy: options.policy,
-            photo_limits: options.photo_limits,
-            metrics: meatspace_api::metrics::handle(),
-            feed: feed.clone(),
-            availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
-            rate_limit: RateLimit::new(options.rate_limit),
-            integrations: options.integrations.clone(),
-            mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
-            worker_digests: DigestCache::for_workers(),
-            agent_digests: DigestCache::for_agents(),
-            public_origin: options.public_origin.clone(),
-            max_task_events: options.max_task_events,
-        };
+        let (state, dev_key) = app_state(&db, &options).await;
+        let (store, feed) = (Arc::clone(&state.store), state.feed.clone());
         let hub = feed.clone();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -182,6 +191,17 @@ impl TestServer {
             let _ = rx.await;
             feed.close();
         }));
+        let metrics_listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0 for metrics");
+        let metrics_addr = metrics_listener.local_addr().expect("metrics address");
+        // Ends with the test's runtime: it holds nothing but the listener.
+        tokio::spawn(serve(
+            metrics_listener,
+            meatspace_api::metrics::router(meatspace_api::metrics::handle()),
+            ServeOptions::default(),
+            std::future::pending::<()>(),
+        ));
         let client = reqwest::Client::builder()
             // A proxy from the environment must not see test traffic.
             .no_proxy()
@@ -191,6 +211,7 @@ impl TestServer {
             .expect("HTTP client");
         TestServer {
             base_url: format!("http://{addr}"),
+            metrics_url: format!("http://{metrics_addr}"),
             dev_key,
             client,
             store,
@@ -234,6 +255,11 @@ impl TestServer {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base_url)
+    }
+
+    /// `GET /metrics` of the metrics listener.
+    pub fn metrics(&self) -> RequestBuilder {
+        self.client.get(format!("{}/metrics", self.metrics_url))
     }
 
     /// A request without credentials.
@@ -559,6 +585,62 @@ pub mod images {
             image::Rgb([(x * 7) as u8, (y * 5) as u8, ((x + y) * 3) as u8])
         });
         encode(DynamicImage::ImageRgb8(img), ImageFormat::Png)
+    }
+
+    /// A zero-filled PNG of `width` × `height` pixels, RGBA with 16 bits a
+    /// channel when `sixteen` (else 8): a few hundred bytes a megapixel,
+    /// written row by row so that its pixels are never held whole.
+    pub fn zero_png(width: u32, height: u32, sixteen: bool) -> Vec<u8> {
+        use std::io::Write;
+        let mut out = Vec::new();
+        {
+            let mut encoder = png::Encoder::new(&mut out, width, height);
+            encoder.set_color(png::ColorType::Rgba);
+            encoder.set_depth(if sixteen {
+                png::BitDepth::Sixteen
+            } else {
+                png::BitDepth::Eight
+            });
+            encoder.set_compression(png::Compression::Balanced);
+            let mut header = encoder.write_header().expect("PNG header");
+            let mut writer = header.stream_writer().expect("PNG stream");
+            let row = vec![0u8; width as usize * if sixteen { 8 } else { 4 }];
+            for _ in 0..height {
+                writer.write_all(&row).expect("PNG row");
+            }
+            writer.finish().expect("PNG end");
+        }
+        out
+    }
+
+    /// A PNG whose header claims `width` × `height` pixels but whose data
+    /// is that of one pixel: a check of the header refuses it as too large,
+    /// a decoder as broken.
+    pub fn png_header_only(width: u32, height: u32) -> Vec<u8> {
+        let mut png = zero_png(1, 1, false);
+        // Signature (8), IHDR length and type (8), width, height, and the
+        // CRC of type and data at 29..33.
+        png[16..20].copy_from_slice(&width.to_be_bytes());
+        png[20..24].copy_from_slice(&height.to_be_bytes());
+        let crc = crc32(&png[12..29]);
+        png[29..33].copy_from_slice(&crc.to_be_bytes());
+        png
+    }
+
+    /// CRC-32 (IEEE), as PNG chunks carry it.
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
     }
 
     /// A PNG of random pixels: it does not compress, so its size is about

@@ -2,13 +2,17 @@
 //! identical concurrent creates, every answer carrying the same task and a
 //! working token; replays across a real server restart; 422 for a reused
 //! key, 409 while the first request is in flight; keys scoped to the
-//! credential; no token readable from the database.
+//! principal (and, for the shared development key, to the client's id);
+//! nothing buffered or recorded for requests that do not authenticate or
+//! are not the API's; each route's body limit; answers too large to record
+//! given whole; no token readable from the database.
 
 use std::str::FromStr;
 
 use axum::http::{HeaderMap, HeaderValue, Method as HttpMethod, Uri};
 use chrono::TimeDelta;
-use meatspace_api::idempotency::{fingerprint, scope_of};
+use meatspace_api::auth::Principal;
+use meatspace_api::idempotency::{CLIENT_ID, MAX_RECORDED_BYTES, fingerprint, scope_of};
 use meatspace_core::clock;
 use meatspace_core::store::{IdempotencyBegin, IdempotencyClaim};
 use meatspace_tests::Db;
@@ -26,6 +30,10 @@ meatspace_tests::api_tests!(
     a_reused_key_with_another_request_is_refused,
     a_key_in_flight_elsewhere_is_a_conflict_until_released_or_abandoned,
     keys_are_scoped_to_the_credential,
+    agents_sharing_the_dev_key_never_get_each_others_answers,
+    requests_that_do_not_authenticate_or_are_not_the_apis_record_nothing,
+    each_route_keeps_its_own_body_limit_under_a_key,
+    an_answer_too_large_to_record_is_given_whole_and_not_recorded,
     worker_and_agent_actions_replay_without_acting_twice,
     the_database_holds_no_readable_token,
 );
@@ -232,7 +240,7 @@ async fn a_key_in_flight_elsewhere_is_a_conflict_until_released_or_abandoned(db:
         );
         h.insert("content-type", HeaderValue::from_static("application/json"));
         IdempotencyClaim {
-            scope: scope_of(&h).unwrap(),
+            scope: scope_of(Principal::DevKey, &h),
             key: key.to_owned(),
             fingerprint: fingerprint(
                 &HttpMethod::POST,
@@ -310,6 +318,237 @@ async fn keys_are_scoped_to_the_credential(db: Db) {
             .expect_json(StatusCode::OK)
             .await;
     }
+}
+
+/// Every agent shares the development key: agent B sending agent A's key
+/// and body used to get A's task and A's working agent token back. With
+/// their own client ids, each gets its own answer; A's retry still replays.
+async fn agents_sharing_the_dev_key_never_get_each_others_answers(db: Db) {
+    let server = TestServer::start(db).await;
+    let as_client = |client: Option<&str>| {
+        let req = create(&server, "retry-1", "Fetch the milk");
+        match client {
+            Some(id) => req.header(CLIENT_ID, id),
+            None => req,
+        }
+    };
+    let a = as_client(Some("agent-a"))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let mut seen = vec![uuid_at(&a, "/task/id")];
+    for other in [Some("agent-b"), None] {
+        let res = as_client(other).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED, "{other:?}");
+        assert_eq!(header_str(&res, REPLAYED), None, "{other:?} got a replay");
+        let body: Value = res.json().await.unwrap();
+        assert_ne!(str_at(&body, "/agent_token"), str_at(&a, "/agent_token"));
+        seen.push(uuid_at(&body, "/task/id"));
+    }
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "three agents, three tasks: {seen:?}");
+    let retry = as_client(Some("agent-a")).send().await.unwrap();
+    assert_eq!(header_str(&retry, REPLAYED).as_deref(), Some("true"));
+    let retry: Value = retry.json().await.unwrap();
+    assert_eq!(retry, a, "A's retry is A's answer");
+}
+
+/// Rows of the idempotency table.
+async fn recorded_keys(server: &TestServer) -> i64 {
+    let sql = "SELECT COUNT(*) FROM idempotency_keys";
+    match server.backend {
+        Db::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(&server.db.url).await.unwrap();
+            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        }
+        Db::Sqlite => {
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(&server.db.url)
+                .unwrap()
+                .read_only(true);
+            let mut conn = sqlx::SqliteConnection::connect_with(&options)
+                .await
+                .unwrap();
+            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        }
+    }
+}
+
+/// The middleware used to run before authentication, on every route: any
+/// `Authorization` value with a key made it buffer the body and record
+/// the answer (50 anonymous requests wrote 50 rows). Now only the API's
+/// POSTs from a verified principal are recorded, and only answers that
+/// say something lasting about the request.
+async fn requests_that_do_not_authenticate_or_are_not_the_apis_record_nothing(db: Db) {
+    let server = TestServer::start(db).await;
+    let t = server.active_task("Walk the dog").await;
+    let body = json!({ "description": "x" }).to_string();
+    let forged = format!("mst_{}_forged", t.task_id);
+    let requests = [
+        // Not authenticated: a bogus token, a real task's id with a forged
+        // secret, a wrong dev key.
+        (
+            "POST",
+            "/api/v1/tasks".to_owned(),
+            Some(("authorization", "Bearer nonsense".to_owned())),
+        ),
+        (
+            "POST",
+            format!("/api/v1/tasks/{}/cancel", t.task_id),
+            Some(("authorization", format!("Bearer {forged}"))),
+        ),
+        (
+            "POST",
+            "/api/v1/tasks".to_owned(),
+            Some((DEV_KEY_HEADER, "msd_wrong".to_owned())),
+        ),
+        // Not the API's state-changing routes.
+        (
+            "POST",
+            "/nope".to_owned(),
+            Some((DEV_KEY_HEADER, server.dev_key.clone())),
+        ),
+        (
+            "POST",
+            "/app/login".to_owned(),
+            Some((DEV_KEY_HEADER, server.dev_key.clone())),
+        ),
+        (
+            "POST",
+            "/mcp".to_owned(),
+            Some((DEV_KEY_HEADER, server.dev_key.clone())),
+        ),
+        (
+            "POST",
+            "/api/v1/capabilities".to_owned(),
+            Some((DEV_KEY_HEADER, server.dev_key.clone())),
+        ),
+    ];
+    for (i, (method, path, credential)) in requests.iter().enumerate() {
+        let mut req = server
+            .request(Method::from_bytes(method.as_bytes()).unwrap(), path)
+            .header(KEY, format!("k-{i}"))
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if let Some((name, value)) = credential {
+            req = req.header(*name, value);
+        }
+        let res = req.send().await.unwrap();
+        assert!(
+            res.status().is_client_error(),
+            "{method} {path}: {}",
+            res.status()
+        );
+    }
+    assert_eq!(
+        recorded_keys(&server).await,
+        0,
+        "a request outside the API's POSTs was recorded"
+    );
+    // An answer that says nothing lasting (415: the type was wrong) is not
+    // recorded either; the API's own answers are.
+    let photo = format!("/api/v1/worker/tasks/{}/photos", t.task_id);
+    server
+        .worker(&t.worker_token)
+        .post(&photo)
+        .header(KEY, "photo-1")
+        .header("content-type", "text/plain")
+        .body("not an image")
+        .expect_problem(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+        .await;
+    assert_eq!(recorded_keys(&server).await, 0, "a 415 was recorded");
+    server
+        .agent(&t.agent_token)
+        .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
+        .header(KEY, "cancel-1")
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(recorded_keys(&server).await, 1);
+}
+
+/// The middleware buffered every keyed body up to the photo limit; now each
+/// route keeps its own: a photo larger than a JSON body is accepted on the
+/// photo route, and a JSON route refuses more than 64 KiB.
+async fn each_route_keeps_its_own_body_limit_under_a_key(db: Db) {
+    let server = TestServer::start(db).await;
+    let t = server.active_task("Photograph the roof").await;
+    let photo = meatspace_tests::server::images::noisy_png(200, 200);
+    assert!(
+        photo.len() > meatspace_api::MAX_JSON_BYTES,
+        "{}",
+        photo.len()
+    );
+    server
+        .worker(&t.worker_token)
+        .post(&format!("/api/v1/worker/tasks/{}/photos", t.task_id))
+        .header(KEY, "big-photo")
+        .header("content-type", "image/png")
+        .body(photo)
+        .expect_json(StatusCode::OK)
+        .await;
+    let long = "x".repeat(meatspace_api::MAX_JSON_BYTES + 1);
+    server
+        .worker(&t.worker_token)
+        .post(&format!("/api/v1/worker/tasks/{}/messages", t.task_id))
+        .header(KEY, "big-message")
+        .json(&json!({ "text": long }))
+        .expect_problem(StatusCode::PAYLOAD_TOO_LARGE)
+        .await;
+}
+
+/// A recorded answer larger than 1 MiB came back as 500. The API's own
+/// answers are far smaller, so a route of the test's own, behind the real
+/// middleware and store, gives one.
+async fn an_answer_too_large_to_record_is_given_whole_and_not_recorded(db: Db) {
+    use axum::routing::post;
+    let options = meatspace_tests::server::ServerOptions::default();
+    let test_db = meatspace_tests::TestDb::new(db).await;
+    let (state, dev_key) = meatspace_tests::server::app_state(&test_db, &options).await;
+    let store = std::sync::Arc::clone(&state.store);
+    let big = "x".repeat(MAX_RECORDED_BYTES + 1);
+    let app = axum::Router::new()
+        .route("/api/v1/big", post(move || async move { big }))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            meatspace_api::idempotency::middleware,
+        ))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(meatspace_api::serve(
+        listener,
+        app,
+        meatspace_api::ServeOptions::default(),
+        std::future::pending::<()>(),
+    ));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    for _ in 0..2 {
+        let res = client
+            .post(format!("http://{addr}/api/v1/big"))
+            .header(DEV_KEY_HEADER, &dev_key)
+            .header(KEY, "big-1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            header_str(&res, REPLAYED),
+            None,
+            "not recorded, so not replayed"
+        );
+        assert_eq!(res.text().await.unwrap().len(), MAX_RECORDED_BYTES + 1);
+    }
+    // The claim was released: the key is free, nothing is kept.
+    let claim = IdempotencyClaim {
+        scope: scope_of(Principal::DevKey, &HeaderMap::new()),
+        key: "big-1".to_owned(),
+        fingerprint: [0; 32],
+        now: clock::now(),
+        lease: TimeDelta::seconds(60),
+        ttl: TimeDelta::hours(24),
+    };
+    assert_eq!(
+        store.idempotency_begin(&claim).await.unwrap(),
+        IdempotencyBegin::Started
+    );
 }
 
 async fn worker_and_agent_actions_replay_without_acting_twice(db: Db) {

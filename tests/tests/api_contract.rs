@@ -155,8 +155,9 @@ async fn capabilities_report_the_configured_limits(db: Db) {
         db,
         ServerOptions {
             photo_limits: PhotoLimits {
-                max_bytes: 123_456,
-                max_dimension: 777,
+                max_pixels: 333_333,
+                max_task_bytes: 4_444_444,
+                ..PhotoLimits::new(123_456, 777)
             },
             ..ServerOptions::default()
         },
@@ -165,6 +166,8 @@ async fn capabilities_report_the_configured_limits(db: Db) {
     let doc = capabilities(&srv).await;
     assert_eq!(doc["limits"]["photo_bytes"], 123_456);
     assert_eq!(doc["limits"]["photo_max_dimension"], 777);
+    assert_eq!(doc["limits"]["photo_max_pixels"], 333_333);
+    assert_eq!(doc["limits"]["photo_bytes_per_task"], 4_444_444);
     assert_eq!(doc["limits"]["description_chars"], 4000);
     let kinds = doc["issue_protocol"]["issue_kinds"]
         .as_array()
@@ -273,11 +276,20 @@ async fn every_openapi_route_is_served(db: Db) {
     }
     // Capabilities, the agent API (7) and the worker API (11).
     assert!(checked >= 19, "only {checked} operations documented");
-    // The probes are served too, outside the API document.
-    for path in ["/livez", "/readyz", "/metrics", "/api/v1/openapi.json"] {
+    // The probes are served too, outside the API document; the metrics
+    // on their own listener only.
+    for path in ["/livez", "/readyz", "/api/v1/openapi.json"] {
         let res = srv.get(path).send().await.expect("request");
         assert_eq!(res.status(), StatusCode::OK, "{path}");
     }
+    let res = srv.metrics().send().await.expect("request");
+    assert_eq!(res.status(), StatusCode::OK, "/metrics");
+    let res = srv.get("/metrics").send().await.expect("request");
+    assert_eq!(
+        res.status(),
+        StatusCode::NOT_FOUND,
+        "/metrics on the API port"
+    );
     // And the fallback really is what an unknown route gets.
     let body = srv
         .get("/api/v1/no-such-thing")

@@ -11,6 +11,11 @@
 //!   reveals nothing about the task;
 //! - a client over its rate limit gets 429 with `Retry-After`, other
 //!   credentials carry on, and the capabilities document states the limit;
+//!   credentials that do not verify are charged to the client's address
+//!   (random tokens no longer mint budgets), on every route including the
+//!   web app's sign-in, and failed authentications have a budget per
+//!   address;
+//! - event streams and long polls are capped per credential and address;
 //! - slow and idle connections are closed after the header-read timeout,
 //!   and a connection cap holds further clients back until one closes;
 //! - an HTTP/2 connection is closed once it carries no request for as long
@@ -41,6 +46,9 @@ meatspace_tests::api_tests!(
     clarify_without_text_on_a_terminal_task_is_a_conflict,
     claiming_a_task_that_is_not_yours_is_not_found,
     a_client_over_its_limit_gets_429_and_others_do_not,
+    random_credentials_share_their_address_budget,
+    failed_authentications_are_limited_per_address,
+    streams_and_long_polls_are_capped_per_credential_and_address,
     slow_and_idle_connections_are_closed,
     the_connection_cap_holds_clients_back_until_one_closes,
     an_idle_http2_connection_is_closed_but_not_while_a_request_waits,
@@ -239,19 +247,54 @@ async fn claiming_a_task_that_is_not_yours_is_not_found(db: Db) {
     assert_eq!(again["task_state"], "active");
 }
 
-async fn a_client_over_its_limit_gets_429_and_others_do_not(db: Db) {
-    let srv = TestServer::start_with(
+/// A server limiting each principal and address to a burst of `burst`
+/// and one request a second after it, with `failures` failed
+/// authentications per address (a burst, then one a minute).
+async fn limited_server(db: Db, burst: u32, failures: Option<u32>) -> TestServer {
+    TestServer::start_with(
         db,
         ServerOptions {
-            // One request a minute after a burst of 3: the fourth is over.
             rate_limit: RateLimitSettings {
                 per_second: NonZeroU32::new(1),
-                burst: NonZeroU32::new(3).unwrap(),
+                burst: NonZeroU32::new(burst).unwrap(),
+                auth_failures_per_minute: failures.map(|_| NonZeroU32::MIN),
+                auth_failures_burst: NonZeroU32::new(failures.unwrap_or(1)).unwrap(),
+                ..RateLimitSettings::OFF
             },
             ..ServerOptions::default()
         },
     )
-    .await;
+    .await
+}
+
+/// Sends `request()` up to `most` times, stopping at the first 429: how
+/// many were answered with something else, and the 429 (if one came).
+/// The budget refills at one request a second, so a run that takes `s`
+/// seconds passes at most `burst + s + 1` requests: the bound holds on a
+/// slow machine, where a fixed count of requests within a second would not.
+async fn until_limited(
+    mut request: impl FnMut() -> reqwest::RequestBuilder,
+    most: usize,
+) -> (usize, Vec<StatusCode>, Option<reqwest::Response>, Duration) {
+    let started = std::time::Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..most {
+        let res = request().send().await.unwrap();
+        if res.status() == StatusCode::TOO_MANY_REQUESTS {
+            return (statuses.len(), statuses, Some(res), started.elapsed());
+        }
+        statuses.push(res.status());
+    }
+    (statuses.len(), statuses, None, started.elapsed())
+}
+
+/// At most how many requests a budget of `burst` lets through in `took`.
+fn allowed(burst: u32, took: Duration) -> usize {
+    burst as usize + took.as_secs() as usize + 1
+}
+
+async fn a_client_over_its_limit_gets_429_and_others_do_not(db: Db) {
+    let srv = limited_server(db, 3, None).await;
     let caps = srv
         .get("/api/v1/capabilities")
         .expect_json(StatusCode::OK)
@@ -260,27 +303,221 @@ async fn a_client_over_its_limit_gets_429_and_others_do_not(db: Db) {
     assert_eq!(caps["limits"]["rate_limit"]["burst"], 3);
 
     let (id, token) = srv.create_task("Paint the fence").await;
-    let get = || srv.agent(&token).get(&format!("/api/v1/tasks/{id}"));
-    // The create was the dev key's; the token has its own budget.
-    for _ in 0..3 {
-        get().expect_json(StatusCode::OK).await;
-    }
-    let res = get().send().await.unwrap();
-    let retry_after = header_str(&res, RETRY_AFTER);
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    let seconds: u64 = retry_after.expect("Retry-After").parse().expect("seconds");
+    let path = format!("/api/v1/tasks/{id}");
+    // The create was the dev key's; the token has its own budget, which
+    // forged tokens from the same client do not spend: each is charged to
+    // the client's address until it verifies, and it never does.
+    let forged = format!("{token}x");
+    let (passed, statuses, limited, took) =
+        until_limited(|| srv.agent(&forged).get(&path), 50).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::UNAUTHORIZED),
+        "{statuses:?}"
+    );
+    assert!(limited.is_some(), "50 forged tokens were never limited");
+    assert!(
+        passed <= allowed(3, took),
+        "{passed} forged requests passed in {took:?}"
+    );
+    // The holder still has its whole burst: three in a row, however long
+    // the forged requests took.
+    let (passed, statuses, limited, took) =
+        until_limited(|| srv.agent(&token).get(&path), 50).await;
+    assert!(
+        passed >= 3,
+        "the holder got only {passed} requests: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    assert!(
+        passed <= allowed(3, took),
+        "{passed} requests passed in {took:?}"
+    );
+    let res = limited.expect("the holder is limited after its burst");
+    let seconds: u64 = header_str(&res, RETRY_AFTER)
+        .expect("Retry-After")
+        .parse()
+        .expect("seconds");
     assert!(seconds >= 1, "{seconds}");
     let body: Value = res.json().await.unwrap();
     assert!(str_at(&body, "/type").ends_with("/rate-limited"), "{body}");
-    // A forged token does not spend the real holder's budget, nor does it
-    // escape its own.
-    let forged = format!("{token}x");
-    srv.agent(&forged)
-        .get(&format!("/api/v1/tasks/{id}"))
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
     // Other credentials carry on.
     srv.create_task("Another fence").await;
+}
+
+/// Each random bearer value used to get a fresh budget of its own (20
+/// random tokens: 20 × 401, never 429), and each cost a database read.
+/// Unverified credentials are now the address's: once it is spent, the
+/// answer is 429 before anything reads the store.
+async fn random_credentials_share_their_address_budget(db: Db) {
+    let srv = limited_server(db, 3, None).await;
+    let (passed, statuses, limited, took) = until_limited(
+        || {
+            let token = format!("mst_{}_x", Uuid::new_v4());
+            srv.agent(&token)
+                .get(&format!("/api/v1/tasks/{}", Uuid::new_v4()))
+        },
+        20,
+    )
+    .await;
+    assert!(limited.is_some(), "20 random tokens, no 429: {statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::UNAUTHORIZED),
+        "{statuses:?}"
+    );
+    // Each answer other than 429 is at most one digest read.
+    assert!(
+        passed <= allowed(3, took),
+        "{passed} random tokens got past the budget in {took:?}"
+    );
+    // The web app's sign-in, `/mcp`, the probes and unknown routes are
+    // limited too (30 sign-ins used to pass, none limited).
+    for path in ["/app/login", "/mcp", "/nope"] {
+        let (_, _, limited, _) = until_limited(|| srv.post(path).body("token=x"), 30).await;
+        assert!(limited.is_some(), "POST {path} is not limited");
+    }
+    let (_, _, limited, _) = until_limited(|| srv.get("/livez"), 30).await;
+    assert!(limited.is_some(), "GET /livez is not limited");
+    // A verified credential is its own budget, whatever its address spent.
+    srv.create_task("Still served").await;
+}
+
+/// Failed authentications have a budget per address: past it, requests
+/// from that address without a verified credential get 429 (no store
+/// read), while a credential that verifies goes on.
+async fn failed_authentications_are_limited_per_address(db: Db) {
+    // A request budget large enough that only the failure budget binds.
+    let srv = limited_server(db, 1000, Some(4)).await;
+    let (id, token) = srv.create_task("Water the plants").await;
+    let path = format!("/api/v1/tasks/{id}");
+    let (passed, statuses, limited, _) =
+        until_limited(|| srv.agent(&format!("mst_{id}_wrong")).get(&path), 20).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::UNAUTHORIZED),
+        "{statuses:?}"
+    );
+    // One failure a minute refills: four, perhaps five on a slow run.
+    assert!(
+        (4..=5).contains(&passed),
+        "{passed} failures before the limit"
+    );
+    let body: Value = limited.expect("limited").json().await.unwrap();
+    assert!(
+        str_at(&body, "/detail").contains("failed authentications"),
+        "{body}"
+    );
+    // Anonymous requests from the address are held back too ...
+    srv.get("/api/v1/capabilities")
+        .expect_problem(StatusCode::TOO_MANY_REQUESTS)
+        .await;
+    // ... but the holder of a real token, and the dev key, are not.
+    srv.agent(&token)
+        .get(&path)
+        .expect_json(StatusCode::OK)
+        .await;
+    srv.create_task("And the lawn").await;
+}
+
+/// Event streams and long polls are capped per credential and per address:
+/// HTTP/2 allows a thousand requests per connection, and every change
+/// wakes each open stream of its task.
+async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
+    let mut options = ServerOptions {
+        rate_limit: RateLimitSettings {
+            max_streams_per_credential: NonZeroU32::new(2),
+            max_streams_per_address: NonZeroU32::new(3),
+            ..RateLimitSettings::OFF
+        },
+        ..ServerOptions::default()
+    };
+    // A closed stream is noticed at its next write, the next heartbeat.
+    options.integrations.sse_heartbeat = Duration::from_millis(200);
+    let srv = TestServer::start_with(db, options).await;
+    let caps = srv
+        .get("/api/v1/capabilities")
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(caps["limits"]["rate_limit"]["streams"]["per_credential"], 2);
+    assert_eq!(caps["limits"]["rate_limit"]["streams"]["per_address"], 3);
+    let t = srv.active_task("Guard the gate").await;
+    let stream_path = format!("/api/v1/tasks/{}/events/stream", t.task_id);
+    let poll_path = format!("/api/v1/tasks/{}/events?after=1000000&wait=30", t.task_id);
+    // One event stream (its headers arrive at once) and one waiting long
+    // poll: the agent token's two places.
+    let stream = srv
+        .agent(&t.agent_token)
+        .get(&stream_path)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    // A waiting long poll is answered 200 at once; its page follows later.
+    let poll = srv
+        .agent(&t.agent_token)
+        .get(&poll_path)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(poll.status(), StatusCode::OK);
+    for path in [&stream_path, &poll_path] {
+        let body = srv
+            .agent(&t.agent_token)
+            .get(path)
+            .expect_problem(StatusCode::TOO_MANY_REQUESTS)
+            .await;
+        assert!(
+            str_at(&body, "/type").ends_with("/too-many-streams"),
+            "{body}"
+        );
+    }
+    // A page answered at once takes no place.
+    srv.agent(&t.agent_token)
+        .get(&format!("/api/v1/tasks/{}/events", t.task_id))
+        .expect_json(StatusCode::OK)
+        .await;
+    // A forged token cannot take the holder's places, nor is it counted.
+    srv.agent(&format!("{}x", t.agent_token))
+        .get(&stream_path)
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    // The worker has places of its own, but the address holds three.
+    let worker_stream = format!("/api/v1/worker/tasks/{}/events/stream", t.task_id);
+    let third = srv
+        .worker(&t.worker_token)
+        .get(&worker_stream)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    let body = srv
+        .worker(&t.worker_token)
+        .get(&worker_stream)
+        .expect_problem(StatusCode::TOO_MANY_REQUESTS)
+        .await;
+    assert!(str_at(&body, "/detail").contains("address"), "{body}");
+    // Closing a stream gives its place back.
+    drop(stream);
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let res = srv
+            .agent(&t.agent_token)
+            .get(&stream_path)
+            .send()
+            .await
+            .unwrap();
+        if res.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the closed stream's place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((poll, third));
 }
 
 /// A server with these connection limits.

@@ -525,14 +525,11 @@ async fn bad_worker_input_is_refused_and_writes_nothing(db: Db) {
 }
 
 async fn bad_photos_are_refused_and_write_nothing(db: Db) {
-    let limits = PhotoLimits {
-        max_bytes: 256 * 1024,
-        max_dimension: 1024,
-    };
+    let limits = PhotoLimits::new(256 * 1024, 1024);
     let srv = TestServer::start_with(
         db,
         ServerOptions {
-            photo_limits: limits,
+            photo_limits: limits.clone(),
             ..ServerOptions::default()
         },
     )

@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 meatspace_tests::api_tests!(
     probes_answer_and_metrics_name_route_templates,
+    methods_a_client_invents_do_not_grow_the_metrics,
     an_unavailable_database_gets_503_not_500,
     the_database_holds_no_credential,
 );
@@ -32,7 +33,7 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
     let stray = format!("/api/v1/tasks/{}/nonsense", Uuid::new_v4());
     srv.get(&stray).expect_problem(StatusCode::NOT_FOUND).await;
 
-    let res = srv.get("/metrics").send().await.unwrap();
+    let res = srv.metrics().send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert!(
         header_str(&res, CONTENT_TYPE).is_some_and(|c| c.starts_with("text/plain")),
@@ -70,6 +71,31 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
     assert!(
         !text.contains("nonsense"),
         "unmatched paths must not become labels"
+    );
+    srv.stop().await;
+}
+
+/// Any token is a valid method: before the fix each one sent became a new
+/// label value, so anonymous clients grew `/metrics` without bound.
+async fn methods_a_client_invents_do_not_grow_the_metrics(db: Db) {
+    let srv = TestServer::start(db).await;
+    let invented: Vec<String> = (0..30)
+        .map(|_| format!("M{}", Uuid::new_v4().simple()).to_uppercase())
+        .collect();
+    for method in &invented {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let res = srv.request(method, "/api/v1/tasks").send().await.unwrap();
+        assert!(res.status().is_client_error(), "{}", res.status());
+    }
+    let text = srv.metrics().send().await.unwrap().text().await.unwrap();
+    for method in &invented {
+        assert!(!text.contains(method.as_str()), "{method} became a label");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("meatspace_http_requests_total{")
+                && l.contains("method=\"other\"")),
+        "no series for the invented methods:\n{text}"
     );
     srv.stop().await;
 }
@@ -357,4 +383,74 @@ async fn the_database_holds_no_credential(db: Db) {
             );
         }
     }
+}
+
+/// The binary at `RUST_LOG=debug` logged each request's URI, so invite
+/// codes (`msi_…`, a credential) reached the logs; and it served
+/// `/metrics` on its public port. Now the request span carries the path
+/// with credentials redacted, and `/metrics` answers only on the metrics
+/// listener.
+#[tokio::test]
+async fn the_binary_logs_no_invite_code_and_serves_metrics_apart() {
+    use meatspace_tests::process::{Binary, ServerProcess};
+    let dev_key = "msd_logs-test-key-0123456789abcdef";
+    let mut api = ServerProcess::start(
+        Binary::ApiServer,
+        &[("RUST_LOG", "debug"), ("MEATSPACE_DEV_KEY", dev_key)],
+    );
+    api.ready().await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let created: serde_json::Value = client
+        .post(api.url("/api/v1/workers/invites"))
+        .header("x-meatspace-dev-key", dev_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = created["invite_url"]
+        .as_str()
+        .expect("invite_url")
+        .to_owned();
+    let code = url.rsplit('/').next().unwrap().to_owned();
+    assert!(code.starts_with("msi_"), "{url}");
+    let path = format!("/app/invite/{code}");
+    let page = client.get(api.url(&path)).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    // The span of that request is logged (at debug) before the answer is
+    // sent, so the log holds it now.
+    let logs = api.logs();
+    assert!(!logs.contains(&code), "the invite code is logged:\n{logs}");
+    assert!(
+        logs.contains("/app/invite/<redacted>"),
+        "the request span is not logged:\n{logs}"
+    );
+    // `msi_<id>_<secret>`; the secret itself may hold `_`.
+    let secret = code.splitn(3, '_').nth(2).unwrap();
+    assert!(!logs.contains(secret), "the invite secret is logged");
+    assert!(!logs.contains(dev_key), "the dev key is logged");
+
+    let metrics_addr = api.metrics_addr.clone().expect("a metrics address");
+    let metrics = client
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+    assert!(
+        metrics
+            .text()
+            .await
+            .unwrap()
+            .contains("meatspace_http_requests_total"),
+        "no request counts on the metrics listener"
+    );
+    let public = client.get(api.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        public.status(),
+        StatusCode::NOT_FOUND,
+        "/metrics on the public port"
+    );
+    assert!(api.terminate().await, "the server did not stop cleanly");
 }

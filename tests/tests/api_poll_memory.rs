@@ -32,7 +32,13 @@ struct Polled {
 
 async fn memory_answers(client: &reqwest::Client, server: &ServerProcess) -> u64 {
     let text = client
-        .get(server.url("/metrics"))
+        .get(format!(
+            "http://{}/metrics",
+            server
+                .metrics_addr
+                .as_deref()
+                .expect("the API server's metrics address")
+        ))
         .send()
         .await
         .expect("GET /metrics")

@@ -153,7 +153,8 @@ pub fn document(state: &AppState) -> Value {
                 "applies_to": "every state-changing POST of the agent and worker APIs",
                 "replay_window_seconds": state.integrations.idempotency_ttl.num_seconds(),
                 "replayed_header": "Idempotency-Replayed: true",
-                "scope": "the credential that sent the request",
+                "scope": "the authenticated principal: the task of an agent token, the worker of a worker token; for the development key, which every agent shares until agents have keys of their own, the key together with the X-Meatspace-Client-Id request header when one is sent (send a random id per agent). Requests whose credential does not verify are not recorded.",
+                "client_id_header": "X-Meatspace-Client-Id",
                 "conflicts": { "different_request": 422, "in_flight": 409 },
                 "note": "Retry a POST with the same key to get the first answer again; a replayed create returns the same task and a working agent_token."
             },
@@ -236,6 +237,8 @@ pub fn document(state: &AppState) -> Value {
             "text_chars": MAX_TEXT_CHARS,
             "photo_bytes": state.photo_limits.max_bytes,
             "photo_max_dimension": state.photo_limits.max_dimension,
+            "photo_max_pixels": state.photo_limits.max_pixels,
+            "photo_bytes_per_task": state.photo_limits.max_task_bytes,
             "photo_types": ACCEPTED_TYPES,
             "events_page": MAX_EVENTS_PAGE,
             "events_per_task": state.max_task_events,
@@ -292,14 +295,29 @@ fn mcp(state: &AppState) -> Value {
 /// The per-credential request limit as configured.
 fn rate_limit(state: &AppState) -> Value {
     let settings = state.rate_limit.settings();
-    match settings.per_second {
+    let mut doc = match settings.per_second {
         None => json!({ "enabled": false }),
         Some(rate) => json!({
             "enabled": true,
-            "scope": "per credential (dev key, agent token or worker token; the client address without one)",
+            "scope": "per verified credential (dev key, agent token or worker token); per client address for requests without one, or whose credential has not verified",
             "requests_per_second": rate.get(),
             "burst": settings.burst.get().max(rate.get()),
             "on_limit": "429 problem+json with Retry-After (seconds): wait that long, then retry"
         }),
+    };
+    if let Some(rate) = settings.auth_failures_per_minute {
+        doc["auth_failures"] = json!({
+            "scope": "per client address",
+            "per_minute": rate.get(),
+            "burst": settings.auth_failures_burst.get(),
+            "on_limit": "429 for requests without a verified credential from that address"
+        });
     }
+    doc["streams"] = json!({
+        "what": "event streams and long polls (wait > 0) open at once",
+        "per_credential": settings.max_streams_per_credential.map(|n| n.get()),
+        "per_address": settings.max_streams_per_address.map(|n| n.get()),
+        "on_limit": "429 problem+json of type too-many-streams: close one first"
+    });
+    doc
 }

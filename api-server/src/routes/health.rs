@@ -1,11 +1,12 @@
-//! Probes and metrics: `/livez` (the process answers), `/readyz` (the
-//! database answers, as [`crate::availability`] sees it; 503 otherwise) and
-//! `/metrics` (Prometheus text format), and `/`, which points a browser at
-//! the worker app and an API client at the capabilities document.
+//! Probes: `/livez` (the process answers) and `/readyz` (the database
+//! answers, as [`crate::availability`] sees it; 503 otherwise), and `/`,
+//! which points a browser at the worker app and an API client at the
+//! capabilities document. `/metrics` is served on its own listener
+//! ([`crate::metrics::router`]).
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
@@ -16,7 +17,6 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .route("/", get(root))
 }
 
@@ -50,13 +50,4 @@ async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError>
     } else {
         Err(ApiError::Unavailable)
     }
-}
-
-async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
-        .into_response()
 }

@@ -156,6 +156,16 @@ pub enum FeedAnswer {
 }
 
 impl FeedAnswer {
+    /// Keeps `slot` (a place among the capped long polls, see
+    /// [`crate::rate_limit::StreamSlots`]) for as long as the poll waits;
+    /// a page answered at once gives it back now.
+    pub fn holding(mut self, slot: Option<crate::rate_limit::StreamSlot>) -> Self {
+        if let FeedAnswer::Wait(poll) = &mut self {
+            poll.slot = slot;
+        }
+        self
+    }
+
     /// The page, waiting for it first if need be.
     pub async fn page(self) -> EventPage {
         match self {
@@ -208,6 +218,9 @@ pub struct LongPoll {
     q: PageQuery,
     /// The empty page read so far.
     page: EventPage,
+    /// Its place among the client's capped long polls, given back when
+    /// the poll ends.
+    slot: Option<crate::rate_limit::StreamSlot>,
 }
 
 impl LongPoll {
@@ -279,6 +292,7 @@ pub async fn open_feed(
         reader,
         q,
         page,
+        slot: None,
     }))
 }
 

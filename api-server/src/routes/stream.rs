@@ -34,11 +34,12 @@ use uuid::Uuid;
 
 use super::workers::TaskId;
 use crate::AppState;
-use crate::auth::{AgentAuth, WorkerAuth};
+use crate::auth::{AgentAuth, Principal, WorkerAuth};
 use crate::error::ApiError;
 use crate::error::responses::{BadRequest, NotFound, ServiceUnavailable, Unauthorized};
 use crate::extract::Query;
 use crate::feed::{Watch, Woken};
+use crate::rate_limit::{ClientAddress, StreamSlot};
 
 /// Events read from the database per wake-up.
 const BATCH: u32 = 500;
@@ -116,11 +117,16 @@ pub struct SseMessage {
 async fn agent_stream(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
+    ClientAddress(address): ClientAddress,
     headers: HeaderMap,
     Query(q): Query<StreamQuery>,
 ) -> Result<Response, ApiError> {
     let after = start_cursor(&headers, &q)?;
-    stream(state, id, after, FeedView::Agent).await
+    let slot = state
+        .rate_limit
+        .streams()
+        .open(Principal::Agent(id), address)?;
+    stream(state, id, after, FeedView::Agent, slot).await
 }
 
 /// The task's event feed as Server-Sent Events, for the assigned worker.
@@ -140,6 +146,7 @@ async fn worker_stream(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
+    ClientAddress(address): ClientAddress,
     headers: HeaderMap,
     Query(q): Query<StreamQuery>,
 ) -> Result<Response, ApiError> {
@@ -147,7 +154,11 @@ async fn worker_stream(
     // The same view as the polled feed: from this worker's assignment on,
     // never the conversation of a worker whose assignment lapsed.
     let view = super::worker_view(state.store.as_ref(), worker, id).await?;
-    stream(state, id, after, view).await
+    let slot = state
+        .rate_limit
+        .streams()
+        .open(Principal::Worker(worker), address)?;
+    stream(state, id, after, view, slot).await
 }
 
 /// Streams what `who` may see of task `id`'s feed after `after`. Whether
@@ -158,6 +169,7 @@ async fn stream(
     id: Uuid,
     after: i64,
     who: FeedView,
+    slot: StreamSlot,
 ) -> Result<Response, ApiError> {
     // Subscribe before the first read, as the long poll does: a change
     // committed after the read still wakes the stream.
@@ -176,6 +188,7 @@ async fn stream(
         who,
         pending: VecDeque::new(),
         done: false,
+        _slot: slot,
     };
     let keep_alive = KeepAlive::new()
         .interval(state.integrations.sse_heartbeat)
@@ -202,6 +215,9 @@ struct Follower {
     pending: VecDeque<Event>,
     /// The terminal event has been queued, or the stream must stop.
     done: bool,
+    /// Its place among the client's capped streams, given back when the
+    /// stream ends or the client goes away (the body is dropped).
+    _slot: StreamSlot,
 }
 
 impl Follower {

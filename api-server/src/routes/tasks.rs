@@ -28,6 +28,7 @@ use crate::error::responses::{
 };
 use crate::extract::{Json, Path, Query};
 use crate::photo::ImageBytes;
+use crate::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -285,10 +286,24 @@ async fn extend_task(
 async fn task_events(
     State(state): State<AppState>,
     credential: AgentCredential,
+    ClientAddress(address): ClientAddress,
     query: Result<Query<EventsQuery>, ApiError>,
 ) -> Result<FeedAnswer, ApiError> {
     let query = query.map(|Query(q)| q);
-    agent_event_feed(&state, &credential, query).await
+    // A long poll takes one of the client's capped places, once its token
+    // is known to be genuine (a forged one cannot take the holder's).
+    let slot = match &query {
+        Ok(q) if q.wait.unwrap_or(0) > 0 => {
+            crate::auth::authorize_agent_token(&state, credential.token(), credential.task_id)
+                .await?;
+            let principal = crate::auth::Principal::Agent(credential.task_id);
+            Some(state.rate_limit.streams().open(principal, address)?)
+        }
+        _ => None,
+    };
+    agent_event_feed(&state, &credential, query)
+        .await
+        .map(|answer| answer.holding(slot))
 }
 
 #[derive(Debug, Deserialize)]

@@ -30,12 +30,16 @@ use crate::error::responses::{
 };
 use crate::extract::{Json, Query};
 use crate::photo::{self, ACCEPTED_TYPES, ImageBytes, PhotoError};
+use crate::rate_limit::ClientAddress;
 
 /// Longest worker name.
 const MAX_NAME_CHARS: usize = 200;
 
 // Schema attributes take literals only: this keeps them equal to the limits.
 const _: () = assert!(MAX_NAME_CHARS == 200 && MAX_TEXT_CHARS == 4000);
+
+/// The route template of photo uploads (its body limit is the photo limit).
+pub const PHOTO_PATH: &str = "/api/v1/worker/tasks/{task_id}/photos";
 
 pub fn router(max_photo_bytes: usize) -> OpenApiRouter<AppState> {
     let photos = OpenApiRouter::new()
@@ -414,15 +418,33 @@ pub(crate) async fn send_photo_bytes(
     if task.worker_id != Some(worker) {
         return Err(ApiError::task_not_found());
     }
-    let limits = state.photo_limits;
-    let clean = tokio::task::spawn_blocking(move || photo::clean(&body, limits))
+    // The per-task cap is checked before decoding (a full task costs no
+    // CPU) and again with the re-encoded size. Two uploads at once may
+    // both pass the first check; the second check still holds each of
+    // them to the cap, so a task ends at most one photo over it.
+    let stored = state.store.photo_bytes(id).await?;
+    let cap = state.photo_limits.max_task_bytes;
+    let quota = || {
+        ApiError::PhotoQuota(format!(
+            "this task already holds {stored} bytes of photos; the limit is {cap} bytes per task"
+        ))
+    };
+    if stored >= cap {
+        return Err(quota());
+    }
+    let clean = photo::clean(body, &state.photo_limits)
         .await
-        .map_err(|e| ApiError::Internal(e.into()))?
         .map_err(|e| match e {
             PhotoError::UnsupportedFormat => ApiError::UnsupportedMediaType(e.to_string()),
             PhotoError::Encode(_) => ApiError::Internal(e.into()),
+            PhotoError::TooLargeToDecode(_) | PhotoError::StoredTooLarge(_) => {
+                ApiError::TooLarge(e.to_string())
+            }
             _ => ApiError::invalid(e.to_string()),
         })?;
+    if stored + clean.bytes.len() as u64 > cap {
+        return Err(quota());
+    }
     let photo = NewPhoto {
         id: Uuid::new_v4(),
         content_type: clean.content_type.to_owned(),
@@ -594,8 +616,18 @@ async fn task_events(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
+    ClientAddress(address): ClientAddress,
     Query(q): Query<EventsQuery>,
 ) -> Result<FeedAnswer, ApiError> {
     let view = super::worker_view(state.store.as_ref(), worker, id).await?;
-    open_feed(&state, id, &q, view.floor(), Reader::Worker(worker)).await
+    // A long poll takes one of the worker's capped places.
+    let slot = if q.wait.unwrap_or(0) > 0 {
+        let principal = crate::auth::Principal::Worker(worker);
+        Some(state.rate_limit.streams().open(principal, address)?)
+    } else {
+        None
+    };
+    open_feed(&state, id, &q, view.floor(), Reader::Worker(worker))
+        .await
+        .map(|answer| answer.holding(slot))
 }

@@ -182,9 +182,13 @@ fn human(e: &ApiError) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             "The service is briefly unavailable. Please try again in a moment.".into(),
         ),
-        ApiError::TooManyRequests(_) => (
+        ApiError::TooManyRequests(_) | ApiError::TooManyStreams(_) => (
             StatusCode::TOO_MANY_REQUESTS,
             "Too many requests. Please wait a moment and try again.".into(),
+        ),
+        ApiError::PhotoQuota(_) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "This task holds as many photos as it may; no more can be added.".into(),
         ),
         ApiError::MethodNotAllowed(_) => (
             StatusCode::METHOD_NOT_ALLOWED,

@@ -254,6 +254,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError>;
 
+    /// Bytes of every photo stored for a task (0 for none), for the
+    /// per-task cap on photo storage.
+    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError>;
+
     async fn create_worker(
         &self,
         id: Uuid,

@@ -1235,6 +1235,16 @@ impl Store for PgStore {
         .transpose()
     }
 
+    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError> {
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(octet_length(data)), 0)::BIGINT FROM photos WHERE task_id = $1",
+        )
+        .bind(task_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     #[tracing::instrument(skip(self, token_hash), err)]
     async fn create_worker(
         &self,

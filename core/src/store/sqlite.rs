@@ -675,6 +675,16 @@ impl Store for SqliteStore {
         .transpose()
     }
 
+    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError> {
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(length(data)), 0) FROM photos WHERE task_id = ?",
+        )
+        .bind(task_id.to_string())
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     #[tracing::instrument(skip(self, token_hash), err)]
     async fn create_worker(
         &self,

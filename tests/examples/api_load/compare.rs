@@ -397,7 +397,7 @@ async fn bench_backend(
 /// The server's count of empty polls it answered from memory.
 async fn memory_answers(server: &Server, http: &Client) -> Result<u64> {
     let text = http
-        .get(server.url("/metrics"))
+        .get(format!("{}/metrics", server.metrics_url))
         .send()
         .await?
         .error_for_status()?
