@@ -92,8 +92,13 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 DEV_KEY=msd_openapi_check_$RANDOM$RANDOM
-# Port 0: the kernel picks a free port, which the server logs.
+# Port 0: the kernel picks a free port, which the server logs. The fuzzer
+# sends hundreds of requests with missing or forged credentials on purpose,
+# all from 127.0.0.1: the per-address limit of failed authentications is off
+# here, so that each of them gets the answer the document promises (401)
+# instead of the lockout's 429 (api_edges tests the lockout).
 env -u DATABASE_URL MEATSPACE_DATA_DIR="$WORK/data" MEATSPACE_DEV_KEY="$DEV_KEY" \
+  MEATSPACE_AUTH_FAILURES_PER_MINUTE=0 \
   MEATSPACE_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_METRICS_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_LOG_FORMAT=json \
   "$BIN" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
