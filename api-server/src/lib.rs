@@ -213,7 +213,8 @@ pub fn router(state: AppState) -> Router {
         .route_service(meatspace_mcp::HTTP_PATH, mcp::service(state.clone()))
         .layer(axum::middleware::map_response(
             mcp::transport_errors_as_problems,
-        ));
+        ))
+        .layer(axum::middleware::map_request(mcp::with_peer_address));
     let routes = Router::new()
         .merge(api)
         .merge(mcp)

@@ -148,11 +148,24 @@ impl InProcess {
 
     async fn page(
         &self,
+        caller: &Caller,
         task: &TokenTaskRef,
         cursor: Option<i64>,
         wait: Duration,
     ) -> Result<ApiEventPage, ApiError> {
         self.authorize(task).await?;
+        // A wait takes one of the capped places of the task's token and of
+        // the client's address, as a long poll of the API does; it is given
+        // back when the page is answered.
+        let _slot = if wait.is_zero() {
+            None
+        } else {
+            let address = caller.address.unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+            Some(self.state.rate_limit.streams().open(
+                crate::auth::Principal::Agent(task.task_id),
+                crate::rate_limit::address_key(address),
+            )?)
+        };
         let query = EventsQuery {
             after: cursor.unwrap_or(0),
             limit: None,
@@ -205,11 +218,12 @@ impl AgentApi for InProcess {
 
     async fn events(
         &self,
+        caller: &Caller,
         task: &TokenTaskRef,
         cursor: Option<i64>,
         wait: Duration,
     ) -> Result<ApiEventPage, Problem> {
-        match self.page(task, cursor, wait).await {
+        match self.page(caller, task, cursor, wait).await {
             Ok(page) => Ok(page),
             Err(e) => Err(problem(e).await),
         }
@@ -257,6 +271,23 @@ impl AgentApi for InProcess {
 /// refused `Host`, a wrong `Accept`, a malformed message) becomes a
 /// problem document carrying rmcp's own explanation, so it keeps its
 /// meaning when the server's catch-all turns every error into a problem.
+/// Hands the client's address to the MCP tools ([`meatspace_mcp::api::PeerAddress`]),
+/// which see only the HTTP request's parts, so that their long waits are
+/// capped per address as the API's are.
+pub async fn with_peer_address(
+    mut req: axum::extract::Request,
+) -> axum::extract::Request {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|axum::extract::ConnectInfo(addr)| addr.ip());
+    if let Some(ip) = peer {
+        req.extensions_mut()
+            .insert(meatspace_mcp::api::PeerAddress(ip));
+    }
+    req
+}
+
 pub async fn transport_errors_as_problems(
     res: axum::response::Response,
 ) -> axum::response::Response {

@@ -24,15 +24,26 @@ pub struct Caller {
     /// The development key, from the MCP request's
     /// `x-meatspace-dev-key` header (HTTP transport).
     pub dev_key: Option<String>,
+    /// The client's address (HTTP transport, when the server that mounts
+    /// the endpoint puts a [`PeerAddress`] in the request's extensions):
+    /// long waits are capped per address as the API's are.
+    pub address: Option<std::net::IpAddr>,
 }
 
 impl std::fmt::Debug for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Caller")
             .field("dev_key", &self.dev_key.as_ref().map(|_| ".."))
+            .field("address", &self.address)
             .finish()
     }
 }
+
+/// The address of the client of an MCP request over HTTP, as the server
+/// saw it; inserted into the HTTP request's extensions before the MCP
+/// service, read into [`Caller::address`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddress(pub std::net::IpAddr);
 
 /// How an agent answers a worker issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize, JsonSchema)]
@@ -114,6 +125,7 @@ pub trait AgentApi: Send + Sync + 'static {
     /// it (others from 0); a given cursor acknowledges every event up to it.
     async fn events(
         &self,
+        caller: &Caller,
         task: &Self::TaskRef,
         cursor: Option<i64>,
         wait: Duration,

@@ -270,6 +270,7 @@ impl AgentApi for RemoteApi {
 
     async fn events(
         &self,
+        _caller: &Caller,
         task: &LocalTaskRef,
         cursor: Option<i64>,
         wait: Duration,

@@ -115,12 +115,15 @@ impl<A: AgentApi> Clone for MeatspaceTools<A> {
 }
 
 fn caller(extensions: &Extensions) -> Caller {
-    let dev_key = extensions
-        .get::<http::request::Parts>()
+    let parts = extensions.get::<http::request::Parts>();
+    let dev_key = parts
         .and_then(|parts| parts.headers.get(DEV_KEY_HEADER))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    Caller { dev_key }
+    let address = parts
+        .and_then(|parts| parts.extensions.get::<crate::api::PeerAddress>())
+        .map(|peer| peer.0);
+    Caller { dev_key, address }
 }
 
 fn change(
@@ -275,6 +278,7 @@ impl<A: AgentApi> MeatspaceTools<A> {
     )]
     async fn wait_for_events(
         &self,
+        extensions: Extensions,
         Parameters(args): Parameters<WaitArgs<A::TaskRef>>,
     ) -> Result<Json<EventsResult>, ToolProblem> {
         let wait = args.wait_seconds.unwrap_or(DEFAULT_WAIT_SECONDS);
@@ -294,6 +298,7 @@ impl<A: AgentApi> MeatspaceTools<A> {
         let page = self
             .api
             .events(
+                &caller(&extensions),
                 &args.task,
                 args.cursor,
                 Duration::from_secs(u64::from(wait)),
