@@ -160,7 +160,9 @@ impl InProcess {
         let _slot = if wait.is_zero() {
             None
         } else {
-            let address = caller.address.unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+            let address = caller
+                .address
+                .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
             Some(self.state.rate_limit.streams().open(
                 crate::auth::Principal::Agent(task.task_id),
                 crate::rate_limit::address_key(address),
@@ -274,9 +276,7 @@ impl AgentApi for InProcess {
 /// Hands the client's address to the MCP tools ([`meatspace_mcp::api::PeerAddress`]),
 /// which see only the HTTP request's parts, so that their long waits are
 /// capped per address as the API's are.
-pub async fn with_peer_address(
-    mut req: axum::extract::Request,
-) -> axum::extract::Request {
+pub async fn with_peer_address(mut req: axum::extract::Request) -> axum::extract::Request {
     let peer = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()

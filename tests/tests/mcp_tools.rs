@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use meatspace_tests::Db;
 use meatspace_api::rate_limit::RateLimitSettings;
+use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, uuid_at};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
@@ -926,7 +926,10 @@ async fn a_long_wait_takes_a_capped_place_as_the_apis_long_polls_do(db: Db) {
     let agent = Agent::http(&srv).await;
     let (task, _) = agent.create("Feed the cat").await;
     let page = agent
-        .call("wait_for_events", agent.args(&task, json!({ "wait_seconds": 0 })))
+        .call(
+            "wait_for_events",
+            agent.args(&task, json!({ "wait_seconds": 0 })),
+        )
         .await;
     let cursor = page["next_cursor"].as_i64().expect("next_cursor");
     let first = agent.call_raw(
@@ -959,13 +962,18 @@ async fn a_long_wait_takes_a_capped_place_as_the_apis_long_polls_do(db: Db) {
             )
             .await;
         // The cancel wakes the first wait.
-        agent.call("cancel_task", agent.args(&task, json!({}))).await;
+        agent
+            .call("cancel_task", agent.args(&task, json!({})))
+            .await;
     };
     let (first, ()) = tokio::join!(first, second);
     let first = checked(&first);
     assert_eq!(first["events"][0]["type"], "task.cancelled", "{first}");
     // Its place is free again.
     agent
-        .call("wait_for_events", agent.args(&task, json!({ "wait_seconds": 1 })))
+        .call(
+            "wait_for_events",
+            agent.args(&task, json!({ "wait_seconds": 1 })),
+        )
         .await;
 }
