@@ -16,6 +16,7 @@ api_tests!(
     invites_need_the_dev_key_and_a_valid_lifetime,
     an_invite_signs_a_person_in_once,
     pages_need_a_session_and_forms_their_token,
+    the_pages_live_feed_takes_a_capped_place,
 );
 
 /// A client that shows redirects instead of following them.
@@ -472,4 +473,86 @@ async fn pages_need_a_session_and_forms_their_token(db: Db) {
             .unwrap_or_default()
             .starts_with("text/html")
     );
+}
+
+async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
+    // One waiting place per credential: while the task page's live feed
+    // waits, a second wait of the same worker is refused with the API's
+    // 429; the place is given back with the answer.
+    let srv = TestServer::start_with(
+        db,
+        ServerOptions {
+            rate_limit: meatspace_api::rate_limit::RateLimitSettings {
+                max_streams_per_credential: std::num::NonZeroU32::new(1),
+                max_streams_per_address: std::num::NonZeroU32::new(10),
+                ..meatspace_api::rate_limit::RateLimitSettings::OFF
+            },
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let http = no_redirects();
+    let (task, agent_token) = srv.create_open_task("Water the plants.").await;
+    let (_, token) = srv.register_worker("Ada").await;
+    srv.worker(&token)
+        .post(&format!("/api/v1/worker/tasks/{task}/claim"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let login = http
+        .get(srv.url("/app/login"))
+        .send()
+        .await
+        .expect("login page");
+    let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
+    let csrf = csrf_of(&login.text().await.expect("page"));
+    let ok = http
+        .post(srv.url("/app/login"))
+        .header(COOKIE, &pre)
+        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+    let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
+    let last = srv
+        .feed(task, &agent_token)
+        .await
+        .last()
+        .and_then(|e| e["id"].as_i64())
+        .expect("the task's events");
+    let feed_url = srv.url(&format!("/app/tasks/{task}/feed?after={last}"));
+    let first = http.get(&feed_url).header(COOKIE, &session).send();
+    let second = async {
+        srv.until_waiting(1).await;
+        let refused = http
+            .get(&feed_url)
+            .header(COOKIE, &session)
+            .send()
+            .await
+            .expect("second wait");
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let body: serde_json::Value = refused.json().await.expect("problem");
+        assert!(
+            str_at(&body, "/type").ends_with("/too-many-streams"),
+            "{body}"
+        );
+        // The agent cancels: the first wait answers.
+        srv.agent(&agent_token)
+            .post(&format!("/api/v1/tasks/{task}/cancel"))
+            .expect_json(StatusCode::OK)
+            .await;
+    };
+    let (first, ()) = tokio::join!(first, second);
+    let first = first.expect("first wait");
+    assert_eq!(first.status(), StatusCode::OK);
+    let page: serde_json::Value = first.json().await.expect("feed page");
+    assert_eq!(page["terminal"], true, "{page}");
+    // Its place is free again: a read of the ended task answers at once.
+    let again = http
+        .get(&feed_url)
+        .header(COOKIE, &session)
+        .send()
+        .await
+        .expect("third wait");
+    assert_eq!(again.status(), StatusCode::OK);
 }

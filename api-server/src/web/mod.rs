@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::auth::{credential_subject, verify_worker_token};
+use crate::rate_limit::ClientAddress;
 use crate::error::ApiError;
 use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{
@@ -833,14 +834,20 @@ struct FeedPage {
 }
 
 /// The page's live feed: the next events in words, as JSON, long-polled
-/// with the durable cursor.
+/// with the durable cursor. Each wait takes one of the worker's capped
+/// places, as a long poll of the worker API does.
 async fn feed(
     State(state): State<AppState>,
     s: WorkerSession,
     Path(raw): Path<String>,
     Query(q): Query<FeedQuery>,
+    ClientAddress(address): ClientAddress,
 ) -> Result<Response, ApiError> {
     let id = Uuid::try_parse(&raw).map_err(|_| ApiError::task_not_found())?;
+    let _slot = state
+        .rate_limit
+        .streams()
+        .open(crate::auth::Principal::Worker(s.worker.id), address)?;
     let (items, next_cursor, st) =
         worker_feed(&state, s.worker.id, id, q.after.max(0), FEED_WAIT_SECONDS).await?;
     Ok(axum::Json(FeedPage {
