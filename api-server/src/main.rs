@@ -178,9 +178,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     .unwrap_or(usize::MAX);
     // The metrics listener: bound before serving, so a taken port fails the
     // start rather than a scrape; it stops with the API listener.
-    let metrics_listener = tokio::net::TcpListener::bind(config.metrics_listen_addr)
-        .await
-        .with_context(|| format!("listen on {} (metrics)", config.metrics_listen_addr))?;
+    let metrics_listener = startup::bind_metrics(config.metrics_listen_addr).await?;
     tracing::info!(addr = %metrics_listener.local_addr()?, "serving /metrics");
     let metrics = {
         let mut rx = stop_rx.clone();

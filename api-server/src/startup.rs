@@ -94,19 +94,41 @@ impl DataDirLock {
 
 /// Binds the API listener; an address in use names the setting to change.
 pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartupError> {
+    bind_as(addr, "MEATSPACE_LISTEN_ADDR", "--listen-addr", 8080).await
+}
+
+/// Binds the `/metrics` listener, with the same advice as [`bind`].
+pub async fn bind_metrics(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartupError> {
+    bind_as(
+        addr,
+        "MEATSPACE_METRICS_LISTEN_ADDR",
+        "--metrics-listen-addr",
+        9092,
+    )
+    .await
+}
+
+/// Binds `addr`, which the variable `env` (flag `flag`) chose; an example
+/// address uses `port`.
+async fn bind_as(
+    addr: SocketAddr,
+    env: &str,
+    flag: &str,
+    port: u16,
+) -> Result<tokio::net::TcpListener, StartupError> {
     tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         StartupError(match e.kind() {
             ErrorKind::AddrInUse => format!(
                 "cannot listen on {addr}: the address is already in use (another meatspace \
                  server?). Stop the process that holds it, or choose another address with \
-                 MEATSPACE_LISTEN_ADDR (or --listen-addr), e.g. 127.0.0.1:8081"
+                 {env} (or {flag}), e.g. 127.0.0.1:{}",
+                port + 1
             ),
             ErrorKind::AddrNotAvailable => format!(
                 "cannot listen on {addr}: no network interface of this machine has that \
-                 address; set MEATSPACE_LISTEN_ADDR (or --listen-addr) to one it has, e.g. \
-                 127.0.0.1:8080"
+                 address; set {env} (or {flag}) to one it has, e.g. 127.0.0.1:{port}"
             ),
-            _ => format!("cannot listen on {addr} (MEATSPACE_LISTEN_ADDR): {e}"),
+            _ => format!("cannot listen on {addr} ({env}): {e}"),
         })
     })
 }

@@ -121,6 +121,10 @@ fn off_loopback_the_server_needs_a_public_url() {
     // public URL is refused the same way.
     let api = meatspace_tests::process::Binary::ApiServer.path();
     let dir = tempfile::tempdir().unwrap();
+    // A database the server could open (its directory exists), so that the
+    // refusal is the public URL's and the file shows it was never opened.
+    let database = dir.path().join("never-opened.db");
+    let database_url = format!("sqlite://{}", database.display());
     for (listen, public, expect) in [
         ("0.0.0.0:0", None, "MEATSPACE_PUBLIC_URL is not set"),
         (
@@ -138,7 +142,7 @@ fn off_loopback_the_server_needs_a_public_url() {
         cmd.env_clear()
             .current_dir(dir.path())
             .env("MEATSPACE_LISTEN_ADDR", listen)
-            .env("DATABASE_URL", "sqlite:///nonexistent/never-opened.db");
+            .env("DATABASE_URL", &database_url);
         if let Some(url) = public {
             cmd.env("MEATSPACE_PUBLIC_URL", url);
         }
@@ -146,6 +150,10 @@ fn off_loopback_the_server_needs_a_public_url() {
         assert!(!out.status.success(), "started with {listen} {public:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expect), "{listen} {public:?}: {err}");
+        assert!(
+            !database.exists(),
+            "{listen} {public:?}: the database was opened"
+        );
     }
 }
 

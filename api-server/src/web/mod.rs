@@ -23,8 +23,8 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::auth::{credential_subject, verify_worker_token};
-use crate::rate_limit::ClientAddress;
 use crate::error::ApiError;
+use crate::rate_limit::ClientAddress;
 use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{
     EventsQuery, Reader, checked_optional_text, checked_text, event_feed, workers,

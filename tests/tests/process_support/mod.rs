@@ -34,6 +34,9 @@ impl ApiProcess {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .env("MEATSPACE_LISTEN_ADDR", addr)
+            // The metrics listener's default port would be shared by every
+            // server of the suite running at once.
+            .env("MEATSPACE_METRICS_LISTEN_ADDR", "127.0.0.1:0")
             .envs(env.iter().copied())
             .current_dir(dir)
             .stdin(Stdio::null())
