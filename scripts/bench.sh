@@ -15,10 +15,13 @@
 #   scripts/bench.sh --compare [--large] [ARGS...]
 #
 # drives the server with wrk (installed with apt-get when missing) through an
-# empty poll, a create and whole task lifecycles, and runs pgbench with the
-# SQL the server issued for one poll and one create, captured from
-# PostgreSQL's statement log (so PostgreSQL is always the throwaway server
-# started here, with its log); prints each pair and its ratio. --large first
+# empty poll (also after a restart), a create and whole task lifecycles;
+# runs pgbench with the SQL the server issued for one poll, one create and
+# one lifecycle, captured from PostgreSQL's statement log (so PostgreSQL is
+# always the throwaway server started here, with its log); runs SQLite
+# natively on the create's row; serves the poll's answer from a bare hyper
+# service and from nginx (installed when missing) as the HTTP limit; prints
+# each pair and its ratio. --large first
 # preloads 1M tasks and 10M events into each database (minutes).
 #
 # Environment:
@@ -76,12 +79,20 @@ cargo build "${PROFILE_FLAGS[@]}" --locked -p meatspace-api-server -p meatspace-
   --bin meatspace-api-server --example api_load
 
 if $compare; then
-  if ! command -v wrk >/dev/null 2>&1; then
-    log "installing wrk (apt-get)"
+  # wrk drives every row; nginx is one of the two HTTP limits (the other,
+  # a bare hyper service, is built in); sqlite3 runs the create natively.
+  for tool in wrk nginx sqlite3; do
+    command -v "$tool" >/dev/null 2>&1 && continue
+    log "installing $tool (apt-get)"
     if [[ $EUID -eq 0 ]]; then SUDO=(); else SUDO=(sudo); fi
-    "${SUDO[@]}" apt-get install -y wrk >/dev/null 2>&1 \
-      || { "${SUDO[@]}" apt-get update >/dev/null && "${SUDO[@]}" apt-get install -y wrk >/dev/null; } \
-      || die "could not install wrk; install it (Debian: apt-get install wrk) and run again"
+    "${SUDO[@]}" apt-get install -y "$tool" >/dev/null 2>&1 \
+      || { "${SUDO[@]}" apt-get update >/dev/null && "${SUDO[@]}" apt-get install -y "$tool" >/dev/null; } \
+      || die "could not install $tool; install it (Debian: apt-get install $tool) and run again"
+  done
+  # Debian's package starts a system nginx on port 80; the comparison runs
+  # its own on 127.0.0.1 and needs none.
+  if [[ -x /usr/sbin/nginx ]] && ! command -v nginx >/dev/null 2>&1; then
+    PATH=$PATH:/usr/sbin
   fi
   # The capture reads the statement log of a server this script started.
   unset MEATSPACE_TEST_POSTGRES_URL

@@ -66,9 +66,30 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(routes::MAX_WAIT_SECONDS a
 /// How often an HTTP/2 connection is pinged, and how long the answer may take.
 const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What every handler shares.
+/// What every handler shares: one reference-counted [`Shared`]. axum
+/// clones the state for each middleware and extractor of every request; a
+/// clone of this is one reference count, where a clone of the parts would
+/// be a dozen, plus the allocations of those that own strings and lists.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
     pub store: Arc<dyn Store>,
     pub dev_key: DevKey,
     pub policy: Policy,

@@ -10,7 +10,7 @@ use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::startup::{self, DataDirLock};
-use meatspace_api::{AppState, router, serve, telemetry};
+use meatspace_api::{AppState, Shared, router, serve, telemetry};
 use meatspace_core::Policy;
 use meatspace_core::secret::ServerKey;
 use meatspace_core::store::{ConnectOptions, connect, redact_url};
@@ -136,7 +136,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let metrics_handle = meatspace_api::metrics::handle();
     tokio::spawn(meatspace_api::metrics::upkeep(metrics_handle.clone()));
     let availability = meatspace_api::availability::Availability::start(Arc::clone(&store));
-    let state = AppState {
+    let state = AppState::new(Shared {
         store,
         dev_key: DevKey::new(&dev_key),
         policy,
@@ -168,7 +168,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         agent_digests: DigestCache::for_agents(),
         public_origin,
         max_task_events: config.max_events_per_task,
-    };
+    });
     tracing::info!(%addr, embedded_controller = controller.is_some(), "listening");
     let mut serve_options = config.serve_options();
     serve_options.max_connections = usize::try_from(meatspace_api::fd_limit::raise_and_fit(

@@ -3,7 +3,8 @@
 //! the process. HTTP metrics are labelled by route template, never by raw
 //! path, so ids do not explode the label space.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -85,19 +86,58 @@ pub fn router(handle: PrometheusHandle) -> axum::Router {
 
 /// Middleware recording request count and latency per route template.
 pub async fn track(req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = method_label(req.method()).to_owned();
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let method = method_label(req.method());
     let started = Instant::now();
     let res = next.run(req).await;
-    let status = res.status().as_u16().to_string();
-    let labels = [("method", method), ("route", route), ("status", status)];
-    metrics::counter!("meatspace_http_requests_total", &labels).increment(1);
-    metrics::histogram!("meatspace_http_request_duration_seconds", &labels)
-        .record(started.elapsed().as_secs_f64());
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    RouteMetrics::record(method, route, res.status().as_u16(), started.elapsed());
     res
+}
+
+/// The request counter and latency histogram of one label set (method,
+/// route template, status), looked up in the recorder once and kept:
+/// building a metric key per request (allocating its label strings,
+/// hashing them, finding the key in the recorder's registry) cost more
+/// than some requests it measured. The label space is bounded as the
+/// metrics' is: route templates, [`method_label`]s and status codes.
+struct RouteMetrics {
+    requests: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+type ByRoute = HashMap<String, HashMap<(&'static str, u16), RouteMetrics>>;
+
+impl RouteMetrics {
+    fn record(method: &'static str, route: &str, status: u16, took: std::time::Duration) {
+        static KEPT: OnceLock<RwLock<ByRoute>> = OnceLock::new();
+        let kept = KEPT.get_or_init(Default::default);
+        let seconds = took.as_secs_f64();
+        {
+            let read = kept.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(m) = read.get(route).and_then(|r| r.get(&(method, status))) {
+                m.requests.increment(1);
+                m.duration.record(seconds);
+                return;
+            }
+        }
+        let labels = [
+            ("method", method.to_owned()),
+            ("route", route.to_owned()),
+            ("status", status.to_string()),
+        ];
+        let m = RouteMetrics {
+            requests: metrics::counter!("meatspace_http_requests_total", &labels),
+            duration: metrics::histogram!("meatspace_http_request_duration_seconds", &labels),
+        };
+        m.requests.increment(1);
+        m.duration.record(seconds);
+        kept.write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(route.to_owned())
+            .or_default()
+            .insert((method, status), m);
+    }
 }
 
 #[cfg(test)]

@@ -73,9 +73,19 @@ const FEED_EVENTS: usize = 20;
 
 #[path = "api_load/compare.rs"]
 mod compare;
+#[path = "api_load/limits.rs"]
+mod limits;
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The comparison starts this program again as a bare HTTP service.
+    if args.first().map(String::as_str) == Some("--bare-http") {
+        return limits::serve_bare(&args[1..]);
+    }
+    tokio::runtime::Runtime::new()?.block_on(run())
+}
+
+async fn run() -> Result<()> {
     let settings = Settings::parse()?;
     if settings.compare {
         return compare::run(&settings).await;

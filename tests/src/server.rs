@@ -18,7 +18,7 @@ use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::rate_limit::{RateLimit, RateLimitSettings};
-use meatspace_api::{AppState, ServeOptions, router, serve};
+use meatspace_api::{AppState, ServeOptions, Shared, router, serve};
 use meatspace_core::secret::ServerKey;
 use meatspace_core::store::{ConnectOptions, connect};
 use meatspace_core::{Policy, Store};
@@ -110,7 +110,7 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
         .expect("open the store");
     let dev_key = DevKey::generate();
     let feed = Feed::start(Arc::clone(&store));
-    let state = AppState {
+    let state = AppState::new(Shared {
         store: Arc::clone(&store),
         dev_key: DevKey::new(&dev_key),
         policy: options.policy,
@@ -125,7 +125,7 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
         agent_digests: DigestCache::for_agents(),
         public_origin: options.public_origin.clone(),
         max_task_events: options.max_task_events,
-    };
+    });
     (state, dev_key)
 }
 

@@ -35,6 +35,15 @@
 //! database (the first poll of a task), so the ratio says how the HTTP path
 //! compares with the database doing that request's work.
 //!
+//! The same pgbench capture runs a whole lifecycle (create, publish,
+//! claim, start, complete: the statements of all five, one pgbench
+//! transaction per lifecycle). On SQLite, with the server stopped, the
+//! create's row is inserted again natively (`limits.rs`: one per
+//! transaction, and 64 per transaction for what grouping could buy). Last,
+//! the empty poll's answer (the same bytes) is served by a bare hyper
+//! service and by nginx under the same wrk: the HTTP limit of this machine,
+//! which the summary sets both polls (before and after the restart) beside.
+//!
 //! Every row gives requests (transactions) per second, latency percentiles,
 //! errors (non-2xx answers and socket errors; must be 0) and the CPU used
 //! by the server, by the load generator (`wrk` or `pgbench`) and by the
@@ -53,6 +62,7 @@ use reqwest::Client;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use sqlx::{Connection, Executor, Row as _};
 
+use super::limits;
 use super::{
     Backend, CREATE_BODY, CpuSnapshot, DEV_KEY_HEADER, MESSAGE_BODY, Server, Settings, call,
     clock_ticks_per_second, drop_postgres_database, http_client, machine_busy_ticks, mib,
@@ -73,21 +83,26 @@ pub async fn run(settings: &Settings) -> Result<()> {
     preamble(settings, &wrk);
     let mut failed = 0;
     let mut summary = Vec::new();
+    let mut poll_answer = None;
     for backend in &settings.backends {
-        let rows = bench_backend(settings, *backend, &wrk, pg_bin.as_deref())
+        let (rows, answer) = bench_backend(settings, *backend, &wrk, pg_bin.as_deref())
             .await
             .with_context(|| format!("comparison on {}", backend.name()))?;
         failed += rows.iter().map(|r| r.errors).sum::<u64>();
         summary.push((*backend, rows));
+        poll_answer.get_or_insert(answer);
     }
-    print_summary(settings, &summary);
+    let answer = poll_answer.context("no backend was measured")?;
+    let limit_rows = http_limits(settings, &wrk, &answer).await?;
+    failed += limit_rows.iter().map(|r| r.errors).sum::<u64>();
+    print_summary(settings, &summary, &limit_rows);
     if failed > 0 {
         bail!("{failed} requests failed; the figures above are not valid");
     }
     Ok(())
 }
 
-fn which(name: &str) -> Option<PathBuf> {
+pub(super) fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(name))
@@ -163,56 +178,59 @@ fn print_row(r: &Figures) {
     );
 }
 
-fn print_summary(settings: &Settings, all: &[(Backend, Vec<Figures>)]) {
+fn print_summary(settings: &Settings, all: &[(Backend, Vec<Figures>)], limits: &[Figures]) {
     println!();
     println!(
         "== summary ({} store, {} connections)",
         if settings.large { "large" } else { "empty" },
         settings.clients
     );
+    // The HTTP limit: the faster of the minimal servers.
+    let limit = limits
+        .iter()
+        .max_by(|a, b| a.rate.total_cmp(&b.rate))
+        .map(|l| (l.name.as_str(), l.rate));
+    let pair = |backend: Backend, what: &str, h: &Figures, against: &str, rate: f64, unit: &str| {
+        println!(
+            "  {:<10} {:<26}: {:>7.0} {} (p99 {:.2} ms) ÷ {against} {rate:>7.0} {unit} = {:.2}",
+            backend.name(),
+            what,
+            h.rate,
+            h.unit,
+            h.p99_ms,
+            h.rate / rate
+        );
+    };
     for (backend, rows) in all {
-        let find = |name: &str| rows.iter().find(|r| r.name.starts_with(name));
-        for (http, sql) in [
-            ("empty poll", "pgbench: empty poll"),
-            ("create", "pgbench: create"),
-        ] {
-            match (find(http), find(sql)) {
-                (Some(h), Some(p)) => println!(
-                    "  {:<10} {:<10}: server {:>7.0} req/s (p99 {:.2} ms) ÷ pgbench {:>7.0} tx/s = {:.2}",
-                    backend.name(),
-                    http,
-                    h.rate,
-                    h.p99_ms,
-                    p.rate,
-                    h.rate / p.rate
-                ),
-                (Some(h), None) => println!(
-                    "  {:<10} {:<10}: server {:>7.0} req/s (p99 {:.2} ms); no pgbench pair",
-                    backend.name(),
-                    http,
-                    h.rate,
-                    h.p99_ms
-                ),
-                _ => {}
+        let find = |name: &str| rows.iter().find(|r| r.name == name);
+        let starts = |name: &str| rows.iter().find(|r| r.name.starts_with(name));
+        for poll in ["empty poll", "empty poll after a restart"] {
+            if let (Some(h), Some((name, rate))) = (find(poll), limit) {
+                pair(*backend, poll, h, name, rate, "req/s");
             }
         }
-        if let Some(r) = find("empty poll after a restart") {
-            println!(
-                "  {:<10} {:<10}: server {:>7.0} req/s (p99 {:.2} ms) after a restart",
-                backend.name(),
-                "empty poll",
-                r.rate,
-                r.p99_ms
-            );
+        if let (Some(h), Some(p)) = (find("empty poll"), starts("pgbench: empty poll")) {
+            pair(*backend, "empty poll", h, "pgbench", p.rate, "tx/s");
+        }
+        if let Some(h) = find("create") {
+            if let Some(p) = starts("pgbench: create") {
+                pair(*backend, "create", h, "pgbench", p.rate, "tx/s");
+            }
+            if let Some(p) = starts("sqlite (native): create, 1/tx") {
+                pair(*backend, "create", h, "native SQLite", p.rate, "rows/s");
+            }
         }
         if let Some(l) = find("lifecycle") {
-            println!(
-                "  {:<10} {:<10}: {:.0} tasks/s (5 requests each, p99 {:.2} ms per request)",
-                backend.name(),
-                "lifecycle",
-                l.rate,
-                l.p99_ms
-            );
+            match starts("pgbench: lifecycle") {
+                Some(p) => pair(*backend, "lifecycle", l, "pgbench", p.rate, "tx/s"),
+                None => println!(
+                    "  {:<10} {:<26}: {:>7.0} tasks/s (5 requests each, p99 {:.2} ms per request)",
+                    backend.name(),
+                    "lifecycle",
+                    l.rate,
+                    l.p99_ms
+                ),
+            }
         }
     }
 }
@@ -224,7 +242,7 @@ async fn bench_backend(
     backend: Backend,
     wrk: &Path,
     pg_bin: Option<&str>,
-) -> Result<Vec<Figures>> {
+) -> Result<(Vec<Figures>, limits::Answer)> {
     let dir = tempfile::tempdir()?;
     let database_url = match backend {
         Backend::Sqlite => format!("sqlite://{}/b.db", dir.path().display()),
@@ -291,7 +309,55 @@ async fn bench_backend(
         .await
         .context("capturing the SQL of a create")?;
         scripts.push(("pgbench: create (its SQL)", create));
+        let worker = call(
+            http.post(server.url("/api/v1/workers"))
+                .header(DEV_KEY_HEADER, &server.dev_key)
+                .header(CONTENT_TYPE, "application/json")
+                .body(r#"{"name":"Bench Worker"}"#),
+        )
+        .await?;
+        let worker_bearer = format!("Bearer {}", text_at(&worker, "/worker_token")?);
+        let lifecycle = capture(&database_url, || async {
+            let created = call(
+                http.post(server.url("/api/v1/tasks"))
+                    .header(DEV_KEY_HEADER, &server.dev_key)
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(CREATE_BODY),
+            )
+            .await?;
+            let id = text_at(&created, "/task/id")?;
+            let agent = format!("Bearer {}", text_at(&created, "/agent_token")?);
+            call(
+                http.post(server.url(&format!("/api/v1/tasks/{id}/publish")))
+                    .header(AUTHORIZATION, &agent),
+            )
+            .await?;
+            for action in ["claim", "start", "complete"] {
+                call(
+                    http.post(server.url(&format!("/api/v1/worker/tasks/{id}/{action}")))
+                        .header(AUTHORIZATION, &worker_bearer),
+                )
+                .await?;
+            }
+            Ok(Some(id))
+        })
+        .await
+        .context("capturing the SQL of a lifecycle")?;
+        scripts.push(("pgbench: lifecycle (its SQL)", lifecycle));
     }
+
+    // The bytes of an empty poll's answer, for the bare HTTP servers.
+    let first = &tasks[0];
+    let poll_answer = limits::Answer::record(
+        http.get(server.url(&format!(
+            "/api/v1/tasks/{}/events?after={}",
+            first.id, first.last_event
+        )))
+        .header(AUTHORIZATION, &first.bearer)
+        .send()
+        .await?,
+    )
+    .await?;
 
     let work = tempfile::tempdir()?;
     let mut rows = Vec::new();
@@ -300,7 +366,7 @@ async fn bench_backend(
     rows.push(
         run_wrk(
             settings,
-            &server,
+            Target::server(&server),
             wrk,
             work.path(),
             "empty poll",
@@ -313,7 +379,7 @@ async fn bench_backend(
     rows.push(
         run_wrk(
             settings,
-            &server,
+            Target::server(&server),
             wrk,
             work.path(),
             "create",
@@ -326,7 +392,7 @@ async fn bench_backend(
     rows.push(
         run_wrk(
             settings,
-            &server,
+            Target::server(&server),
             wrk,
             work.path(),
             "lifecycle",
@@ -353,7 +419,7 @@ async fn bench_backend(
     rows.push(
         run_wrk(
             settings,
-            &server,
+            Target::server(&server),
             wrk,
             work.path(),
             "empty poll after a restart",
@@ -373,6 +439,34 @@ async fn bench_backend(
         println!("  the server logged (last lines):\n{logged}");
     }
 
+    if backend == Backend::Sqlite {
+        // SQLite itself, with the server stopped: the create's row again
+        // and again (see limits.rs).
+        let sqlite3 = which("sqlite3").context(
+            "sqlite3 is not installed: run scripts/bench.sh --compare (it installs it), or apt-get install sqlite3",
+        )?;
+        let file = dir.path().join("b.db");
+        for per_transaction in [1, 64] {
+            let run =
+                limits::sqlite_native_create(&sqlite3, &file, settings.duration, per_transaction)
+                    .await?;
+            // The shell reports no per-transaction latency.
+            let row = Figures {
+                name: format!("sqlite (native): create, {per_transaction}/tx"),
+                rate: run.per_second,
+                unit: "rows/s",
+                p50_ms: 0.0,
+                p90_ms: 0.0,
+                p99_ms: 0.0,
+                max_ms: 0.0,
+                errors: 0,
+                cpu: run.cpu,
+            };
+            print_row(&row);
+            rows.push(row);
+        }
+    }
+
     if !scripts.is_empty() {
         let bin =
             pg_bin.context("MEATSPACE_TEST_PG_BIN is not set (scripts/postgres.sh sets it)")?;
@@ -390,6 +484,68 @@ async fn bench_backend(
     }
     if backend == Backend::Postgres {
         drop_postgres_database(&database_url).await?;
+    }
+    Ok((rows, poll_answer))
+}
+
+/// The HTTP limit of this machine for the empty poll's answer: the same
+/// bytes from a bare hyper service and from nginx, under the same wrk.
+async fn http_limits(
+    settings: &Settings,
+    wrk: &Path,
+    answer: &limits::Answer,
+) -> Result<Vec<Figures>> {
+    println!();
+    println!(
+        "== HTTP limit: the empty poll's answer ({} bytes of body) from minimal servers",
+        answer.body.len()
+    );
+    let work = tempfile::tempdir()?;
+    // wrk's own request (no `request()`): it carries the Host header,
+    // which nginx requires of HTTP/1.1 and a request formatted before wrk
+    // knows the URL lacks.
+    let script = format!("wrk.path = '/'\nfunction completed_total() return 0 end\n{LUA_DONE}");
+    header();
+    let mut rows = Vec::new();
+    let bare = limits::Reference::bare_hyper(answer, work.path()).await?;
+    let target = Target {
+        base_url: &bare.base_url,
+        pids: bare.tree_pids(),
+    };
+    rows.push(
+        run_wrk(
+            settings,
+            target,
+            wrk,
+            work.path(),
+            "bare hyper",
+            &script,
+            false,
+        )
+        .await?,
+    );
+    bare.stop().await?;
+    match limits::Reference::nginx(answer, work.path()).await? {
+        Some(nginx) => {
+            let target = Target {
+                base_url: &nginx.base_url,
+                pids: nginx.tree_pids(),
+            };
+            rows.push(
+                run_wrk(
+                    settings,
+                    target,
+                    wrk,
+                    work.path(),
+                    "nginx return 200",
+                    &script,
+                    false,
+                )
+                .await?,
+            );
+            nginx.stop().await?;
+        }
+        None => println!("  (nginx is not installed: scripts/bench.sh --compare installs it)"),
     }
     Ok(rows)
 }
@@ -625,8 +781,9 @@ struct Logged {
 
 /// Statements of the request, in order, from the lines `LOG:  statement: …`
 /// and `LOG:  execute <name>: …` (+ `DETAIL:  parameters: $1 = '…', …`).
-/// The availability probe (`SELECT 1`), the change listener and the
-/// configuration reload itself are left out.
+/// The availability probe (`SELECT 1`), the change listener, the
+/// configuration reload itself and the worker digest read (kept in memory
+/// after the first) are left out.
 fn parse_statement_log(log: &str) -> Vec<Logged> {
     let mut out: Vec<Logged> = Vec::new();
     for line in log.lines() {
@@ -649,7 +806,10 @@ fn parse_statement_log(log: &str) -> Vec<Logged> {
     }
     out.retain(|s| {
         let sql = s.sql.trim();
+        // A worker's token digest is read once and then kept in memory:
+        // in the steady state a lifecycle does not read it.
         !(sql == "SELECT 1"
+            || sql.starts_with("SELECT token_hash FROM workers")
             || sql.starts_with("LISTEN")
             || sql.contains("pg_reload_conf")
             || sql.starts_with("ALTER SYSTEM"))
@@ -698,6 +858,17 @@ fn parse_params(text: &str) -> Vec<Option<String>> {
     values.into_values().collect()
 }
 
+/// Whether `sql` compares a task's `last_event_id` with parameter `$index`.
+fn compares_last_event(sql: &str, index: usize) -> bool {
+    let needle = format!("last_event_id = ${index}");
+    sql.match_indices(&needle).any(|(at, _)| {
+        !sql[at + needle.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
 /// The statements as a pgbench script: each parameter bound as a typed
 /// literal (types from PREPARE), `replaced` (an id the request created) as
 /// a random UUID drawn per transaction.
@@ -735,6 +906,12 @@ async fn to_pgbench(
                     None => format!("NULL::{ty}"),
                     Some(v) if Some(v.as_str()) == replaced => {
                         format!("(md5(:r1::text || '-' || :r2::text)::uuid)::{ty}")
+                    }
+                    // A conditional write names the feed head it read; of
+                    // the fresh task, that is its own (one index lookup).
+                    Some(_) if replaced.is_some() && compares_last_event(&statement.sql, i + 1) => {
+                        "(SELECT last_event_id FROM tasks WHERE id = (md5(:r1::text || '-' || :r2::text)::uuid))"
+                            .to_owned()
                     }
                     Some(v) => format!("'{}'::{ty}", v.replace('\'', "''")),
                 };
@@ -868,9 +1045,28 @@ end
 }
 
 /// Warms up, then runs wrk for the scenario's duration and reads its line.
+/// What wrk drives: its URL, and the processes whose CPU is the server's.
+struct Target<'a> {
+    base_url: &'a str,
+    pids: Vec<u32>,
+}
+
+impl<'a> Target<'a> {
+    fn server(server: &'a Server) -> Target<'a> {
+        Target {
+            base_url: &server.base_url,
+            pids: vec![server.pid],
+        }
+    }
+}
+
+fn ticks_of(pids: &[u32]) -> u64 {
+    pids.iter().map(|p| process_ticks(&p.to_string())).sum()
+}
+
 async fn run_wrk(
     settings: &Settings,
-    server: &Server,
+    target: Target<'_>,
     wrk: &Path,
     work: &Path,
     name: &str,
@@ -897,7 +1093,7 @@ async fn run_wrk(
             .arg("10s")
             .arg("-s")
             .arg(&path)
-            .arg(&server.base_url)
+            .arg(target.base_url)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -908,7 +1104,8 @@ async fn run_wrk(
         wrk_run(settings.warmup).output().await?;
     }
     let ticks = clock_ticks_per_second();
-    let before = CpuSnapshot::take(server.pid);
+    let before = CpuSnapshot::take(target.pids[0]);
+    let before_server = ticks_of(&target.pids);
     let child = wrk_run(settings.duration).spawn()?;
     let wrk_pid = child.id().context("wrk has no pid")?.to_string();
     // wrk's own CPU, read just before it exits (the process is gone after).
@@ -930,7 +1127,8 @@ async fn run_wrk(
         }
     });
     let output = child.wait_with_output().await?;
-    let after = CpuSnapshot::take(server.pid);
+    let after = CpuSnapshot::take(target.pids[0]);
+    let server_ticks = ticks_of(&target.pids).saturating_sub(before_server);
     let wrk_ticks = wrk_ticks.await.unwrap_or(0);
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
@@ -954,10 +1152,13 @@ async fn run_wrk(
     let seconds = field("duration_us") / 1e6;
     let mut cpu = after.since(before, ticks);
     // `this` in the snapshot is the benchmark program, idle meanwhile; the
-    // generator is wrk.
-    let wrk_cores = wrk_ticks as f64 / ticks / after.at.duration_since(before.at).as_secs_f64();
-    cpu.rest = (cpu.rest + cpu.load_generator - wrk_cores).max(0.0);
+    // generator is wrk; the server may be several processes (nginx).
+    let span = after.at.duration_since(before.at).as_secs_f64();
+    let wrk_cores = wrk_ticks as f64 / ticks / span;
+    let server_cores = server_ticks as f64 / ticks / span;
+    cpu.rest = (cpu.rest + cpu.load_generator + cpu.server - wrk_cores - server_cores).max(0.0);
     cpu.load_generator = wrk_cores;
+    cpu.server = server_cores;
     let (rate, unit) = if name == "lifecycle" {
         (field("tasks") / seconds, "tasks/s")
     } else {
