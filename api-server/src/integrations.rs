@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_controller::webhooks::AllowList;
 use meatspace_core::secret::ServerKey;
+use meatspace_domain::webhook_url::AllowList;
 
 /// Defaults, also used by the tests' in-process server.
 pub const DEFAULT_SSE_HEARTBEAT: Duration = Duration::from_secs(15);

@@ -225,8 +225,10 @@ impl PgStore {
         .await?
         .ok_or(StoreError::NotFound)?;
         let task = task_from_row(&row)?;
+        // Exactly what the decision reads besides the task (the domain
+        // says which), under the row lock.
         let mut ctx = Context::default();
-        if let Command::RespondToIssue { issue_event_id, .. } = &command {
+        if let Some(issue_event_id) = command.needs().issue {
             let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
                 .bind(issue_event_id)
                 .bind(task_id)
@@ -826,14 +828,14 @@ fn fits_one_statement(d: &Decision) -> bool {
             .all(|c| matches!(c, IssueChange::CloseAll { .. }))
 }
 
-/// Commands whose decision never [`fits_one_statement`] or that read more
-/// than the task row (`RespondToIssue` reads its issue): [`PgStore::apply`]
-/// runs them under the row lock straight away.
-fn needs_row_lock(command: &Command) -> bool {
-    matches!(
-        command,
-        Command::Photo { .. } | Command::RaiseIssue { .. } | Command::RespondToIssue { .. }
-    )
+/// Commands whose decision never [`fits_one_statement`] (a photo to store,
+/// an issue to open): deciding them optimistically would only cost a read
+/// before the locked path. A hint for speed, not for correctness: whether a
+/// command may be decided without its context at all is
+/// [`Command::needs`]'s to say, and a decision that does not fit is written
+/// under the lock whatever this says.
+fn never_fits_one_statement(command: &Command) -> bool {
+    matches!(command, Command::Photo { .. } | Command::RaiseIssue { .. })
 }
 
 /// How often [`PgStore::apply`] reads, decides and tries the conditional
@@ -1104,7 +1106,10 @@ impl Store for PgStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        if !needs_row_lock(&command) {
+        // A command whose decision reads more than the task row is decided
+        // under the lock on what it needs; only one that needs nothing may
+        // be decided on a task read without it.
+        if command.needs().is_empty() && !never_fits_one_statement(&command) {
             // First on the copy of the task this store last wrote, without
             // reading it: the write checks it is still current. A refusal
             // or a stale copy is no answer: the store is read next.

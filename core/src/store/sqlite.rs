@@ -539,8 +539,10 @@ impl Store for SqliteStore {
             .await?
             .ok_or(StoreError::NotFound)?;
         let task = task_from_row(&row)?;
+        // Exactly what the decision reads besides the task (the domain
+        // says which), under the write lock.
         let mut ctx = Context::default();
-        if let Command::RespondToIssue { issue_event_id, .. } = &command {
+        if let Some(issue_event_id) = command.needs().issue {
             let row = sqlx::query("SELECT * FROM issues WHERE event_id = ? AND task_id = ?")
                 .bind(issue_event_id)
                 .bind(task_id.to_string())

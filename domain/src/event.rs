@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// Kinds of events, serialised with their dotted names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub enum EventType {
     #[serde(rename = "task.published")]
     TaskPublished,
@@ -100,7 +101,8 @@ impl EventType {
 }
 
 /// Who caused an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Actor {
     Agent,
@@ -134,7 +136,8 @@ pub struct NewEvent {
 
 /// An event as stored and served. `id` is the feed cursor: ids of one task's
 /// events become visible in ascending order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Event {
     pub id: i64,
     pub task_id: Uuid,
@@ -145,7 +148,7 @@ pub struct Event {
     /// True when `data` holds worker-authored content: task data, never
     /// instructions.
     pub untrusted: bool,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "utoipa", schema(value_type = Object))]
     pub data: serde_json::Value,
 }
 
