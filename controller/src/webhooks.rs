@@ -39,9 +39,10 @@ use std::time::Duration;
 use base64::Engine;
 use chrono::TimeDelta;
 use futures::StreamExt;
-use meatspace_core::secret::{ServerKey, webhook_signature};
-use meatspace_core::store::{DueWebhook, WebhookOutcome};
-use meatspace_core::{Event, Store, clock};
+use meatspace_domain::{Event, clock};
+use meatspace_store::Store;
+use meatspace_store::secret::{ServerKey, webhook_signature};
+use meatspace_store::{webhooks::DueWebhook, webhooks::WebhookOutcome};
 use rand::Rng;
 use tracing::Instrument;
 

@@ -5,11 +5,11 @@
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_core::store::{NewTask, Webhook};
-use meatspace_core::{
+use meatspace_domain::webhook_url::check_url;
+use meatspace_domain::{
     Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock,
 };
-use meatspace_domain::webhook_url::check_url;
+use meatspace_store::{NewTask, webhooks::Webhook};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;

@@ -1,4 +1,8 @@
-//! The PostgreSQL store: the production backend.
+//! The PostgreSQL store: the production backend. It holds SQL and what only
+//! PostgreSQL has (migrations, the LISTEN/NOTIFY listener, grouped creates,
+//! the one-statement conditional write, copies of the tasks it wrote); every
+//! decision is the engine's ([`meatspace_store::engine`]), whose default
+//! methods this store overrides to keep its fast paths.
 //!
 //! Row locks do the coordination. Every write of a task takes `FOR UPDATE`
 //! on its row before it appends events, so concurrent writers to one task
@@ -26,17 +30,28 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
-use super::pg_creates::{Creates, NewRow};
-use super::{
-    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Store,
-    StoreError, TaskVersions, Worker,
-};
-use super::{Invite, Session};
-use crate::token::TokenHash;
-use crate::{
+use meatspace_domain::{
     Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
     IssueStatus, Policy, Task, TaskState, decide,
 };
+use meatspace_store::engine::{self, Conditional};
+use meatspace_store::token::TokenHash;
+use meatspace_store::{
+    Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
+    Session, Store, StoreError, TaskVersions, Worker,
+};
+
+use crate::creates::{Creates, NewRow};
+
+mod creates;
+mod idempotency;
+mod requests;
+mod webhooks;
+
+/// The migrations of this backend, embedded at build time. sqlx records each
+/// one's checksum in the database and refuses to start when a file that
+/// ran has changed, so these files never change (see the test below).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
     published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
@@ -145,7 +160,7 @@ impl PgStore {
             })
             .connect(url)
             .await?;
-        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        MIGRATOR.run(&pool).await?;
         let probe = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(PROBE_TIMEOUT)
@@ -164,96 +179,6 @@ impl PgStore {
     /// The pool, for tests and tools that need raw SQL.
     pub fn pool(&self) -> &PgPool {
         &self.pool
-    }
-
-    /// One optimistic try of [`Store::apply`]: decides `command` on `task`
-    /// (read without a lock, or this store's copy) and writes the decision
-    /// with [`PgStore::write_in_one_statement`] if the task is still as
-    /// `task` shows it.
-    async fn try_write(
-        &self,
-        task: &Task,
-        command: &Command,
-        now: DateTime<Utc>,
-    ) -> Result<Try, StoreError> {
-        let decision = match decide(
-            task,
-            &Context::default(),
-            command.clone(),
-            now,
-            &self.policy,
-        ) {
-            Ok(decision) => decision,
-            Err(refusal) => return Ok(Try::Refused(refusal)),
-        };
-        if !fits_one_statement(&decision) {
-            return Ok(Try::NeedsLock);
-        }
-        let written = Self::write_in_one_statement(&self.pool, task, decision).await;
-        // Whatever the answer, the statement may have committed.
-        self.versions.bump(task.id);
-        match written {
-            Ok(Some(applied)) => {
-                self.known.wrote(&applied.task);
-                Ok(Try::Written(applied))
-            }
-            Ok(None) => {
-                self.known.forget(task.id);
-                Ok(Try::Changed)
-            }
-            Err(e) => {
-                self.known.forget(task.id);
-                Err(e)
-            }
-        }
-    }
-
-    /// [`Store::apply`] in one transaction that takes the task's row lock
-    /// before it reads the task (and the issue an answer refers to).
-    async fn apply_locked(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(task_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let task = task_from_row(&row)?;
-        // Exactly what the decision reads besides the task (the domain
-        // says which), under the row lock.
-        let mut ctx = Context::default();
-        if let Some(issue_event_id) = command.needs().issue {
-            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
-                .bind(issue_event_id)
-                .bind(task_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
-        }
-        let decision = match decide(&task, &ctx, command, now, &self.policy) {
-            Ok(decision) => decision,
-            Err(refusal) => {
-                // Release the row lock before answering: a dropped transaction
-                // is rolled back only later, in the background, when its
-                // connection returns to the pool, and until then other
-                // writers wait and `reconcile_due` skips the task.
-                tx.rollback().await?;
-                return Err(refusal.into());
-            }
-        };
-        self.known.forget(task_id);
-        let applied = Self::write(&mut tx, &task, decision).await?;
-        let committed = tx.commit().await;
-        self.versions.bump(task_id);
-        committed?;
-        self.known.wrote(&applied.task);
-        Ok(applied)
     }
 
     /// Writes `d`, decided on `before`, in the caller's transaction, which
@@ -714,16 +639,112 @@ impl PgStore {
     }
 }
 
-/// What one optimistic try of [`Store::apply`] came to.
-enum Try {
-    /// The decision is written and committed.
-    Written(Applied),
-    /// [`decide`] refused the command on the task as the try saw it.
-    Refused(crate::Refusal),
-    /// Nothing was written: the task is no longer as the try saw it.
-    Changed,
-    /// The decision needs [`PgStore::write`]'s statements under the lock.
-    NeedsLock,
+/// The SQL of [`meatspace_store::engine`]'s command path, with PostgreSQL's
+/// faster overrides: the copies of tasks this store wrote ([`KnownTasks`]),
+/// and the one-statement conditional write.
+#[async_trait]
+impl engine::Backend for PgStore {
+    type Tx = Transaction<'static, Postgres>;
+
+    async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn lock_task(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+    ) -> Result<Option<Task>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(task_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    async fn read_issue(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        event_id: i64,
+    ) -> Result<Option<Issue>, StoreError> {
+        let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
+            .bind(event_id)
+            .bind(task_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        row.as_ref().map(issue_from_row).transpose()
+    }
+
+    async fn write_decision(
+        &self,
+        tx: &mut Self::Tx,
+        before: &Task,
+        decision: Decision,
+    ) -> Result<Applied, StoreError> {
+        self.known.forget(before.id);
+        Self::write(tx, before, decision).await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.rollback().await?)
+    }
+
+    fn after_commit(&self, task_id: Uuid, applied: Option<&Applied>) {
+        // Whether or not the commit answered, it may have committed.
+        self.versions.bump(task_id);
+        if let Some(applied) = applied {
+            self.known.wrote(&applied.task);
+        }
+    }
+
+    /// Photos and new issues never fit the one-statement write: deciding
+    /// them optimistically would only cost a read before the locked path.
+    fn writes_optimistically(&self, command: &Command) -> bool {
+        !matches!(command, Command::Photo { .. } | Command::RaiseIssue { .. })
+    }
+
+    fn unlocked_copy(&self, task_id: Uuid) -> Option<Task> {
+        self.known.get(task_id)
+    }
+
+    async fn read_unlocked(&self, task_id: Uuid) -> Result<Option<Task>, StoreError> {
+        self.task(task_id).await
+    }
+
+    /// [`PgStore::write_in_one_statement`], when the decision fits it.
+    async fn write_if_unchanged(
+        &self,
+        before: &Task,
+        decision: Decision,
+    ) -> Result<Conditional, StoreError> {
+        if !fits_one_statement(&decision) {
+            return Ok(Conditional::NeedsLock);
+        }
+        let written = Self::write_in_one_statement(&self.pool, before, decision).await;
+        // Whatever the answer, the statement may have committed.
+        self.versions.bump(before.id);
+        match written {
+            Ok(Some(applied)) => {
+                self.known.wrote(&applied.task);
+                Ok(Conditional::Written(applied))
+            }
+            Ok(None) => {
+                self.known.forget(before.id);
+                Ok(Conditional::Changed)
+            }
+            Err(e) => {
+                self.known.forget(before.id);
+                Err(e)
+            }
+        }
+    }
 }
 
 /// The tasks as this store last wrote them (non-terminal ones only), so
@@ -827,23 +848,6 @@ fn fits_one_statement(d: &Decision) -> bool {
             .iter()
             .all(|c| matches!(c, IssueChange::CloseAll { .. }))
 }
-
-/// Commands whose decision never [`fits_one_statement`] (a photo to store,
-/// an issue to open): deciding them optimistically would only cost a read
-/// before the locked path. A hint for speed, not for correctness: whether a
-/// command may be decided without its context at all is
-/// [`Command::needs`]'s to say, and a decision that does not fit is written
-/// under the lock whatever this says.
-fn never_fits_one_statement(command: &Command) -> bool {
-    matches!(command, Command::Photo { .. } | Command::RaiseIssue { .. })
-}
-
-/// How often [`PgStore::apply`] reads, decides and tries the conditional
-/// write before it takes the row lock first instead. A write finds the task
-/// changed only when another writer of the same task committed in between,
-/// so a second or third try normally succeeds; the bound keeps a task that
-/// many writers hammer from starving one of them.
-const OPTIMISTIC_ATTEMPTS: usize = 3;
 
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -953,7 +957,7 @@ impl Store for PgStore {
         .bind(task.next_deadline())
         .execute(&mut *tx)
         .await?;
-        super::webhooks::pg_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
+        crate::webhooks::insert(&mut tx, task.id, webhook_url, task.created_at).await?;
         notify(&mut tx, task.id).await?;
         let committed = tx.commit().await;
         self.versions.bump(task.id);
@@ -961,8 +965,11 @@ impl Store for PgStore {
         Ok(task)
     }
 
-    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
-        super::webhooks::pg_get(&self.pool, task_id).await
+    async fn webhook(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<meatspace_store::webhooks::Webhook>, StoreError> {
+        crate::webhooks::get(&self.pool, task_id).await
     }
 
     async fn claim_due_webhooks(
@@ -970,28 +977,28 @@ impl Store for PgStore {
         now: DateTime<Utc>,
         lease_until: DateTime<Utc>,
         limit: u32,
-    ) -> Result<Vec<super::DueWebhook>, StoreError> {
-        super::webhooks::pg_claim_due(&self.pool, now, lease_until, limit).await
+    ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
+        crate::webhooks::claim_due(&self.pool, now, lease_until, limit).await
     }
 
     async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        super::webhooks::pg_next_attempt(&self.pool).await
+        crate::webhooks::next_attempt(&self.pool).await
     }
 
     async fn record_webhook(
         &self,
         task_id: Uuid,
-        outcome: &super::WebhookOutcome,
+        outcome: &meatspace_store::webhooks::WebhookOutcome,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        super::webhooks::pg_record(&self.pool, task_id, outcome, now).await
+        crate::webhooks::record(&self.pool, task_id, outcome, now).await
     }
 
     async fn idempotency_begin(
         &self,
-        claim: &super::IdempotencyClaim,
-    ) -> Result<super::IdempotencyBegin, StoreError> {
-        super::idempotency::pg_begin(&self.pool, claim).await
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
+        crate::idempotency::begin(&self.pool, claim).await
     }
 
     async fn idempotency_complete(
@@ -1001,11 +1008,11 @@ impl Store for PgStore {
         status: u16,
         response: &[u8],
     ) -> Result<(), StoreError> {
-        super::idempotency::pg_complete(&self.pool, scope, key, status, response).await
+        crate::idempotency::complete(&self.pool, scope, key, status, response).await
     }
 
     async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        super::idempotency::pg_release(&self.pool, scope, key).await
+        crate::idempotency::release(&self.pool, scope, key).await
     }
 
     async fn purge_idempotency_keys(
@@ -1013,7 +1020,7 @@ impl Store for PgStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        super::idempotency::pg_purge(&self.pool, before, limit).await
+        crate::idempotency::purge(&self.pool, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1096,9 +1103,12 @@ impl Store for PgStore {
     ///   of the task instead of reading it, when it has one
     ///   ([`KnownTasks`]); that try's refusals are no answer.
     /// - **Locking** (issues, photos, answers to issues, decisions that do
-    ///   more than append events and close issues, and after
-    ///   [`OPTIMISTIC_ATTEMPTS`] lost races): `BEGIN`, `SELECT … FOR
-    ///   UPDATE`, decide, write, `COMMIT`.
+    ///   more than append events and close issues, and after a few lost
+    ///   races): `BEGIN`, `SELECT … FOR UPDATE`, decide, write, `COMMIT`.
+    ///
+    /// The engine ([`meatspace_store::engine::apply`]) runs both and makes
+    /// every decision; this store provides the SQL (its
+    /// [`engine::Backend`] implementation, below).
     #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
@@ -1106,31 +1116,7 @@ impl Store for PgStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        // A command whose decision reads more than the task row is decided
-        // under the lock on what it needs; only one that needs nothing may
-        // be decided on a task read without it.
-        if command.needs().is_empty() && !never_fits_one_statement(&command) {
-            // First on the copy of the task this store last wrote, without
-            // reading it: the write checks it is still current. A refusal
-            // or a stale copy is no answer: the store is read next.
-            if let Some(copy) = self.known.get(task_id) {
-                match self.try_write(&copy, &command, now).await? {
-                    Try::Written(applied) => return Ok(applied),
-                    Try::Refused(_) | Try::Changed => {}
-                    Try::NeedsLock => return self.apply_locked(task_id, command, now).await,
-                }
-            }
-            for _ in 0..OPTIMISTIC_ATTEMPTS {
-                let task = self.task(task_id).await?.ok_or(StoreError::NotFound)?;
-                match self.try_write(&task, &command, now).await? {
-                    Try::Written(applied) => return Ok(applied),
-                    Try::Refused(refusal) => return Err(refusal.into()),
-                    Try::Changed => {}
-                    Try::NeedsLock => break,
-                }
-            }
-        }
-        self.apply_locked(task_id, command, now).await
+        engine::apply(self, task_id, command, now, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1674,13 +1660,13 @@ impl Store for PgStore {
     async fn create_requested_task(
         &self,
         new: NewTask,
-        request: &super::TaskRequest,
-    ) -> Result<super::TaskRequest, StoreError> {
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let row = super::requests::pg_claim(&mut tx, request).await?;
+        let row = crate::requests::claim(&mut tx, request).await?;
         if row.task_id == new.id {
             let next_deadline = Some(new.expires_at);
-            super::requests::pg_insert_task(&mut tx, &new, next_deadline).await?;
+            crate::requests::insert_task(&mut tx, &new, next_deadline).await?;
             notify(&mut tx, new.id).await?;
         }
         let committed = tx.commit().await;
@@ -1692,12 +1678,12 @@ impl Store for PgStore {
     async fn task_request(
         &self,
         resource_uid: &str,
-    ) -> Result<Option<super::TaskRequest>, StoreError> {
-        super::requests::pg_get(&self.pool, resource_uid).await
+    ) -> Result<Option<meatspace_store::requests::TaskRequest>, StoreError> {
+        crate::requests::get(&self.pool, resource_uid).await
     }
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
-        super::requests::pg_requested_among(&self.pool, task_ids).await
+        crate::requests::requested_among(&self.pool, task_ids).await
     }
 }
 
@@ -2002,5 +1988,64 @@ mod tests {
             .expect("woken")
             .expect("no panic");
         assert_eq!(got, Some(Change::Gap));
+    }
+}
+
+/// Each migration's sqlx checksum (SHA-384 of the file) as it shipped: a
+/// database migrated by any earlier build records these, and refuses a build
+/// whose files differ. Adding a migration is fine; changing one is not.
+#[cfg(test)]
+mod migration_checksums {
+    const SHIPPED: &[(i64, &str)] = &[
+        (
+            1,
+            "6dc8bbc2cb035a514ee7fb4fc8a2dbbf8fe663b19ecde73d7683b53c00eb77d13248340589e91c8bbcfff1ac8fcb97b1",
+        ),
+        (
+            2,
+            "4a2adcc09218c9c46880b7c1e7236d00b9a2f3f7d3851a8ecf3df029634327e4ccf6d10b5137ac2145f7339a0477c6be",
+        ),
+        (
+            3,
+            "fb2a01eb41526a5e69fab836b1626ca0e7ecdd52e9b7c8b30c3507fd4b8db8300e9ec0279966ec1030809d9aa3e17146",
+        ),
+        (
+            4,
+            "5607c2d8627cc4bd4e9d1604e64385a8b42ddb4e3c411c2261717f66f439f131e025551d9f1b051265e03f50d19a79c8",
+        ),
+        (
+            5,
+            "37ba26be9d85b87156ae4ee3c569d1ca53f9efc9f59e804b582db0b2a398fa801b3b61f1ffff667833818e0dea0de139",
+        ),
+        (
+            20,
+            "6e214d49b4cd06a81f268cdb36765c267f4d33ff099d67b538ff34ab6cd2260c288a4b99a0441f910cb9715501ef1d12",
+        ),
+        (
+            21,
+            "7fc3216161a571141771943397e88e57474b04837259f6bc39c28040ced4288ac6c28138eb1dcf10975d3f0995707225",
+        ),
+        (
+            30,
+            "43a36da82f70da01f3abca40d06835e61e8c09363d36e73501b919670343882a8645ce8638d63e6218de6171462fe7ef",
+        ),
+    ];
+
+    #[test]
+    fn shipped_migrations_are_unchanged() {
+        let embedded: Vec<(i64, String)> = super::MIGRATOR
+            .iter()
+            .map(|m| {
+                let hex: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+                (m.version, hex)
+            })
+            .collect();
+        for (i, (version, checksum)) in SHIPPED.iter().enumerate() {
+            assert_eq!(
+                embedded.get(i).map(|(v, c)| (*v, c.as_str())),
+                Some((*version, *checksum)),
+                "migration {version} changed or went missing: a database it ran on will not start"
+            );
+        }
     }
 }

@@ -1,0 +1,216 @@
+//! The one engine that runs a command on a task, for every backend: read the
+//! task and what the command [needs](Command::needs), [`decide`], write the
+//! decision, announce it. A backend implements [`Backend`] with its SQL (how
+//! to lock and read a task, read an issue, write a decision, commit) and
+//! gets [`apply`]; the rules are decided here and in the domain only, so no
+//! backend can load a different context or skip a check.
+//!
+//! A backend with a cheaper write may override the defaults, in the manner
+//! of atuin's `Database` trait (shared logic as default methods over
+//! per-backend queries): PostgreSQL decides a command that needs nothing on
+//! the task as it last wrote it or read it without a lock
+//! ([`Backend::unlocked_copy`], [`Backend::read_unlocked`]) and writes the
+//! decision in one conditional statement ([`Backend::write_if_unchanged`]),
+//! which commits only if the task is still as it was decided on. The
+//! decision is still the engine's, on the same [`Context`] (empty, because
+//! the command needs nothing), so both paths decide alike.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use meatspace_domain::{Command, Context, Decision, Issue, Policy, Task, decide};
+use uuid::Uuid;
+
+use crate::{Applied, StoreError};
+
+/// What a [`Backend::write_if_unchanged`] did.
+// Returned by value once per write and matched at once: boxing the large
+// variant would cost an allocation on every optimistic write.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Conditional {
+    /// The decision is written and committed.
+    Written(Applied),
+    /// Nothing was written: the task is no longer as it was decided on.
+    Changed,
+    /// This decision needs the locked path's statements (or the backend has
+    /// no conditional write).
+    NeedsLock,
+}
+
+/// The SQL a backend provides to the engine, and the hooks it may override.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// A write transaction.
+    type Tx: Send;
+
+    /// Begins a write transaction.
+    async fn begin_write(&self) -> Result<Self::Tx, StoreError>;
+
+    /// Reads the task and takes its row lock (or the database's write lock)
+    /// until `tx` ends; `None` when it does not exist.
+    async fn lock_task(&self, tx: &mut Self::Tx, task_id: Uuid)
+    -> Result<Option<Task>, StoreError>;
+
+    /// The issue opened by the `worker.issue` event `event_id` of the task.
+    async fn read_issue(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        event_id: i64,
+    ) -> Result<Option<Issue>, StoreError>;
+
+    /// Writes `decision`, decided on `before`, in `tx` (which holds the
+    /// task's lock): the task, its events, issue changes and photo.
+    async fn write_decision(
+        &self,
+        tx: &mut Self::Tx,
+        before: &Task,
+        decision: Decision,
+    ) -> Result<Applied, StoreError>;
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError>;
+
+    /// Ends `tx` without writing. Called on a refusal before it is
+    /// answered, so the lock is released at once (a dropped transaction is
+    /// rolled back only later, in the background, and until then other
+    /// writers wait).
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError>;
+
+    /// After a commit of a write of `task_id` was attempted: `applied` is
+    /// what was written, `None` when the commit failed (it may have
+    /// committed all the same). Bumps change counters, announces the change.
+    fn after_commit(&self, task_id: Uuid, applied: Option<&Applied>);
+
+    /// Whether the engine should try [`Backend::write_if_unchanged`] for
+    /// this command (which needs nothing beyond the task). A hint for speed:
+    /// false for commands whose decision never fits the conditional write.
+    fn writes_optimistically(&self, _command: &Command) -> bool {
+        false
+    }
+
+    /// The task as this process last wrote it, if it keeps such copies: the
+    /// first optimistic try decides on it without reading the database.
+    fn unlocked_copy(&self, _task_id: Uuid) -> Option<Task> {
+        None
+    }
+
+    /// The task as committed, read without a lock.
+    async fn read_unlocked(&self, _task_id: Uuid) -> Result<Option<Task>, StoreError> {
+        Ok(None)
+    }
+
+    /// Writes `decision`, decided on `before` without a lock, only if the
+    /// task is still exactly `before`; one statement, committed.
+    async fn write_if_unchanged(
+        &self,
+        _before: &Task,
+        _decision: Decision,
+    ) -> Result<Conditional, StoreError> {
+        Ok(Conditional::NeedsLock)
+    }
+}
+
+/// How often [`apply`] reads, decides and tries the conditional write before
+/// it takes the row lock first instead. A write finds the task changed only
+/// when another writer of the same task committed in between, so a second or
+/// third try normally succeeds; the bound keeps a task that many writers
+/// hammer from starving one of them.
+const OPTIMISTIC_ATTEMPTS: usize = 3;
+
+/// Runs `command` on the task (see `Store::apply`).
+///
+/// - **Optimistic** (a command that [needs](Command::needs) nothing, on a
+///   backend that [writes optimistically](Backend::writes_optimistically)):
+///   first on the backend's copy of the task, without reading it (a refusal
+///   or a stale copy is no answer: the task is read next), then up to
+///   [`OPTIMISTIC_ATTEMPTS`] times on the task read without a lock; each
+///   decision is written only if the task is unchanged.
+/// - **Locked** (everything else, and after the optimistic tries lost their
+///   races): begin, lock and read the task and what the command needs,
+///   decide, write, commit.
+pub async fn apply<B: Backend + ?Sized>(
+    backend: &B,
+    task_id: Uuid,
+    command: Command,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Result<Applied, StoreError> {
+    if command.needs().is_empty() && backend.writes_optimistically(&command) {
+        let no_context = Context::default();
+        if let Some(copy) = backend.unlocked_copy(task_id)
+            && let Ok(decision) = decide(&copy, &no_context, command.clone(), now, policy)
+        {
+            match backend.write_if_unchanged(&copy, decision).await? {
+                Conditional::Written(applied) => return Ok(applied),
+                Conditional::Changed => {}
+                Conditional::NeedsLock => {
+                    return apply_locked(backend, task_id, command, now, policy).await;
+                }
+            }
+        }
+        for _ in 0..OPTIMISTIC_ATTEMPTS {
+            let task = backend
+                .read_unlocked(task_id)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            let decision = decide(&task, &no_context, command.clone(), now, policy)?;
+            match backend.write_if_unchanged(&task, decision).await? {
+                Conditional::Written(applied) => return Ok(applied),
+                Conditional::Changed => {}
+                Conditional::NeedsLock => break,
+            }
+        }
+    }
+    apply_locked(backend, task_id, command, now, policy).await
+}
+
+/// The locked path of [`apply`]: one transaction that locks the task before
+/// it reads it and what the command needs.
+async fn apply_locked<B: Backend + ?Sized>(
+    backend: &B,
+    task_id: Uuid,
+    command: Command,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Result<Applied, StoreError> {
+    let mut tx = backend.begin_write().await?;
+    let Some(task) = backend.lock_task(&mut tx, task_id).await? else {
+        backend.rollback(tx).await?;
+        return Err(StoreError::NotFound);
+    };
+    let ctx = load_context(backend, &mut tx, task_id, &command).await?;
+    let decision = match decide(&task, &ctx, command, now, policy) {
+        Ok(decision) => decision,
+        Err(refusal) => {
+            backend.rollback(tx).await?;
+            return Err(refusal.into());
+        }
+    };
+    let applied = backend.write_decision(&mut tx, &task, decision).await?;
+    match backend.commit(tx).await {
+        Ok(()) => {
+            backend.after_commit(task_id, Some(&applied));
+            Ok(applied)
+        }
+        Err(e) => {
+            backend.after_commit(task_id, None);
+            Err(e)
+        }
+    }
+}
+
+/// Reads exactly what the command [needs](Command::needs), in the caller's
+/// transaction (under the task's lock).
+pub async fn load_context<B: Backend + ?Sized>(
+    backend: &B,
+    tx: &mut B::Tx,
+    task_id: Uuid,
+    command: &Command,
+) -> Result<Context, StoreError> {
+    let needs = command.needs();
+    let mut ctx = Context::default();
+    if let Some(event_id) = needs.issue {
+        ctx.issue = backend.read_issue(tx, task_id, event_id).await?;
+    }
+    Ok(ctx)
+}
