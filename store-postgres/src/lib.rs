@@ -31,8 +31,8 @@ use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
 use meatspace_domain::{
-    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
-    IssueStatus, Policy, Task, TaskState, decide,
+    Actor, Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy,
+    Task, TaskState,
 };
 use meatspace_store::engine::{self, Conditional};
 use meatspace_store::token::TokenHash;
@@ -353,7 +353,7 @@ impl PgStore {
     ///    the notification is sent, each only if `lk` has its row.
     ///
     /// Why `(state, last_event_id)` is enough to tell "unchanged": every
-    /// decision [`decide`] accepts appends at least one event (each arm of
+    /// decision [`decide`](meatspace_domain::decide) accepts appends at least one event (each arm of
     /// its `match` pushes one or ends the task, which pushes one), every
     /// write of a task row (`write`, this statement, `write_reconciled`)
     /// sets `last_event_id` to the newest event it appended, and event ids
@@ -701,6 +701,44 @@ impl engine::Backend for PgStore {
         self.versions.bump(task_id);
         if let Some(applied) = applied {
             self.known.wrote(&applied.task);
+        }
+    }
+
+    async fn lock_due(
+        &self,
+        tx: &mut Self::Tx,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline <= $1 \
+             ORDER BY next_deadline LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&mut **tx)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    /// [`PgStore::write_reconciled`]: the whole batch in a fixed number of
+    /// statements.
+    async fn write_batch(
+        &self,
+        tx: &mut Self::Tx,
+        decided: Vec<(Task, Decision)>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Applied>, StoreError> {
+        Self::write_reconciled(tx, decided, now).await
+    }
+
+    fn after_batch_commit(&self, applied: &[Applied], _committed: bool) {
+        // Whether or not the commit answered, it may have committed; the
+        // copies are dropped (a reconciled task is rarely written next by
+        // this replica).
+        for a in applied {
+            self.versions.bump(a.task.id);
+            self.known.forget(a.task.id);
         }
     }
 
@@ -1092,7 +1130,7 @@ impl Store for PgStore {
     /// Two ways to the same result (see [`Store::apply`]'s contract):
     ///
     /// - **Optimistic** (most commands, two round trips, or one): read the
-    ///   task without a lock, [`decide`], and write with
+    ///   task without a lock, [`decide`](meatspace_domain::decide), and write with
     ///   [`PgStore::write_in_one_statement`], which locks the row first and
     ///   writes only if the task is still as read. If it is not (another
     ///   writer committed in between), nothing was written: read and decide
@@ -1321,39 +1359,7 @@ impl Store for PgStore {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Applied>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline <= $1 \
-             ORDER BY next_deadline LIMIT $2 FOR UPDATE SKIP LOCKED"
-        ))
-        .bind(now)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut decided = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let task = task_from_row(row)?;
-            match decide(
-                &task,
-                &Context::default(),
-                Command::Reconcile,
-                now,
-                &self.policy,
-            ) {
-                Ok(d) => decided.push((task, d)),
-                Err(refusal) => {
-                    tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
-                }
-            }
-        }
-        let out = Self::write_reconciled(&mut tx, decided, now).await?;
-        let committed = tx.commit().await;
-        for a in &out {
-            self.versions.bump(a.task.id);
-            self.known.forget(a.task.id);
-        }
-        committed?;
-        Ok(out)
+        engine::reconcile_due(self, now, limit, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]

@@ -25,8 +25,8 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use meatspace_domain::{
-    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
-    IssueStatus, Policy, Task, TaskState, decide,
+    Actor, Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy,
+    Task, TaskState,
 };
 use meatspace_store::engine;
 use meatspace_store::token::TokenHash;
@@ -366,6 +366,24 @@ impl engine::Backend for SqliteStore {
         if applied.is_some() {
             self.announce(task_id);
         }
+    }
+
+    async fn lock_due(
+        &self,
+        tx: &mut Self::Tx,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        // The write lock (`BEGIN IMMEDIATE`) covers every row.
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
+             ORDER BY next_deadline LIMIT ?"
+        ))
+        .bind(ms(now))
+        .bind(i64::from(limit))
+        .fetch_all(&mut **tx)
+        .await?;
+        rows.iter().map(task_from_row).collect()
     }
 }
 
@@ -812,36 +830,7 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Applied>, StoreError> {
-        let mut tx = self.begin().await?;
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
-             ORDER BY next_deadline LIMIT ?"
-        ))
-        .bind(ms(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let task = task_from_row(row)?;
-            match decide(
-                &task,
-                &Context::default(),
-                Command::Reconcile,
-                now,
-                &self.policy,
-            ) {
-                Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
-                Err(refusal) => {
-                    tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
-                }
-            }
-        }
-        tx.commit().await?;
-        for a in &out {
-            self.announce(a.task.id);
-        }
-        Ok(out)
+        engine::reconcile_due(self, now, limit, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]

@@ -81,6 +81,40 @@ pub trait Backend: Send + Sync {
     /// committed all the same). Bumps change counters, announces the change.
     fn after_commit(&self, task_id: Uuid, applied: Option<&Applied>);
 
+    /// Reads at most `limit` tasks whose deadline has come at `now`, earliest
+    /// first, locking them until `tx` ends; tasks another writer has locked
+    /// may be skipped (so that replicas share the due work).
+    async fn lock_due(
+        &self,
+        tx: &mut Self::Tx,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// Writes the decisions of a batch of locked tasks in `tx`, in order.
+    /// The default writes them one by one; a backend may write a batch in
+    /// a fixed number of statements.
+    async fn write_batch(
+        &self,
+        tx: &mut Self::Tx,
+        decided: Vec<(Task, Decision)>,
+        _now: DateTime<Utc>,
+    ) -> Result<Vec<Applied>, StoreError> {
+        let mut out = Vec::with_capacity(decided.len());
+        for (before, decision) in decided {
+            out.push(self.write_decision(tx, &before, decision).await?);
+        }
+        Ok(out)
+    }
+
+    /// After the commit of a batch was attempted (`committed` says whether it
+    /// answered success): as [`Backend::after_commit`], for each task.
+    fn after_batch_commit(&self, applied: &[Applied], committed: bool) {
+        for a in applied {
+            self.after_commit(a.task.id, committed.then_some(a));
+        }
+    }
+
     /// Whether the engine should try [`Backend::write_if_unchanged`] for
     /// this command (which needs nothing beyond the task). A hint for speed:
     /// false for commands whose decision never fits the conditional write.
@@ -197,6 +231,37 @@ async fn apply_locked<B: Backend + ?Sized>(
             Err(e)
         }
     }
+}
+
+/// Applies what is due at `now` to at most `limit` due tasks (see
+/// `Store::reconcile_due`): one transaction that locks them, decides
+/// [`Command::Reconcile`] on each and writes every decision as a batch.
+pub async fn reconcile_due<B: Backend + ?Sized>(
+    backend: &B,
+    now: DateTime<Utc>,
+    limit: u32,
+    policy: &Policy,
+) -> Result<Vec<Applied>, StoreError> {
+    let mut tx = backend.begin_write().await?;
+    let tasks = backend.lock_due(&mut tx, now, limit).await?;
+    let mut decided = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        // Reconciling needs nothing beyond the task (no read happens here);
+        // asked all the same, so that a rule that starts to need more is
+        // loaded on this path too.
+        let ctx = load_context(backend, &mut tx, task.id, &Command::Reconcile).await?;
+        match decide(&task, &ctx, Command::Reconcile, now, policy) {
+            Ok(decision) => decided.push((task, decision)),
+            Err(refusal) => {
+                tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
+            }
+        }
+    }
+    let out = backend.write_batch(&mut tx, decided, now).await?;
+    let committed = backend.commit(tx).await;
+    backend.after_batch_commit(&out, committed.is_ok());
+    committed?;
+    Ok(out)
 }
 
 /// Reads exactly what the command [needs](Command::needs), in the caller's
