@@ -152,6 +152,36 @@ pub struct Event {
     pub data: serde_json::Value,
 }
 
+impl NewEvent {
+    /// The event as stored under `id` for `task_id` at `created_at`.
+    pub fn stored(self, id: i64, task_id: Uuid, created_at: DateTime<Utc>) -> Event {
+        Event::new(id, task_id, self.kind, created_at, self.actor, self.data)
+    }
+}
+
+impl Event {
+    /// The one constructor: whether the event is [untrusted](Event::untrusted)
+    /// follows from its kind, so no store decides it by hand.
+    pub fn new(
+        id: i64,
+        task_id: Uuid,
+        kind: EventType,
+        created_at: DateTime<Utc>,
+        actor: Actor,
+        data: serde_json::Value,
+    ) -> Self {
+        Event {
+            id,
+            task_id,
+            kind,
+            created_at,
+            actor,
+            untrusted: kind.carries_worker_content(),
+            data,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +192,28 @@ mod tests {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
             assert_eq!(EventType::parse(t.as_str()), Some(t));
         }
+    }
+
+    #[test]
+    fn worker_content_is_untrusted_and_nothing_else() {
+        let at = DateTime::<Utc>::UNIX_EPOCH;
+        for t in EventType::ALL {
+            let new = NewEvent {
+                kind: t,
+                actor: Actor::System,
+                data: serde_json::Value::Null,
+            };
+            let e = new.stored(1, Uuid::nil(), at);
+            assert_eq!(e.untrusted, t.carries_worker_content(), "{t:?}");
+        }
+        let photo = Event::new(
+            2,
+            Uuid::nil(),
+            EventType::WorkerPhoto,
+            at,
+            Actor::Worker,
+            serde_json::Value::Null,
+        );
+        assert!(photo.untrusted);
     }
 }

@@ -31,14 +31,14 @@ use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
 use meatspace_domain::{
-    Actor, Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy,
-    Task, TaskState,
+    Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
+    TaskState,
 };
 use meatspace_store::engine::{self, Conditional};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
     Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
-    Session, Store, StoreError, TaskVersions, Worker,
+    Session, Store, StoreError, TaskVersions, Worker, stored_event,
 };
 
 use crate::creates::{Creates, NewRow};
@@ -230,15 +230,7 @@ impl PgStore {
             .bind(&e.data)
             .fetch_one(&mut **tx)
             .await?;
-            events.push(Event {
-                id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: now,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            });
+            events.push(e.stored(id, task.id, now));
         }
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
@@ -456,15 +448,7 @@ impl PgStore {
         let events: Vec<Event> = new_events
             .into_iter()
             .zip(ids)
-            .map(|(e, id)| Event {
-                id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: now,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            })
+            .map(|(e, id)| e.stored(id, task.id, now))
             .collect();
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
@@ -572,15 +556,7 @@ impl PgStore {
                 .get(&task.id)
                 .ok_or_else(|| StoreError::Corrupt(format!("no event id for task {}", task.id)))?;
             task.last_event_id = id;
-            let event = Event {
-                id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: task.updated_at,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            };
+            let event = e.stored(id, task.id, task.updated_at);
             out.push((
                 before.state,
                 Applied {
@@ -921,21 +897,14 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
 }
 
 fn event_from_row(row: &PgRow) -> Result<Event, StoreError> {
-    let kind: &str = row.try_get("type")?;
-    let kind = EventType::parse(kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-    let actor: &str = row.try_get("actor")?;
-    let actor =
-        Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
-    Ok(Event {
-        id: row.try_get("id")?,
-        task_id: row.try_get("task_id")?,
-        kind,
-        created_at: row.try_get("created_at")?,
-        actor,
-        untrusted: kind.carries_worker_content(),
-        data: row.try_get("data")?,
-    })
+    stored_event(
+        row.try_get("id")?,
+        row.try_get("task_id")?,
+        row.try_get("type")?,
+        row.try_get("created_at")?,
+        row.try_get("actor")?,
+        row.try_get("data")?,
+    )
 }
 
 fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
@@ -1205,21 +1174,14 @@ impl Store for PgStore {
             let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
                 continue;
             };
-            let kind: &str = row.try_get("type")?;
-            let kind = EventType::parse(kind)
-                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-            let actor: &str = row.try_get("actor")?;
-            let actor = Actor::parse(actor)
-                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
-            events.push(Event {
+            events.push(stored_event(
                 id,
                 task_id,
-                kind,
-                created_at: row.try_get("created_at")?,
-                actor,
-                untrusted: kind.carries_worker_content(),
-                data: row.try_get("data")?,
-            });
+                row.try_get("type")?,
+                row.try_get("created_at")?,
+                row.try_get("actor")?,
+                row.try_get("data")?,
+            )?);
         }
         Ok(Some(FeedRead {
             agent_token_hash: TokenHash::from_slice(hash)

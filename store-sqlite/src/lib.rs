@@ -25,14 +25,14 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use meatspace_domain::{
-    Actor, Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy,
-    Task, TaskState,
+    Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
+    TaskState,
 };
 use meatspace_store::engine;
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
     Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
-    Session, Store, StoreError, TaskVersions, Worker,
+    Session, Store, StoreError, TaskVersions, Worker, stored_event,
 };
 
 mod idempotency;
@@ -217,15 +217,7 @@ impl SqliteStore {
             .bind(e.data.to_string())
             .fetch_one(&mut **tx)
             .await?;
-            events.push(Event {
-                id: event_id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: now,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            });
+            events.push(e.stored(event_id, task.id, now));
         }
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
@@ -413,23 +405,19 @@ fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
 }
 
 fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
-    let kind: &str = row.try_get("type")?;
-    let kind = EventType::parse(kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-    let actor: &str = row.try_get("actor")?;
-    let actor =
-        Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    stored_event(
+        row.try_get("id")?,
+        uuid(row.try_get("task_id")?)?,
+        row.try_get("type")?,
+        from_ms(row.try_get("created_at")?)?,
+        row.try_get("actor")?,
+        event_data(row)?,
+    )
+}
+
+fn event_data(row: &SqliteRow) -> Result<serde_json::Value, StoreError> {
     let data: &str = row.try_get("data")?;
-    Ok(Event {
-        id: row.try_get("id")?,
-        task_id: uuid(row.try_get("task_id")?)?,
-        kind,
-        created_at: from_ms(row.try_get("created_at")?)?,
-        actor,
-        untrusted: kind.carries_worker_content(),
-        data: serde_json::from_str(data)
-            .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
-    })
+    serde_json::from_str(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))
 }
 
 fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
@@ -676,23 +664,14 @@ impl Store for SqliteStore {
             let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
                 continue;
             };
-            let kind: &str = row.try_get("type")?;
-            let kind = EventType::parse(kind)
-                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-            let actor: &str = row.try_get("actor")?;
-            let actor = Actor::parse(actor)
-                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
-            let data: &str = row.try_get("data")?;
-            events.push(Event {
+            events.push(stored_event(
                 id,
                 task_id,
-                kind,
-                created_at: from_ms(row.try_get("created_at")?)?,
-                actor,
-                untrusted: kind.carries_worker_content(),
-                data: serde_json::from_str(data)
-                    .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
-            });
+                row.try_get("type")?,
+                from_ms(row.try_get("created_at")?)?,
+                row.try_get("actor")?,
+                event_data(row)?,
+            )?);
         }
         Ok(Some(FeedRead {
             agent_token_hash: TokenHash::from_slice(hash)

@@ -109,6 +109,23 @@ fn means_unavailable(db: &dyn sqlx::error::DatabaseError) -> bool {
     }
 }
 
+/// An event read back from its stored columns (the kind and actor by their
+/// stored names); a name this build does not know is a corrupt row.
+pub fn stored_event(
+    id: i64,
+    task_id: Uuid,
+    kind: &str,
+    created_at: DateTime<Utc>,
+    actor: &str,
+    data: serde_json::Value,
+) -> Result<Event, StoreError> {
+    let kind = meatspace_domain::EventType::parse(kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+    let actor = meatspace_domain::Actor::parse(actor)
+        .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    Ok(Event::new(id, task_id, kind, created_at, actor, data))
+}
+
 /// A task to create. The caller generates the id and the token and passes
 /// only the token's digest.
 #[derive(Debug, Clone)]
