@@ -664,6 +664,55 @@ impl engine::Backend for PgStore {
         Self::write(tx, before, decision).await
     }
 
+    async fn insert_draft(
+        &self,
+        tx: &mut Self::Tx,
+        task: &Task,
+        agent_token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
+        )
+        .bind(task.id)
+        .bind(&task.description)
+        .bind(&agent_token_hash.0[..])
+        .bind(task.created_at)
+        .bind(task.expires_at)
+        .bind(task.next_deadline())
+        .execute(&mut **tx)
+        .await?;
+        notify(tx, task.id).await
+    }
+
+    async fn insert_webhook(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        url: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        crate::webhooks::insert(tx, task_id, url, now).await
+    }
+
+    async fn claim_request(
+        &self,
+        tx: &mut Self::Tx,
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
+        crate::requests::claim(tx, request).await
+    }
+
+    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
+        crate::requests::insert_task(tx, new, Some(new.expires_at)).await?;
+        notify(tx, new.id).await
+    }
+
+    fn after_create(&self, task_id: Uuid, _committed: bool) {
+        // Whether or not the commit's answer arrived (see TaskVersions).
+        self.versions.bump(task_id);
+    }
+
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
         Ok(tx.commit().await?)
     }
@@ -933,43 +982,7 @@ impl Store for PgStore {
         new: NewTask,
         webhook_url: &str,
     ) -> Result<Task, StoreError> {
-        // create_task's insert, plus the endpoint, in one transaction.
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
-        )
-        .bind(task.id)
-        .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
-        .bind(task.created_at)
-        .bind(task.expires_at)
-        .bind(task.next_deadline())
-        .execute(&mut *tx)
-        .await?;
-        crate::webhooks::insert(&mut tx, task.id, webhook_url, task.created_at).await?;
-        notify(&mut tx, task.id).await?;
-        let committed = tx.commit().await;
-        self.versions.bump(task.id);
-        committed?;
-        Ok(task)
+        engine::create_task_with_webhook(self, new, webhook_url).await
     }
 
     async fn webhook(
@@ -1041,29 +1054,13 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
+        let (task, agent_token_hash) = new.into_draft();
         let created = self
             .creates
             .create(NewRow {
                 id: task.id,
                 description: task.description.clone(),
-                agent_token_hash: new.agent_token_hash,
+                agent_token_hash,
                 created_at: task.created_at,
                 expires_at: task.expires_at,
                 next_deadline: task.next_deadline(),
@@ -1630,17 +1627,7 @@ impl Store for PgStore {
         new: NewTask,
         request: &meatspace_store::requests::TaskRequest,
     ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = crate::requests::claim(&mut tx, request).await?;
-        if row.task_id == new.id {
-            let next_deadline = Some(new.expires_at);
-            crate::requests::insert_task(&mut tx, &new, next_deadline).await?;
-            notify(&mut tx, new.id).await?;
-        }
-        let committed = tx.commit().await;
-        self.versions.bump(new.id);
-        committed?;
-        Ok(row)
+        engine::create_requested_task(self, new, request).await
     }
 
     async fn task_request(

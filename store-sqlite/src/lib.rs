@@ -346,6 +346,56 @@ impl engine::Backend for SqliteStore {
         Self::write(tx, before, decision).await
     }
 
+    async fn insert_draft(
+        &self,
+        tx: &mut Self::Tx,
+        task: &Task,
+        agent_token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
+        )
+        .bind(task.id.to_string())
+        .bind(&task.description)
+        .bind(&agent_token_hash.0[..])
+        .bind(ms(task.created_at))
+        .bind(ms(task.created_at))
+        .bind(ms(task.expires_at))
+        .bind(opt_ms(task.next_deadline()))
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_webhook(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        url: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        crate::webhooks::insert(tx, task_id, url, now).await
+    }
+
+    async fn claim_request(
+        &self,
+        tx: &mut Self::Tx,
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
+        crate::requests::claim(tx, request).await
+    }
+
+    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
+        crate::requests::insert_task(tx, new, Some(new.expires_at)).await
+    }
+
+    fn after_create(&self, task_id: Uuid, committed: bool) {
+        if committed {
+            self.announce(task_id);
+        }
+    }
+
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
         Ok(tx.commit().await?)
     }
@@ -446,42 +496,7 @@ impl Store for SqliteStore {
         new: NewTask,
         webhook_url: &str,
     ) -> Result<Task, StoreError> {
-        // create_task's insert, plus the endpoint, in one transaction.
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
-        )
-        .bind(task.id.to_string())
-        .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
-        .bind(ms(task.created_at))
-        .bind(ms(task.created_at))
-        .bind(ms(task.expires_at))
-        .bind(opt_ms(task.next_deadline()))
-        .execute(&mut *tx)
-        .await?;
-        crate::webhooks::insert(&mut tx, task.id, webhook_url, task.created_at).await?;
-        tx.commit().await?;
-        self.announce(task.id);
-        Ok(task)
+        engine::create_task_with_webhook(self, new, webhook_url).await
     }
 
     async fn webhook(
@@ -550,30 +565,14 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
+        let (task, agent_token_hash) = new.into_draft();
         sqlx::query(
             "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
              expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
         )
         .bind(task.id.to_string())
         .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
+        .bind(&agent_token_hash.0[..])
         .bind(ms(task.created_at))
         .bind(ms(task.created_at))
         .bind(ms(task.expires_at))
@@ -1110,18 +1109,7 @@ impl Store for SqliteStore {
         new: NewTask,
         request: &meatspace_store::requests::TaskRequest,
     ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
-        let mut tx = self.begin().await?;
-        let row = crate::requests::claim(&mut tx, request).await?;
-        let created = row.task_id == new.id;
-        if created {
-            let next_deadline = Some(new.expires_at);
-            crate::requests::insert_task(&mut tx, &new, next_deadline).await?;
-        }
-        tx.commit().await?;
-        if created {
-            self.announce(new.id);
-        }
-        Ok(row)
+        engine::create_requested_task(self, new, request).await
     }
 
     async fn task_request(

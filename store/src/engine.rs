@@ -20,7 +20,9 @@ use chrono::{DateTime, Utc};
 use meatspace_domain::{Command, Context, Decision, Issue, Policy, Task, decide};
 use uuid::Uuid;
 
-use crate::{Applied, StoreError};
+use crate::requests::TaskRequest;
+use crate::token::TokenHash;
+use crate::{Applied, NewTask, StoreError};
 
 /// What a [`Backend::write_if_unchanged`] did.
 // Returned by value once per write and matched at once: boxing the large
@@ -106,6 +108,39 @@ pub trait Backend: Send + Sync {
         }
         Ok(out)
     }
+
+    /// Inserts a new draft task, with its agent token's digest, in `tx`.
+    async fn insert_draft(
+        &self,
+        tx: &mut Self::Tx,
+        task: &Task,
+        agent_token_hash: &TokenHash,
+    ) -> Result<(), StoreError>;
+
+    /// Inserts the webhook endpoint of `task_id` in `tx`.
+    async fn insert_webhook(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        url: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// Records `request` in `tx` unless a request for its resource UID is
+    /// already recorded, and returns the recorded one (whose task id tells
+    /// whether this claim won).
+    async fn claim_request(
+        &self,
+        tx: &mut Self::Tx,
+        request: &TaskRequest,
+    ) -> Result<TaskRequest, StoreError>;
+
+    /// Inserts the draft task a won request creates, in `tx`.
+    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError>;
+
+    /// After the commit of a new task was attempted (`committed` says
+    /// whether it answered success; it may have committed all the same).
+    fn after_create(&self, task_id: Uuid, committed: bool);
 
     /// After the commit of a batch was attempted (`committed` says whether it
     /// answered success): as [`Backend::after_commit`], for each task.
@@ -231,6 +266,48 @@ async fn apply_locked<B: Backend + ?Sized>(
             Err(e)
         }
     }
+}
+
+/// Creates a draft task and its webhook endpoint in one transaction (see
+/// `Store::create_task_with_webhook`).
+pub async fn create_task_with_webhook<B: Backend + ?Sized>(
+    backend: &B,
+    new: NewTask,
+    webhook_url: &str,
+) -> Result<Task, StoreError> {
+    let (task, agent_token_hash) = new.into_draft();
+    let mut tx = backend.begin_write().await?;
+    backend
+        .insert_draft(&mut tx, &task, &agent_token_hash)
+        .await?;
+    backend
+        .insert_webhook(&mut tx, task.id, webhook_url, task.created_at)
+        .await?;
+    let committed = backend.commit(tx).await;
+    backend.after_create(task.id, committed.is_ok());
+    committed?;
+    Ok(task)
+}
+
+/// Claims `request` and, when the claim wins, creates its task, in one
+/// transaction (see `Store::create_requested_task`).
+pub async fn create_requested_task<B: Backend + ?Sized>(
+    backend: &B,
+    new: NewTask,
+    request: &TaskRequest,
+) -> Result<TaskRequest, StoreError> {
+    let mut tx = backend.begin_write().await?;
+    let row = backend.claim_request(&mut tx, request).await?;
+    let created = row.task_id == new.id;
+    if created {
+        backend.insert_requested(&mut tx, &new).await?;
+    }
+    let committed = backend.commit(tx).await;
+    if created {
+        backend.after_create(new.id, committed.is_ok());
+    }
+    committed?;
+    Ok(row)
 }
 
 /// Applies what is due at `now` to at most `limit` due tasks (see

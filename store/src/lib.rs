@@ -137,6 +137,31 @@ pub struct NewTask {
     pub expires_at: DateTime<Utc>,
 }
 
+impl NewTask {
+    /// The task as it is created, a draft with no events yet, and the
+    /// agent token's digest that is stored beside it.
+    pub fn into_draft(self) -> (Task, TokenHash) {
+        let task = Task {
+            id: self.id,
+            description: self.description,
+            state: meatspace_domain::TaskState::Draft,
+            worker_id: None,
+            created_at: self.created_at,
+            updated_at: self.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: self.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        (task, self.agent_token_hash)
+    }
+}
+
 /// A registered worker (its token digest stays in the store).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Worker {
