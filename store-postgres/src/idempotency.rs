@@ -4,14 +4,17 @@
 
 use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
-use meatspace_store::idempotency::{IdempotencyBegin, IdempotencyClaim, judge};
+use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use sqlx::{PgPool, Row};
 
-pub(crate) async fn begin(
-    pool: &PgPool,
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// Inserts a fresh record unless the key has one (the conflicting insert
+/// waits for its writer to commit); true when it did.
+pub(crate) async fn insert_fresh(
+    tx: &mut Tx,
     claim: &IdempotencyClaim,
-) -> Result<IdempotencyBegin, StoreError> {
-    let mut tx = pool.begin().await?;
+) -> Result<bool, StoreError> {
     let inserted = sqlx::query(
         "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
          VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) ON CONFLICT (scope, key) DO NOTHING",
@@ -22,39 +25,39 @@ pub(crate) async fn begin(
     .bind(claim.now)
     .bind(claim.now + claim.lease)
     .bind(claim.now + claim.ttl)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    if inserted.rows_affected() == 1 {
-        tx.commit().await?;
-        return Ok(IdempotencyBegin::Started);
-    }
-    // The row exists (the conflicting insert waited for its writer to
-    // commit); lock it to judge and maybe take it over.
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// The key's record, locked to judge and maybe take it over.
+pub(crate) async fn lock(
+    tx: &mut Tx,
+    claim: &IdempotencyClaim,
+) -> Result<Option<IdempotencyRecord>, StoreError> {
     let row = sqlx::query(
         "SELECT fingerprint, state, status, response, locked_until, expires_at \
          FROM idempotency_keys WHERE scope = $1 AND key = $2 FOR UPDATE",
     )
     .bind(&claim.scope[..])
     .bind(&claim.key)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?;
-    if let Some(row) = row {
-        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-        let state: String = row.try_get("state")?;
-        if let Some(verdict) = judge(
-            claim,
-            &fingerprint,
-            &state,
-            row.try_get("status")?,
-            row.try_get("response")?,
-            row.try_get("locked_until")?,
-            row.try_get("expires_at")?,
-        ) {
-            tx.commit().await?;
-            return Ok(verdict);
-        }
-    }
-    // Absent (released meanwhile), expired or abandoned: take it.
+    row.map(|row| {
+        Ok(IdempotencyRecord {
+            fingerprint: row.try_get("fingerprint")?,
+            state: row.try_get("state")?,
+            status: row.try_get("status")?,
+            response: row.try_get("response")?,
+            locked_until: row.try_get("locked_until")?,
+            expires_at: row.try_get("expires_at")?,
+        })
+    })
+    .transpose()
+}
+
+/// Writes the key as in flight for `claim`, over whatever record it had.
+pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
          VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) \
@@ -68,10 +71,9 @@ pub(crate) async fn begin(
     .bind(claim.now)
     .bind(claim.now + claim.lease)
     .bind(claim.now + claim.ttl)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    tx.commit().await?;
-    Ok(IdempotencyBegin::Started)
+    Ok(())
 }
 
 pub(crate) async fn complete(

@@ -708,6 +708,30 @@ impl engine::Backend for PgStore {
         notify(tx, new.id).await
     }
 
+    async fn insert_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<bool, StoreError> {
+        crate::idempotency::insert_fresh(tx, claim).await
+    }
+
+    async fn lock_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<Option<meatspace_store::idempotency::IdempotencyRecord>, StoreError> {
+        crate::idempotency::lock(tx, claim).await
+    }
+
+    async fn take_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<(), StoreError> {
+        crate::idempotency::take(tx, claim).await
+    }
+
     fn after_create(&self, task_id: Uuid, _committed: bool) {
         // Whether or not the commit's answer arrived (see TaskVersions).
         self.versions.bump(task_id);
@@ -1018,7 +1042,7 @@ impl Store for PgStore {
         &self,
         claim: &meatspace_store::idempotency::IdempotencyClaim,
     ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
-        crate::idempotency::begin(&self.pool, claim).await
+        engine::idempotency_begin(self, claim).await
     }
 
     async fn idempotency_complete(

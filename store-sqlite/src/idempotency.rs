@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
-use meatspace_store::idempotency::{IdempotencyBegin, IdempotencyClaim, judge};
+use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use sqlx::{Row, SqlitePool};
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -15,36 +15,37 @@ fn from_ms(v: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(v).ok_or_else(|| StoreError::Corrupt(format!("timestamp {v}")))
 }
 
-pub(crate) async fn begin(
-    writer: &SqlitePool,
+type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+/// The key's record; the write transaction (BEGIN IMMEDIATE) already
+/// serialises claims.
+pub(crate) async fn lock(
+    tx: &mut Tx,
     claim: &IdempotencyClaim,
-) -> Result<IdempotencyBegin, StoreError> {
-    // BEGIN IMMEDIATE takes the write lock first: claims are serialised.
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+) -> Result<Option<IdempotencyRecord>, StoreError> {
     let row = sqlx::query(
         "SELECT fingerprint, state, status, response, locked_until, expires_at \
          FROM idempotency_keys WHERE scope = ? AND key = ?",
     )
     .bind(&claim.scope[..])
     .bind(&claim.key)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?;
-    if let Some(row) = row {
-        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-        let state: String = row.try_get("state")?;
-        if let Some(verdict) = judge(
-            claim,
-            &fingerprint,
-            &state,
-            row.try_get("status")?,
-            row.try_get("response")?,
-            from_ms(row.try_get("locked_until")?)?,
-            from_ms(row.try_get("expires_at")?)?,
-        ) {
-            tx.commit().await?;
-            return Ok(verdict);
-        }
-    }
+    row.map(|row| {
+        Ok(IdempotencyRecord {
+            fingerprint: row.try_get("fingerprint")?,
+            state: row.try_get("state")?,
+            status: row.try_get("status")?,
+            response: row.try_get("response")?,
+            locked_until: from_ms(row.try_get("locked_until")?)?,
+            expires_at: from_ms(row.try_get("expires_at")?)?,
+        })
+    })
+    .transpose()
+}
+
+/// Writes the key as in flight for `claim`, over whatever record it had.
+pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT OR REPLACE INTO idempotency_keys \
          (scope, key, fingerprint, state, status, response, created_at, locked_until, expires_at) \
@@ -56,10 +57,9 @@ pub(crate) async fn begin(
     .bind(ms(claim.now))
     .bind(ms(claim.now + claim.lease))
     .bind(ms(claim.now + claim.ttl))
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    tx.commit().await?;
-    Ok(IdempotencyBegin::Started)
+    Ok(())
 }
 
 pub(crate) async fn complete(

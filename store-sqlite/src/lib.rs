@@ -390,6 +390,22 @@ impl engine::Backend for SqliteStore {
         crate::requests::insert_task(tx, new, Some(new.expires_at)).await
     }
 
+    async fn lock_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<Option<meatspace_store::idempotency::IdempotencyRecord>, StoreError> {
+        crate::idempotency::lock(tx, claim).await
+    }
+
+    async fn take_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<(), StoreError> {
+        crate::idempotency::take(tx, claim).await
+    }
+
     fn after_create(&self, task_id: Uuid, committed: bool) {
         if committed {
             self.announce(task_id);
@@ -532,7 +548,7 @@ impl Store for SqliteStore {
         &self,
         claim: &meatspace_store::idempotency::IdempotencyClaim,
     ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
-        crate::idempotency::begin(&self.writer, claim).await
+        engine::idempotency_begin(self, claim).await
     }
 
     async fn idempotency_complete(

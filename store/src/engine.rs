@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use meatspace_domain::{Command, Context, Decision, Issue, Policy, Task, decide};
 use uuid::Uuid;
 
+use crate::idempotency::{self, IdempotencyBegin, IdempotencyClaim, IdempotencyRecord};
 use crate::requests::TaskRequest;
 use crate::token::TokenHash;
 use crate::{Applied, NewTask, StoreError};
@@ -137,6 +138,32 @@ pub trait Backend: Send + Sync {
 
     /// Inserts the draft task a won request creates, in `tx`.
     async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError>;
+
+    /// Inserts a fresh in-flight record for `claim` in `tx` unless its key
+    /// has one; true when it did (the claim has started). The default
+    /// inserts nothing, so the engine reads the record first: right for a
+    /// backend whose write transaction already serialises claims.
+    async fn insert_idempotency_key(
+        &self,
+        _tx: &mut Self::Tx,
+        _claim: &IdempotencyClaim,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Reads the record of `claim`'s key, locking it until `tx` ends.
+    async fn lock_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &IdempotencyClaim,
+    ) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// Writes `claim`'s key as in flight for it, replacing a stale record.
+    async fn take_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &IdempotencyClaim,
+    ) -> Result<(), StoreError>;
 
     /// After the commit of a new task was attempted (`committed` says
     /// whether it answered success; it may have committed all the same).
@@ -308,6 +335,38 @@ pub async fn create_requested_task<B: Backend + ?Sized>(
     }
     committed?;
     Ok(row)
+}
+
+/// Claims an idempotency key (see `Store::idempotency_begin`) in one
+/// transaction: a fresh key starts at once; an existing record is
+/// [judged](idempotency::judge), and a stale one is taken over.
+pub async fn idempotency_begin<B: Backend + ?Sized>(
+    backend: &B,
+    claim: &IdempotencyClaim,
+) -> Result<IdempotencyBegin, StoreError> {
+    let mut tx = backend.begin_write().await?;
+    if backend.insert_idempotency_key(&mut tx, claim).await? {
+        backend.commit(tx).await?;
+        return Ok(IdempotencyBegin::Started);
+    }
+    if let Some(r) = backend.lock_idempotency_key(&mut tx, claim).await?
+        && let Some(verdict) = idempotency::judge(
+            claim,
+            &r.fingerprint,
+            &r.state,
+            r.status,
+            r.response,
+            r.locked_until,
+            r.expires_at,
+        )
+    {
+        backend.commit(tx).await?;
+        return Ok(verdict);
+    }
+    // Absent (released meanwhile), expired or abandoned: take it.
+    backend.take_idempotency_key(&mut tx, claim).await?;
+    backend.commit(tx).await?;
+    Ok(IdempotencyBegin::Started)
 }
 
 /// Applies what is due at `now` to at most `limit` due tasks (see

@@ -42,6 +42,17 @@ pub enum IdempotencyBegin {
     Completed { status: u16, response: Vec<u8> },
 }
 
+/// A stored record, as a claim reads it.
+#[derive(Debug, Clone)]
+pub struct IdempotencyRecord {
+    pub fingerprint: Vec<u8>,
+    pub state: String,
+    pub status: Option<i32>,
+    pub response: Option<Vec<u8>>,
+    pub locked_until: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
 /// What an existing row says, given the claim: `None` when it is stale (its
 /// window or its lease ended) and the claim takes it over.
 pub fn judge(
