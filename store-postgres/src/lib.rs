@@ -732,6 +732,46 @@ impl engine::Backend for PgStore {
         crate::idempotency::take(tx, claim).await
     }
 
+    async fn insert_worker(
+        &self,
+        tx: &mut Self::Tx,
+        worker: &Worker,
+        token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(worker.id)
+        .bind(&worker.name)
+        .bind(&token_hash.0[..])
+        .bind(worker.created_at)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn use_invite(
+        &self,
+        tx: &mut Self::Tx,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // The row lock of the UPDATE makes concurrent redemptions queue: the
+        // second sees used_at set and changes nothing.
+        let used = sqlx::query(
+            "UPDATE worker_invites SET used_at = $2, worker_id = $3 \
+             WHERE id = $1 AND used_at IS NULL AND expires_at > $2",
+        )
+        .bind(invite_id)
+        .bind(now)
+        .bind(worker_id)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        Ok(used == 1)
+    }
+
     fn after_create(&self, task_id: Uuid, _committed: bool) {
         // Whether or not the commit's answer arrived (see TaskVersions).
         self.versions.bump(task_id);
@@ -1526,38 +1566,12 @@ impl Store for PgStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Option<Worker>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(worker_id)
-        .bind(name)
-        .bind(&token_hash.0[..])
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        // The row lock of the UPDATE makes concurrent redemptions queue: the
-        // second sees used_at set and changes nothing.
-        let used = sqlx::query(
-            "UPDATE worker_invites SET used_at = $2, worker_id = $3 \
-             WHERE id = $1 AND used_at IS NULL AND expires_at > $2",
-        )
-        .bind(invite_id)
-        .bind(now)
-        .bind(worker_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if used != 1 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        tx.commit().await?;
-        Ok(Some(Worker {
+        let worker = Worker {
             id: worker_id,
             name: name.to_owned(),
             created_at: now,
-        }))
+        };
+        engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
 
     #[tracing::instrument(skip(self, secret_hash), err)]

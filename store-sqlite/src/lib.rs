@@ -406,6 +406,45 @@ impl engine::Backend for SqliteStore {
         crate::idempotency::take(tx, claim).await
     }
 
+    async fn insert_worker(
+        &self,
+        tx: &mut Self::Tx,
+        worker: &Worker,
+        token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
+            .bind(worker.id.to_string())
+            .bind(&worker.name)
+            .bind(&token_hash.0[..])
+            .bind(ms(worker.created_at))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn use_invite(
+        &self,
+        tx: &mut Self::Tx,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // One writer at a time (BEGIN IMMEDIATE): a second redemption sees
+        // used_at set and changes nothing.
+        let used = sqlx::query(
+            "UPDATE worker_invites SET used_at = ?, worker_id = ? \
+             WHERE id = ? AND used_at IS NULL AND expires_at > ?",
+        )
+        .bind(ms(now))
+        .bind(worker_id.to_string())
+        .bind(invite_id.to_string())
+        .bind(ms(now))
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        Ok(used == 1)
+    }
+
     fn after_create(&self, task_id: Uuid, committed: bool) {
         if committed {
             self.announce(task_id);
@@ -1001,37 +1040,12 @@ impl Store for SqliteStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Option<Worker>, StoreError> {
-        let mut tx = self.begin().await?;
-        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
-            .bind(worker_id.to_string())
-            .bind(name)
-            .bind(&token_hash.0[..])
-            .bind(ms(now))
-            .execute(&mut *tx)
-            .await?;
-        // One writer at a time (BEGIN IMMEDIATE): a second redemption sees
-        // used_at set and changes nothing.
-        let used = sqlx::query(
-            "UPDATE worker_invites SET used_at = ?, worker_id = ? \
-             WHERE id = ? AND used_at IS NULL AND expires_at > ?",
-        )
-        .bind(ms(now))
-        .bind(worker_id.to_string())
-        .bind(invite_id.to_string())
-        .bind(ms(now))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if used != 1 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        tx.commit().await?;
-        Ok(Some(Worker {
+        let worker = Worker {
             id: worker_id,
             name: name.to_owned(),
             created_at: now,
-        }))
+        };
+        engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
 
     #[tracing::instrument(skip(self, secret_hash), err)]

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::idempotency::{self, IdempotencyBegin, IdempotencyClaim, IdempotencyRecord};
 use crate::requests::TaskRequest;
 use crate::token::TokenHash;
-use crate::{Applied, NewTask, StoreError};
+use crate::{Applied, NewTask, StoreError, Worker};
 
 /// What a [`Backend::write_if_unchanged`] did.
 // Returned by value once per write and matched at once: boxing the large
@@ -164,6 +164,25 @@ pub trait Backend: Send + Sync {
         tx: &mut Self::Tx,
         claim: &IdempotencyClaim,
     ) -> Result<(), StoreError>;
+
+    /// Inserts a worker in `tx`.
+    async fn insert_worker(
+        &self,
+        tx: &mut Self::Tx,
+        worker: &Worker,
+        token_hash: &TokenHash,
+    ) -> Result<(), StoreError>;
+
+    /// Marks the invite used by `worker_id` in `tx` if it is unused and not
+    /// expired at `now`; true when it did. Concurrent redemptions queue on
+    /// the invite (row lock or write lock): the second sees it used.
+    async fn use_invite(
+        &self,
+        tx: &mut Self::Tx,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
 
     /// After the commit of a new task was attempted (`committed` says
     /// whether it answered success; it may have committed all the same).
@@ -367,6 +386,28 @@ pub async fn idempotency_begin<B: Backend + ?Sized>(
     backend.take_idempotency_key(&mut tx, claim).await?;
     backend.commit(tx).await?;
     Ok(IdempotencyBegin::Started)
+}
+
+/// Redeems an invite for a new worker in one transaction (see
+/// `Store::redeem_invite`): `None`, and no worker, when the invite is used,
+/// expired or unknown.
+pub async fn redeem_invite<B: Backend + ?Sized>(
+    backend: &B,
+    invite_id: Uuid,
+    worker: Worker,
+    token_hash: &TokenHash,
+) -> Result<Option<Worker>, StoreError> {
+    let mut tx = backend.begin_write().await?;
+    backend.insert_worker(&mut tx, &worker, token_hash).await?;
+    if !backend
+        .use_invite(&mut tx, invite_id, worker.id, worker.created_at)
+        .await?
+    {
+        backend.rollback(tx).await?;
+        return Ok(None);
+    }
+    backend.commit(tx).await?;
+    Ok(Some(worker))
 }
 
 /// Applies what is due at `now` to at most `limit` due tasks (see
