@@ -12,8 +12,8 @@ use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use meatspace_core::StoreError;
-use meatspace_core::token::{self, TokenHash};
+use meatspace_store::StoreError;
+use meatspace_store::token::{self, TokenHash};
 use uuid::Uuid;
 
 use crate::AppState;
@@ -290,13 +290,13 @@ pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, 
 /// - **Agent tokens.** A task's digest is written once, when the task is
 ///   created, and never updated. Retention's purge deletes the task but
 ///   keeps the digest as a tombstone (`purged_tasks`), and
-///   [`Store::agent_token_hash`](meatspace_core::Store::agent_token_hash)
+///   [`Store::agent_token_hash`](meatspace_store::Store::agent_token_hash)
 ///   reads the tombstone too, so a purge does not change its answer:
 ///   the token still authenticates, and the command or read it authorizes
 ///   still goes to the store, which answers that the task is gone (404),
 ///   exactly as without the cache. The one change that does alter the
 ///   store's answer is forgetting the tombstone
-///   ([`Store::forget_purged_before`](meatspace_core::Store::forget_purged_before),
+///   ([`Store::forget_purged_before`](meatspace_store::Store::forget_purged_before),
 ///   30 days after the purge by default), after which the token is unknown
 ///   (401). So an agent digest is kept at most [`AGENT_DIGEST_MAX_AGE`]:
 ///   a token of a forgotten tombstone is told 404 rather than 401 for at

@@ -27,7 +27,7 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use meatspace_core::Store;
+use meatspace_store::Store;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::AppState;

@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use meatspace_core::policy::PolicyArgs;
-use meatspace_core::store::redact_url;
+use meatspace_domain::policy::PolicyArgs;
+use meatspace_store::redact_url;
 
 /// Whether the controller's reconcilers run inside the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -381,7 +381,7 @@ impl Config {
         }
         match self.secret_key.as_deref().filter(|k| !k.is_empty()) {
             Some(text) => {
-                if let Err(e) = meatspace_core::secret::ServerKey::from_text(text) {
+                if let Err(e) = meatspace_store::secret::ServerKey::from_text(text) {
                     return fail(format!(
                         "MEATSPACE_SECRET_KEY: {e} (e.g. the output of `openssl rand -base64 32`)"
                     ));
@@ -397,7 +397,7 @@ impl Config {
             }
             None => {}
         }
-        let policy: meatspace_core::Policy = self.policy.clone().into();
+        let policy: meatspace_domain::Policy = self.policy.clone().into();
         if let Err(e) = policy.check() {
             return fail(format!("invalid task policy: {e}"));
         }

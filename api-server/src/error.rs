@@ -5,7 +5,8 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_core::{Refusal, StoreError, TaskState};
+use meatspace_domain::{Refusal, TaskState};
+use meatspace_store::StoreError;
 use serde::Serialize;
 
 /// Media type of every error body.

@@ -1,7 +1,7 @@
 //! The OpenAPI description of the feed's events: `Event` is a `oneOf` of
 //! one schema per event type, discriminated on `type`, each with the shape
 //! of its `data` and an example. The shapes are the ones the domain writes
-//! (`meatspace_core::domain::command`); `tests/tests/event_schemas.rs`
+//! (`meatspace_domain`'s `command` module); `tests/tests/event_schemas.rs`
 //! drives a task through every event type and checks each real event
 //! against this document, and `scripts/openapi-check.sh` validates every
 //! example, so the two cannot drift apart silently.
@@ -10,7 +10,7 @@
 //! issues, the note of a completion is `note` and the reason of a stop,
 //! cancellation or expiry is `reason`, as in the stored events.
 
-use meatspace_core::{EventType, ExpiryReason, IssueAction, IssueKind, TaskState};
+use meatspace_domain::{EventType, ExpiryReason, IssueAction, IssueKind, TaskState};
 use serde_json::{Value, json};
 
 /// The component name of an event type's schema (`task.published` →

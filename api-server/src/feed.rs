@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use meatspace_core::{Change, Store};
+use meatspace_store::{Change, Store};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use uuid::Uuid;

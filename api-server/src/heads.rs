@@ -23,7 +23,7 @@
 //! too and retires the head. A change made by another process is known
 //! here once its notification arrives, as for long polls; the epoch is
 //! bumped whenever the hub (re)subscribes or the stream reports a
-//! [`Change::Gap`](meatspace_core::Change::Gap) (notifications may have been
+//! [`Change::Gap`](meatspace_store::Change::Gap) (notifications may have been
 //! lost), and no head is trusted while the hub is not subscribed, or when it
 //! was stamped before the current subscription: so every change committed
 //! after a head's stamp has been or will be announced to this process, and
@@ -46,8 +46,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use meatspace_core::token::TokenHash;
-use meatspace_core::{Store, TaskState};
+use meatspace_domain::TaskState;
+use meatspace_store::Store;
+use meatspace_store::token::TokenHash;
 use uuid::Uuid;
 
 /// Longest a head is trusted after the read that filled it.

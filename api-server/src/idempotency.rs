@@ -28,7 +28,7 @@
 //! derived from `MEATSPACE_SECRET_KEY`, bound to the record's scope and key)
 //! and deleted when its window ends: a retried create hands back the same,
 //! working token, and a database dump shows only ciphertext (see
-//! [`meatspace_core::secret`]). Since the record lives in the database, a
+//! [`meatspace_store::secret`]). Since the record lives in the database, a
 //! server restart between the first request and the retry changes nothing.
 //!
 //! Only 2xx answers and the domain's 4xx (400, 404, 409, 410, 422) are
@@ -45,8 +45,8 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::TimeDelta;
-use meatspace_core::clock;
-use meatspace_core::store::{IdempotencyBegin, IdempotencyClaim};
+use meatspace_domain::clock;
+use meatspace_store::{idempotency::IdempotencyBegin, idempotency::IdempotencyClaim};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 

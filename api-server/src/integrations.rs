@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_controller::webhooks::AllowList;
-use meatspace_core::secret::ServerKey;
+use meatspace_domain::webhook_url::AllowList;
+use meatspace_store::secret::ServerKey;
 
 /// Defaults, also used by the tests' in-process server.
 pub const DEFAULT_SSE_HEARTBEAT: Duration = Duration::from_secs(15);
@@ -14,7 +14,7 @@ pub const DEFAULT_IDEMPOTENCY_TTL: TimeDelta = TimeDelta::hours(24);
 #[derive(Debug, Clone)]
 pub struct Integrations {
     /// Seals replayable answers and derives webhook secrets (see
-    /// [`meatspace_core::secret`]).
+    /// [`meatspace_store::secret`]).
     pub server_key: ServerKey,
     /// Interval of the `: keep-alive` comments on event streams.
     pub sse_heartbeat: Duration,

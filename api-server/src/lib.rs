@@ -10,7 +10,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
-use meatspace_core::{Command, Policy, Store, clock};
+use meatspace_domain::{Command, Policy, clock};
+use meatspace_store::Store;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -112,7 +113,7 @@ pub struct Shared {
     /// The origin of absolute links and the cookie `Secure` decision.
     pub public_origin: public_url::PublicOrigin,
     /// Most events one task's feed may hold: past it, commands that only
-    /// add to the feed are refused ([`meatspace_core::over_event_limit`]).
+    /// add to the feed are refused ([`meatspace_domain::over_event_limit`]).
     pub max_task_events: u64,
 }
 
@@ -134,7 +135,7 @@ impl AppState {
                     .task(task_id)
                     .await?
                     .ok_or_else(ApiError::task_not_found)?;
-                return Err(meatspace_core::over_event_limit(&task, &command, limit).into());
+                return Err(meatspace_domain::over_event_limit(&task, &command, limit).into());
             }
         }
         let applied = self.store.apply(task_id, command, clock::now()).await?;

@@ -11,9 +11,10 @@ use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::startup::{self, DataDirLock};
 use meatspace_api::{AppState, Shared, router, serve, telemetry};
-use meatspace_core::Policy;
-use meatspace_core::secret::ServerKey;
-use meatspace_core::store::{ConnectOptions, connect, redact_url};
+use meatspace_domain::Policy;
+use meatspace_store::secret::ServerKey;
+use meatspace_store::{ConnectOptions, redact_url};
+use meatspace_store_connect::connect;
 use tokio::sync::watch;
 
 fn main() -> std::process::ExitCode {

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::IntoResponse;
-use meatspace_core::{Command, Extension, IssueAction as CoreIssueAction, MAX_TEXT_CHARS};
+use meatspace_domain::{Command, Extension, IssueAction as CoreIssueAction, MAX_TEXT_CHARS};
 use meatspace_mcp::api::{Action, AgentApi, Caller, IssueAction, TokenTaskRef};
 use meatspace_mcp::types::{
     ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskSummary, TaskView,

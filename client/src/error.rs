@@ -2,7 +2,7 @@
 //! its status, `type`, `title` and `detail`, so callers can branch on them
 //! (`err.problem_slug() == Some("wrong-state")`) instead of parsing text.
 
-use meatspace_core::TaskState;
+use meatspace_domain::TaskState;
 use serde::Deserialize;
 
 /// An RFC 9457 problem document as the server sends it.

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use meatspace_core::Event;
+use meatspace_domain::Event;
 use reqwest::Method;
 
 use crate::error::Error;

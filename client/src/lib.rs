@@ -32,7 +32,7 @@ mod worker;
 pub use error::{Error, Problem};
 pub use feed::{Feed, FeedBatch, Transport};
 pub use http::{Client, ClientBuilder, RetryPolicy};
-pub use meatspace_core::{Actor, Event, EventType, IssueAction, IssueKind, Task, TaskState};
+pub use meatspace_domain::{Actor, Event, EventType, IssueAction, IssueKind, Task, TaskState};
 pub use task::TaskHandle;
 pub use worker::WorkerHandle;
 

@@ -1,7 +1,7 @@
 //! [`TaskHandle`]: everything an agent does with one task, authorised by
 //! the task's own agent token.
 
-use meatspace_core::{IssueAction, Task};
+use meatspace_domain::{IssueAction, Task};
 use reqwest::Method;
 use reqwest::header::CONTENT_TYPE;
 use uuid::Uuid;

@@ -8,7 +8,7 @@
 //! both backends, which is what keeps the two in step.
 
 use chrono::{DateTime, Utc};
-use meatspace_core::{Event, IssueAction, IssueKind, Task, TaskState};
+use meatspace_domain::{Event, IssueAction, IssueKind, Task, TaskState};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

@@ -1,6 +1,6 @@
 //! [`WorkerHandle`]: the worker API, authorised by the worker's token.
 
-use meatspace_core::{IssueKind, Task};
+use meatspace_domain::{IssueKind, Task};
 use reqwest::Method;
 use uuid::Uuid;
 

@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_core::policy::PolicyArgs;
-use meatspace_core::store::redact_url;
+use meatspace_domain::policy::PolicyArgs;
+use meatspace_store::redact_url;
 
 use crate::leader::LeaseSettings;
 use crate::mirror::MirrorSettings;
@@ -215,7 +215,7 @@ impl MirrorArgs {
             }),
             // The binary puts its lifetime policy in (`with_policy`).
             requests: self.requests_enabled.then(|| RequestSettings {
-                policy: meatspace_core::Policy::default(),
+                policy: meatspace_domain::Policy::default(),
                 events: self.kubernetes_events,
                 resync_interval: Duration::from_secs(self.mirror_resync_seconds),
             }),
@@ -245,7 +245,7 @@ impl ControllerConfig {
     /// Sets the task lifetime policy that requested tasks are created with
     /// (the binaries' `--default-lifetime-seconds` and bounds, the same as
     /// the API server's).
-    pub fn with_policy(mut self, policy: meatspace_core::Policy) -> Self {
+    pub fn with_policy(mut self, policy: meatspace_domain::Policy) -> Self {
         if let Some(requests) = self.mirror.as_mut().and_then(|m| m.requests.as_mut()) {
             requests.policy = policy;
         }

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use meatspace_core::StoreError;
+use meatspace_store::StoreError;
 
 /// Longest wait for one apiserver request (not a watch). kube's client sets
 /// no read timeout, so without this a hung apiserver would hold a

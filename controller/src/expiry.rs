@@ -24,7 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use meatspace_core::{Change, Due, ExpiryReason, Store, clock};
+use meatspace_domain::{Due, ExpiryReason, clock};
+use meatspace_store::{Change, Store};
 use tracing::Instrument;
 
 use crate::{ControllerConfig, Error, Shutdown, metrics};

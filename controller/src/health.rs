@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use meatspace_core::Store;
+use meatspace_store::Store;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// How long `/readyz` waits for the database. Shorter than a typical probe

@@ -65,7 +65,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use meatspace_core::Store;
+use meatspace_store::Store;
 use tokio::sync::watch;
 
 pub mod config;

@@ -7,7 +7,8 @@
 use anyhow::Context;
 use clap::Parser;
 use meatspace_controller::{Config, health, metrics, telemetry};
-use meatspace_core::store::{Backend, ConnectOptions, connect, redact_url};
+use meatspace_store::{Backend, ConnectOptions, redact_url};
+use meatspace_store_connect::connect;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -25,8 +26,8 @@ async fn main() -> anyhow::Result<()> {
              same MEATSPACE_SECRET_KEY as the API server."
         );
     };
-    let server_key =
-        meatspace_core::secret::ServerKey::from_text(secret_key).context("MEATSPACE_SECRET_KEY")?;
+    let server_key = meatspace_store::secret::ServerKey::from_text(secret_key)
+        .context("MEATSPACE_SECRET_KEY")?;
     tracing::info!(?config, "starting meatspace-controller");
     let handle = metrics::install_recorder().context("install the Prometheus recorder")?;
 
@@ -34,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
         max_connections: config.db_max_connections,
         ..ConnectOptions::default()
     };
-    let policy: meatspace_core::Policy = config.policy.clone().into();
+    let policy: meatspace_domain::Policy = config.policy.clone().into();
     policy.check().context("invalid task policy")?;
     let store = connect(&config.database_url, policy, &options)
         .await

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use meatspace_core::ExpiryReason;
+use meatspace_domain::ExpiryReason;
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 

@@ -26,8 +26,9 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
-use meatspace_core::{Change, Store, Task};
 use meatspace_crds::{MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired};
+use meatspace_domain::Task;
+use meatspace_store::{Change, Store};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::time::{DelayQueue, delay_queue};
@@ -582,7 +583,7 @@ async fn resync_and_retry(m: &Mirror, retries: &mut Retries) {
 mod tests {
     use super::*;
     use chrono::{DateTime, Utc};
-    use meatspace_core::TaskState;
+    use meatspace_domain::TaskState;
 
     fn task() -> Task {
         let t0: DateTime<Utc> = DateTime::from_timestamp(1_800_000_000, 0).expect("valid");

@@ -48,17 +48,17 @@ use kube::runtime::finalizer::{self, Event as Finalize};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use meatspace_core::store::{NewTask, TaskRequest};
-use meatspace_core::token::{self, TokenHash};
-use meatspace_core::{
-    Change, Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Store,
-    StoreError, Task, TaskState, clock,
-};
 use meatspace_crds::{
     CONDITION_CREATED, CONDITION_SPEC_APPLIED, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask,
     MeatspaceTaskStatus, OpenIssue, Origin, ResponseAction, ResponseResult, ResponseStatus,
     condition,
 };
+use meatspace_domain::{
+    Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Task, TaskState, clock,
+};
+use meatspace_store::token::{self, TokenHash};
+use meatspace_store::{Change, Store, StoreError};
+use meatspace_store::{NewTask, requests::TaskRequest};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -819,7 +819,7 @@ mod tests {
         Issue {
             event_id,
             task_id: Uuid::nil(),
-            kind: meatspace_core::IssueKind::Other,
+            kind: meatspace_domain::IssueKind::Other,
             status,
             resolution: resolution.map(str::to_owned),
             resolved_at: None,

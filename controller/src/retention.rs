@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_core::{Store, clock};
+use meatspace_domain::clock;
+use meatspace_store::Store;
 use tracing::Instrument;
 
 use crate::expiry::Backoff;

@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
-use meatspace_core::store::NewTask;
-use meatspace_core::token::TokenHash;
-use meatspace_core::{Policy, Store, clock};
+use meatspace_domain::{Policy, clock};
+use meatspace_store::NewTask;
+use meatspace_store::Store;
+use meatspace_store::token::TokenHash;
 use meatspace_tests::{Db, TestDb};
 use sqlx::postgres::{PgListener, PgPool};
 use uuid::Uuid;

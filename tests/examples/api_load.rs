@@ -288,7 +288,7 @@ impl Server {
             // Required with PostgreSQL (seals Idempotency-Key replays).
             .env(
                 "MEATSPACE_SECRET_KEY",
-                meatspace_core::secret::ServerKey::generate().1,
+                meatspace_store::secret::ServerKey::generate().1,
             )
             .env("MEATSPACE_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env(
@@ -822,7 +822,7 @@ async fn bench_backend(settings: &Settings, backend: Backend) -> Result<u64> {
         }
         Backend::Postgres => {
             let url = fresh_postgres_database().await;
-            let shown = meatspace_core::store::redact_url(&url);
+            let shown = meatspace_store::redact_url(&url);
             (url, shown)
         }
     };

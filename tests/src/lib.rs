@@ -15,8 +15,11 @@ pub mod server;
 
 use std::sync::Arc;
 
-use meatspace_core::store::{ConnectOptions, connect};
-use meatspace_core::{Policy, Store};
+use meatspace_store::ConnectOptions;
+
+use meatspace_domain::Policy;
+use meatspace_store::Store;
+use meatspace_store_connect::connect;
 use sqlx::Connection;
 
 /// Environment variable holding the admin URL of the test PostgreSQL server.

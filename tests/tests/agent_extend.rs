@@ -8,7 +8,7 @@ mod controller_support;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use meatspace_core::Policy;
+use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, TestServer, str_at, types, uuid_at};
 use reqwest::{Method, StatusCode};

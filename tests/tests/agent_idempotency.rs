@@ -13,8 +13,8 @@ use axum::http::{HeaderMap, HeaderValue, Method as HttpMethod, Uri};
 use chrono::TimeDelta;
 use meatspace_api::auth::Principal;
 use meatspace_api::idempotency::{CLIENT_ID, MAX_RECORDED_BYTES, fingerprint, scope_of};
-use meatspace_core::clock;
-use meatspace_core::store::{IdempotencyBegin, IdempotencyClaim};
+use meatspace_domain::clock;
+use meatspace_store::{idempotency::IdempotencyBegin, idempotency::IdempotencyClaim};
 use meatspace_tests::Db;
 use meatspace_tests::process::{Binary, ServerProcess};
 use meatspace_tests::server::{

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use meatspace_api::integrations::Integrations;
-use meatspace_core::secret::ServerKey;
-use meatspace_core::{Policy, clock};
+use meatspace_domain::{Policy, clock};
+use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, ids, types};
 use reqwest::StatusCode;

@@ -22,7 +22,7 @@ use hmac::{Hmac, Mac};
 use meatspace_api::integrations::Integrations;
 use meatspace_controller::ControllerConfig;
 use meatspace_controller::webhooks::WebhookSettings;
-use meatspace_core::secret::ServerKey;
+use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, ids, str_at, uuid_at};
 use reqwest::{Method, StatusCode};

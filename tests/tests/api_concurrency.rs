@@ -345,12 +345,12 @@ async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
                 .as_i64()
                 .unwrap()
         } else {
-            let command = meatspace_core::Command::Message {
+            let command = meatspace_domain::Command::Message {
                 worker: t.worker_id,
                 text: format!("message {i}"),
             };
             srv.store
-                .apply(t.task_id, command, meatspace_core::clock::now())
+                .apply(t.task_id, command, meatspace_domain::clock::now())
                 .await
                 .expect("a message through the server's store")
                 .events[0]
@@ -369,15 +369,15 @@ async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
     // (PostgreSQL) — the poll shows it once that has arrived. SQLite has no
     // notifications between processes; the server's memory is trusted for
     // at most a second there.
-    let other = srv.db.store(meatspace_core::Policy::default()).await;
+    let other = srv.db.store(meatspace_domain::Policy::default()).await;
     let page = poll(after).await;
     assert_eq!(page["events"], json!([]));
-    let command = meatspace_core::Command::Message {
+    let command = meatspace_domain::Command::Message {
         worker: t.worker_id,
         text: "from elsewhere".into(),
     };
     let sent = other
-        .apply(t.task_id, command, meatspace_core::clock::now())
+        .apply(t.task_id, command, meatspace_domain::clock::now())
         .await
         .expect("a message from another store")
         .events[0]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use chrono::TimeDelta;
 use meatspace_api::photo::PhotoLimits;
-use meatspace_core::Policy;
+use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer};
 use reqwest::{Method, StatusCode};

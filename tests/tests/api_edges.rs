@@ -30,7 +30,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use meatspace_api::ServeOptions;
 use meatspace_api::rate_limit::RateLimitSettings;
-use meatspace_core::{Policy, clock};
+use meatspace_domain::{Policy, clock};
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, str_at, types};
 use reqwest::StatusCode;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use meatspace_core::Policy;
+use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
     ActiveTask, Expect, TestServer, header_str, ids, images, str_at, types, uuid_at,

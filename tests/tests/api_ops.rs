@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use meatspace_core::store::ConnectOptions;
+use meatspace_store::ConnectOptions;
 use meatspace_tests::server::{Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str};
 use meatspace_tests::{Db, POSTGRES_ENV};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use meatspace_controller::metrics::{RECONCILE_ERRORS, TASKS_EXPIRED};
-use meatspace_core::{EventType, Policy, TaskState};
+use meatspace_domain::{EventType, Policy, TaskState};
 use meatspace_tests::{Db, POSTGRES_ENV, TestDb};
 use sqlx::Connection;
 

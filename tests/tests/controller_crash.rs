@@ -8,7 +8,7 @@ mod controller_support;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_core::{EventType, Policy, TaskState, clock};
+use meatspace_domain::{EventType, Policy, TaskState, clock};
 use meatspace_tests::{Db, TestDb};
 use sqlx::Connection;
 use uuid::Uuid;
@@ -59,7 +59,7 @@ async fn first_expiries(url: &str) -> i64 {
 }
 
 /// Every task is consistent; returns how many are expired.
-async fn check_all(store: &std::sync::Arc<dyn meatspace_core::Store>, ids: &[Uuid]) -> usize {
+async fn check_all(store: &std::sync::Arc<dyn meatspace_store::Store>, ids: &[Uuid]) -> usize {
     let mut expired = 0;
     for id in ids {
         let (t, evs) = check_consistent(store, *id).await;

@@ -8,9 +8,10 @@ mod controller_support;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_core::{
-    Command, EventType, IssueKind, IssueStatus, Policy, Refusal, StoreError, TaskState, clock,
+use meatspace_domain::{
+    Command, EventType, IssueKind, IssueStatus, Policy, Refusal, TaskState, clock,
 };
+use meatspace_store::StoreError;
 use meatspace_tests::{Db, TestDb};
 use serde_json::json;
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use meatspace_core::{Command, Policy, TaskState, clock};
+use meatspace_domain::{Command, Policy, TaskState, clock};
 use meatspace_tests::{Db, TestDb};
 
 use controller_support::*;

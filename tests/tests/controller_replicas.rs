@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use meatspace_controller::metrics::TASKS_EXPIRED;
-use meatspace_core::{EventType, Policy, TaskState, clock};
+use meatspace_domain::{EventType, Policy, TaskState, clock};
 use meatspace_tests::{Db, TestDb};
 
 use controller_support::*;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use meatspace_controller::ControllerConfig;
-use meatspace_core::{Command, IssueKind, NewPhoto, Policy, TaskState};
+use meatspace_domain::{Command, IssueKind, NewPhoto, Policy, TaskState};
 use meatspace_tests::{Db, TestDb};
 use uuid::Uuid;
 

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use meatspace_core::{Command, EventType, clock};
+use meatspace_domain::{Command, EventType, clock};
 use meatspace_tests::server::{Expect, TestServer, images};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;

@@ -32,10 +32,11 @@ use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
 use meatspace_controller::leader::{LEADER_GAUGE, LeaseSettings};
 use meatspace_controller::mirror::MirrorSettings;
-use meatspace_core::store::NewTask;
-use meatspace_core::token::{TokenHash, generate};
-use meatspace_core::{Policy, Store, Task};
 use meatspace_crds::{MeatspaceTask, resource_name};
+use meatspace_domain::{Policy, Task};
+use meatspace_store::NewTask;
+use meatspace_store::Store;
+use meatspace_store::token::{TokenHash, generate};
 use meatspace_tests::k8s::{
     ControllerIdentity, TEST_MANAGER, admin_client, controller_rules, counter, create_namespace,
     drop_namespace, install_crd,

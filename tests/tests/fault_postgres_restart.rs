@@ -19,8 +19,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meatspace_core::Policy;
-use meatspace_core::store::{ConnectOptions, connect};
+use meatspace_domain::Policy;
+use meatspace_store::ConnectOptions;
+use meatspace_store_connect::connect;
 use meatspace_tests::pg::PgServer;
 use meatspace_tests::server::{ActiveTask, Expect, ServerOptions, TestServer};
 use meatspace_tests::{Db, TestDb};
@@ -300,10 +301,10 @@ async fn dropped_change_streams_release_their_connections() {
     }
     let task_id = uuid::Uuid::new_v4();
     store
-        .create_task(meatspace_core::store::NewTask {
+        .create_task(meatspace_store::NewTask {
             id: task_id,
             description: "Still heard.".into(),
-            agent_token_hash: meatspace_core::token::TokenHash::of("x"),
+            agent_token_hash: meatspace_store::token::TokenHash::of("x"),
             created_at: chrono::Utc::now(),
             expires_at: chrono::Utc::now() + chrono::TimeDelta::hours(1),
         })
@@ -312,5 +313,5 @@ async fn dropped_change_streams_release_their_connections() {
     let next = tokio::time::timeout(Duration::from_secs(10), kept.next())
         .await
         .expect("the kept stream still delivers");
-    assert_eq!(next, Some(meatspace_core::Change::Task(task_id)));
+    assert_eq!(next, Some(meatspace_store::Change::Task(task_id)));
 }

@@ -24,7 +24,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_core::{Policy, Store, TaskState};
+use meatspace_domain::{Policy, TaskState};
+
+use meatspace_store::Store;
 use meatspace_tests::Db;
 use meatspace_tests::TestDb;
 use meatspace_tests::process::{Binary, ServerProcess};

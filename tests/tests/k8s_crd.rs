@@ -14,8 +14,8 @@
 use chrono::{DateTime, Utc};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResourceExt, Resource, ResourceExt};
-use meatspace_core::{Task, TaskState};
 use meatspace_crds::{MeatspaceTask, MeatspaceTaskStatus, desired, resource_name};
+use meatspace_domain::{Task, TaskState};
 use meatspace_tests::k8s::{
     TEST_MANAGER, admin_client, create_namespace, drop_namespace, install_crd, kubectl,
 };
@@ -65,7 +65,7 @@ fn draft_task() -> Task {
 /// limit counts characters, like the API's).
 fn completed_task() -> Task {
     Task {
-        description: "ü".repeat(meatspace_core::MAX_DESCRIPTION_CHARS),
+        description: "ü".repeat(meatspace_domain::MAX_DESCRIPTION_CHARS),
         state: TaskState::Completed,
         worker_id: Some(Uuid::new_v4()),
         updated_at: at(3_000, 999_999_000),
@@ -463,7 +463,7 @@ async fn invalid_resources_are_rejected() {
         (json!({"spec": {"expiresAt": 1_900_000_000}}), "expiresAt"),
         (json!({"spec": {"description": ""}}), "description"),
         (
-            json!({"spec": {"description": "x".repeat(meatspace_core::MAX_DESCRIPTION_CHARS + 1)}}),
+            json!({"spec": {"description": "x".repeat(meatspace_domain::MAX_DESCRIPTION_CHARS + 1)}}),
             "description",
         ),
     ];

@@ -30,12 +30,13 @@ use meatspace_controller::ControllerConfig;
 use meatspace_controller::leader::LeaseSettings;
 use meatspace_controller::mirror::{FIELD_MANAGER, MirrorSettings};
 use meatspace_controller::telemetry::LogFormat;
-use meatspace_core::store::NewTask;
-use meatspace_core::token::{TokenHash, generate};
-use meatspace_core::{Command, Policy, Store, Task};
 use meatspace_crds::{
     MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskSpec, desired, resource_name,
 };
+use meatspace_domain::{Command, Policy, Task};
+use meatspace_store::NewTask;
+use meatspace_store::Store;
+use meatspace_store::token::{TokenHash, generate};
 use meatspace_tests::k8s::{
     ControllerIdentity, admin_client, counter, create_namespace, drop_namespace, install_crd,
     kubectl, kubectl_as, service_account_with_rules, write_token_kubeconfig,

@@ -25,8 +25,8 @@ use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
 use meatspace_controller::mirror::MirrorSettings;
 use meatspace_controller::requests::RequestSettings;
-use meatspace_core::TaskState;
 use meatspace_crds::MeatspaceTask;
+use meatspace_domain::TaskState;
 use meatspace_tests::Db;
 use meatspace_tests::k8s::{
     ControllerIdentity, admin_client, create_namespace, drop_namespace, install_crd, kubectl,

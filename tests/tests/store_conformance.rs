@@ -20,13 +20,14 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use meatspace_core::store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor, connect};
-use meatspace_core::token::{self, TokenHash};
-use meatspace_core::{
-    Actor, Change, Command, Due, Event, EventType, ExpiryReason, Extension, IssueAction, IssueKind,
-    IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Store, StoreError, Task,
-    TaskState,
+use meatspace_domain::{
+    Actor, Command, Due, Event, EventType, ExpiryReason, Extension, IssueAction, IssueKind,
+    IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Task, TaskState,
 };
+use meatspace_store::token::{self, TokenHash};
+use meatspace_store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor};
+use meatspace_store::{Change, Store, StoreError};
+use meatspace_store_connect::connect;
 use meatspace_tests::TestDb;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -853,7 +854,7 @@ async fn cancel_ends_any_non_terminal_task(store: Arc<dyn Store>) {
 /// the lease ends); outcomes move the cursor, the failure count and the
 /// state; a disabled endpoint is never due again; it goes with its task.
 async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) {
-    use meatspace_core::store::{WebhookOutcome as O, WebhookState};
+    use meatspace_store::{WebhookOutcome as O, webhooks::WebhookState};
     let s = &*store;
     let id = Uuid::new_v4();
     let task = s
@@ -975,7 +976,7 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
 /// refused for another request, replayed once completed, free again after
 /// a release, an expired window or an abandoned lease, and purged.
 async fn idempotency_keys_are_claimed_once_and_replayed(store: Arc<dyn Store>) {
-    use meatspace_core::store::{IdempotencyBegin as B, IdempotencyClaim};
+    use meatspace_store::{IdempotencyBegin as B, idempotency::IdempotencyClaim};
     let s = &*store;
     let claim = |key: &str, print: u8, secs: i64| IdempotencyClaim {
         scope: [1; 32],
@@ -2521,9 +2522,9 @@ async fn another_writer_holding_the_lock(
         .await
         .expect("lock the task");
     let before = read(store, id).await.expect("task");
-    let d = meatspace_core::decide(
+    let d = meatspace_domain::decide(
         &before,
-        &meatspace_core::Context::default(),
+        &meatspace_domain::Context::default(),
         command,
         at(secs),
         &policy(),
@@ -2545,7 +2546,7 @@ async fn another_writer_holding_the_lock(
         .expect("insert an event");
     }
     for change in d.issue_changes {
-        let meatspace_core::IssueChange::CloseAll { resolution } = change else {
+        let meatspace_domain::IssueChange::CloseAll { resolution } = change else {
             panic!("the other writer only closes issues: {change:?}");
         };
         sqlx::query(

@@ -5,9 +5,9 @@
 mod controller_support;
 
 use chrono::TimeDelta;
-use meatspace_core::store::{NewTask, TaskRequest};
-use meatspace_core::token::TokenHash;
-use meatspace_core::{Policy, clock};
+use meatspace_domain::{Policy, clock};
+use meatspace_store::token::TokenHash;
+use meatspace_store::{NewTask, requests::TaskRequest};
 use meatspace_tests::{Db, TestDb};
 use uuid::Uuid;
 
@@ -17,7 +17,7 @@ async fn racing_writers_create_one_task_per_resource_uid(db: Db) {
     let db = TestDb::new(db).await;
     let store = db.store(Policy::default()).await;
     let uid = Uuid::new_v4().to_string();
-    let attempt = |store: std::sync::Arc<dyn meatspace_core::Store>, uid: String| async move {
+    let attempt = |store: std::sync::Arc<dyn meatspace_store::Store>, uid: String| async move {
         let now = clock::now();
         let id = Uuid::new_v4();
         let request = TaskRequest {

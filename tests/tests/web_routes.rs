@@ -181,7 +181,7 @@ async fn session_forms_from_other_origins_are_refused(db: Db) {
     let task_json = srv.store.task(task).await.unwrap().unwrap();
     assert_eq!(
         task_json.state,
-        meatspace_core::TaskState::Open,
+        meatspace_domain::TaskState::Open,
         "not claimed"
     );
     let res = http

@@ -6,7 +6,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use meatspace_core::{IssueKind, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, TaskState};
+use meatspace_domain::{IssueKind, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, TaskState};
 use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;

@@ -10,7 +10,9 @@ pub mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_core::{Event, FeedView, Store, Task};
+use meatspace_domain::{Event, FeedView, Task};
+
+use meatspace_store::Store;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -26,8 +28,8 @@ pub struct TaskChange {
     pub events: Vec<Event>,
 }
 
-impl From<meatspace_core::store::Applied> for TaskChange {
-    fn from(a: meatspace_core::store::Applied) -> Self {
+impl From<meatspace_store::Applied> for TaskChange {
+    fn from(a: meatspace_store::Applied) -> Self {
         TaskChange {
             task: a.task,
             events: a.events,
@@ -42,7 +44,7 @@ pub struct EventPage {
     /// The task's state when the page was read. It is read before the
     /// events, so when it is terminal the feed up to the terminal event is
     /// in this page or the pages after it.
-    pub task_state: meatspace_core::TaskState,
+    pub task_state: meatspace_domain::TaskState,
     /// True when `task_state` is terminal: stop polling once `has_more` is false.
     pub terminal: bool,
     /// Events with `id > after`, ascending.
@@ -125,7 +127,7 @@ impl EventsQuery {
 /// all take it from here.
 pub async fn worker_view(store: &dyn Store, worker: Uuid, id: Uuid) -> Result<FeedView, ApiError> {
     let last_unassigned = store
-        .last_event_of_type(id, meatspace_core::EventType::TaskUnassigned)
+        .last_event_of_type(id, meatspace_domain::EventType::TaskUnassigned)
         .await?;
     Ok(FeedView::worker(worker, last_unassigned))
 }

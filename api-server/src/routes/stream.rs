@@ -26,7 +26,8 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use meatspace_core::{Event, FeedView, Store};
+use meatspace_domain::{Event, FeedView};
+use meatspace_store::Store;
 use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -264,7 +265,7 @@ impl Follower {
 
     /// Reads the task and the events after the cursor. True when events
     /// were queued; sets `done` when the stream must end.
-    async fn read(&mut self) -> Result<bool, meatspace_core::StoreError> {
+    async fn read(&mut self) -> Result<bool, meatspace_store::StoreError> {
         let Some(task) = self
             .store
             .task(self.task_id)

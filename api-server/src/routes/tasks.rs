@@ -5,11 +5,11 @@
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_controller::webhooks::check_url;
-use meatspace_core::store::{NewTask, Webhook};
-use meatspace_core::{
+use meatspace_domain::webhook_url::check_url;
+use meatspace_domain::{
     Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock,
 };
+use meatspace_store::{NewTask, webhooks::Webhook};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -130,7 +130,7 @@ pub(crate) async fn create(
     let webhook_url = match req.webhook_url.as_deref() {
         None => None,
         Some(raw) => Some(
-            check_url(raw, &state.integrations.webhook_allow)
+            check_url(raw, &state.integrations.webhook_allow, resolve)
                 .await
                 .map_err(|e| ApiError::invalid(e.to_string()))?
                 .to_string(),
@@ -407,4 +407,13 @@ async fn get_photo(
         photo.bytes,
     )
         .into_response())
+}
+
+/// Resolves a webhook URL's host name for [`check_url`]: a DNS query, never
+/// a connection.
+async fn resolve(name: String, port: u16) -> std::io::Result<Vec<std::net::IpAddr>> {
+    Ok(tokio::net::lookup_host((name, port))
+        .await?
+        .map(|a| a.ip())
+        .collect())
 }

@@ -8,10 +8,11 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::DateTime;
-use meatspace_core::store::{OpenTasksCursor, Worker};
-use meatspace_core::{
-    Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, StoreError, Task, TaskState, clock,
+use meatspace_domain::{
+    Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState, clock,
 };
+use meatspace_store::StoreError;
+use meatspace_store::{OpenTasksCursor, Worker};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;

@@ -15,9 +15,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
-use meatspace_core::{
-    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, StoreError, Task, TaskState, clock,
+use meatspace_domain::{
+    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Task, TaskState, clock,
 };
+use meatspace_store::StoreError;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

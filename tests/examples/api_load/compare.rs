@@ -252,7 +252,7 @@ async fn bench_backend(
     println!(
         "== {} ({})",
         backend.name(),
-        meatspace_core::store::redact_url(&database_url)
+        meatspace_store::redact_url(&database_url)
     );
     if settings.large {
         let started = Instant::now();
@@ -648,11 +648,11 @@ async fn active_task(server: &Server, http: &Client, messages: usize) -> Result<
 /// straight into the database (after the store's own migrations), in a few
 /// set-based statements.
 async fn preload(backend: Backend, url: &str) -> Result<()> {
-    let policy = meatspace_core::Policy::default();
-    let options = meatspace_core::store::ConnectOptions::default();
+    let policy = meatspace_domain::Policy::default();
+    let options = meatspace_store::ConnectOptions::default();
     match backend {
         Backend::Postgres => {
-            let store = meatspace_core::store::PgStore::connect(url, policy, &options).await?;
+            let store = meatspace_store_connect::PgStore::connect(url, policy, &options).await?;
             let pool = store.pool();
             pool.execute(
                 format!(
@@ -685,7 +685,8 @@ async fn preload(backend: Backend, url: &str) -> Result<()> {
             pool.close().await;
         }
         Backend::Sqlite => {
-            let store = meatspace_core::store::SqliteStore::connect(url, policy, &options).await?;
+            let store =
+                meatspace_store_connect::SqliteStore::connect(url, policy, &options).await?;
             let pool = store.pool();
             let uuid = |expr: &str| format!("printf('%08x-0000-4000-8000-%012x', {expr}, {expr})");
             pool.execute(

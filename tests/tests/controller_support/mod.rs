@@ -13,11 +13,10 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use meatspace_controller::ControllerConfig;
-use meatspace_core::store::NewTask;
-use meatspace_core::token::TokenHash;
-use meatspace_core::{
-    Command, Event, EventType, IssueStatus, Store, StoreError, Task, TaskState, clock,
-};
+use meatspace_domain::{Command, Event, EventType, IssueStatus, Task, TaskState, clock};
+use meatspace_store::NewTask;
+use meatspace_store::token::TokenHash;
+use meatspace_store::{Store, StoreError};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -305,7 +304,7 @@ pub fn median_and_max(lags: &[i64]) -> (i64, i64) {
 
 /// Whether a store error is the refusal a losing racer must get.
 pub fn is_clean_loss(e: &StoreError) -> bool {
-    use meatspace_core::Refusal;
+    use meatspace_domain::Refusal;
     matches!(
         e,
         StoreError::Refused(

@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn a_worker_reads_only_a_task_assigned_to_it() {
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        let mut task = crate::domain::task::tests::task(crate::TaskState::Assigned);
+        let mut task = crate::task::tests::task(crate::TaskState::Assigned);
         task.worker_id = Some(b);
         assert!(FeedView::worker(b, Some(7)).may_read(&task));
         assert!(!FeedView::worker(a, None).may_read(&task));

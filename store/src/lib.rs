@@ -1,41 +1,42 @@
-//! Persistence behind one trait, [`Store`], with a PostgreSQL and a SQLite
-//! implementation. Each owns its migrations (under `core/migrations/`).
+//! Persistence behind one trait, [`Store`], with one implementation per
+//! database in its own crate (`meatspace-store-postgres`,
+//! `meatspace-store-sqlite`), each owning its migrations and holding its SQL.
+//! This crate holds what both share: the trait, [`StoreError`], [`Change`],
+//! the change counters ([`TaskVersions`]), token digests, the server key,
+//! the model of idempotency records, webhooks and task requests, and the
+//! [`engine`] that runs every command (read → decide → write → announce) the
+//! same way whatever the backend.
 //!
-//! Every change to a task goes through [`Store::apply`]: read the task, run
-//! the pure [`decide`](crate::decide), and write the task, its events,
+//! Every change to a task goes through [`Store::apply`]: read the task and
+//! what the command [needs](meatspace_domain::Command::needs), run the pure
+//! [`decide`](meatspace_domain::decide), and write the task, its events,
 //! issues and photo in one transaction that holds the task's row lock and
-//! checks that the task is still as it was decided on (SQLite and
-//! PostgreSQL's locking path read it under the lock; PostgreSQL's
-//! optimistic path reads it first and re-checks it under the lock in its
-//! write, deciding again when it changed). Holding the row lock while events
-//! are inserted is what makes one task's event ids become visible in
-//! ascending order, so a client polling `after=<last id>` never misses one.
-
-use std::sync::Arc;
+//! checks that the task is still as it was decided on. Holding the row lock
+//! while events are inserted is what makes one task's event ids become
+//! visible in ascending order, so a client polling `after=<last id>` never
+//! misses one.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 use uuid::Uuid;
 
-use crate::token::TokenHash;
-use crate::{Command, Event, Issue, Policy, Refusal, Task};
+use meatspace_domain::{Command, Event, Issue, Refusal, Task};
 
-mod idempotency;
-mod pg_creates;
-mod postgres;
-mod requests;
-mod sqlite;
+use crate::token::TokenHash;
+
+pub mod engine;
+pub mod idempotency;
+pub mod requests;
+pub mod secret;
+pub mod token;
 mod versions;
-mod webhooks;
+pub mod webhooks;
 
 pub use idempotency::{IdempotencyBegin, IdempotencyClaim};
 pub use requests::TaskRequest;
 pub use versions::TaskVersions;
 pub use webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
-
-pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
 
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +109,23 @@ fn means_unavailable(db: &dyn sqlx::error::DatabaseError) -> bool {
     }
 }
 
+/// An event read back from its stored columns (the kind and actor by their
+/// stored names); a name this build does not know is a corrupt row.
+pub fn stored_event(
+    id: i64,
+    task_id: Uuid,
+    kind: &str,
+    created_at: DateTime<Utc>,
+    actor: &str,
+    data: serde_json::Value,
+) -> Result<Event, StoreError> {
+    let kind = meatspace_domain::EventType::parse(kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
+    let actor = meatspace_domain::Actor::parse(actor)
+        .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    Ok(Event::new(id, task_id, kind, created_at, actor, data))
+}
+
 /// A task to create. The caller generates the id and the token and passes
 /// only the token's digest.
 #[derive(Debug, Clone)]
@@ -117,6 +135,31 @@ pub struct NewTask {
     pub agent_token_hash: TokenHash,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+}
+
+impl NewTask {
+    /// The task as it is created, a draft with no events yet, and the
+    /// agent token's digest that is stored beside it.
+    pub fn into_draft(self) -> (Task, TokenHash) {
+        let task = Task {
+            id: self.id,
+            description: self.description,
+            state: meatspace_domain::TaskState::Draft,
+            worker_id: None,
+            created_at: self.created_at,
+            updated_at: self.created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at: self.expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+        };
+        (task, self.agent_token_hash)
+    }
 }
 
 /// A registered worker (its token digest stays in the store).
@@ -154,7 +197,7 @@ pub struct Applied {
     pub task: Task,
     pub events: Vec<Event>,
     /// What a `Reconcile` command did.
-    pub applied: Option<crate::Due>,
+    pub applied: Option<meatspace_domain::Due>,
 }
 
 /// What an agent's poll of a task's feed needs, read in one statement (one
@@ -163,7 +206,7 @@ pub struct Applied {
 #[derive(Debug, Clone)]
 pub struct FeedRead {
     pub agent_token_hash: TokenHash,
-    pub state: crate::TaskState,
+    pub state: meatspace_domain::TaskState,
     pub last_event_id: i64,
     /// Events with `id > after`, ascending, at most `limit`.
     pub events: Vec<Event>,
@@ -326,7 +369,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn last_event_of_type(
         &self,
         task_id: Uuid,
-        kind: crate::EventType,
+        kind: meatspace_domain::EventType,
     ) -> Result<Option<i64>, StoreError>;
 
     /// Claims an `Idempotency-Key` for a request (see [`IdempotencyBegin`]).
@@ -501,22 +544,6 @@ impl Default for ConnectOptions {
             // than left hanging.
             acquire_timeout: std::time::Duration::from_secs(1),
         }
-    }
-}
-
-/// Opens the store named by `url` (`postgres://…`, `postgresql://…` or
-/// `sqlite://…`) and runs its migrations.
-pub async fn connect(
-    url: &str,
-    policy: Policy,
-    options: &ConnectOptions,
-) -> Result<Arc<dyn Store>, StoreError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PgStore::connect(url, policy, options).await?))
-    } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url, policy, options).await?))
-    } else {
-        Err(StoreError::UnsupportedUrl(redact_url(url)))
     }
 }
 

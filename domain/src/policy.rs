@@ -94,27 +94,28 @@ impl Default for Policy {
 }
 
 /// Command-line and environment form of [`Policy`].
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct PolicyArgs {
     /// Lifetime in seconds of a task created without `expires_in_seconds`.
-    #[arg(long, env = "MEATSPACE_DEFAULT_LIFETIME_SECONDS", default_value_t = 7 * 24 * 3600,
-          value_parser = clap::value_parser!(u32).range(1..))]
+    #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_DEFAULT_LIFETIME_SECONDS", default_value_t = 7 * 24 * 3600,
+          value_parser = clap::value_parser!(u32).range(1..)))]
     pub default_lifetime_seconds: u32,
     /// Smallest `expires_in_seconds` accepted on task creation.
-    #[arg(long, env = "MEATSPACE_MIN_LIFETIME_SECONDS", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..))]
+    #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_MIN_LIFETIME_SECONDS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..)))]
     pub min_lifetime_seconds: u32,
     /// Largest `expires_in_seconds` accepted on task creation.
-    #[arg(long, env = "MEATSPACE_MAX_LIFETIME_SECONDS", default_value_t = 30 * 24 * 3600,
-          value_parser = clap::value_parser!(u32).range(1..))]
+    #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_MAX_LIFETIME_SECONDS", default_value_t = 30 * 24 * 3600,
+          value_parser = clap::value_parser!(u32).range(1..)))]
     pub max_lifetime_seconds: u32,
     /// Seconds an assigned worker has to start before the task reopens.
-    #[arg(long, env = "MEATSPACE_START_TIMEOUT_SECONDS", default_value_t = 3600,
-          value_parser = clap::value_parser!(u32).range(1..))]
+    #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_START_TIMEOUT_SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u32).range(1..)))]
     pub start_timeout_seconds: u32,
     /// Seconds a task may stay active before it expires.
-    #[arg(long, env = "MEATSPACE_ACTIVE_TIME_LIMIT_SECONDS", default_value_t = 24 * 3600,
-          value_parser = clap::value_parser!(u32).range(1..))]
+    #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_ACTIVE_TIME_LIMIT_SECONDS", default_value_t = 24 * 3600,
+          value_parser = clap::value_parser!(u32).range(1..)))]
     pub active_time_limit_seconds: u32,
 }
 

@@ -19,8 +19,8 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
-use super::StoreError;
-use crate::token::TokenHash;
+use meatspace_store::StoreError;
+use meatspace_store::token::TokenHash;
 
 /// Groups written at once (each takes a pooled connection).
 const WRITERS: usize = 4;

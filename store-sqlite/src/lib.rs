@@ -1,4 +1,6 @@
-//! The SQLite store: the embedded default, one file in WAL mode.
+//! The SQLite store: the embedded default, one file in WAL mode. It holds
+//! SQL, migrations and codecs; every decision is the engine's
+//! ([`meatspace_store::engine`], with its default methods).
 //!
 //! SQLite has one writer at a time, so the store keeps a single-connection
 //! write pool (writes queue in-process instead of spinning on the busy
@@ -22,16 +24,25 @@ use sqlx::{Row, Sqlite, Transaction};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::{
-    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Store,
-    StoreError, TaskVersions, Worker,
+use meatspace_domain::{
+    Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
+    TaskState,
 };
-use super::{Invite, Session};
-use crate::token::TokenHash;
-use crate::{
-    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
-    IssueStatus, Policy, Task, TaskState, decide,
+use meatspace_store::engine;
+use meatspace_store::token::TokenHash;
+use meatspace_store::{
+    Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
+    Session, Store, StoreError, TaskVersions, Worker, stored_event,
 };
+
+mod idempotency;
+mod requests;
+mod webhooks;
+
+/// The migrations of this backend, embedded at build time. sqlx records each
+/// one's checksum in the database and refuses to start when a file that
+/// ran has changed, so these files never change (see the test below).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
     published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
@@ -129,7 +140,7 @@ impl SqliteStore {
         // would fail. Migrating inside a write transaction makes the second
         // wait for the first and then find the migrations applied.
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::migrate!("./migrations/sqlite").run(&mut *tx).await?;
+        MIGRATOR.run(&mut *tx).await?;
         tx.commit().await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(options.max_connections.max(1))
@@ -206,15 +217,7 @@ impl SqliteStore {
             .bind(e.data.to_string())
             .fetch_one(&mut **tx)
             .await?;
-            events.push(Event {
-                id: event_id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: now,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            });
+            events.push(e.stored(event_id, task.id, now));
         }
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
@@ -298,6 +301,189 @@ impl SqliteStore {
     }
 }
 
+/// The SQL of [`meatspace_store::engine`]'s command path. SQLite takes the
+/// defaults: every command runs under the write lock (`BEGIN IMMEDIATE`).
+#[async_trait]
+impl engine::Backend for SqliteStore {
+    type Tx = Transaction<'static, Sqlite>;
+
+    async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
+        self.begin().await
+    }
+
+    async fn lock_task(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+    ) -> Result<Option<Task>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+            .bind(task_id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    async fn read_issue(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        event_id: i64,
+    ) -> Result<Option<Issue>, StoreError> {
+        let row = sqlx::query("SELECT * FROM issues WHERE event_id = ? AND task_id = ?")
+            .bind(event_id)
+            .bind(task_id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+        row.as_ref().map(issue_from_row).transpose()
+    }
+
+    async fn write_decision(
+        &self,
+        tx: &mut Self::Tx,
+        before: &Task,
+        decision: Decision,
+    ) -> Result<Applied, StoreError> {
+        Self::write(tx, before, decision).await
+    }
+
+    async fn insert_draft(
+        &self,
+        tx: &mut Self::Tx,
+        task: &Task,
+        agent_token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
+        )
+        .bind(task.id.to_string())
+        .bind(&task.description)
+        .bind(&agent_token_hash.0[..])
+        .bind(ms(task.created_at))
+        .bind(ms(task.created_at))
+        .bind(ms(task.expires_at))
+        .bind(opt_ms(task.next_deadline()))
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_webhook(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        url: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        crate::webhooks::insert(tx, task_id, url, now).await
+    }
+
+    async fn claim_request(
+        &self,
+        tx: &mut Self::Tx,
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
+        crate::requests::claim(tx, request).await
+    }
+
+    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
+        crate::requests::insert_task(tx, new, Some(new.expires_at)).await
+    }
+
+    async fn lock_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<Option<meatspace_store::idempotency::IdempotencyRecord>, StoreError> {
+        crate::idempotency::lock(tx, claim).await
+    }
+
+    async fn take_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<(), StoreError> {
+        crate::idempotency::take(tx, claim).await
+    }
+
+    async fn insert_worker(
+        &self,
+        tx: &mut Self::Tx,
+        worker: &Worker,
+        token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
+            .bind(worker.id.to_string())
+            .bind(&worker.name)
+            .bind(&token_hash.0[..])
+            .bind(ms(worker.created_at))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn use_invite(
+        &self,
+        tx: &mut Self::Tx,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // One writer at a time (BEGIN IMMEDIATE): a second redemption sees
+        // used_at set and changes nothing.
+        let used = sqlx::query(
+            "UPDATE worker_invites SET used_at = ?, worker_id = ? \
+             WHERE id = ? AND used_at IS NULL AND expires_at > ?",
+        )
+        .bind(ms(now))
+        .bind(worker_id.to_string())
+        .bind(invite_id.to_string())
+        .bind(ms(now))
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        Ok(used == 1)
+    }
+
+    fn after_create(&self, task_id: Uuid, committed: bool) {
+        if committed {
+            self.announce(task_id);
+        }
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.rollback().await?)
+    }
+
+    fn after_commit(&self, task_id: Uuid, applied: Option<&Applied>) {
+        if applied.is_some() {
+            self.announce(task_id);
+        }
+    }
+
+    async fn lock_due(
+        &self,
+        tx: &mut Self::Tx,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        // The write lock (`BEGIN IMMEDIATE`) covers every row.
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
+             ORDER BY next_deadline LIMIT ?"
+        ))
+        .bind(ms(now))
+        .bind(i64::from(limit))
+        .fetch_all(&mut **tx)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+}
+
 fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
     let state_name: &str = row.try_get("state")?;
     Ok(Task {
@@ -324,23 +510,19 @@ fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
 }
 
 fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
-    let kind: &str = row.try_get("type")?;
-    let kind = EventType::parse(kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-    let actor: &str = row.try_get("actor")?;
-    let actor =
-        Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
+    stored_event(
+        row.try_get("id")?,
+        uuid(row.try_get("task_id")?)?,
+        row.try_get("type")?,
+        from_ms(row.try_get("created_at")?)?,
+        row.try_get("actor")?,
+        event_data(row)?,
+    )
+}
+
+fn event_data(row: &SqliteRow) -> Result<serde_json::Value, StoreError> {
     let data: &str = row.try_get("data")?;
-    Ok(Event {
-        id: row.try_get("id")?,
-        task_id: uuid(row.try_get("task_id")?)?,
-        kind,
-        created_at: from_ms(row.try_get("created_at")?)?,
-        actor,
-        untrusted: kind.carries_worker_content(),
-        data: serde_json::from_str(data)
-            .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
-    })
+    serde_json::from_str(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))
 }
 
 fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
@@ -369,46 +551,14 @@ impl Store for SqliteStore {
         new: NewTask,
         webhook_url: &str,
     ) -> Result<Task, StoreError> {
-        // create_task's insert, plus the endpoint, in one transaction.
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
-        )
-        .bind(task.id.to_string())
-        .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
-        .bind(ms(task.created_at))
-        .bind(ms(task.created_at))
-        .bind(ms(task.expires_at))
-        .bind(opt_ms(task.next_deadline()))
-        .execute(&mut *tx)
-        .await?;
-        super::webhooks::sqlite_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
-        tx.commit().await?;
-        self.announce(task.id);
-        Ok(task)
+        engine::create_task_with_webhook(self, new, webhook_url).await
     }
 
-    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
-        super::webhooks::sqlite_get(&self.reader, task_id).await
+    async fn webhook(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<meatspace_store::webhooks::Webhook>, StoreError> {
+        crate::webhooks::get(&self.reader, task_id).await
     }
 
     async fn claim_due_webhooks(
@@ -416,28 +566,28 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         lease_until: DateTime<Utc>,
         limit: u32,
-    ) -> Result<Vec<super::DueWebhook>, StoreError> {
-        super::webhooks::sqlite_claim_due(&self.writer, now, lease_until, limit).await
+    ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
+        crate::webhooks::claim_due(&self.writer, now, lease_until, limit).await
     }
 
     async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        super::webhooks::sqlite_next_attempt(&self.reader).await
+        crate::webhooks::next_attempt(&self.reader).await
     }
 
     async fn record_webhook(
         &self,
         task_id: Uuid,
-        outcome: &super::WebhookOutcome,
+        outcome: &meatspace_store::webhooks::WebhookOutcome,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        super::webhooks::sqlite_record(&self.writer, task_id, outcome, now).await
+        crate::webhooks::record(&self.writer, task_id, outcome, now).await
     }
 
     async fn idempotency_begin(
         &self,
-        claim: &super::IdempotencyClaim,
-    ) -> Result<super::IdempotencyBegin, StoreError> {
-        super::idempotency::sqlite_begin(&self.writer, claim).await
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
+        engine::idempotency_begin(self, claim).await
     }
 
     async fn idempotency_complete(
@@ -447,11 +597,11 @@ impl Store for SqliteStore {
         status: u16,
         response: &[u8],
     ) -> Result<(), StoreError> {
-        super::idempotency::sqlite_complete(&self.writer, scope, key, status, response).await
+        crate::idempotency::complete(&self.writer, scope, key, status, response).await
     }
 
     async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        super::idempotency::sqlite_release(&self.writer, scope, key).await
+        crate::idempotency::release(&self.writer, scope, key).await
     }
 
     async fn purge_idempotency_keys(
@@ -459,7 +609,7 @@ impl Store for SqliteStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        super::idempotency::sqlite_purge(&self.writer, before, limit).await
+        crate::idempotency::purge(&self.writer, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -470,30 +620,14 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
+        let (task, agent_token_hash) = new.into_draft();
         sqlx::query(
             "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
              expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
         )
         .bind(task.id.to_string())
         .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
+        .bind(&agent_token_hash.0[..])
         .bind(ms(task.created_at))
         .bind(ms(task.created_at))
         .bind(ms(task.expires_at))
@@ -532,36 +666,7 @@ impl Store for SqliteStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        let mut tx = self.begin().await?;
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
-            .bind(task_id.to_string())
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let task = task_from_row(&row)?;
-        let mut ctx = Context::default();
-        if let Command::RespondToIssue { issue_event_id, .. } = &command {
-            let row = sqlx::query("SELECT * FROM issues WHERE event_id = ? AND task_id = ?")
-                .bind(issue_event_id)
-                .bind(task_id.to_string())
-                .fetch_optional(&mut *tx)
-                .await?;
-            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
-        }
-        let decision = match decide(&task, &ctx, command, now, &self.policy) {
-            Ok(decision) => decision,
-            Err(refusal) => {
-                // Release the write lock before answering: a dropped
-                // transaction is rolled back only later, in the background,
-                // and until then other processes on the file wait.
-                tx.rollback().await?;
-                return Err(refusal.into());
-            }
-        };
-        let applied = Self::write(&mut tx, &task, decision).await?;
-        tx.commit().await?;
-        self.announce(task_id);
-        Ok(applied)
+        engine::apply(self, task_id, command, now, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -613,23 +718,14 @@ impl Store for SqliteStore {
             let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
                 continue;
             };
-            let kind: &str = row.try_get("type")?;
-            let kind = EventType::parse(kind)
-                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-            let actor: &str = row.try_get("actor")?;
-            let actor = Actor::parse(actor)
-                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
-            let data: &str = row.try_get("data")?;
-            events.push(Event {
+            events.push(stored_event(
                 id,
                 task_id,
-                kind,
-                created_at: from_ms(row.try_get("created_at")?)?,
-                actor,
-                untrusted: kind.carries_worker_content(),
-                data: serde_json::from_str(data)
-                    .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
-            });
+                row.try_get("type")?,
+                from_ms(row.try_get("created_at")?)?,
+                row.try_get("actor")?,
+                event_data(row)?,
+            )?);
         }
         Ok(Some(FeedRead {
             agent_token_hash: TokenHash::from_slice(hash)
@@ -767,36 +863,7 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Applied>, StoreError> {
-        let mut tx = self.begin().await?;
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
-             ORDER BY next_deadline LIMIT ?"
-        ))
-        .bind(ms(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let task = task_from_row(row)?;
-            match decide(
-                &task,
-                &Context::default(),
-                Command::Reconcile,
-                now,
-                &self.policy,
-            ) {
-                Ok(d) => out.push(Self::write(&mut tx, &task, d).await?),
-                Err(refusal) => {
-                    tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
-                }
-            }
-        }
-        tx.commit().await?;
-        for a in &out {
-            self.announce(a.task.id);
-        }
-        Ok(out)
+        engine::reconcile_due(self, now, limit, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -973,37 +1040,12 @@ impl Store for SqliteStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Option<Worker>, StoreError> {
-        let mut tx = self.begin().await?;
-        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
-            .bind(worker_id.to_string())
-            .bind(name)
-            .bind(&token_hash.0[..])
-            .bind(ms(now))
-            .execute(&mut *tx)
-            .await?;
-        // One writer at a time (BEGIN IMMEDIATE): a second redemption sees
-        // used_at set and changes nothing.
-        let used = sqlx::query(
-            "UPDATE worker_invites SET used_at = ?, worker_id = ? \
-             WHERE id = ? AND used_at IS NULL AND expires_at > ?",
-        )
-        .bind(ms(now))
-        .bind(worker_id.to_string())
-        .bind(invite_id.to_string())
-        .bind(ms(now))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if used != 1 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        tx.commit().await?;
-        Ok(Some(Worker {
+        let worker = Worker {
             id: worker_id,
             name: name.to_owned(),
             created_at: now,
-        }))
+        };
+        engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
 
     #[tracing::instrument(skip(self, secret_hash), err)]
@@ -1095,31 +1137,20 @@ impl Store for SqliteStore {
     async fn create_requested_task(
         &self,
         new: NewTask,
-        request: &super::TaskRequest,
-    ) -> Result<super::TaskRequest, StoreError> {
-        let mut tx = self.begin().await?;
-        let row = super::requests::sqlite_claim(&mut tx, request).await?;
-        let created = row.task_id == new.id;
-        if created {
-            let next_deadline = Some(new.expires_at);
-            super::requests::sqlite_insert_task(&mut tx, &new, next_deadline).await?;
-        }
-        tx.commit().await?;
-        if created {
-            self.announce(new.id);
-        }
-        Ok(row)
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
+        engine::create_requested_task(self, new, request).await
     }
 
     async fn task_request(
         &self,
         resource_uid: &str,
-    ) -> Result<Option<super::TaskRequest>, StoreError> {
-        super::requests::sqlite_get(&self.reader, resource_uid).await
+    ) -> Result<Option<meatspace_store::requests::TaskRequest>, StoreError> {
+        crate::requests::get(&self.reader, resource_uid).await
     }
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
-        super::requests::sqlite_requested_among(&self.reader, task_ids).await
+        crate::requests::requested_among(&self.reader, task_ids).await
     }
 }
 
@@ -1146,5 +1177,64 @@ mod tests {
             .await
             .expect("the ping answered without waiting for a reader")
             .expect("the database answers");
+    }
+}
+
+/// Each migration's sqlx checksum (SHA-384 of the file) as it shipped: a
+/// database migrated by any earlier build records these, and refuses a build
+/// whose files differ. Adding a migration is fine; changing one is not.
+#[cfg(test)]
+mod migration_checksums {
+    const SHIPPED: &[(i64, &str)] = &[
+        (
+            1,
+            "dbc33eff09a0c6e5cf8e612e10143a54e19d2707c70d292d1bb6b9c12ff3bdcc84cdf9dbe6709c26685546155a6caf7f",
+        ),
+        (
+            2,
+            "2d5ec757df2535ccb6e3e1a08f4196bca30f384a573cae0fc86ee1ee7e156968b903d53d2fe4b088019966dc33333260",
+        ),
+        (
+            3,
+            "55b60e6069ec335509733a755a898823904a2c13953ee540d3b5a9d52f42349ff84842dc373ebf2ed63ea5ac9f4c79b7",
+        ),
+        (
+            4,
+            "5ddd64a74207226309b951de4af1368b49035e79ad644070d30b5d550e7142eaec3384811dc384f364a70b1aab76c6e5",
+        ),
+        (
+            5,
+            "37ba26be9d85b87156ae4ee3c569d1ca53f9efc9f59e804b582db0b2a398fa801b3b61f1ffff667833818e0dea0de139",
+        ),
+        (
+            20,
+            "178fcdaf1868c95dc3b05857211c970b9b4280700c4990e7ae56373abaac7b91c1904227425431dd168c34f5fe267595",
+        ),
+        (
+            21,
+            "46e82b11f202269133abc092d1a707105a160012a64815f59d53e2b897241663d57035e3e5b99512d4f0141c36accdc0",
+        ),
+        (
+            30,
+            "7cb1ba380405d4d6e77cf337e6fe0ccb0e35f3e9f41221e6789e40eda134bda8461ef6adf6008a31bbb58b229ec5b6e9",
+        ),
+    ];
+
+    #[test]
+    fn shipped_migrations_are_unchanged() {
+        let embedded: Vec<(i64, String)> = super::MIGRATOR
+            .iter()
+            .map(|m| {
+                let hex: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+                (m.version, hex)
+            })
+            .collect();
+        for (i, (version, checksum)) in SHIPPED.iter().enumerate() {
+            assert_eq!(
+                embedded.get(i).map(|(v, c)| (*v, c.as_str())),
+                Some((*version, *checksum)),
+                "migration {version} changed or went missing: a database it ran on will not start"
+            );
+        }
     }
 }

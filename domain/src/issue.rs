@@ -6,7 +6,8 @@ use uuid::Uuid;
 
 /// The fixed list of issue kinds a worker may raise. Published in the
 /// capabilities document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum IssueKind {
     /// The instructions are ambiguous or incomplete.
@@ -50,7 +51,8 @@ impl IssueKind {
 }
 
 /// How an agent answers a worker issue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum IssueAction {
     /// Answer with more information (text required).

@@ -101,6 +101,33 @@ impl Command {
         }
     }
 
+    /// Which rows besides the task the decision on this command reads: the
+    /// store loads exactly these into the [`Context`] it passes to
+    /// [`decide`], under the task's row lock. A command that needs nothing
+    /// may be decided on the task row alone (PostgreSQL's optimistic write
+    /// does that), so a rule that starts reading [`Context`] for a command
+    /// must be declared here, or no backend loads what it reads. The
+    /// `needs_nothing_means_the_context_is_not_read` test holds every
+    /// command to that.
+    pub fn needs(&self) -> Needs {
+        match self {
+            Command::RespondToIssue { issue_event_id, .. } => Needs {
+                issue: Some(*issue_event_id),
+            },
+            Command::Publish
+            | Command::Cancel { .. }
+            | Command::Claim { .. }
+            | Command::Start { .. }
+            | Command::Message { .. }
+            | Command::Photo { .. }
+            | Command::RaiseIssue { .. }
+            | Command::Complete { .. }
+            | Command::Stop { .. }
+            | Command::Reconcile
+            | Command::Extend(_) => Needs::default(),
+        }
+    }
+
     /// The worker a worker command acts for, if any (claim excluded: the
     /// claimant is not yet assigned).
     fn acting_worker(&self) -> Option<Uuid> {
@@ -139,7 +166,25 @@ impl std::fmt::Debug for NewPhoto {
     }
 }
 
-/// Rows other than the task that [`decide`] needs, read under the same lock.
+/// What a command's decision reads besides the task row (see
+/// [`Command::needs`]): the store reads it under the task's row lock and
+/// passes it to [`decide`] as the [`Context`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Needs {
+    /// The issue opened by the `worker.issue` event with this id, if it is
+    /// one of this task's.
+    pub issue: Option<i64>,
+}
+
+impl Needs {
+    /// True when the task row alone decides the command.
+    pub fn is_empty(&self) -> bool {
+        *self == Needs::default()
+    }
+}
+
+/// Rows other than the task that [`decide`] needs, read under the same lock:
+/// what [`Command::needs`] names, nothing else.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     /// The issue a `RespondToIssue` command refers to, if it exists on this task.
@@ -158,7 +203,7 @@ pub enum IssueChange {
 }
 
 /// What the store must write, in one transaction.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// The task after the command (the store sets `last_event_id`).
     pub task: Task,
@@ -535,14 +580,146 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::ExpiryReason;
-    use crate::domain::task::tests::{at, task};
+    use crate::ExpiryReason;
+    use crate::task::tests::{at, task};
 
     const W: Uuid = Uuid::from_u128(7);
     const OTHER: Uuid = Uuid::from_u128(8);
 
     fn run(t: &Task, c: Command, secs: i64) -> Result<Decision, Refusal> {
         decide(t, &Context::default(), c, at(secs), &Policy::default())
+    }
+
+    /// One command of every variant (and both kinds of answer to an issue),
+    /// acting for worker `W`. The match below has no wildcard, so a new
+    /// variant does not compile until it is listed here, and the assertion
+    /// fails until a sample of it is.
+    fn every_command() -> Vec<Command> {
+        let photo = NewPhoto {
+            id: Uuid::from_u128(9),
+            content_type: "image/png".into(),
+            width: 1,
+            height: 1,
+            bytes: vec![1, 2, 3],
+        };
+        let commands = vec![
+            Command::Publish,
+            Command::Cancel { reason: None },
+            Command::RespondToIssue {
+                issue_event_id: 4,
+                action: IssueAction::Clarify,
+                text: Some("left door".into()),
+            },
+            Command::RespondToIssue {
+                issue_event_id: 4,
+                action: IssueAction::Cancel,
+                text: None,
+            },
+            Command::Claim { worker: W },
+            Command::Start { worker: W },
+            Command::Message {
+                worker: W,
+                text: "on my way".into(),
+            },
+            Command::Photo { worker: W, photo },
+            Command::RaiseIssue {
+                worker: W,
+                kind: IssueKind::AccessBlocked,
+                text: "locked".into(),
+            },
+            Command::Complete {
+                worker: W,
+                note: None,
+            },
+            Command::Stop {
+                worker: W,
+                reason: None,
+            },
+            Command::Reconcile,
+            Command::Extend(Extension::By(chrono::TimeDelta::seconds(60))),
+        ];
+        let mut seen = [false; 12];
+        for c in &commands {
+            let i = match c {
+                Command::Publish => 0,
+                Command::Cancel { .. } => 1,
+                Command::RespondToIssue { .. } => 2,
+                Command::Claim { .. } => 3,
+                Command::Start { .. } => 4,
+                Command::Message { .. } => 5,
+                Command::Photo { .. } => 6,
+                Command::RaiseIssue { .. } => 7,
+                Command::Complete { .. } => 8,
+                Command::Stop { .. } => 9,
+                Command::Reconcile => 10,
+                Command::Extend(_) => 11,
+            };
+            seen[i] = true;
+        }
+        assert!(seen.iter().all(|s| *s), "a command variant has no sample");
+        commands
+    }
+
+    #[test]
+    fn needs_nothing_means_the_context_is_not_read() {
+        // A context with everything loaded: an open issue of this task, and
+        // one already answered, at the id the sample answer refers to.
+        let issue = |status| Issue {
+            event_id: 4,
+            task_id: Uuid::nil(),
+            kind: IssueKind::AccessBlocked,
+            status,
+            resolution: None,
+            resolved_at: None,
+        };
+        let loaded = [
+            Context {
+                issue: Some(issue(IssueStatus::Open)),
+            },
+            Context {
+                issue: Some(issue(IssueStatus::Resolved)),
+            },
+        ];
+        let policy = Policy::default();
+        let mut checked = 0;
+        for command in every_command().into_iter().filter(|c| c.needs().is_empty()) {
+            for state in TaskState::ALL {
+                for worker in [None, Some(W), Some(OTHER)] {
+                    for secs in [10, 999, 1000, 5000] {
+                        let mut t = task(state);
+                        t.worker_id = worker;
+                        t.open_issues = 1;
+                        t.start_by = Some(at(500));
+                        t.active_until = Some(at(2000));
+                        let bare =
+                            decide(&t, &Context::default(), command.clone(), at(secs), &policy);
+                        for ctx in &loaded {
+                            let with = decide(&t, ctx, command.clone(), at(secs), &policy);
+                            assert_eq!(
+                                with,
+                                bare,
+                                "{} on a {state} task at {secs}s reads the context \
+                                 but does not declare it in Command::needs()",
+                                command.name()
+                            );
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 0);
+    }
+
+    #[test]
+    fn an_answer_needs_the_issue_it_answers() {
+        for command in every_command() {
+            let expected = match &command {
+                Command::RespondToIssue { issue_event_id, .. } => Some(*issue_event_id),
+                _ => None,
+            };
+            assert_eq!(command.needs().issue, expected, "{}", command.name());
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// Kinds of events, serialised with their dotted names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub enum EventType {
     #[serde(rename = "task.published")]
     TaskPublished,
@@ -100,7 +101,8 @@ impl EventType {
 }
 
 /// Who caused an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Actor {
     Agent,
@@ -134,7 +136,8 @@ pub struct NewEvent {
 
 /// An event as stored and served. `id` is the feed cursor: ids of one task's
 /// events become visible in ascending order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Event {
     pub id: i64,
     pub task_id: Uuid,
@@ -145,8 +148,38 @@ pub struct Event {
     /// True when `data` holds worker-authored content: task data, never
     /// instructions.
     pub untrusted: bool,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "utoipa", schema(value_type = Object))]
     pub data: serde_json::Value,
+}
+
+impl NewEvent {
+    /// The event as stored under `id` for `task_id` at `created_at`.
+    pub fn stored(self, id: i64, task_id: Uuid, created_at: DateTime<Utc>) -> Event {
+        Event::new(id, task_id, self.kind, created_at, self.actor, self.data)
+    }
+}
+
+impl Event {
+    /// The one constructor: whether the event is [untrusted](Event::untrusted)
+    /// follows from its kind, so no store decides it by hand.
+    pub fn new(
+        id: i64,
+        task_id: Uuid,
+        kind: EventType,
+        created_at: DateTime<Utc>,
+        actor: Actor,
+        data: serde_json::Value,
+    ) -> Self {
+        Event {
+            id,
+            task_id,
+            kind,
+            created_at,
+            actor,
+            untrusted: kind.carries_worker_content(),
+            data,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -159,5 +192,28 @@ mod tests {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
             assert_eq!(EventType::parse(t.as_str()), Some(t));
         }
+    }
+
+    #[test]
+    fn worker_content_is_untrusted_and_nothing_else() {
+        let at = DateTime::<Utc>::UNIX_EPOCH;
+        for t in EventType::ALL {
+            let new = NewEvent {
+                kind: t,
+                actor: Actor::System,
+                data: serde_json::Value::Null,
+            };
+            let e = new.stored(1, Uuid::nil(), at);
+            assert_eq!(e.untrusted, t.carries_worker_content(), "{t:?}");
+        }
+        let photo = Event::new(
+            2,
+            Uuid::nil(),
+            EventType::WorkerPhoto,
+            at,
+            Actor::Worker,
+            serde_json::Value::Null,
+        );
+        assert!(photo.untrusted);
     }
 }

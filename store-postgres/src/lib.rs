@@ -1,4 +1,8 @@
-//! The PostgreSQL store: the production backend.
+//! The PostgreSQL store: the production backend. It holds SQL and what only
+//! PostgreSQL has (migrations, the LISTEN/NOTIFY listener, grouped creates,
+//! the one-statement conditional write, copies of the tasks it wrote); every
+//! decision is the engine's ([`meatspace_store::engine`]), whose default
+//! methods this store overrides to keep its fast paths.
 //!
 //! Row locks do the coordination. Every write of a task takes `FOR UPDATE`
 //! on its row before it appends events, so concurrent writers to one task
@@ -26,17 +30,28 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
-use super::pg_creates::{Creates, NewRow};
-use super::{
-    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Store,
-    StoreError, TaskVersions, Worker,
+use meatspace_domain::{
+    Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
+    TaskState,
 };
-use super::{Invite, Session};
-use crate::token::TokenHash;
-use crate::{
-    Actor, Command, Context, Decision, Event, EventType, Issue, IssueChange, IssueKind,
-    IssueStatus, Policy, Task, TaskState, decide,
+use meatspace_store::engine::{self, Conditional};
+use meatspace_store::token::TokenHash;
+use meatspace_store::{
+    Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
+    Session, Store, StoreError, TaskVersions, Worker, stored_event,
 };
+
+use crate::creates::{Creates, NewRow};
+
+mod creates;
+mod idempotency;
+mod requests;
+mod webhooks;
+
+/// The migrations of this backend, embedded at build time. sqlx records each
+/// one's checksum in the database and refuses to start when a file that
+/// ran has changed, so these files never change (see the test below).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
     published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
@@ -145,7 +160,7 @@ impl PgStore {
             })
             .connect(url)
             .await?;
-        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        MIGRATOR.run(&pool).await?;
         let probe = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(PROBE_TIMEOUT)
@@ -164,94 +179,6 @@ impl PgStore {
     /// The pool, for tests and tools that need raw SQL.
     pub fn pool(&self) -> &PgPool {
         &self.pool
-    }
-
-    /// One optimistic try of [`Store::apply`]: decides `command` on `task`
-    /// (read without a lock, or this store's copy) and writes the decision
-    /// with [`PgStore::write_in_one_statement`] if the task is still as
-    /// `task` shows it.
-    async fn try_write(
-        &self,
-        task: &Task,
-        command: &Command,
-        now: DateTime<Utc>,
-    ) -> Result<Try, StoreError> {
-        let decision = match decide(
-            task,
-            &Context::default(),
-            command.clone(),
-            now,
-            &self.policy,
-        ) {
-            Ok(decision) => decision,
-            Err(refusal) => return Ok(Try::Refused(refusal)),
-        };
-        if !fits_one_statement(&decision) {
-            return Ok(Try::NeedsLock);
-        }
-        let written = Self::write_in_one_statement(&self.pool, task, decision).await;
-        // Whatever the answer, the statement may have committed.
-        self.versions.bump(task.id);
-        match written {
-            Ok(Some(applied)) => {
-                self.known.wrote(&applied.task);
-                Ok(Try::Written(applied))
-            }
-            Ok(None) => {
-                self.known.forget(task.id);
-                Ok(Try::Changed)
-            }
-            Err(e) => {
-                self.known.forget(task.id);
-                Err(e)
-            }
-        }
-    }
-
-    /// [`Store::apply`] in one transaction that takes the task's row lock
-    /// before it reads the task (and the issue an answer refers to).
-    async fn apply_locked(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(task_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let task = task_from_row(&row)?;
-        let mut ctx = Context::default();
-        if let Command::RespondToIssue { issue_event_id, .. } = &command {
-            let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
-                .bind(issue_event_id)
-                .bind(task_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            ctx.issue = row.as_ref().map(issue_from_row).transpose()?;
-        }
-        let decision = match decide(&task, &ctx, command, now, &self.policy) {
-            Ok(decision) => decision,
-            Err(refusal) => {
-                // Release the row lock before answering: a dropped transaction
-                // is rolled back only later, in the background, when its
-                // connection returns to the pool, and until then other
-                // writers wait and `reconcile_due` skips the task.
-                tx.rollback().await?;
-                return Err(refusal.into());
-            }
-        };
-        self.known.forget(task_id);
-        let applied = Self::write(&mut tx, &task, decision).await?;
-        let committed = tx.commit().await;
-        self.versions.bump(task_id);
-        committed?;
-        self.known.wrote(&applied.task);
-        Ok(applied)
     }
 
     /// Writes `d`, decided on `before`, in the caller's transaction, which
@@ -303,15 +230,7 @@ impl PgStore {
             .bind(&e.data)
             .fetch_one(&mut **tx)
             .await?;
-            events.push(Event {
-                id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: now,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            });
+            events.push(e.stored(id, task.id, now));
         }
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
@@ -426,7 +345,7 @@ impl PgStore {
     ///    the notification is sent, each only if `lk` has its row.
     ///
     /// Why `(state, last_event_id)` is enough to tell "unchanged": every
-    /// decision [`decide`] accepts appends at least one event (each arm of
+    /// decision [`decide`](meatspace_domain::decide) accepts appends at least one event (each arm of
     /// its `match` pushes one or ends the task, which pushes one), every
     /// write of a task row (`write`, this statement, `write_reconciled`)
     /// sets `last_event_id` to the newest event it appended, and event ids
@@ -529,15 +448,7 @@ impl PgStore {
         let events: Vec<Event> = new_events
             .into_iter()
             .zip(ids)
-            .map(|(e, id)| Event {
-                id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: now,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            })
+            .map(|(e, id)| e.stored(id, task.id, now))
             .collect();
         if let Some(last) = events.last() {
             task.last_event_id = last.id;
@@ -645,15 +556,7 @@ impl PgStore {
                 .get(&task.id)
                 .ok_or_else(|| StoreError::Corrupt(format!("no event id for task {}", task.id)))?;
             task.last_event_id = id;
-            let event = Event {
-                id,
-                task_id: task.id,
-                kind: e.kind,
-                created_at: task.updated_at,
-                actor: e.actor,
-                untrusted: e.kind.carries_worker_content(),
-                data: e.data,
-            };
+            let event = e.stored(id, task.id, task.updated_at);
             out.push((
                 before.state,
                 Applied {
@@ -712,16 +615,263 @@ impl PgStore {
     }
 }
 
-/// What one optimistic try of [`Store::apply`] came to.
-enum Try {
-    /// The decision is written and committed.
-    Written(Applied),
-    /// [`decide`] refused the command on the task as the try saw it.
-    Refused(crate::Refusal),
-    /// Nothing was written: the task is no longer as the try saw it.
-    Changed,
-    /// The decision needs [`PgStore::write`]'s statements under the lock.
-    NeedsLock,
+/// The SQL of [`meatspace_store::engine`]'s command path, with PostgreSQL's
+/// faster overrides: the copies of tasks this store wrote ([`KnownTasks`]),
+/// and the one-statement conditional write.
+#[async_trait]
+impl engine::Backend for PgStore {
+    type Tx = Transaction<'static, Postgres>;
+
+    async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn lock_task(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+    ) -> Result<Option<Task>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(task_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    async fn read_issue(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        event_id: i64,
+    ) -> Result<Option<Issue>, StoreError> {
+        let row = sqlx::query("SELECT * FROM issues WHERE event_id = $1 AND task_id = $2")
+            .bind(event_id)
+            .bind(task_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        row.as_ref().map(issue_from_row).transpose()
+    }
+
+    async fn write_decision(
+        &self,
+        tx: &mut Self::Tx,
+        before: &Task,
+        decision: Decision,
+    ) -> Result<Applied, StoreError> {
+        self.known.forget(before.id);
+        Self::write(tx, before, decision).await
+    }
+
+    async fn insert_draft(
+        &self,
+        tx: &mut Self::Tx,
+        task: &Task,
+        agent_token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
+        )
+        .bind(task.id)
+        .bind(&task.description)
+        .bind(&agent_token_hash.0[..])
+        .bind(task.created_at)
+        .bind(task.expires_at)
+        .bind(task.next_deadline())
+        .execute(&mut **tx)
+        .await?;
+        notify(tx, task.id).await
+    }
+
+    async fn insert_webhook(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        url: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        crate::webhooks::insert(tx, task_id, url, now).await
+    }
+
+    async fn claim_request(
+        &self,
+        tx: &mut Self::Tx,
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
+        crate::requests::claim(tx, request).await
+    }
+
+    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
+        crate::requests::insert_task(tx, new, Some(new.expires_at)).await?;
+        notify(tx, new.id).await
+    }
+
+    async fn insert_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<bool, StoreError> {
+        crate::idempotency::insert_fresh(tx, claim).await
+    }
+
+    async fn lock_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<Option<meatspace_store::idempotency::IdempotencyRecord>, StoreError> {
+        crate::idempotency::lock(tx, claim).await
+    }
+
+    async fn take_idempotency_key(
+        &self,
+        tx: &mut Self::Tx,
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<(), StoreError> {
+        crate::idempotency::take(tx, claim).await
+    }
+
+    async fn insert_worker(
+        &self,
+        tx: &mut Self::Tx,
+        worker: &Worker,
+        token_hash: &TokenHash,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(worker.id)
+        .bind(&worker.name)
+        .bind(&token_hash.0[..])
+        .bind(worker.created_at)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn use_invite(
+        &self,
+        tx: &mut Self::Tx,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // The row lock of the UPDATE makes concurrent redemptions queue: the
+        // second sees used_at set and changes nothing.
+        let used = sqlx::query(
+            "UPDATE worker_invites SET used_at = $2, worker_id = $3 \
+             WHERE id = $1 AND used_at IS NULL AND expires_at > $2",
+        )
+        .bind(invite_id)
+        .bind(now)
+        .bind(worker_id)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        Ok(used == 1)
+    }
+
+    fn after_create(&self, task_id: Uuid, _committed: bool) {
+        // Whether or not the commit's answer arrived (see TaskVersions).
+        self.versions.bump(task_id);
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.rollback().await?)
+    }
+
+    fn after_commit(&self, task_id: Uuid, applied: Option<&Applied>) {
+        // Whether or not the commit answered, it may have committed.
+        self.versions.bump(task_id);
+        if let Some(applied) = applied {
+            self.known.wrote(&applied.task);
+        }
+    }
+
+    async fn lock_due(
+        &self,
+        tx: &mut Self::Tx,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline <= $1 \
+             ORDER BY next_deadline LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&mut **tx)
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    /// [`PgStore::write_reconciled`]: the whole batch in a fixed number of
+    /// statements.
+    async fn write_batch(
+        &self,
+        tx: &mut Self::Tx,
+        decided: Vec<(Task, Decision)>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Applied>, StoreError> {
+        Self::write_reconciled(tx, decided, now).await
+    }
+
+    fn after_batch_commit(&self, applied: &[Applied], _committed: bool) {
+        // Whether or not the commit answered, it may have committed; the
+        // copies are dropped (a reconciled task is rarely written next by
+        // this replica).
+        for a in applied {
+            self.versions.bump(a.task.id);
+            self.known.forget(a.task.id);
+        }
+    }
+
+    /// Photos and new issues never fit the one-statement write: deciding
+    /// them optimistically would only cost a read before the locked path.
+    fn writes_optimistically(&self, command: &Command) -> bool {
+        !matches!(command, Command::Photo { .. } | Command::RaiseIssue { .. })
+    }
+
+    fn unlocked_copy(&self, task_id: Uuid) -> Option<Task> {
+        self.known.get(task_id)
+    }
+
+    async fn read_unlocked(&self, task_id: Uuid) -> Result<Option<Task>, StoreError> {
+        self.task(task_id).await
+    }
+
+    /// [`PgStore::write_in_one_statement`], when the decision fits it.
+    async fn write_if_unchanged(
+        &self,
+        before: &Task,
+        decision: Decision,
+    ) -> Result<Conditional, StoreError> {
+        if !fits_one_statement(&decision) {
+            return Ok(Conditional::NeedsLock);
+        }
+        let written = Self::write_in_one_statement(&self.pool, before, decision).await;
+        // Whatever the answer, the statement may have committed.
+        self.versions.bump(before.id);
+        match written {
+            Ok(Some(applied)) => {
+                self.known.wrote(&applied.task);
+                Ok(Conditional::Written(applied))
+            }
+            Ok(None) => {
+                self.known.forget(before.id);
+                Ok(Conditional::Changed)
+            }
+            Err(e) => {
+                self.known.forget(before.id);
+                Err(e)
+            }
+        }
+    }
 }
 
 /// The tasks as this store last wrote them (non-terminal ones only), so
@@ -826,23 +976,6 @@ fn fits_one_statement(d: &Decision) -> bool {
             .all(|c| matches!(c, IssueChange::CloseAll { .. }))
 }
 
-/// Commands whose decision never [`fits_one_statement`] or that read more
-/// than the task row (`RespondToIssue` reads its issue): [`PgStore::apply`]
-/// runs them under the row lock straight away.
-fn needs_row_lock(command: &Command) -> bool {
-    matches!(
-        command,
-        Command::Photo { .. } | Command::RaiseIssue { .. } | Command::RespondToIssue { .. }
-    )
-}
-
-/// How often [`PgStore::apply`] reads, decides and tries the conditional
-/// write before it takes the row lock first instead. A write finds the task
-/// changed only when another writer of the same task committed in between,
-/// so a second or third try normally succeeds; the bound keeps a task that
-/// many writers hammer from starving one of them.
-const OPTIMISTIC_ATTEMPTS: usize = 3;
-
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
@@ -877,21 +1010,14 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
 }
 
 fn event_from_row(row: &PgRow) -> Result<Event, StoreError> {
-    let kind: &str = row.try_get("type")?;
-    let kind = EventType::parse(kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-    let actor: &str = row.try_get("actor")?;
-    let actor =
-        Actor::parse(actor).ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
-    Ok(Event {
-        id: row.try_get("id")?,
-        task_id: row.try_get("task_id")?,
-        kind,
-        created_at: row.try_get("created_at")?,
-        actor,
-        untrusted: kind.carries_worker_content(),
-        data: row.try_get("data")?,
-    })
+    stored_event(
+        row.try_get("id")?,
+        row.try_get("task_id")?,
+        row.try_get("type")?,
+        row.try_get("created_at")?,
+        row.try_get("actor")?,
+        row.try_get("data")?,
+    )
 }
 
 fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
@@ -920,47 +1046,14 @@ impl Store for PgStore {
         new: NewTask,
         webhook_url: &str,
     ) -> Result<Task, StoreError> {
-        // create_task's insert, plus the endpoint, in one transaction.
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
-        )
-        .bind(task.id)
-        .bind(&task.description)
-        .bind(&new.agent_token_hash.0[..])
-        .bind(task.created_at)
-        .bind(task.expires_at)
-        .bind(task.next_deadline())
-        .execute(&mut *tx)
-        .await?;
-        super::webhooks::pg_insert(&mut tx, task.id, webhook_url, task.created_at).await?;
-        notify(&mut tx, task.id).await?;
-        let committed = tx.commit().await;
-        self.versions.bump(task.id);
-        committed?;
-        Ok(task)
+        engine::create_task_with_webhook(self, new, webhook_url).await
     }
 
-    async fn webhook(&self, task_id: Uuid) -> Result<Option<super::Webhook>, StoreError> {
-        super::webhooks::pg_get(&self.pool, task_id).await
+    async fn webhook(
+        &self,
+        task_id: Uuid,
+    ) -> Result<Option<meatspace_store::webhooks::Webhook>, StoreError> {
+        crate::webhooks::get(&self.pool, task_id).await
     }
 
     async fn claim_due_webhooks(
@@ -968,28 +1061,28 @@ impl Store for PgStore {
         now: DateTime<Utc>,
         lease_until: DateTime<Utc>,
         limit: u32,
-    ) -> Result<Vec<super::DueWebhook>, StoreError> {
-        super::webhooks::pg_claim_due(&self.pool, now, lease_until, limit).await
+    ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
+        crate::webhooks::claim_due(&self.pool, now, lease_until, limit).await
     }
 
     async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        super::webhooks::pg_next_attempt(&self.pool).await
+        crate::webhooks::next_attempt(&self.pool).await
     }
 
     async fn record_webhook(
         &self,
         task_id: Uuid,
-        outcome: &super::WebhookOutcome,
+        outcome: &meatspace_store::webhooks::WebhookOutcome,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        super::webhooks::pg_record(&self.pool, task_id, outcome, now).await
+        crate::webhooks::record(&self.pool, task_id, outcome, now).await
     }
 
     async fn idempotency_begin(
         &self,
-        claim: &super::IdempotencyClaim,
-    ) -> Result<super::IdempotencyBegin, StoreError> {
-        super::idempotency::pg_begin(&self.pool, claim).await
+        claim: &meatspace_store::idempotency::IdempotencyClaim,
+    ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
+        engine::idempotency_begin(self, claim).await
     }
 
     async fn idempotency_complete(
@@ -999,11 +1092,11 @@ impl Store for PgStore {
         status: u16,
         response: &[u8],
     ) -> Result<(), StoreError> {
-        super::idempotency::pg_complete(&self.pool, scope, key, status, response).await
+        crate::idempotency::complete(&self.pool, scope, key, status, response).await
     }
 
     async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        super::idempotency::pg_release(&self.pool, scope, key).await
+        crate::idempotency::release(&self.pool, scope, key).await
     }
 
     async fn purge_idempotency_keys(
@@ -1011,7 +1104,7 @@ impl Store for PgStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        super::idempotency::pg_purge(&self.pool, before, limit).await
+        crate::idempotency::purge(&self.pool, before, limit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1025,29 +1118,13 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let task = Task {
-            id: new.id,
-            description: new.description,
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: new.created_at,
-            updated_at: new.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: new.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-        };
+        let (task, agent_token_hash) = new.into_draft();
         let created = self
             .creates
             .create(NewRow {
                 id: task.id,
                 description: task.description.clone(),
-                agent_token_hash: new.agent_token_hash,
+                agent_token_hash,
                 created_at: task.created_at,
                 expires_at: task.expires_at,
                 next_deadline: task.next_deadline(),
@@ -1083,7 +1160,7 @@ impl Store for PgStore {
     /// Two ways to the same result (see [`Store::apply`]'s contract):
     ///
     /// - **Optimistic** (most commands, two round trips, or one): read the
-    ///   task without a lock, [`decide`], and write with
+    ///   task without a lock, [`decide`](meatspace_domain::decide), and write with
     ///   [`PgStore::write_in_one_statement`], which locks the row first and
     ///   writes only if the task is still as read. If it is not (another
     ///   writer committed in between), nothing was written: read and decide
@@ -1094,9 +1171,12 @@ impl Store for PgStore {
     ///   of the task instead of reading it, when it has one
     ///   ([`KnownTasks`]); that try's refusals are no answer.
     /// - **Locking** (issues, photos, answers to issues, decisions that do
-    ///   more than append events and close issues, and after
-    ///   [`OPTIMISTIC_ATTEMPTS`] lost races): `BEGIN`, `SELECT … FOR
-    ///   UPDATE`, decide, write, `COMMIT`.
+    ///   more than append events and close issues, and after a few lost
+    ///   races): `BEGIN`, `SELECT … FOR UPDATE`, decide, write, `COMMIT`.
+    ///
+    /// The engine ([`meatspace_store::engine::apply`]) runs both and makes
+    /// every decision; this store provides the SQL (its
+    /// [`engine::Backend`] implementation, below).
     #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
@@ -1104,28 +1184,7 @@ impl Store for PgStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        if !needs_row_lock(&command) {
-            // First on the copy of the task this store last wrote, without
-            // reading it: the write checks it is still current. A refusal
-            // or a stale copy is no answer: the store is read next.
-            if let Some(copy) = self.known.get(task_id) {
-                match self.try_write(&copy, &command, now).await? {
-                    Try::Written(applied) => return Ok(applied),
-                    Try::Refused(_) | Try::Changed => {}
-                    Try::NeedsLock => return self.apply_locked(task_id, command, now).await,
-                }
-            }
-            for _ in 0..OPTIMISTIC_ATTEMPTS {
-                let task = self.task(task_id).await?.ok_or(StoreError::NotFound)?;
-                match self.try_write(&task, &command, now).await? {
-                    Try::Written(applied) => return Ok(applied),
-                    Try::Refused(refusal) => return Err(refusal.into()),
-                    Try::Changed => {}
-                    Try::NeedsLock => break,
-                }
-            }
-        }
-        self.apply_locked(task_id, command, now).await
+        engine::apply(self, task_id, command, now, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1176,21 +1235,14 @@ impl Store for PgStore {
             let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
                 continue;
             };
-            let kind: &str = row.try_get("type")?;
-            let kind = EventType::parse(kind)
-                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?;
-            let actor: &str = row.try_get("actor")?;
-            let actor = Actor::parse(actor)
-                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?;
-            events.push(Event {
+            events.push(stored_event(
                 id,
                 task_id,
-                kind,
-                created_at: row.try_get("created_at")?,
-                actor,
-                untrusted: kind.carries_worker_content(),
-                data: row.try_get("data")?,
-            });
+                row.try_get("type")?,
+                row.try_get("created_at")?,
+                row.try_get("actor")?,
+                row.try_get("data")?,
+            )?);
         }
         Ok(Some(FeedRead {
             agent_token_hash: TokenHash::from_slice(hash)
@@ -1330,39 +1382,7 @@ impl Store for PgStore {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Applied>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline <= $1 \
-             ORDER BY next_deadline LIMIT $2 FOR UPDATE SKIP LOCKED"
-        ))
-        .bind(now)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut decided = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let task = task_from_row(row)?;
-            match decide(
-                &task,
-                &Context::default(),
-                Command::Reconcile,
-                now,
-                &self.policy,
-            ) {
-                Ok(d) => decided.push((task, d)),
-                Err(refusal) => {
-                    tracing::warn!(task_id = %task.id, %refusal, "indexed deadline was not due");
-                }
-            }
-        }
-        let out = Self::write_reconciled(&mut tx, decided, now).await?;
-        let committed = tx.commit().await;
-        for a in &out {
-            self.versions.bump(a.task.id);
-            self.known.forget(a.task.id);
-        }
-        committed?;
-        Ok(out)
+        engine::reconcile_due(self, now, limit, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1546,38 +1566,12 @@ impl Store for PgStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Option<Worker>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(worker_id)
-        .bind(name)
-        .bind(&token_hash.0[..])
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        // The row lock of the UPDATE makes concurrent redemptions queue: the
-        // second sees used_at set and changes nothing.
-        let used = sqlx::query(
-            "UPDATE worker_invites SET used_at = $2, worker_id = $3 \
-             WHERE id = $1 AND used_at IS NULL AND expires_at > $2",
-        )
-        .bind(invite_id)
-        .bind(now)
-        .bind(worker_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if used != 1 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        tx.commit().await?;
-        Ok(Some(Worker {
+        let worker = Worker {
             id: worker_id,
             name: name.to_owned(),
             created_at: now,
-        }))
+        };
+        engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
 
     #[tracing::instrument(skip(self, secret_hash), err)]
@@ -1669,30 +1663,20 @@ impl Store for PgStore {
     async fn create_requested_task(
         &self,
         new: NewTask,
-        request: &super::TaskRequest,
-    ) -> Result<super::TaskRequest, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = super::requests::pg_claim(&mut tx, request).await?;
-        if row.task_id == new.id {
-            let next_deadline = Some(new.expires_at);
-            super::requests::pg_insert_task(&mut tx, &new, next_deadline).await?;
-            notify(&mut tx, new.id).await?;
-        }
-        let committed = tx.commit().await;
-        self.versions.bump(new.id);
-        committed?;
-        Ok(row)
+        request: &meatspace_store::requests::TaskRequest,
+    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
+        engine::create_requested_task(self, new, request).await
     }
 
     async fn task_request(
         &self,
         resource_uid: &str,
-    ) -> Result<Option<super::TaskRequest>, StoreError> {
-        super::requests::pg_get(&self.pool, resource_uid).await
+    ) -> Result<Option<meatspace_store::requests::TaskRequest>, StoreError> {
+        crate::requests::get(&self.pool, resource_uid).await
     }
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
-        super::requests::pg_requested_among(&self.pool, task_ids).await
+        crate::requests::requested_among(&self.pool, task_ids).await
     }
 }
 
@@ -1997,5 +1981,64 @@ mod tests {
             .expect("woken")
             .expect("no panic");
         assert_eq!(got, Some(Change::Gap));
+    }
+}
+
+/// Each migration's sqlx checksum (SHA-384 of the file) as it shipped: a
+/// database migrated by any earlier build records these, and refuses a build
+/// whose files differ. Adding a migration is fine; changing one is not.
+#[cfg(test)]
+mod migration_checksums {
+    const SHIPPED: &[(i64, &str)] = &[
+        (
+            1,
+            "6dc8bbc2cb035a514ee7fb4fc8a2dbbf8fe663b19ecde73d7683b53c00eb77d13248340589e91c8bbcfff1ac8fcb97b1",
+        ),
+        (
+            2,
+            "4a2adcc09218c9c46880b7c1e7236d00b9a2f3f7d3851a8ecf3df029634327e4ccf6d10b5137ac2145f7339a0477c6be",
+        ),
+        (
+            3,
+            "fb2a01eb41526a5e69fab836b1626ca0e7ecdd52e9b7c8b30c3507fd4b8db8300e9ec0279966ec1030809d9aa3e17146",
+        ),
+        (
+            4,
+            "5607c2d8627cc4bd4e9d1604e64385a8b42ddb4e3c411c2261717f66f439f131e025551d9f1b051265e03f50d19a79c8",
+        ),
+        (
+            5,
+            "37ba26be9d85b87156ae4ee3c569d1ca53f9efc9f59e804b582db0b2a398fa801b3b61f1ffff667833818e0dea0de139",
+        ),
+        (
+            20,
+            "6e214d49b4cd06a81f268cdb36765c267f4d33ff099d67b538ff34ab6cd2260c288a4b99a0441f910cb9715501ef1d12",
+        ),
+        (
+            21,
+            "7fc3216161a571141771943397e88e57474b04837259f6bc39c28040ced4288ac6c28138eb1dcf10975d3f0995707225",
+        ),
+        (
+            30,
+            "43a36da82f70da01f3abca40d06835e61e8c09363d36e73501b919670343882a8645ce8638d63e6218de6171462fe7ef",
+        ),
+    ];
+
+    #[test]
+    fn shipped_migrations_are_unchanged() {
+        let embedded: Vec<(i64, String)> = super::MIGRATOR
+            .iter()
+            .map(|m| {
+                let hex: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+                (m.version, hex)
+            })
+            .collect();
+        for (i, (version, checksum)) in SHIPPED.iter().enumerate() {
+            assert_eq!(
+                embedded.get(i).map(|(v, c)| (*v, c.as_str())),
+                Some((*version, *checksum)),
+                "migration {version} changed or went missing: a database it ran on will not start"
+            );
+        }
     }
 }

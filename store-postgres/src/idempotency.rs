@@ -1,0 +1,124 @@
+//! `Idempotency-Key` records in PostgreSQL: the SQL only. What a record
+//! means and how an existing one answers a claim is
+//! [`meatspace_store::idempotency`]'s.
+
+use chrono::{DateTime, Utc};
+use meatspace_store::StoreError;
+use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
+use sqlx::{PgPool, Row};
+
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// Inserts a fresh record unless the key has one (the conflicting insert
+/// waits for its writer to commit); true when it did.
+pub(crate) async fn insert_fresh(
+    tx: &mut Tx,
+    claim: &IdempotencyClaim,
+) -> Result<bool, StoreError> {
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) ON CONFLICT (scope, key) DO NOTHING",
+    )
+    .bind(&claim.scope[..])
+    .bind(&claim.key)
+    .bind(&claim.fingerprint[..])
+    .bind(claim.now)
+    .bind(claim.now + claim.lease)
+    .bind(claim.now + claim.ttl)
+    .execute(&mut **tx)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// The key's record, locked to judge and maybe take it over.
+pub(crate) async fn lock(
+    tx: &mut Tx,
+    claim: &IdempotencyClaim,
+) -> Result<Option<IdempotencyRecord>, StoreError> {
+    let row = sqlx::query(
+        "SELECT fingerprint, state, status, response, locked_until, expires_at \
+         FROM idempotency_keys WHERE scope = $1 AND key = $2 FOR UPDATE",
+    )
+    .bind(&claim.scope[..])
+    .bind(&claim.key)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(|row| {
+        Ok(IdempotencyRecord {
+            fingerprint: row.try_get("fingerprint")?,
+            state: row.try_get("state")?,
+            status: row.try_get("status")?,
+            response: row.try_get("response")?,
+            locked_until: row.try_get("locked_until")?,
+            expires_at: row.try_get("expires_at")?,
+        })
+    })
+    .transpose()
+}
+
+/// Writes the key as in flight for `claim`, over whatever record it had.
+pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) \
+         ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 'in_flight', \
+           status = NULL, response = NULL, created_at = EXCLUDED.created_at, \
+           locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at",
+    )
+    .bind(&claim.scope[..])
+    .bind(&claim.key)
+    .bind(&claim.fingerprint[..])
+    .bind(claim.now)
+    .bind(claim.now + claim.lease)
+    .bind(claim.now + claim.ttl)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn complete(
+    pool: &PgPool,
+    scope: &[u8; 32],
+    key: &str,
+    status: u16,
+    response: &[u8],
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE idempotency_keys SET state = 'done', status = $3, response = $4 \
+         WHERE scope = $1 AND key = $2",
+    )
+    .bind(&scope[..])
+    .bind(key)
+    .bind(i32::from(status))
+    .bind(response)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn release(pool: &PgPool, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND state = 'in_flight'",
+    )
+    .bind(&scope[..])
+    .bind(key)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn purge(
+    pool: &PgPool,
+    before: DateTime<Utc>,
+    limit: u32,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM idempotency_keys WHERE ctid IN \
+         (SELECT ctid FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2)",
+    )
+    .bind(before)
+    .bind(i64::from(limit))
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
