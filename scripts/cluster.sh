@@ -139,8 +139,8 @@ gen_certs() {
 b64() { base64 -w0 <"$1"; }
 kubeconfig() {  # NAME URL — DIR/NAME.kubeconfig from pki/NAME.{crt,key}
   local name=$1 url=$2
-  umask 077
-  cat >"$DIR/$name.kubeconfig" <<EOF
+  # Only this file is private: the cluster's processes inherit the umask.
+  (umask 077; cat >"$DIR/$name.kubeconfig") <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -357,7 +357,10 @@ state = "$DIR/containerd/state"
 [debug]
   level = "warn"
 [plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
+  # Not overlayfs: on this kernel a non-root process in a container cannot
+  # open the files of an overlay's lower layers (EACCES), so every pod that
+  # runs as non-root fails to load its libraries. native copies each layer.
+  snapshotter = "native"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "$PAUSE_IMAGE"
 [plugins.'io.containerd.cri.v1.runtime']
@@ -480,7 +483,7 @@ cmd_import() {
   local bin f
   bin=$(<"$dir/bin")
   for f in "$@"; do
-    "$bin/ctr" --address "$dir/containerd/containerd.sock" -n k8s.io images import "$f" >/dev/null \
+    "$bin/ctr" --address "$dir/containerd/containerd.sock" -n k8s.io images import --no-unpack "$f" >/dev/null \
       || die "ctr images import $f failed"
     log "imported $f"
   done

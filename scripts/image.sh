@@ -24,11 +24,15 @@
 #         postgresql.tar  meatspace-test/postgresql:<ver> the chart's bundled database, from this
 #                         machine's Debian PostgreSQL server binaries and their libraries,
 #                         with an entry point that reads POSTGRES_USER/DB/PASSWORD and PGDATA
-#                         like the official image
+#                         like the official image (and its stop signal, SIGINT: a fast
+#                         shutdown, which does not wait for the API's pooled connections)
 #       Prints the image references, one per line, as "NAME FILE".
 #
 # Environment:
 #   CARGO_TARGET_DIR       where the release build goes (default ./target)
+#   MEATSPACE_IMAGE_BINARIES  a directory with both binaries already built: no
+#                          cargo build (the revision label then says nothing
+#                          of where they came from)
 #   MEATSPACE_TOOLS_CACHE  cache root (default $HOME/.cache/meatspace-tools)
 set -euo pipefail
 
@@ -95,23 +99,27 @@ cmd_meatspace() {
   local out=$1 tag=${2:-}
   [[ -n $tag ]] || tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$ROOT/deploy/helm/meatspace/Chart.yaml")
   [[ -n $tag ]] || die "no tag given and no appVersion in Chart.yaml"
-  local target=${CARGO_TARGET_DIR:-$ROOT/target}
-  local start=$SECONDS
-  log "cargo build --release (target dir $target)"
-  (cd "$ROOT" && cargo build --release --locked --bin meatspace-api-server --bin meatspace-controller) \
-    || die "cargo build --release failed"
-  log "release build: $((SECONDS - start))s"
+  local bindir=${MEATSPACE_IMAGE_BINARIES:-}
+  if [[ -z $bindir ]]; then
+    local target=${CARGO_TARGET_DIR:-$ROOT/target}
+    local start=$SECONDS
+    log "cargo build --release (target dir $target)"
+    (cd "$ROOT" && cargo build --release --locked --bin meatspace-api-server --bin meatspace-controller) \
+      || die "cargo build --release failed"
+    log "release build: $((SECONDS - start))s"
+    bindir=$target/release
+  fi
 
   local rootfs=$WORK/rootfs b
   for b in meatspace-api-server meatspace-controller; do
-    [[ -x $target/release/$b ]] || die "$target/release/$b is missing"
-    install -D -m 0755 "$target/release/$b" "$rootfs/usr/local/bin/$b"
+    [[ -x $bindir/$b ]] || die "$bindir/$b is missing"
+    install -D -m 0755 "$bindir/$b" "$rootfs/usr/local/bin/$b"
   done
   # The libraries the binaries link, at their own paths.
   local lib
   while read -r lib; do
     [[ -e $rootfs$lib ]] || install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
-  done < <(ldd "$rootfs"/usr/local/bin/* | grep -oE '/[^ ]+' | sort -u)
+  done < <(ldd "$rootfs"/usr/local/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u)
   passwd_files "$rootfs" meatspace "$APP_UID" /var/lib/meatspace
   install -d -o "$APP_UID" -g "$APP_UID" -m 0750 "$rootfs/var/lib/meatspace"
   install -d -m 1777 "$rootfs/tmp"
@@ -120,6 +128,7 @@ cmd_meatspace() {
   rev=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
   [[ -z $(git -C "$ROOT" status --porcelain 2>/dev/null) ]] || dirty=-dirty
   commit "$rootfs" "meatspace:$tag" "$out" \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --env MEATSPACE_DATA_DIR=/var/lib/meatspace \
     --env MEATSPACE_LISTEN_ADDR=0.0.0.0:8080 \
     --env MEATSPACE_PUBLIC_URL=http://localhost:8080 \
@@ -235,7 +244,8 @@ build_postgresql() {
   install -d -m 1777 "$rootfs/tmp"
   commit "$rootfs" "meatspace-test/postgresql:$ver" "$out" \
     --env PATH=/usr/local/bin:/bin --env TZ=UTC --env LANG=C \
-    --user 70:70 --entrypoint '["/usr/local/bin/docker-entrypoint.sh"]' --cmd '[]' --port 5432
+    --user 70:70 --entrypoint '["/usr/local/bin/docker-entrypoint.sh"]' --cmd '[]' --port 5432 \
+    --stop-signal SIGINT
 }
 
 cmd_support() {
