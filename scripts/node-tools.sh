@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# node-tools.sh — build (from Go module sources) and cache the binaries of a
+# one-node Kubernetes cluster beyond what scripts/k8s-tools.sh builds for the
+# control plane: kubelet, kube-proxy, kube-scheduler, kube-controller-manager
+# (all from the same k8s.io/kubernetes module as the apiserver), CoreDNS, and
+# containerd 2.x with its runc shim and ctr (kubelet 1.36+ needs the CRI
+# RuntimeConfig call of containerd 2; Debian 12's containerd is 1.6) and
+# runc (Debian 12's runc 1.1.5 fails every pod sandbox containerd 2 asks
+# for: "can't get final child's PID from pipe: EOF"; built with cgo against
+# Debian's libseccomp-dev).
+#
+# Usage:   NODE_BIN=$(scripts/node-tools.sh | tail -1)
+#
+# Binaries are cached outside the repo, keyed by version:
+#   ${MEATSPACE_TOOLS_CACHE:-$HOME/.cache/meatspace-tools}/<name>-<version>/bin/<binary>
+# and a combined directory of symlinks to all of them (and to etcd,
+# kube-apiserver and helm from k8s-tools.sh) is printed as the LAST line of
+# stdout; progress goes to stderr. A second run only checks the cache.
+#
+# Environment: as scripts/k8s-tools.sh (MEATSPACE_TOOLS_CACHE, GO, MEATSPACE_TOOLS_NICE).
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# ---- pinned versions --------------------------------------------------------
+# KUBERNETES_VERSION is read from k8s-tools.sh: node and control plane agree.
+KUBERNETES_VERSION=$(sed -n 's/^KUBERNETES_VERSION=\(v[0-9.]*\).*/\1/p' "$SCRIPT_DIR/k8s-tools.sh")
+COREDNS_VERSION=v1.14.7        # github.com/coredns/coredns
+CONTAINERD_VERSION=v2.2.9      # github.com/containerd/containerd/v2 (2.2: long-term support)
+RUNC_VERSION=v1.4.4            # github.com/opencontainers/runc
+# ----------------------------------------------------------------------------
+[[ $KUBERNETES_VERSION == v1.* ]] || { echo "[node-tools] ERROR: no KUBERNETES_VERSION in k8s-tools.sh" >&2; exit 1; }
+
+CACHE_ROOT=${MEATSPACE_TOOLS_CACHE:-$HOME/.cache/meatspace-tools}
+NICE_LEVEL=${MEATSPACE_TOOLS_NICE:-10}
+
+log() { printf '[node-tools] %s\n' "$*" >&2; }
+die() { printf '[node-tools] ERROR: %s\n' "$*" >&2; exit 1; }
+
+K8S_NODE_BINS=(kubelet kube-proxy kube-scheduler kube-controller-manager)
+CONTAINERD_BINS=(containerd containerd-shim-runc-v2 ctr)
+k8s_dir="$CACHE_ROOT/kube-node-$KUBERNETES_VERSION/bin"
+coredns_bin="$CACHE_ROOT/coredns-$COREDNS_VERSION/bin/coredns"
+containerd_dir="$CACHE_ROOT/containerd-$CONTAINERD_VERSION/bin"
+runc_bin="$CACHE_ROOT/runc-$RUNC_VERSION/bin/runc"
+combined_dir="$CACHE_ROOT/toolset-node-k8s-$KUBERNETES_VERSION-coredns-$COREDNS_VERSION-containerd-$CONTAINERD_VERSION-runc-$RUNC_VERSION/bin"
+
+all_built() {
+  local b
+  for b in "${K8S_NODE_BINS[@]}"; do [[ -x $k8s_dir/$b ]] || return 1; done
+  for b in "${CONTAINERD_BINS[@]}"; do [[ -x $containerd_dir/$b ]] || return 1; done
+  [[ -x $coredns_bin && -x $runc_bin ]]
+}
+
+link_combined() {
+  local cp_bin=$1 b
+  mkdir -p "$combined_dir"
+  for b in "${K8S_NODE_BINS[@]}"; do ln -sfn "$k8s_dir/$b" "$combined_dir/$b"; done
+  for b in "${CONTAINERD_BINS[@]}"; do ln -sfn "$containerd_dir/$b" "$combined_dir/$b"; done
+  ln -sfn "$coredns_bin" "$combined_dir/coredns"
+  ln -sfn "$runc_bin" "$combined_dir/runc"
+  for b in etcd kube-apiserver helm; do ln -sfn "$(readlink -f "$cp_bin/$b")" "$combined_dir/$b"; done
+}
+
+# The control-plane binaries first (their own cache and lock).
+CP_BIN=$("$SCRIPT_DIR/k8s-tools.sh" | tail -n 1) || die "k8s-tools.sh failed"
+
+if all_built; then
+  [[ -L $combined_dir/kubelet && -L $combined_dir/coredns && -L $combined_dir/helm ]] || link_combined "$CP_BIN"
+  echo "$combined_dir"
+  exit 0
+fi
+
+find_go() {
+  if [[ -n ${GO:-} ]]; then echo "$GO"; return; fi
+  if command -v go >/dev/null 2>&1; then command -v go; return; fi
+  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
+  return 1
+}
+GO_CMD=$(find_go) || die "no Go toolchain found (set GO=/path/to/go)"
+log "using $GO_CMD ($("$GO_CMD" version))"
+export CGO_ENABLED=0
+export GOFLAGS="-mod=mod -buildvcs=false"
+
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.build-node.lock"
+flock 9
+
+WORK_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/meatspace-node-tools.XXXXXX")
+trap 'rm -rf "$WORK_ROOT"' EXIT
+gobuild() { nice -n "$NICE_LEVEL" "$GO_CMD" "$@"; }
+
+# ---- kubelet, kube-proxy, kube-scheduler, kube-controller-manager ------------
+# The same wrapper module as k8s-tools.sh's kube-apiserver: k8s.io/kubernetes
+# with every staging module mapped to its published v0.<minor>.<patch>.
+build_k8s_node() {
+  local ver=$KUBERNETES_VERSION
+  local staging_ver="v0.${ver#v1.}"
+  local minor=${ver#v1.}; minor=${minor%%.*}
+  local dir="$WORK_ROOT/kube-node" start=$SECONDS
+  mkdir -p "$dir/out"
+  log "building ${K8S_NODE_BINS[*]} $ver"
+  (
+    cd "$dir"
+    "$GO_CMD" mod init meatspace.local/tools/kube-node 2>/dev/null
+    "$GO_CMD" mod download -json "k8s.io/kubernetes@$ver" >"$dir/dl.json" \
+      || die "go mod download k8s.io/kubernetes@$ver failed"
+    local kmod
+    kmod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' "$dir/dl.json" | head -1)
+    [[ -f $kmod ]] || die "could not locate go.mod of k8s.io/kubernetes@$ver"
+    local staging
+    staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\)[[:space:]]*=>[[:space:]]*\./staging/.*#\1#p' "$kmod")
+    [[ -n $staging ]] || die "no staging replace directives found in $kmod"
+    {
+      echo
+      echo "require k8s.io/kubernetes $ver"
+      echo
+      echo "replace ("
+      local m
+      for m in $staging; do echo "	$m => $m $staging_ver"; done
+      echo ")"
+      echo
+      local b
+      for b in "${K8S_NODE_BINS[@]}"; do echo "tool k8s.io/kubernetes/cmd/$b"; done
+      sed -n 's/^godebug /godebug /p' "$kmod"
+    } >>go.mod
+    gobuild mod tidy || die "go mod tidy failed for the kube-node wrapper"
+    local ldflags="-s -w" kv pkg
+    for kv in "gitVersion=$ver" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
+              buildDate=1970-01-01T00:00:00Z; do
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $pkg.$kv"
+      done
+    done
+    local pkgs=() b
+    for b in "${K8S_NODE_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+    gobuild build -trimpath -ldflags="$ldflags" -o "$dir/out/" "${pkgs[@]}" \
+      || die "go build ${K8S_NODE_BINS[*]} failed"
+  )
+  mkdir -p "$k8s_dir"
+  local b
+  for b in "${K8S_NODE_BINS[@]}"; do
+    [[ -x $dir/out/$b ]] || die "build produced no $b"
+    mv -f "$dir/out/$b" "$k8s_dir/$b"
+  done
+  log "cached ${K8S_NODE_BINS[*]} in $k8s_dir ($((SECONDS - start))s)"
+}
+
+# ---- CoreDNS -------------------------------------------------------------------
+build_coredns() {
+  local ver=$COREDNS_VERSION dir="$WORK_ROOT/coredns" start=$SECONDS
+  mkdir -p "$dir"
+  log "building coredns $ver"
+  (
+    cd "$dir"
+    "$GO_CMD" mod init meatspace.local/tools/coredns 2>/dev/null
+    printf '\nrequire github.com/coredns/coredns %s\n\ntool github.com/coredns/coredns\n' "$ver" >>go.mod
+    gobuild mod tidy || die "go mod tidy failed for the coredns wrapper"
+    gobuild build -trimpath -ldflags="-s -w" -o "$dir/coredns" github.com/coredns/coredns \
+      || die "go build coredns failed"
+  )
+  [[ -x $dir/coredns ]] || die "build produced no coredns"
+  mkdir -p "$(dirname "$coredns_bin")"
+  mv -f "$dir/coredns" "$coredns_bin"
+  log "cached $coredns_bin ($((SECONDS - start))s)"
+}
+
+# ---- containerd 2 ----------------------------------------------------------------
+# Static, without the btrfs/devmapper/zfs snapshotters (overlayfs and native
+# are what the node uses).
+build_containerd() {
+  local ver=$CONTAINERD_VERSION dir="$WORK_ROOT/containerd" start=$SECONDS
+  local mod=github.com/containerd/containerd/v2
+  mkdir -p "$dir/out"
+  log "building ${CONTAINERD_BINS[*]} $ver"
+  (
+    cd "$dir"
+    "$GO_CMD" mod init meatspace.local/tools/containerd 2>/dev/null
+    {
+      printf '\nrequire %s %s\n\n' "$mod" "$ver"
+      local b
+      for b in "${CONTAINERD_BINS[@]}"; do echo "tool $mod/cmd/$b"; done
+    } >>go.mod
+    gobuild mod tidy || die "go mod tidy failed for the containerd wrapper"
+    local pkgs=() b
+    for b in "${CONTAINERD_BINS[@]}"; do pkgs+=("$mod/cmd/$b"); done
+    gobuild build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+      -ldflags="-s -w -X $mod/version.Version=$ver -X $mod/version.Package=$mod" \
+      -o "$dir/out/" "${pkgs[@]}" || die "go build containerd failed"
+  )
+  mkdir -p "$containerd_dir"
+  local b
+  for b in "${CONTAINERD_BINS[@]}"; do
+    [[ -x $dir/out/$b ]] || die "build produced no $b"
+    mv -f "$dir/out/$b" "$containerd_dir/$b"
+  done
+  log "cached ${CONTAINERD_BINS[*]} in $containerd_dir ($((SECONDS - start))s)"
+}
+
+# ---- runc ---------------------------------------------------------------------------
+build_runc() {
+  local ver=$RUNC_VERSION dir="$WORK_ROOT/runc" start=$SECONDS
+  mkdir -p "$dir"
+  [[ -f /usr/include/seccomp.h ]] || die "runc needs libseccomp's headers (apt-get install libseccomp-dev)"
+  log "building runc $ver"
+  (
+    cd "$dir"
+    "$GO_CMD" mod init meatspace.local/tools/runc 2>/dev/null
+    printf '\nrequire github.com/opencontainers/runc %s\n\ntool github.com/opencontainers/runc\n' "$ver" >>go.mod
+    gobuild mod tidy || die "go mod tidy failed for the runc wrapper"
+    CGO_ENABLED=1 gobuild build -trimpath -tags seccomp -ldflags="-s -w -X main.version=${ver#v}" \
+      -o "$dir/runc" github.com/opencontainers/runc || die "go build runc failed"
+  )
+  [[ -x $dir/runc ]] || die "build produced no runc"
+  mkdir -p "$(dirname "$runc_bin")"
+  mv -f "$dir/runc" "$runc_bin"
+  log "cached $runc_bin ($((SECONDS - start))s)"
+}
+
+[[ -x $runc_bin ]] || build_runc
+[[ -x $containerd_dir/containerd && -x $containerd_dir/ctr && -x $containerd_dir/containerd-shim-runc-v2 ]] || build_containerd
+[[ -x $coredns_bin ]] || build_coredns
+all_built || build_k8s_node
+
+"$k8s_dir/kubelet" --version >/dev/null || die "kubelet does not run"
+"$containerd_dir/containerd" --version >/dev/null || die "containerd does not run"
+"$coredns_bin" -version >/dev/null || die "coredns does not run"
+"$runc_bin" --version >/dev/null || die "runc does not run"
+link_combined "$CP_BIN"
+log "$("$k8s_dir/kubelet" --version); $("$containerd_dir/containerd" --version); $("$coredns_bin" -version | head -1)"
+echo "$combined_dir"
