@@ -12,10 +12,10 @@
 //! Work arrives three ways: the store's change stream (a task changed, so
 //! the cluster follows within moments), the watch (someone edited or
 //! deleted a resource), and a periodic full resync as a safety net. With
-//! leader election on, only the replica holding the Lease mirrors.
+//! leader election on, only the replica holding the Lease mirrors
+//! ([`crate::kubernetes`] runs it).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -27,37 +27,16 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use meatspace_core::{Change, Store, Task};
-use meatspace_crds::{MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired};
+use meatspace_crds::{
+    FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired,
+};
 use serde_json::json;
-use tokio::sync::watch;
 use tokio_util::time::{DelayQueue, delay_queue};
 use uuid::Uuid;
 
+use crate::Error;
 use crate::error::kube_call;
-use crate::leader::{self, LeaseSettings};
-use crate::requests::{self, RequestSettings};
-use crate::{Error, Shutdown};
-
-/// Field manager of every write, so server-side apply knows which fields
-/// the controller owns.
-pub const FIELD_MANAGER: &str = "meatspace-controller";
-
-/// Where and how to mirror.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MirrorSettings {
-    /// Namespace of the resources.
-    pub namespace: String,
-    /// Kubeconfig file; unset means the usual discovery (KUBECONFIG, then
-    /// the in-cluster service account).
-    pub kubeconfig: Option<PathBuf>,
-    /// Interval of the full resync.
-    pub resync_interval: Duration,
-    /// Lease to hold before mirroring; unset mirrors unconditionally.
-    pub lease: Option<LeaseSettings>,
-    /// Also turn requested resources (`spec.origin: Requested`) of the
-    /// namespace into tasks; unset leaves them alone.
-    pub requests: Option<RequestSettings>,
-}
+use crate::kubernetes::MirrorSettings;
 
 /// What the mirror must do for one task.
 #[derive(Debug, Clone, PartialEq)]
@@ -304,107 +283,8 @@ const MAX_OWN_WRITES: usize = 100_000;
 
 fn report(result: Result<(), Error>, what: &str) {
     if let Err(e) = result {
-        metrics::counter!("meatspace_reconcile_errors_total", "reconciler" => "mirror", "error" => e.metric_label())
-            .increment(1);
+        crate::metrics::failed("mirror", e.metric_label());
         tracing::warn!(error = %e, "mirror {what} failed");
-    }
-}
-
-/// Connects to the cluster named by `settings`.
-pub async fn client(settings: &MirrorSettings) -> Result<kube::Client, Error> {
-    let config = match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| Error::KubeConfig(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(|e| Error::KubeConfig(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::KubeConfig(e.to_string()))?,
-    };
-    Ok(kube::Client::try_from(config)?)
-}
-
-/// Mirrors tasks until shutdown (while leading, when a Lease is set).
-pub(crate) async fn run(store: Arc<dyn Store>, settings: MirrorSettings, mut shutdown: Shutdown) {
-    let client = loop {
-        match client(&settings).await {
-            Ok(c) => break c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot reach the cluster; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
-                    () = shutdown.requested() => return,
-                }
-            }
-        }
-    };
-    let (leading_tx, mut leading) = watch::channel(settings.lease.is_none());
-    // The elector lives exactly as long as this function: aborted with it
-    // if it is dropped, awaited on shutdown so that it can release the
-    // Lease before the process exits (a successor then need not wait the
-    // Lease out). Without a Lease this replica always leads, and the
-    // sender stays here so that `leading` keeps its value.
-    let (elector, _always_leading) = match settings.lease.clone() {
-        Some(lease) => {
-            let elector = leader::run(client.clone(), lease, leading_tx, shutdown.clone());
-            (Some(Elector(tokio::spawn(elector))), None)
-        }
-        None => (None, Some(leading_tx)),
-    };
-    while !shutdown.is_requested() {
-        tokio::select! {
-            led = leading.wait_for(|l| *l) => if led.is_err() {
-                // Only a panic ends the elector before shutdown.
-                tracing::error!("the leader elector stopped: mirroring ends");
-                break;
-            },
-            () = shutdown.requested() => break,
-        }
-        tracing::info!(namespace = %settings.namespace, "mirroring tasks");
-        let lost = async {
-            let _ = leading.wait_for(|l| !*l).await;
-        };
-        let requested = async {
-            match settings.requests.clone() {
-                Some(r) => {
-                    let identity = settings
-                        .lease
-                        .as_ref()
-                        .map_or_else(|| FIELD_MANAGER.to_owned(), |l| l.identity.clone());
-                    let namespace = settings.namespace.clone();
-                    requests::run(store.clone(), client.clone(), namespace, r, identity).await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = mirror(store.clone(), client.clone(), &settings) => {}
-            () = requested => {}
-            () = lost => tracing::info!("lost the lease: mirroring stops"),
-            () = shutdown.requested() => {}
-        }
-    }
-    if let Some(mut elector) = elector
-        && tokio::time::timeout(Duration::from_secs(5), &mut elector.0)
-            .await
-            .is_err()
-    {
-        tracing::warn!("the leader elector did not release the Lease within 5s");
-    }
-}
-
-/// The leader elector's task; aborted when dropped.
-struct Elector(tokio::task::JoinHandle<()>);
-
-impl Drop for Elector {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -473,7 +353,7 @@ impl Retries {
 }
 
 /// The mirror loop proper; runs until cancelled.
-async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSettings) {
+pub(crate) async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSettings) {
     let api: Api<MeatspaceTask> = Api::namespaced(client, &settings.namespace);
     let (cache, writer) = reflector::store();
     let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
@@ -493,7 +373,7 @@ async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSe
     // The store's changes; `None` while (re)subscribing, which is retried
     // with backoff and followed by a resync (changes may have been missed).
     let mut changes: Option<BoxStream<'static, Change>> = None;
-    let mut subscribe_backoff = crate::expiry::Backoff::default();
+    let mut subscribe_backoff = crate::backoff::Backoff::default();
     let mut subscribe_at = tokio::time::Instant::now();
     let mut retries = Retries::default();
     let mut resync = tokio::time::interval(settings.resync_interval);

@@ -20,7 +20,7 @@ use chrono::TimeDelta;
 use meatspace_core::{Store, clock};
 use tracing::Instrument;
 
-use crate::expiry::Backoff;
+use crate::backoff::Backoff;
 use crate::{ControllerConfig, Error, Shutdown, metrics};
 
 const NAME: &str = "retention";
@@ -59,7 +59,7 @@ impl Retention {
                     }
                 }
                 Err(e) => {
-                    metrics::failed(NAME, &e);
+                    metrics::failed(NAME, e.metric_label());
                     tracing::warn!(error = %e, "deleting old terminal tasks failed; retrying");
                     backoff.wait(&mut shutdown).await;
                 }

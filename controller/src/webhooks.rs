@@ -55,7 +55,7 @@ use rand::Rng;
 use reqwest::Url;
 use tracing::Instrument;
 
-use crate::expiry::Backoff;
+use crate::backoff::Backoff;
 use crate::{Error, Shutdown, metrics};
 
 const NAME: &str = "webhooks";
@@ -331,7 +331,7 @@ impl Webhooks {
                 Ok(true) => continue,
                 Ok(false) => backoff.reset(),
                 Err(e) => {
-                    metrics::failed(NAME, &e);
+                    metrics::failed(NAME, e.metric_label());
                     tracing::warn!(error = %e, "webhook delivery pass failed; retrying");
                     backoff.wait(&mut shutdown).await;
                     continue;

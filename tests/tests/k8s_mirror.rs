@@ -27,14 +27,15 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_controller::leader::LeaseSettings;
-use meatspace_controller::mirror::{FIELD_MANAGER, MirrorSettings};
 use meatspace_controller::telemetry::LogFormat;
 use meatspace_core::store::NewTask;
 use meatspace_core::token::{TokenHash, generate};
 use meatspace_core::{Command, Policy, Store, Task};
 use meatspace_crds::{
-    MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskSpec, desired, resource_name,
+    FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskSpec, desired,
+    resource_name,
 };
 use meatspace_tests::k8s::{
     ControllerIdentity, admin_client, counter, create_namespace, drop_namespace, install_crd,

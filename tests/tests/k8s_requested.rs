@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
-use meatspace_controller::mirror::MirrorSettings;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_controller::requests::RequestSettings;
 use meatspace_core::TaskState;
 use meatspace_crds::MeatspaceTask;
