@@ -4,6 +4,8 @@
 //! to the test executable (`scripts/test` builds them before the tests);
 //! [`ServerProcess`] runs one listening on a free port of 127.0.0.1 with
 //! its log in a file, and is killed if the test ends without stopping it.
+//! The API server's tests and the controller's (`controller_support`) use
+//! this one helper.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -32,19 +34,50 @@ impl Binary {
         }
     }
 
-    /// Its path: target/<profile>/<name>, next to the test binary's deps/.
+    /// The variable that may name another build of it.
+    fn path_env(self) -> &'static str {
+        match self {
+            Binary::ApiServer => "MEATSPACE_API_SERVER_BIN",
+            Binary::Controller => "MEATSPACE_CONTROLLER_BIN",
+        }
+    }
+
+    /// How long it may take to answer `/readyz` after starting.
+    fn ready_within(self) -> Duration {
+        match self {
+            Binary::ApiServer => Duration::from_secs(60),
+            Binary::Controller => Duration::from_secs(30),
+        }
+    }
+
+    /// How long a graceful stop (SIGTERM) may take: the controller only
+    /// finishes the batch it is writing, the API server drains requests.
+    fn stop_within(self) -> Duration {
+        match self {
+            Binary::ApiServer => Duration::from_secs(30),
+            Binary::Controller => Duration::from_secs(15),
+        }
+    }
+
+    /// Its path: the variable [`Self::path_env`] if set, else
+    /// target/<profile>/<name>, next to the test binary's deps/.
     pub fn path(self) -> PathBuf {
-        let exe = std::env::current_exe().expect("test binary path");
-        let path = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target directory")
-            .join(self.name());
+        let path = match std::env::var_os(self.path_env()) {
+            Some(p) => PathBuf::from(p),
+            None => {
+                let exe = std::env::current_exe().expect("test binary path");
+                exe.parent()
+                    .and_then(|deps| deps.parent())
+                    .expect("target directory")
+                    .join(self.name())
+            }
+        };
         assert!(
             path.is_file(),
             "{} does not exist: build the binaries first (`cargo build --workspace --bins`, \
-             which scripts/test runs)",
-            path.display()
+             which scripts/test runs), or set {}",
+            path.display(),
+            self.path_env()
         );
         path
     }
@@ -61,6 +94,7 @@ pub fn free_port() -> u16 {
 /// A running binary.
 #[derive(Debug)]
 pub struct ServerProcess {
+    binary: Binary,
     child: tokio::process::Child,
     /// `host:port` it listens on.
     pub addr: String,
@@ -98,6 +132,7 @@ impl ServerProcess {
             .spawn()
             .expect("start the binary");
         ServerProcess {
+            binary,
             child,
             addr,
             metrics_addr,
@@ -120,10 +155,30 @@ impl ServerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits (up to a minute) until `/readyz` answers 200.
+    /// GET `path`: the status and the body.
+    pub async fn get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
+        let r = reqwest::get(self.url(path)).await?;
+        let status = r.status().as_u16();
+        Ok((status, r.text().await?))
+    }
+
+    /// The value of a counter (summed over its label sets) from the
+    /// controller's `/metrics`.
+    pub async fn counter(&self, name: &str) -> f64 {
+        let (status, body) = self.get("/metrics").await.expect("scrape /metrics");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until `/readyz` answers 200 (a minute for the API server,
+    /// 30 s for the controller).
     pub async fn ready(&mut self) {
         let client = reqwest::Client::new();
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        let within = self.binary.ready_within();
+        let give_up = tokio::time::Instant::now() + within;
         loop {
             if let Ok(r) = client.get(self.url("/readyz")).send().await
                 && r.status().is_success()
@@ -131,11 +186,16 @@ impl ServerProcess {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the process exited with {status}:\n{}", self.logs());
+                panic!(
+                    "{} exited with {status}:\n{}",
+                    self.binary.name(),
+                    self.logs()
+                );
             }
             assert!(
                 tokio::time::Instant::now() < give_up,
-                "not ready after a minute:\n{}",
+                "{} not ready after {within:?}:\n{}",
+                self.binary.name(),
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -147,7 +207,8 @@ impl ServerProcess {
         self.child.kill().await.expect("kill -9");
     }
 
-    /// SIGTERM, then waits for the exit; returns whether it exited 0 within 30 s.
+    /// SIGTERM, then waits for the exit; returns whether it exited 0 in
+    /// time (30 s for the API server, 15 s for the controller).
     pub async fn terminate(&mut self) -> bool {
         let pid = self.child.id().expect("still running").to_string();
         let sent = std::process::Command::new("kill")
@@ -155,7 +216,7 @@ impl ServerProcess {
             .status()
             .expect("run kill");
         assert!(sent.success());
-        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+        match tokio::time::timeout(self.binary.stop_within(), self.child.wait()).await {
             Ok(Ok(status)) => status.success(),
             _ => false,
         }

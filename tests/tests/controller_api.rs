@@ -33,7 +33,7 @@ impl Controller {
         match server.backend {
             Db::Sqlite => Controller::InProcess(InProcess::start(&server.store, config())),
             Db::Postgres => {
-                let mut p = Process::start(&server.db.url, &[]);
+                let mut p = controller_process(&server.db.url, &[]);
                 p.ready().await;
                 Controller::Binary(Box::new(p))
             }
