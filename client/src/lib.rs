@@ -25,6 +25,7 @@ mod error;
 mod feed;
 mod http;
 mod sse;
+pub mod state;
 mod task;
 pub mod types;
 mod worker;

@@ -1,7 +1,8 @@
 //! The backend of the stdio transport: the meatspace HTTP API, with each
 //! task's agent token, cursor and last known state kept in a
-//! [`StateDir`], so tools name tasks by id only and no result carries a
-//! token.
+//! [`StateDir`] (the CLI's state directory, so either tool can follow a
+//! task the other created), so tools name tasks by id only and no result
+//! carries a token.
 //!
 //! The cursor obligation: wait_for_events returns events without moving
 //! the stored cursor; a later call that passes `cursor` acknowledges the
@@ -24,6 +25,7 @@ use crate::tools::DEV_KEY_HEADER;
 use crate::types::{
     ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskState, TaskSummary, TaskView,
 };
+use serde_json::Value;
 
 /// Path of the extension route; its presence in the server's OpenAPI
 /// document turns on extend_task.
@@ -118,28 +120,32 @@ impl RemoteApi {
             })
     }
 
-    /// Applies `change` to the stored record of `task_id`.
-    async fn update(
-        &self,
-        task_id: uuid::Uuid,
-        change: impl FnOnce(&mut TaskRecord),
-    ) -> Result<(), Problem> {
+    /// Stores the task as the API just returned it (JSON).
+    async fn note_task(&self, task: &Value) -> Result<(), Problem> {
         let _guard = self.records.lock().await;
-        let mut record = self.record(task_id)?;
-        let before = record.clone();
-        change(&mut record);
-        if record != before {
-            self.state.save(&record).map_err(state_problem)?;
-        }
-        Ok(())
+        self.state
+            .note_task(&self.base_url, task)
+            .map_err(state_problem)
     }
 
     async fn note_state(&self, task_id: uuid::Uuid, state: TaskState) -> Result<(), Problem> {
-        self.update(task_id, |r| r.last_known_state = state).await
+        let _guard = self.records.lock().await;
+        self.state.note_state(task_id, state).map_err(state_problem)
     }
 }
 
-fn state_problem(e: std::io::Error) -> Problem {
+/// The API's answer, read as the tools' type.
+fn parse<T: DeserializeOwned>(value: Value) -> Result<T, Problem> {
+    serde_json::from_value(value).map_err(|e| {
+        Problem::local(
+            502,
+            "bad-answer",
+            format!("the API's answer was not understood: {e}"),
+        )
+    })
+}
+
+fn state_problem(e: impl std::fmt::Display) -> Problem {
     Problem::local(
         500,
         "state-directory",
@@ -206,17 +212,12 @@ impl AgentApi for RemoteApi {
         if let Some(key) = &self.dev_key {
             req = req.header(DEV_KEY_HEADER, key);
         }
-        let created: ApiCreated = send(req).await?;
+        let answer: Value = send(req).await?;
+        let created: ApiCreated = parse(answer.clone())?;
         // Kept before the result is returned: the token is shown only once.
         let _guard = self.records.lock().await;
         self.state
-            .save(&TaskRecord {
-                task_id: created.task.id,
-                agent_token: created.agent_token.clone(),
-                cursor: 0,
-                last_known_state: created.task.state,
-                description: created.task.description.clone(),
-            })
+            .save_created(&self.base_url, &answer)
             .map_err(state_problem)?;
         Ok(created)
     }
@@ -229,13 +230,13 @@ impl AgentApi for RemoteApi {
 
     async fn get_task(&self, task: &LocalTaskRef) -> Result<TaskView, Problem> {
         let record = self.record(task.task_id)?;
-        let view: TaskView = send(
+        let answer: Value = send(
             self.request(Method::GET, &format!("/api/v1/tasks/{}", task.task_id))
                 .bearer_auth(&record.agent_token),
         )
         .await?;
-        self.note_state(task.task_id, view.state).await?;
-        Ok(view)
+        self.note_task(&answer).await?;
+        parse(answer)
     }
 
     async fn act(&self, task: &LocalTaskRef, action: Action) -> Result<ApiTaskChange, Problem> {
@@ -263,8 +264,9 @@ impl AgentApi for RemoteApi {
         if let Some(body) = body {
             req = req.json(&body);
         }
-        let change: ApiTaskChange = send(req).await?;
-        self.note_state(id, change.task.state).await?;
+        let answer: Value = send(req).await?;
+        let change: ApiTaskChange = parse(answer.clone())?;
+        self.note_task(&answer["task"]).await?;
         Ok(change)
     }
 
@@ -281,7 +283,8 @@ impl AgentApi for RemoteApi {
         // (never moving backwards), after they were returned by an earlier
         // call.
         if let Some(ack) = cursor.filter(|c| *c > record.cursor) {
-            self.update(id, |r| r.cursor = r.cursor.max(ack)).await?;
+            let _guard = self.records.lock().await;
+            self.state.acknowledge(id, ack).map_err(state_problem)?;
         }
         let after = cursor.unwrap_or(record.cursor);
         // A restarting or overloaded server is waited out, within the call's
