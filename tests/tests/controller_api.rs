@@ -15,6 +15,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 meatspace_tests::api_tests!(
     an_agent_sees_its_task_expire_in_the_feed_within_a_second,

@@ -14,6 +14,7 @@ use meatspace_tests::{Db, POSTGRES_ENV, TestDb};
 use sqlx::Connection;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(probes_metrics_and_graceful_shutdown);
 

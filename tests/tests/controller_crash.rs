@@ -14,6 +14,7 @@ use sqlx::Connection;
 use uuid::Uuid;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(a_controller_killed_mid_sweep_leaves_the_store_consistent);
 

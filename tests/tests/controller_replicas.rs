@@ -11,6 +11,7 @@ use meatspace_core::{EventType, Policy, TaskState, clock};
 use meatspace_tests::{Db, TestDb};
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 const TASKS: usize = 3000;
 

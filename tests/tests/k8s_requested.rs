@@ -37,7 +37,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use controller_support::{InProcess, eventually, median_and_max};
+use controller_support::{InProcess, median_and_max};
+use meatspace_tests::eventually;
 
 /// Generous bound for anything the controller must do (a busy 2-core machine).
 const PATIENCE: Duration = Duration::from_secs(60);

@@ -22,21 +22,13 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 /// Runs an async test body against PostgreSQL and against SQLite, as
-/// `name::postgres` and `name::sqlite`.
+/// `postgres::name` and `sqlite::name` (the suite's one scheme,
+/// [`meatspace_tests::api_tests`]) on two worker threads.
 #[macro_export]
 macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(meatspace_tests::Db::Postgres).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(meatspace_tests::Db::Sqlite).await
-            }
-        }
-    )*};
+    ($($name:ident),* $(,)?) => {
+        meatspace_tests::api_tests!(threads = 2; $($name),*);
+    };
 }
 
 /// A draft task whose lifetime ends at `expires_at`.
@@ -120,25 +112,6 @@ pub async fn task(store: &Arc<dyn Store>, id: Uuid) -> Task {
         .await
         .expect("read task")
         .expect("task exists")
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, failing after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let give_up = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Moves a task's end (and creation) `days` into the past, straight in the
