@@ -8,9 +8,11 @@
 //! atomic (see [`meatspace_client::state`]).
 //!
 //! Earlier versions kept their own layout under `mcp/tasks/` of the same
-//! root. Those records are still read, so an upgrade loses no token; a
-//! record found only there moves to the shared layout the first time the
-//! API returns its task (the shared record needs the whole task).
+//! root (under `tasks/` of the root when `meatspace-mcp-stdio` was given
+//! `--state-dir`: [`StateDir::open`] moves those to `mcp/tasks/`). Those
+//! records are still read, so an upgrade loses no token; a record found
+//! only there moves to the shared layout the first time the API returns
+//! its task (the shared record needs the whole task).
 
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::Write;
@@ -72,11 +74,35 @@ pub struct StateDir {
 
 impl StateDir {
     /// Opens the directory at `root` (created 0700 on the first write).
+    /// Records of the old layout in `tasks/` (where the shared layout now
+    /// lives) are moved aside to `mcp/tasks/`, where they are read.
     pub fn open(root: &Path) -> Result<Self, StateError> {
-        Ok(StateDir {
+        let dir = StateDir {
             shared: state::StateDir::resolve(Some(root.to_owned()))?,
             legacy: root.join("mcp").join("tasks"),
-        })
+        };
+        let tasks = root.join("tasks");
+        let entries = match fs::read_dir(&tasks) {
+            Ok(entries) => entries.collect::<Vec<_>>(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io_error("read", &tasks, e)),
+        };
+        for entry in entries {
+            let path = entry.map_err(|e| io_error("read", &tasks, e))?.path();
+            let old = fs::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<TaskRecord>(&bytes).ok());
+            if let Some(old) = old {
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&dir.legacy)
+                    .map_err(|e| io_error("create", &dir.legacy, e))?;
+                let to = dir.legacy_path(old.task_id);
+                fs::rename(&path, &to).map_err(|e| io_error("move", &path, e))?;
+            }
+        }
+        Ok(dir)
     }
 
     /// The default location, the CLI's: `$MEATSPACE_STATE_DIR`, else
@@ -311,6 +337,16 @@ mod tests {
         assert!(!format!("{ours:?}").contains("mst_x"));
     }
 
+    fn old_record(token: &str) -> TaskRecord {
+        TaskRecord {
+            task_id: Uuid::new_v4(),
+            agent_token: token.into(),
+            cursor: 4,
+            last_known_state: TaskState::Open,
+            description: "fetch milk".into(),
+        }
+    }
+
     #[test]
     fn records_of_the_old_layout_are_read_and_moved() {
         let root = tempfile::tempdir().unwrap();
@@ -341,5 +377,18 @@ mod tests {
         let moved = cli.task(id).unwrap();
         assert_eq!((moved.agent_token.as_str(), moved.cursor), ("mst_old", 6));
         assert_eq!(dir.list().unwrap().len(), 1);
+        // A record of the old layout written straight under `tasks/` (the
+        // standalone binary with --state-dir) is moved aside and read, and
+        // the CLI's listing is not broken by it.
+        let other = old_record("mst_other");
+        write_private(
+            &root.path().join(format!("tasks/{}.json", other.task_id)),
+            &other,
+        )
+        .unwrap();
+        let dir = StateDir::open(root.path()).unwrap();
+        assert_eq!(dir.load(other.task_id).unwrap(), Some(other.clone()));
+        assert_eq!(dir.list().unwrap().len(), 2);
+        assert_eq!(cli.tasks().unwrap().len(), 1);
     }
 }
