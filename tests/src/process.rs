@@ -3,12 +3,15 @@
 //! [`Binary`] names a binary that `cargo build --workspace --bins` put next
 //! to the test executable (`scripts/test` builds them before the tests);
 //! [`ServerProcess`] runs one listening on a free port of 127.0.0.1 with
-//! its log in a file, and is killed if the test ends without stopping it.
+//! its log in a file, and is killed if the test ends without stopping it;
+//! [`ServerProcess::start_in`] runs it the way a user does instead, in a
+//! directory and on an address of the test's choosing (so a restart comes
+//! back where clients look for it, over the same `.meatspace/` data).
 //! The API server's tests and the controller's (`controller_support`) use
 //! this one helper.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 /// A binary of this workspace.
@@ -101,32 +104,60 @@ pub struct ServerProcess {
     /// `host:port` of the API server's metrics listener (`None` for the
     /// controller, which serves `/metrics` on `addr`).
     pub metrics_addr: Option<String>,
+    /// Its stdout (the API server prints the dev key there).
+    stdout: PathBuf,
+    /// Its stderr: logs and start-up errors.
     log: PathBuf,
-    _dir: tempfile::TempDir,
+    /// The working directory [`Self::start`] made, removed with it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl ServerProcess {
-    /// Starts `binary` with only `env` (and its listen address) set.
+    /// Starts `binary` in a fresh directory on a free port, with only
+    /// `env` (and its listen address) set.
     pub fn start(binary: Binary, env: &[(&str, &str)]) -> ServerProcess {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let log = dir.path().join("process.log");
         let addr = format!("127.0.0.1:{}", free_port());
+        let mut process = ServerProcess::start_in(binary, dir.path(), "process", &addr, env);
+        process._dir = Some(dir);
+        process
+    }
+
+    /// Starts `binary` in `dir` listening on `addr`, with only `env` set
+    /// (plus RUST_LOG and PATH); `name` tells the output files
+    /// (`name.stdout`, `name.stderr`) of several runs in `dir` apart.
+    pub fn start_in(
+        binary: Binary,
+        dir: &Path,
+        name: &str,
+        addr: &str,
+        env: &[(&str, &str)],
+    ) -> ServerProcess {
+        let stdout = dir.join(format!("{name}.stdout"));
+        let log = dir.join(format!("{name}.stderr"));
         let mut command = tokio::process::Command::new(binary.path());
-        command.env_clear();
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         // The metrics listener's default port would be shared by every
         // API server of the suite.
         let metrics_addr = (binary == Binary::ApiServer).then(|| {
-            let metrics_addr = format!("127.0.0.1:{}", free_port());
-            command.env("MEATSPACE_METRICS_LISTEN_ADDR", &metrics_addr);
-            metrics_addr
+            env.iter()
+                .find(|(k, _)| *k == "MEATSPACE_METRICS_LISTEN_ADDR")
+                .map(|(_, v)| (*v).to_owned())
+                .unwrap_or_else(|| {
+                    let metrics_addr = format!("127.0.0.1:{}", free_port());
+                    command.env("MEATSPACE_METRICS_LISTEN_ADDR", &metrics_addr);
+                    metrics_addr
+                })
         });
         let child = command
-            .env(binary.listen_env(), &addr)
+            .env(binary.listen_env(), addr)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
-            .current_dir(dir.path())
+            .current_dir(dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(&log).expect("log file"))
             .kill_on_drop(true)
             .spawn()
@@ -134,11 +165,47 @@ impl ServerProcess {
         ServerProcess {
             binary,
             child,
-            addr,
+            addr: addr.to_owned(),
             metrics_addr,
+            stdout,
             log,
-            _dir: dir,
+            _dir: None,
         }
+    }
+
+    /// What it has printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// What it has logged (stderr) so far; the same as [`Self::logs`].
+    pub fn stderr(&self) -> String {
+        self.logs()
+    }
+
+    /// The dev key the API server printed on stdout.
+    pub fn printed_dev_key(&self) -> Option<String> {
+        self.stdout()
+            .lines()
+            .find(|l| l.starts_with("meatspace dev key"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    }
+
+    /// Waits for a binary that must refuse to start to exit (within the
+    /// time it has to become ready).
+    pub async fn exit(&mut self) -> ExitStatus {
+        let within = self.binary.ready_within();
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} still running after {within:?}:\n{}",
+                    self.binary.name(),
+                    self.logs()
+                )
+            })
+            .expect("wait for the binary")
     }
 
     /// `http://host:port`.
@@ -187,8 +254,9 @@ impl ServerProcess {
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(
-                    "{} exited with {status}:\n{}",
+                    "{} exited with {status}:\n{}\n{}",
                     self.binary.name(),
+                    self.stdout(),
                     self.logs()
                 );
             }
