@@ -4,7 +4,8 @@
 //!
 //! The store is the authority. The mirror keeps a watch-fed cache of the
 //! resources it manages and, for each task, compares what the cluster has
-//! with [`desired`] (a pure function of the task): a differing spec or
+//! (the cache, or the resource as the mirror's own last write left it while
+//! the watch has not announced that write yet) with [`desired`] (a pure function of the task): a differing spec or
 //! status is written back with server-side apply under one field manager
 //! (reverting hand edits), a missing resource is recreated, a resource whose
 //! task is gone (retention) is deleted. An unchanged task costs no request.
@@ -97,18 +98,41 @@ struct Mirror {
     api: Api<MeatspaceTask>,
     namespace: String,
     cache: reflector::Store<MeatspaceTask>,
-    /// (name, resourceVersion) of every object state our own writes
-    /// produced whose watch event has not arrived yet. Such an event needs
-    /// no reconcile: the state is what we wrote (task changes arrive through
-    /// the store), and reconciling the state between our spec and our
-    /// status write would see a stale status and write it a second time.
-    own_writes: Mutex<HashSet<(String, String)>>,
+    /// Our own writes whose watch events have not all arrived yet, by
+    /// resource name. Such an event needs no reconcile: the state is what
+    /// we wrote (task changes arrive through the store), and reconciling
+    /// the state between our spec and our status write would see a stale
+    /// status and write it a second time. Until the watch has announced
+    /// them, the cache is behind our own writes, so plans compare with the
+    /// object as our last write left it instead: on a busy machine the
+    /// watch can lag seconds behind a burst of writes, and a resync
+    /// comparing with the stale cache would rewrite every unchanged task.
+    own_writes: Mutex<HashMap<String, OwnWrite>>,
+}
+
+/// The resource as our last write left it, and the resourceVersions our
+/// writes produced that the watch has not announced yet.
+struct OwnWrite {
+    written: Arc<MeatspaceTask>,
+    unannounced: Vec<String>,
 }
 
 impl Mirror {
+    /// The resource as far as the mirror knows: as our own last write left
+    /// it while the watch has not caught up with that write, else the
+    /// watch-fed cache.
     fn observed(&self, id: Uuid) -> Option<Arc<MeatspaceTask>> {
+        let name = meatspace_crds::resource_name(id);
+        if let Some(own) = self
+            .own_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&name)
+        {
+            return Some(own.written.clone());
+        }
         self.cache
-            .get(&ObjectRef::new(&meatspace_crds::resource_name(id)).within(&self.namespace))
+            .get(&ObjectRef::new(&name).within(&self.namespace))
     }
 
     fn count_write(&self, op: &'static str) {
@@ -136,6 +160,7 @@ impl Mirror {
             Plan::Delete => {
                 self.count_write("delete");
                 let name = meatspace_crds::resource_name(id);
+                self.forget_own_write(&name);
                 match kube_call("delete", self.api.delete(&name, &DeleteParams::default())).await {
                     Ok(_) => {
                         tracing::debug!(task_id = %id, "deleted the resource of a removed task")
@@ -176,7 +201,7 @@ impl Mirror {
                     self.api.patch_status(&name, &params, &Patch::Apply(&body)),
                 )
                 .await?;
-                versions.extend(written.metadata.resource_version);
+                versions.extend(written.metadata.resource_version.clone());
                 // Recorded only once both writes went through: if the status
                 // write failed, the event of the spec write retries it.
                 let mut own = self
@@ -186,7 +211,12 @@ impl Mirror {
                 if own.len() > MAX_OWN_WRITES {
                     own.clear();
                 }
-                own.extend(versions.into_iter().map(|rv| (name.clone(), rv)));
+                let entry = own.entry(name).or_insert_with(|| OwnWrite {
+                    written: Arc::new(written.clone()),
+                    unannounced: Vec::new(),
+                });
+                entry.written = Arc::new(written);
+                entry.unannounced.extend(versions);
             }
         }
         Ok(())
@@ -256,15 +286,39 @@ impl Mirror {
     }
 
     /// Whether a watched object is in a state our own write produced (and
-    /// forgets it: each state is announced once).
+    /// forgets that state: each is announced once). Once the watch has
+    /// announced every state our writes produced, the cache is current.
     fn is_own_write(&self, obj: &MeatspaceTask) -> bool {
-        let Some(rv) = obj.metadata.resource_version.clone() else {
+        let Some(rv) = obj.metadata.resource_version.as_deref() else {
             return false;
         };
+        let name = obj.name_any();
+        let mut own = self
+            .own_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(entry) = own.get_mut(&name) else {
+            return false;
+        };
+        let Some(at) = entry.unannounced.iter().position(|v| v == rv) else {
+            return false;
+        };
+        entry.unannounced.remove(at);
+        if entry.unannounced.is_empty() {
+            own.remove(&name);
+        }
+        true
+    }
+
+    /// Forgets our writes to `name`: someone else changed or deleted the
+    /// resource (the watch says so), so the cache is newer than our write.
+    /// A write that changed nothing is never announced either; its entry
+    /// stays until then, which is harmless: it holds what the server has.
+    fn forget_own_write(&self, name: &str) {
         self.own_writes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(obj.name_any(), rv))
+            .remove(name);
     }
 
     /// Forgets the own writes not yet seen: after a re-list their events
@@ -424,6 +478,7 @@ pub(crate) async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings
             Some(event) = events.next() => match event {
                 Ok(watcher::Event::Apply(obj)) if ready && m.is_own_write(&obj) => {}
                 Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) if ready => {
+                    m.forget_own_write(&obj.name_any());
                     if let Ok(id) = Uuid::parse_str(&obj.name_any()) {
                         retries.record(id, m.reconcile(id).await);
                     }
