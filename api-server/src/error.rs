@@ -30,12 +30,80 @@ pub struct Problem {
 }
 
 /// The error responses of the OpenAPI document, one per status, each a
-/// [`Problem`] served as `application/problem+json`. Operations list the
-/// ones they can return with `(status = N, response = inline(...))`, so the
-/// document says exactly what a client receives. These types only describe
-/// responses; errors are built by [`ApiError`].
+/// [`Problem`] served as `application/problem+json`. Operations name the
+/// set of them they can return, one [`utoipa::IntoResponses`] type per set
+/// of statuses (`responses((status = 200, ...), TaskReadErrors)`), so the
+/// document says exactly what a client receives and each set is written
+/// once. These types only describe responses; errors are built by
+/// [`ApiError`].
 pub mod responses {
+    use std::collections::BTreeMap;
+
+    use utoipa::openapi::{RefOr, response::Response};
+    use utoipa::{IntoResponses, ToResponse};
+
     use super::Problem;
+
+    /// The responses of `statuses`, each inlined from its type below.
+    fn problems(statuses: &[u16]) -> BTreeMap<String, RefOr<Response>> {
+        statuses
+            .iter()
+            .map(|status| {
+                let response = match status {
+                    400 => BadRequest::response().1,
+                    401 => Unauthorized::response().1,
+                    404 => NotFound::response().1,
+                    409 => Conflict::response().1,
+                    413 => PayloadTooLarge::response().1,
+                    415 => UnsupportedMediaType::response().1,
+                    422 => UnprocessableEntity::response().1,
+                    503 => ServiceUnavailable::response().1,
+                    other => unreachable!("no error response is described for status {other}"),
+                };
+                (status.to_string(), response)
+            })
+            .collect()
+    }
+
+    /// One set of error statuses, as an [`IntoResponses`] type.
+    macro_rules! error_set {
+        ($(#[$doc:meta])* $name:ident = [$($status:literal),+]) => {
+            $(#[$doc])*
+            #[derive(Debug)]
+            pub struct $name;
+
+            impl IntoResponses for $name {
+                fn responses() -> BTreeMap<String, RefOr<Response>> {
+                    problems(&[$($status),+])
+                }
+            }
+        };
+    }
+
+    error_set!(
+        /// Creating something from a JSON body (not on an existing task).
+        CreateErrors = [400, 401, 413, 415, 422, 503]
+    );
+    error_set!(
+        /// A list read with a query string.
+        ListErrors = [400, 401, 503]
+    );
+    error_set!(
+        /// Reading a task or something on it.
+        TaskReadErrors = [401, 404, 503]
+    );
+    error_set!(
+        /// Reading a task's events with a query string (a page or a stream).
+        TaskFeedErrors = [400, 401, 404, 503]
+    );
+    error_set!(
+        /// A command on a task that takes no body.
+        TaskCommandErrors = [401, 404, 409, 503]
+    );
+    error_set!(
+        /// A command on a task with a body.
+        TaskBodyCommandErrors = [400, 401, 404, 409, 413, 415, 422, 503]
+    );
 
     /// Malformed request: JSON syntax, an unreadable body or a bad query string.
     #[derive(Debug, utoipa::ToResponse)]

@@ -4,14 +4,13 @@
 
 mod args;
 mod output;
-mod state;
 mod task;
 mod worker;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use meatspace_client::{Client, Error};
+use meatspace_client::{Client, Error, state};
 
 use args::{Cli, Command, Output};
 use state::StateDir;
@@ -221,7 +220,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| DEFAULT_URL.to_owned());
             check_base_url(&url)?;
-            let root = ctx.state.root().join("mcp");
+            // The same directory as every other command: see meatspace_mcp::state_dir.
+            let root = ctx.state.root().to_owned();
             meatspace_mcp::stdio::serve(&url, ctx.global.dev_key.clone(), &root).await
         }
     }
@@ -299,7 +299,7 @@ fn hint(e: &anyhow::Error, subject: Subject) -> String {
             429 | 503 => "the server is busy or unavailable; try again in a moment".into(),
             _ => String::new(),
         },
-        Error::Invalid(_) => String::new(),
+        Error::Invalid(_) | Error::State(_) => String::new(),
         Error::Http { .. } => "is --url pointing at a meatspace API server?".into(),
         Error::Decode(_) => "the server may be a different version than this CLI".into(),
     }

@@ -46,9 +46,14 @@ pub enum Error {
     /// A success answer the client cannot read.
     #[error("unexpected answer from the server: {0}")]
     Decode(String),
-    /// The caller's input cannot be sent (an invalid base URL, say).
+    /// The caller's input cannot be sent (an invalid base URL, say), or
+    /// names a task the local state directory has no record of.
     #[error("{0}")]
     Invalid(String),
+    /// The local state directory ([`crate::state`]) could not be read or
+    /// written; the text names the file and the cause.
+    #[error("{0}")]
+    State(String),
 }
 
 impl Error {

@@ -162,6 +162,8 @@ impl std::fmt::Debug for Client {
 /// Which credential a request carries.
 #[derive(Clone, Copy)]
 pub(crate) enum Auth<'a> {
+    /// A public route (the OpenAPI document).
+    Public,
     DevKey,
     Bearer(&'a str),
 }
@@ -253,6 +255,17 @@ impl Client {
         Ok((created, handle))
     }
 
+    /// The server's OpenAPI document (public), e.g. to learn which
+    /// optional routes it serves.
+    pub async fn openapi(&self) -> Result<serde_json::Value, Error> {
+        self.json(Call::new(
+            Method::GET,
+            "/api/v1/openapi.json".into(),
+            Auth::Public,
+        ))
+        .await
+    }
+
     /// The handle of an existing task, from its id and agent token.
     pub fn task(&self, id: Uuid, agent_token: impl Into<String>) -> TaskHandle {
         TaskHandle::new(self.clone(), id, agent_token.into())
@@ -339,6 +352,7 @@ impl Client {
             req = req.query(&call.query);
         }
         req = match call.auth {
+            Auth::Public => req,
             Auth::DevKey => {
                 let key = self.inner.dev_key.as_deref().ok_or_else(|| {
                     Error::Invalid("this call needs the development key; none was given".into())

@@ -12,7 +12,7 @@
 //!   API (list, claim, start, message, photo, issue, complete, stop, feed).
 //!
 //! The domain types ([`Task`], [`Event`], [`TaskState`], [`IssueKind`],
-//! [`IssueAction`]) are the server's own, from `meatspace-core`; the
+//! [`IssueAction`]) are the server's own, from `meatspace-domain`; the
 //! envelopes around them live in [`types`].
 //!
 //! Every state-changing POST carries an `Idempotency-Key` generated once per
@@ -25,6 +25,7 @@ mod error;
 mod feed;
 mod http;
 mod sse;
+pub mod state;
 mod task;
 pub mod types;
 mod worker;

@@ -1,7 +1,7 @@
 //! The request and response envelopes of the HTTP API.
 //!
 //! The domain types inside them (`Task`, `Event`, `TaskState`, …) are the
-//! server's own from `meatspace-core`. The envelopes are defined in the
+//! server's own from `meatspace-domain`. The envelopes are defined in the
 //! server crate with only the serde direction the server needs, so they are
 //! mirrored here field for field; the black-box suite
 //! (`tests/tests/cli_client.rs`) reads real server answers through them on

@@ -11,8 +11,11 @@ use chrono::TimeDelta;
 use meatspace_domain::policy::PolicyArgs;
 use meatspace_store::redact_url;
 
+#[cfg(feature = "kubernetes")]
+use crate::kubernetes::MirrorSettings;
+#[cfg(feature = "kubernetes")]
 use crate::leader::LeaseSettings;
-use crate::mirror::MirrorSettings;
+#[cfg(feature = "kubernetes")]
 use crate::requests::RequestSettings;
 use crate::telemetry::LogFormat;
 use crate::webhooks::{AllowList, WebhookSettings};
@@ -41,6 +44,7 @@ pub struct ControllerConfig {
     /// SQLite database written by another process).
     pub max_sleep: Duration,
     /// Mirror tasks into Kubernetes custom resources; `None` leaves it off.
+    #[cfg(feature = "kubernetes")]
     pub mirror: Option<MirrorSettings>,
     /// Webhook delivery.
     pub webhooks: WebhookSettings,
@@ -79,6 +83,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "MEATSPACE_CONTROLLER_MAX_SLEEP_SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sleep_seconds: u64,
+    #[cfg(feature = "kubernetes")]
     #[command(flatten)]
     pub mirror: MirrorArgs,
     #[command(flatten)]
@@ -140,6 +145,7 @@ impl From<WebhookArgs> for WebhookSettings {
 }
 
 /// Command-line and environment form of [`MirrorSettings`].
+#[cfg(feature = "kubernetes")]
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct MirrorArgs {
     /// Mirror every task as a MeatspaceTask custom resource (needs a
@@ -186,6 +192,7 @@ pub struct MirrorArgs {
     pub kubernetes_events: bool,
 }
 
+#[cfg(feature = "kubernetes")]
 impl MirrorArgs {
     fn settings(&self) -> Option<MirrorSettings> {
         if !self.mirror_enabled {
@@ -231,6 +238,7 @@ impl Default for ControllerArgs {
             retention_interval_seconds: 60,
             batch_size: 500,
             max_sleep_seconds: 10,
+            #[cfg(feature = "kubernetes")]
             mirror: MirrorArgs {
                 mirror_resync_seconds: 300,
                 lease_name: "meatspace-controller".to_owned(),
@@ -245,7 +253,9 @@ impl ControllerConfig {
     /// Sets the task lifetime policy that requested tasks are created with
     /// (the binaries' `--default-lifetime-seconds` and bounds, the same as
     /// the API server's).
+    #[cfg_attr(not(feature = "kubernetes"), allow(unused_mut, unused_variables))]
     pub fn with_policy(mut self, policy: meatspace_domain::Policy) -> Self {
+        #[cfg(feature = "kubernetes")]
         if let Some(requests) = self.mirror.as_mut().and_then(|m| m.requests.as_mut()) {
             requests.policy = policy;
         }
@@ -265,6 +275,7 @@ impl From<ControllerArgs> for ControllerConfig {
             retention_interval: Duration::from_secs(a.retention_interval_seconds),
             batch_size: a.batch_size,
             max_sleep: Duration::from_secs(a.max_sleep_seconds),
+            #[cfg(feature = "kubernetes")]
             mirror: a.mirror.settings(),
             webhooks: a.webhooks.into(),
         }

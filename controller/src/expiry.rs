@@ -28,6 +28,7 @@ use meatspace_domain::{Due, ExpiryReason, clock};
 use meatspace_store::{Change, Store};
 use tracing::Instrument;
 
+use crate::backoff::Backoff;
 use crate::{ControllerConfig, Error, Shutdown, metrics};
 
 const NAME: &str = "expiry";
@@ -192,7 +193,7 @@ impl Expiry {
     }
 
     fn failed(&self, error: &Error, doing: &str) {
-        metrics::failed(NAME, error);
+        metrics::failed(NAME, error.metric_label());
         tracing::warn!(error = %error, "{doing} failed; retrying");
     }
 }
@@ -246,37 +247,6 @@ async fn wait(
 fn instant_at(t: DateTime<Utc>) -> tokio::time::Instant {
     let wait = (t - Utc::now()).to_std().unwrap_or(Duration::ZERO);
     tokio::time::Instant::now() + wait
-}
-
-/// Exponential backoff between retries after an error: 100 ms doubling to 5 s.
-#[derive(Debug, Default)]
-pub(crate) struct Backoff {
-    failures: u32,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
-
-    pub(crate) fn reset(&mut self) {
-        self.failures = 0;
-    }
-
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let delay = Self::FIRST
-            .saturating_mul(1 << self.failures.min(16))
-            .min(Self::MAX);
-        self.failures = self.failures.saturating_add(1);
-        delay
-    }
-
-    pub(crate) async fn wait(&mut self, shutdown: &mut Shutdown) {
-        let delay = self.next_delay();
-        tokio::select! {
-            () = shutdown.requested() => {}
-            () = tokio::time::sleep(delay) => {}
-        }
-    }
 }
 
 #[cfg(test)]
@@ -333,14 +303,5 @@ mod tests {
             plan(Some(at(1005)), at(1010), Some(at(1000)), MAX),
             Step::Sweep
         );
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_a_ceiling_and_resets() {
-        let mut b = Backoff::default();
-        let delays: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
     }
 }

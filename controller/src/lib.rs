@@ -28,10 +28,10 @@
 //!   once they have been terminal for the retention period.
 //! - [`webhooks`]: delivers every event of a task with a webhook endpoint,
 //!   signed (Standard Webhooks 1.0), at least once, with backoff.
-//! - [`mirror`] (optional): keeps a `MeatspaceTask` custom resource per
-//!   task in step with the store; with [`leader`] election, one replica
+//! - `mirror` (optional, with the `kubernetes` feature): keeps a `MeatspaceTask` custom resource per
+//!   task in step with the store; with `leader` election, one replica
 //!   at a time does it.
-//! - [`requests`] (optional, with the mirror): turns the `MeatspaceTask`
+//! - `requests` (optional, with the mirror): turns the `MeatspaceTask`
 //!   resources an agent applies (`spec.origin: Requested`) into tasks,
 //!   once each, and drives them from their spec.
 //!
@@ -68,13 +68,19 @@ use std::sync::Arc;
 use meatspace_store::Store;
 use tokio::sync::watch;
 
+mod backoff;
 pub mod config;
 mod error;
 pub mod expiry;
 pub mod health;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
+#[cfg(feature = "kubernetes")]
 pub mod leader;
 pub mod metrics;
+#[cfg(feature = "kubernetes")]
 pub mod mirror;
+#[cfg(feature = "kubernetes")]
 pub mod requests;
 pub mod retention;
 mod supervisor;
@@ -132,13 +138,24 @@ pub async fn run(
     } else {
         tracing::warn!("no server secret key: webhooks are not delivered");
     }
+    #[cfg(feature = "kubernetes")]
     if let Some(settings) = config.mirror.clone() {
         reconcilers.spawn(supervisor::supervise(
             "mirror",
-            move |s| mirror::run(store.clone(), settings.clone(), s),
+            move |s| kubernetes::run(store.clone(), settings.clone(), s),
             Shutdown(stopped),
         ));
     }
+    #[cfg(not(feature = "kubernetes"))]
+    let _ = (store, stopped);
+    #[cfg(feature = "kubernetes")]
+    let mirror_namespace = config
+        .mirror
+        .as_ref()
+        .map(|m| m.namespace.as_str())
+        .unwrap_or("(off)");
+    #[cfg(not(feature = "kubernetes"))]
+    let mirror_namespace = "(not built in)";
     // Plain numbers, not Rust's Debug of the settings: operators read this.
     tracing::info!(
         retention_seconds = config.retention.num_seconds(),
@@ -150,11 +167,7 @@ pub async fn run(
         webhook_retry_max_seconds = config.webhooks.retry_max.as_secs(),
         webhook_give_up_after_seconds = config.webhooks.give_up_after.as_secs(),
         webhooks_signed = config.webhooks.server_key.is_some(),
-        mirror_namespace = config
-            .mirror
-            .as_ref()
-            .map(|m| m.namespace.as_str())
-            .unwrap_or("(off)"),
+        mirror_namespace,
         "controller running"
     );
 

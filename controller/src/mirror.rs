@@ -4,7 +4,8 @@
 //!
 //! The store is the authority. The mirror keeps a watch-fed cache of the
 //! resources it manages and, for each task, compares what the cluster has
-//! with [`desired`] (a pure function of the task): a differing spec or
+//! (the cache, or the resource as the mirror's own last write left it while
+//! the watch has not announced that write yet) with [`desired`] (a pure function of the task): a differing spec or
 //! status is written back with server-side apply under one field manager
 //! (reverting hand edits), a missing resource is recreated, a resource whose
 //! task is gone (retention) is deleted. An unchanged task costs no request.
@@ -12,10 +13,10 @@
 //! Work arrives three ways: the store's change stream (a task changed, so
 //! the cluster follows within moments), the watch (someone edited or
 //! deleted a resource), and a periodic full resync as a safety net. With
-//! leader election on, only the replica holding the Lease mirrors.
+//! leader election on, only the replica holding the Lease mirrors
+//! ([`crate::kubernetes`] runs it).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -26,39 +27,18 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
-use meatspace_crds::{MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired};
+use meatspace_crds::{
+    FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskStatus, desired,
+};
 use meatspace_domain::Task;
 use meatspace_store::{Change, Store};
 use serde_json::json;
-use tokio::sync::watch;
 use tokio_util::time::{DelayQueue, delay_queue};
 use uuid::Uuid;
 
+use crate::Error;
 use crate::error::kube_call;
-use crate::leader::{self, LeaseSettings};
-use crate::requests::{self, RequestSettings};
-use crate::{Error, Shutdown};
-
-/// Field manager of every write, so server-side apply knows which fields
-/// the controller owns.
-pub const FIELD_MANAGER: &str = "meatspace-controller";
-
-/// Where and how to mirror.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MirrorSettings {
-    /// Namespace of the resources.
-    pub namespace: String,
-    /// Kubeconfig file; unset means the usual discovery (KUBECONFIG, then
-    /// the in-cluster service account).
-    pub kubeconfig: Option<PathBuf>,
-    /// Interval of the full resync.
-    pub resync_interval: Duration,
-    /// Lease to hold before mirroring; unset mirrors unconditionally.
-    pub lease: Option<LeaseSettings>,
-    /// Also turn requested resources (`spec.origin: Requested`) of the
-    /// namespace into tasks; unset leaves them alone.
-    pub requests: Option<RequestSettings>,
-}
+use crate::kubernetes::MirrorSettings;
 
 /// What the mirror must do for one task.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,18 +99,41 @@ struct Mirror {
     api: Api<MeatspaceTask>,
     namespace: String,
     cache: reflector::Store<MeatspaceTask>,
-    /// (name, resourceVersion) of every object state our own writes
-    /// produced whose watch event has not arrived yet. Such an event needs
-    /// no reconcile: the state is what we wrote (task changes arrive through
-    /// the store), and reconciling the state between our spec and our
-    /// status write would see a stale status and write it a second time.
-    own_writes: Mutex<HashSet<(String, String)>>,
+    /// Our own writes whose watch events have not all arrived yet, by
+    /// resource name. Such an event needs no reconcile: the state is what
+    /// we wrote (task changes arrive through the store), and reconciling
+    /// the state between our spec and our status write would see a stale
+    /// status and write it a second time. Until the watch has announced
+    /// them, the cache is behind our own writes, so plans compare with the
+    /// object as our last write left it instead: on a busy machine the
+    /// watch can lag seconds behind a burst of writes, and a resync
+    /// comparing with the stale cache would rewrite every unchanged task.
+    own_writes: Mutex<HashMap<String, OwnWrite>>,
+}
+
+/// The resource as our last write left it, and the resourceVersions our
+/// writes produced that the watch has not announced yet.
+struct OwnWrite {
+    written: Arc<MeatspaceTask>,
+    unannounced: Vec<String>,
 }
 
 impl Mirror {
+    /// The resource as far as the mirror knows: as our own last write left
+    /// it while the watch has not caught up with that write, else the
+    /// watch-fed cache.
     fn observed(&self, id: Uuid) -> Option<Arc<MeatspaceTask>> {
+        let name = meatspace_crds::resource_name(id);
+        if let Some(own) = self
+            .own_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&name)
+        {
+            return Some(own.written.clone());
+        }
         self.cache
-            .get(&ObjectRef::new(&meatspace_crds::resource_name(id)).within(&self.namespace))
+            .get(&ObjectRef::new(&name).within(&self.namespace))
     }
 
     fn count_write(&self, op: &'static str) {
@@ -158,6 +161,7 @@ impl Mirror {
             Plan::Delete => {
                 self.count_write("delete");
                 let name = meatspace_crds::resource_name(id);
+                self.forget_own_write(&name);
                 match kube_call("delete", self.api.delete(&name, &DeleteParams::default())).await {
                     Ok(_) => {
                         tracing::debug!(task_id = %id, "deleted the resource of a removed task")
@@ -198,7 +202,7 @@ impl Mirror {
                     self.api.patch_status(&name, &params, &Patch::Apply(&body)),
                 )
                 .await?;
-                versions.extend(written.metadata.resource_version);
+                versions.extend(written.metadata.resource_version.clone());
                 // Recorded only once both writes went through: if the status
                 // write failed, the event of the spec write retries it.
                 let mut own = self
@@ -208,7 +212,12 @@ impl Mirror {
                 if own.len() > MAX_OWN_WRITES {
                     own.clear();
                 }
-                own.extend(versions.into_iter().map(|rv| (name.clone(), rv)));
+                let entry = own.entry(name).or_insert_with(|| OwnWrite {
+                    written: Arc::new(written.clone()),
+                    unannounced: Vec::new(),
+                });
+                entry.written = Arc::new(written);
+                entry.unannounced.extend(versions);
             }
         }
         Ok(())
@@ -278,15 +287,39 @@ impl Mirror {
     }
 
     /// Whether a watched object is in a state our own write produced (and
-    /// forgets it: each state is announced once).
+    /// forgets that state: each is announced once). Once the watch has
+    /// announced every state our writes produced, the cache is current.
     fn is_own_write(&self, obj: &MeatspaceTask) -> bool {
-        let Some(rv) = obj.metadata.resource_version.clone() else {
+        let Some(rv) = obj.metadata.resource_version.as_deref() else {
             return false;
         };
+        let name = obj.name_any();
+        let mut own = self
+            .own_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(entry) = own.get_mut(&name) else {
+            return false;
+        };
+        let Some(at) = entry.unannounced.iter().position(|v| v == rv) else {
+            return false;
+        };
+        entry.unannounced.remove(at);
+        if entry.unannounced.is_empty() {
+            own.remove(&name);
+        }
+        true
+    }
+
+    /// Forgets our writes to `name`: someone else changed or deleted the
+    /// resource (the watch says so), so the cache is newer than our write.
+    /// A write that changed nothing is never announced either; its entry
+    /// stays until then, which is harmless: it holds what the server has.
+    fn forget_own_write(&self, name: &str) {
         self.own_writes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(obj.name_any(), rv))
+            .remove(name);
     }
 
     /// Forgets the own writes not yet seen: after a re-list their events
@@ -305,107 +338,8 @@ const MAX_OWN_WRITES: usize = 100_000;
 
 fn report(result: Result<(), Error>, what: &str) {
     if let Err(e) = result {
-        metrics::counter!("meatspace_reconcile_errors_total", "reconciler" => "mirror", "error" => e.metric_label())
-            .increment(1);
+        crate::metrics::failed("mirror", e.metric_label());
         tracing::warn!(error = %e, "mirror {what} failed");
-    }
-}
-
-/// Connects to the cluster named by `settings`.
-pub async fn client(settings: &MirrorSettings) -> Result<kube::Client, Error> {
-    let config = match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| Error::KubeConfig(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(|e| Error::KubeConfig(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::KubeConfig(e.to_string()))?,
-    };
-    Ok(kube::Client::try_from(config)?)
-}
-
-/// Mirrors tasks until shutdown (while leading, when a Lease is set).
-pub(crate) async fn run(store: Arc<dyn Store>, settings: MirrorSettings, mut shutdown: Shutdown) {
-    let client = loop {
-        match client(&settings).await {
-            Ok(c) => break c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot reach the cluster; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
-                    () = shutdown.requested() => return,
-                }
-            }
-        }
-    };
-    let (leading_tx, mut leading) = watch::channel(settings.lease.is_none());
-    // The elector lives exactly as long as this function: aborted with it
-    // if it is dropped, awaited on shutdown so that it can release the
-    // Lease before the process exits (a successor then need not wait the
-    // Lease out). Without a Lease this replica always leads, and the
-    // sender stays here so that `leading` keeps its value.
-    let (elector, _always_leading) = match settings.lease.clone() {
-        Some(lease) => {
-            let elector = leader::run(client.clone(), lease, leading_tx, shutdown.clone());
-            (Some(Elector(tokio::spawn(elector))), None)
-        }
-        None => (None, Some(leading_tx)),
-    };
-    while !shutdown.is_requested() {
-        tokio::select! {
-            led = leading.wait_for(|l| *l) => if led.is_err() {
-                // Only a panic ends the elector before shutdown.
-                tracing::error!("the leader elector stopped: mirroring ends");
-                break;
-            },
-            () = shutdown.requested() => break,
-        }
-        tracing::info!(namespace = %settings.namespace, "mirroring tasks");
-        let lost = async {
-            let _ = leading.wait_for(|l| !*l).await;
-        };
-        let requested = async {
-            match settings.requests.clone() {
-                Some(r) => {
-                    let identity = settings
-                        .lease
-                        .as_ref()
-                        .map_or_else(|| FIELD_MANAGER.to_owned(), |l| l.identity.clone());
-                    let namespace = settings.namespace.clone();
-                    requests::run(store.clone(), client.clone(), namespace, r, identity).await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = mirror(store.clone(), client.clone(), &settings) => {}
-            () = requested => {}
-            () = lost => tracing::info!("lost the lease: mirroring stops"),
-            () = shutdown.requested() => {}
-        }
-    }
-    if let Some(mut elector) = elector
-        && tokio::time::timeout(Duration::from_secs(5), &mut elector.0)
-            .await
-            .is_err()
-    {
-        tracing::warn!("the leader elector did not release the Lease within 5s");
-    }
-}
-
-/// The leader elector's task; aborted when dropped.
-struct Elector(tokio::task::JoinHandle<()>);
-
-impl Drop for Elector {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -474,7 +408,7 @@ impl Retries {
 }
 
 /// The mirror loop proper; runs until cancelled.
-async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSettings) {
+pub(crate) async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSettings) {
     let api: Api<MeatspaceTask> = Api::namespaced(client, &settings.namespace);
     let (cache, writer) = reflector::store();
     let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
@@ -494,7 +428,7 @@ async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSe
     // The store's changes; `None` while (re)subscribing, which is retried
     // with backoff and followed by a resync (changes may have been missed).
     let mut changes: Option<BoxStream<'static, Change>> = None;
-    let mut subscribe_backoff = crate::expiry::Backoff::default();
+    let mut subscribe_backoff = crate::backoff::Backoff::default();
     let mut subscribe_at = tokio::time::Instant::now();
     let mut retries = Retries::default();
     let mut resync = tokio::time::interval(settings.resync_interval);
@@ -545,6 +479,7 @@ async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings: &MirrorSe
             Some(event) = events.next() => match event {
                 Ok(watcher::Event::Apply(obj)) if ready && m.is_own_write(&obj) => {}
                 Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) if ready => {
+                    m.forget_own_write(&obj.name_any());
                     if let Ok(id) = Uuid::parse_str(&obj.name_any()) {
                         retries.record(id, m.reconcile(id).await);
                     }

@@ -49,9 +49,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use meatspace_crds::{
-    CONDITION_CREATED, CONDITION_SPEC_APPLIED, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask,
-    MeatspaceTaskStatus, OpenIssue, Origin, ResponseAction, ResponseResult, ResponseStatus,
-    condition,
+    CONDITION_CREATED, CONDITION_SPEC_APPLIED, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL,
+    MeatspaceTask, MeatspaceTaskStatus, OpenIssue, Origin, ResponseAction, ResponseResult,
+    ResponseStatus, condition,
 };
 use meatspace_domain::{
     Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Task, TaskState, clock,
@@ -64,7 +64,6 @@ use uuid::Uuid;
 
 use crate::Error;
 use crate::error::kube_call;
-use crate::mirror::FIELD_MANAGER;
 
 /// Finalizer of requested resources: the task is cancelled before the
 /// resource goes.
@@ -152,7 +151,7 @@ pub(crate) async fn run(
     let follower = {
         let ctx = ctx.clone();
         async move {
-            let mut backoff = crate::expiry::Backoff::default();
+            let mut backoff = crate::backoff::Backoff::default();
             loop {
                 match ctx.store.changes().await {
                     Ok(mut changes) => {
@@ -201,8 +200,7 @@ pub(crate) async fn run(
 }
 
 fn error_policy(_obj: Arc<MeatspaceTask>, e: &ReconcileError, _ctx: Arc<Context>) -> Action {
-    metrics::counter!("meatspace_reconcile_errors_total", "reconciler" => "requests", "error" => e.metric_label())
-        .increment(1);
+    crate::metrics::failed("requests", e.metric_label());
     tracing::warn!(error = %e, "reconciling a requested task failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }

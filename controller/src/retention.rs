@@ -21,7 +21,7 @@ use meatspace_domain::clock;
 use meatspace_store::Store;
 use tracing::Instrument;
 
-use crate::expiry::Backoff;
+use crate::backoff::Backoff;
 use crate::{ControllerConfig, Error, Shutdown, metrics};
 
 const NAME: &str = "retention";
@@ -60,7 +60,7 @@ impl Retention {
                     }
                 }
                 Err(e) => {
-                    metrics::failed(NAME, &e);
+                    metrics::failed(NAME, e.metric_label());
                     tracing::warn!(error = %e, "deleting old terminal tasks failed; retrying");
                     backoff.wait(&mut shutdown).await;
                 }

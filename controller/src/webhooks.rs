@@ -49,7 +49,7 @@ use tracing::Instrument;
 pub use meatspace_domain::webhook_url::AllowList;
 use meatspace_domain::webhook_url::{UrlRefused, parse_url};
 
-use crate::expiry::Backoff;
+use crate::backoff::Backoff;
 use crate::{Error, Shutdown, metrics};
 
 const NAME: &str = "webhooks";
@@ -151,7 +151,7 @@ impl Webhooks {
                 Ok(true) => continue,
                 Ok(false) => backoff.reset(),
                 Err(e) => {
-                    metrics::failed(NAME, &e);
+                    metrics::failed(NAME, e.metric_label());
                     tracing::warn!(error = %e, "webhook delivery pass failed; retrying");
                     backoff.wait(&mut shutdown).await;
                     continue;

@@ -24,6 +24,10 @@ use uuid::Uuid;
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`] on mirrored resources.
 pub const MANAGED_BY: &str = "meatspace-controller";
+/// Field manager of every server-side apply the controller makes (the
+/// mirror's and the requests reconciler's), so the apiserver knows which
+/// fields it owns: the controller's name, as in [`MANAGED_BY`].
+pub const FIELD_MANAGER: &str = MANAGED_BY;
 
 /// Condition type: the agent has published the task.
 pub const CONDITION_PUBLISHED: &str = "Published";

@@ -4,7 +4,8 @@
 //!
 //! - Streamable HTTP, mounted by the API server at `/mcp` over its own
 //!   store ([`streamable_http_service`] builds the stateless service);
-//! - stdio, for agents that launch local tools, over the HTTP API
+//! - stdio, for agents that launch local tools, over the HTTP API through
+//!   `meatspace-client`
 //!   ([`remote::RemoteApi`], which keeps tokens and cursors on disk).
 
 pub mod api;

@@ -1,7 +1,10 @@
-//! The backend of the stdio transport: the meatspace HTTP API, with each
+//! The backend of the stdio transport: the meatspace HTTP API, called
+//! through `meatspace-client` (its typed handles, retries and error enum),
+//! with each
 //! task's agent token, cursor and last known state kept in a
-//! [`StateDir`], so tools name tasks by id only and no result carries a
-//! token.
+//! [`StateDir`] (the CLI's state directory, so either tool can follow a
+//! task the other created), so tools name tasks by id only and no result
+//! carries a token.
 //!
 //! The cursor obligation: wait_for_events returns events without moving
 //! the stored cursor; a later call that passes `cursor` acknowledges the
@@ -12,18 +15,20 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use reqwest::{Method, RequestBuilder};
+use meatspace_client::types::Extension;
+use meatspace_client::{Client, RetryPolicy, TaskHandle};
 use schemars::JsonSchema;
 use serde::Deserialize;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
-use crate::api::{Action, AgentApi, Caller, LocalTaskRef};
+use crate::api::{Action, AgentApi, Caller, IssueAction, LocalTaskRef};
 use crate::state_dir::{StateDir, TaskRecord};
-use crate::tools::DEV_KEY_HEADER;
 use crate::types::{
     ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskState, TaskSummary, TaskView,
 };
+use serde_json::Value;
 
 /// Path of the extension route; its presence in the server's OpenAPI
 /// document turns on extend_task.
@@ -33,6 +38,9 @@ const EXTEND_PATH: &str = "/api/v1/tasks/{task_id}/extend";
 /// unavailable API before it reports the failure.
 const RETRY_WINDOW: Duration = Duration::from_secs(30);
 
+/// Time limit of one ordinary request (a long poll adds its wait).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// list_my_tasks over stdio takes no argument: the tasks are the ones in
 /// the state directory.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
@@ -41,9 +49,13 @@ pub struct NoArgs {}
 /// The HTTP API as an [`AgentApi`].
 #[derive(Debug)]
 pub struct RemoteApi {
-    base_url: String,
-    dev_key: Option<String>,
-    client: reqwest::Client,
+    /// Every call but the long poll, with the client's retries.
+    client: Client,
+    /// Whether a development key was given (creating a task needs one).
+    has_dev_key: bool,
+    /// The long poll: one attempt per call, because wait_for_events waits
+    /// out an unavailable API itself, within the call's own wait.
+    poll: Client,
     state: StateDir,
     extension: bool,
     /// Serialises read-modify-write of task records within this process.
@@ -59,48 +71,34 @@ impl RemoteApi {
         dev_key: Option<String>,
         state: StateDir,
     ) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
+        let mut builder = Client::builder(base_url).timeout(REQUEST_TIMEOUT);
+        let has_dev_key = dev_key.is_some();
+        if let Some(key) = dev_key {
+            builder = builder.dev_key(key);
+        }
+        let client = builder.clone().build()?;
+        let poll = builder
+            .retry(RetryPolicy {
+                max_attempts: 1,
+                ..RetryPolicy::default()
+            })
             .build()?;
         let mut api = RemoteApi {
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            dev_key,
             client,
+            has_dev_key,
+            poll,
             state,
             extension: false,
             records: Mutex::new(()),
         };
-        api.extension = match api.openapi_paths().await {
-            Ok(paths) => paths.iter().any(|p| p == EXTEND_PATH),
+        api.extension = match api.client.openapi().await {
+            Ok(doc) => doc["paths"].get(EXTEND_PATH).is_some(),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the OpenAPI document; extend_task is off");
                 false
             }
         };
         Ok(api)
-    }
-
-    async fn openapi_paths(&self) -> anyhow::Result<Vec<String>> {
-        #[derive(Deserialize)]
-        struct Doc {
-            paths: serde_json::Map<String, serde_json::Value>,
-        }
-        let doc: Doc = self
-            .client
-            .get(format!("{}/api/v1/openapi.json", self.base_url))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(doc.paths.keys().cloned().collect())
-    }
-
-    fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        self.client
-            .request(method, format!("{}{path}", self.base_url))
-            .timeout(Duration::from_secs(60))
     }
 
     fn record(&self, task_id: uuid::Uuid) -> Result<TaskRecord, Problem> {
@@ -118,28 +116,48 @@ impl RemoteApi {
             })
     }
 
-    /// Applies `change` to the stored record of `task_id`.
-    async fn update(
+    /// The client's handle of a task in the state directory.
+    fn handle(
         &self,
+        client: &Client,
         task_id: uuid::Uuid,
-        change: impl FnOnce(&mut TaskRecord),
-    ) -> Result<(), Problem> {
+    ) -> Result<(TaskRecord, TaskHandle), Problem> {
+        let record = self.record(task_id)?;
+        let handle = client.task(task_id, record.agent_token.clone());
+        Ok((record, handle))
+    }
+
+    /// Stores the task as the API just returned it.
+    async fn note_task(&self, task: &meatspace_client::Task) -> Result<(), Problem> {
+        let task: Value = retype(task)?;
         let _guard = self.records.lock().await;
-        let mut record = self.record(task_id)?;
-        let before = record.clone();
-        change(&mut record);
-        if record != before {
-            self.state.save(&record).map_err(state_problem)?;
-        }
-        Ok(())
+        self.state
+            .note_task(self.client.base_url(), &task)
+            .map_err(state_problem)
     }
 
     async fn note_state(&self, task_id: uuid::Uuid, state: TaskState) -> Result<(), Problem> {
-        self.update(task_id, |r| r.last_known_state = state).await
+        let _guard = self.records.lock().await;
+        self.state.note_state(task_id, state).map_err(state_problem)
     }
 }
 
-fn state_problem(e: std::io::Error) -> Problem {
+/// A typed answer of the client read as the tools' type (or as the JSON
+/// the state directory keeps): the same document, so only a server that
+/// answers something else fails here.
+fn retype<T: DeserializeOwned>(value: &impl Serialize) -> Result<T, Problem> {
+    serde_json::to_value(value)
+        .and_then(serde_json::from_value)
+        .map_err(|e| {
+            Problem::local(
+                502,
+                "bad-answer",
+                format!("the API's answer was not understood: {e}"),
+            )
+        })
+}
+
+fn state_problem(e: impl std::fmt::Display) -> Problem {
     Problem::local(
         500,
         "state-directory",
@@ -147,41 +165,45 @@ fn state_problem(e: std::io::Error) -> Problem {
     )
 }
 
-/// Sends `req` and reads a JSON answer, or the API's problem document.
-async fn send<T: DeserializeOwned>(req: RequestBuilder) -> Result<T, Problem> {
-    let res = req.send().await.map_err(|e| {
-        Problem::local(
+/// The client's error as the problem a tool reports: the API's own problem
+/// document when it sent one, else a local one that says what failed.
+fn problem(e: meatspace_client::Error) -> Problem {
+    use meatspace_client::Error;
+    match e {
+        Error::Problem(p) => Problem {
+            status: p.status,
+            kind: p.kind,
+            title: p.title,
+            detail: p.detail,
+            task_state: p.task_state.and_then(|s| retype(&s).ok()),
+        },
+        Error::Http { status, .. } => Problem::local(
+            status,
+            "http-error",
+            format!(
+                "the API answered {}",
+                reqwest::StatusCode::from_u16(status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("an error")
+            ),
+        ),
+        Error::Transport(e) => Problem::local(
             503,
             "api-unreachable",
             format!(
                 "the meatspace API could not be reached: {}",
                 e.without_url()
             ),
-        )
-    })?;
-    let status = res.status();
-    if status.is_success() {
-        return res.json().await.map_err(|e| {
-            Problem::local(
-                502,
-                "bad-answer",
-                format!("the API's answer was not understood: {}", e.without_url()),
-            )
-        });
+        ),
+        Error::Decode(e) => Problem::local(
+            502,
+            "bad-answer",
+            format!("the API's answer was not understood: {e}"),
+        ),
+        Error::Invalid(e) => Problem::local(400, "invalid-request", e),
+        Error::State(e) => state_problem(e),
     }
-    let bytes = res.bytes().await.unwrap_or_default();
-    Err(
-        serde_json::from_slice::<Problem>(&bytes).unwrap_or_else(|_| {
-            Problem::local(
-                status.as_u16(),
-                "http-error",
-                format!(
-                    "the API answered {}",
-                    status.canonical_reason().unwrap_or("an error")
-                ),
-            )
-        }),
-    )
 }
 
 #[async_trait]
@@ -197,28 +219,28 @@ impl AgentApi for RemoteApi {
         description: String,
         expires_in_seconds: Option<i64>,
     ) -> Result<ApiCreated, Problem> {
-        let mut req = self
-            .request(Method::POST, "/api/v1/tasks")
-            .json(&serde_json::json!({
-                "description": description,
-                "expires_in_seconds": expires_in_seconds,
-            }));
-        if let Some(key) = &self.dev_key {
-            req = req.header(DEV_KEY_HEADER, key);
+        if !self.has_dev_key {
+            return Err(Problem::local(
+                401,
+                "no-dev-key",
+                "creating a task needs the development key: set MEATSPACE_DEV_KEY (or --dev-key) where this MCP server is launched",
+            ));
         }
-        let created: ApiCreated = send(req).await?;
+        let mut req = meatspace_client::types::CreateTask::new(description);
+        req.expires_in_seconds = expires_in_seconds;
+        let (created, _) = self.client.create_task(&req).await.map_err(problem)?;
+        let answer = serde_json::json!({
+            "task": created.task,
+            "agent_token": created.agent_token,
+            "webhook_secret": created.webhook_secret,
+        });
+        let result: ApiCreated = retype(&answer)?;
         // Kept before the result is returned: the token is shown only once.
         let _guard = self.records.lock().await;
         self.state
-            .save(&TaskRecord {
-                task_id: created.task.id,
-                agent_token: created.agent_token.clone(),
-                cursor: 0,
-                last_known_state: created.task.state,
-                description: created.task.description.clone(),
-            })
+            .save_created(self.client.base_url(), &answer)
             .map_err(state_problem)?;
-        Ok(created)
+        Ok(result)
     }
 
     fn task_ref(&self, created: &ApiCreated) -> LocalTaskRef {
@@ -228,44 +250,36 @@ impl AgentApi for RemoteApi {
     }
 
     async fn get_task(&self, task: &LocalTaskRef) -> Result<TaskView, Problem> {
-        let record = self.record(task.task_id)?;
-        let view: TaskView = send(
-            self.request(Method::GET, &format!("/api/v1/tasks/{}", task.task_id))
-                .bearer_auth(&record.agent_token),
-        )
-        .await?;
-        self.note_state(task.task_id, view.state).await?;
-        Ok(view)
+        let (_, handle) = self.handle(&self.client, task.task_id)?;
+        let answer = handle.get().await.map_err(problem)?;
+        self.note_task(&answer).await?;
+        retype(&answer)
     }
 
     async fn act(&self, task: &LocalTaskRef, action: Action) -> Result<ApiTaskChange, Problem> {
-        let record = self.record(task.task_id)?;
-        let id = task.task_id;
-        let (path, body) = match action {
-            Action::Publish => (format!("/api/v1/tasks/{id}/publish"), None),
-            Action::Cancel => (format!("/api/v1/tasks/{id}/cancel"), None),
+        let (_, handle) = self.handle(&self.client, task.task_id)?;
+        let answer = match action {
+            Action::Publish => handle.publish().await,
+            Action::Cancel => handle.cancel().await,
             Action::RespondToIssue {
                 issue_event_id,
                 action,
                 text,
-            } => (
-                format!("/api/v1/tasks/{id}/issues/{issue_event_id}/respond"),
-                Some(serde_json::json!({ "action": action, "text": text })),
-            ),
-            Action::Extend { add_seconds } => (
-                format!("/api/v1/tasks/{id}/extend"),
-                Some(serde_json::json!({ "add_seconds": add_seconds })),
-            ),
-        };
-        let mut req = self
-            .request(Method::POST, &path)
-            .bearer_auth(&record.agent_token);
-        if let Some(body) = body {
-            req = req.json(&body);
+            } => {
+                let action = match action {
+                    IssueAction::Clarify => meatspace_client::IssueAction::Clarify,
+                    IssueAction::Acknowledge => meatspace_client::IssueAction::Acknowledge,
+                    IssueAction::Cancel => meatspace_client::IssueAction::Cancel,
+                };
+                handle.respond(issue_event_id, action, text).await
+            }
+            Action::Extend { add_seconds } => {
+                handle.extend(Extension::AddSeconds(add_seconds)).await
+            }
         }
-        let change: ApiTaskChange = send(req).await?;
-        self.note_state(id, change.task.state).await?;
-        Ok(change)
+        .map_err(problem)?;
+        self.note_task(&answer.task).await?;
+        retype(&answer)
     }
 
     async fn events(
@@ -276,12 +290,13 @@ impl AgentApi for RemoteApi {
         wait: Duration,
     ) -> Result<ApiEventPage, Problem> {
         let id = task.task_id;
-        let record = self.record(id)?;
+        let (record, handle) = self.handle(&self.poll, id)?;
         // A given cursor acknowledges the events up to it: store it now
         // (never moving backwards), after they were returned by an earlier
         // call.
         if let Some(ack) = cursor.filter(|c| *c > record.cursor) {
-            self.update(id, |r| r.cursor = r.cursor.max(ack)).await?;
+            let _guard = self.records.lock().await;
+            self.state.acknowledge(id, ack).map_err(state_problem)?;
         }
         let after = cursor.unwrap_or(record.cursor);
         // A restarting or overloaded server is waited out, within the call's
@@ -291,16 +306,10 @@ impl AgentApi for RemoteApi {
         let wait_until = started + wait;
         let give_up = started + wait.max(RETRY_WINDOW);
         let mut failures = 0u32;
-        let page: ApiEventPage = loop {
+        let page = loop {
             let left = wait_until.saturating_duration_since(tokio::time::Instant::now());
-            let result = send(
-                self.request(Method::GET, &format!("/api/v1/tasks/{id}/events"))
-                    .query(&[("after", after), ("wait", left.as_secs() as i64)])
-                    .timeout(left + Duration::from_secs(30))
-                    .bearer_auth(&record.agent_token),
-            )
-            .await;
-            match result {
+            let seconds = u32::try_from(left.as_secs()).unwrap_or(u32::MAX);
+            match handle.events(after, None, seconds).await.map_err(problem) {
                 Ok(page) => break page,
                 Err(p) if matches!(p.status, 429 | 502 | 503 | 504) => {
                     let now = tokio::time::Instant::now();
@@ -331,6 +340,7 @@ impl AgentApi for RemoteApi {
                 Err(p) => return Err(p),
             }
         };
+        let page: ApiEventPage = retype(&page)?;
         self.note_state(id, page.task_state).await?;
         Ok(page)
     }

@@ -20,8 +20,7 @@ pub async fn serve(
     dev_key: Option<String>,
     state_root: &Path,
 ) -> anyhow::Result<()> {
-    let state = StateDir::open(state_root)
-        .with_context(|| format!("open the state directory {}", state_root.display()))?;
+    let state = StateDir::open(state_root)?;
     let api = RemoteApi::connect(api_url, dev_key, state).await?;
     let service = MeatspaceTools::new(Arc::new(api))
         .serve(rmcp::transport::stdio())

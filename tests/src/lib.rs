@@ -120,6 +120,40 @@ pub(crate) fn replace_database(url: &str, name: &str) -> String {
     }
 }
 
+/// Polls `check` every 20 ms until it yields a value; fails after `limit`
+/// naming `what`. Returns the value and how long it took. The one polling
+/// loop of the suite: tests wait on a condition, never for a fixed time.
+pub async fn eventually_timed<T, F, Fut>(
+    limit: std::time::Duration,
+    what: &str,
+    mut check: F,
+) -> (T, std::time::Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return (v, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// [`eventually_timed`], for the value only.
+pub async fn eventually<T, F, Fut>(limit: std::time::Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_timed(limit, what, check).await.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::replace_database;

@@ -3,10 +3,15 @@
 //! [`Binary`] names a binary that `cargo build --workspace --bins` put next
 //! to the test executable (`scripts/test` builds them before the tests);
 //! [`ServerProcess`] runs one listening on a free port of 127.0.0.1 with
-//! its log in a file, and is killed if the test ends without stopping it.
+//! its log in a file, and is killed if the test ends without stopping it;
+//! [`ServerProcess::start_in`] runs it the way a user does instead, in a
+//! directory and on an address of the test's choosing (so a restart comes
+//! back where clients look for it, over the same `.meatspace/` data).
+//! The API server's tests and the controller's (`controller_support`) use
+//! this one helper.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 /// A binary of this workspace.
@@ -32,19 +37,50 @@ impl Binary {
         }
     }
 
-    /// Its path: target/<profile>/<name>, next to the test binary's deps/.
+    /// The variable that may name another build of it.
+    fn path_env(self) -> &'static str {
+        match self {
+            Binary::ApiServer => "MEATSPACE_API_SERVER_BIN",
+            Binary::Controller => "MEATSPACE_CONTROLLER_BIN",
+        }
+    }
+
+    /// How long it may take to answer `/readyz` after starting.
+    fn ready_within(self) -> Duration {
+        match self {
+            Binary::ApiServer => Duration::from_secs(60),
+            Binary::Controller => Duration::from_secs(30),
+        }
+    }
+
+    /// How long a graceful stop (SIGTERM) may take: the controller only
+    /// finishes the batch it is writing, the API server drains requests.
+    fn stop_within(self) -> Duration {
+        match self {
+            Binary::ApiServer => Duration::from_secs(30),
+            Binary::Controller => Duration::from_secs(15),
+        }
+    }
+
+    /// Its path: the variable [`Self::path_env`] if set, else
+    /// target/<profile>/<name>, next to the test binary's deps/.
     pub fn path(self) -> PathBuf {
-        let exe = std::env::current_exe().expect("test binary path");
-        let path = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target directory")
-            .join(self.name());
+        let path = match std::env::var_os(self.path_env()) {
+            Some(p) => PathBuf::from(p),
+            None => {
+                let exe = std::env::current_exe().expect("test binary path");
+                exe.parent()
+                    .and_then(|deps| deps.parent())
+                    .expect("target directory")
+                    .join(self.name())
+            }
+        };
         assert!(
             path.is_file(),
             "{} does not exist: build the binaries first (`cargo build --workspace --bins`, \
-             which scripts/test runs)",
-            path.display()
+             which scripts/test runs), or set {}",
+            path.display(),
+            self.path_env()
         );
         path
     }
@@ -61,49 +97,115 @@ pub fn free_port() -> u16 {
 /// A running binary.
 #[derive(Debug)]
 pub struct ServerProcess {
+    binary: Binary,
     child: tokio::process::Child,
     /// `host:port` it listens on.
     pub addr: String,
     /// `host:port` of the API server's metrics listener (`None` for the
     /// controller, which serves `/metrics` on `addr`).
     pub metrics_addr: Option<String>,
+    /// Its stdout (the API server prints the dev key there).
+    stdout: PathBuf,
+    /// Its stderr: logs and start-up errors.
     log: PathBuf,
-    _dir: tempfile::TempDir,
+    /// The working directory [`Self::start`] made, removed with it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl ServerProcess {
-    /// Starts `binary` with only `env` (and its listen address) set.
+    /// Starts `binary` in a fresh directory on a free port, with only
+    /// `env` (and its listen address) set.
     pub fn start(binary: Binary, env: &[(&str, &str)]) -> ServerProcess {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let log = dir.path().join("process.log");
         let addr = format!("127.0.0.1:{}", free_port());
+        let mut process = ServerProcess::start_in(binary, dir.path(), "process", &addr, env);
+        process._dir = Some(dir);
+        process
+    }
+
+    /// Starts `binary` in `dir` listening on `addr`, with only `env` set
+    /// (plus RUST_LOG and PATH); `name` tells the output files
+    /// (`name.stdout`, `name.stderr`) of several runs in `dir` apart.
+    pub fn start_in(
+        binary: Binary,
+        dir: &Path,
+        name: &str,
+        addr: &str,
+        env: &[(&str, &str)],
+    ) -> ServerProcess {
+        let stdout = dir.join(format!("{name}.stdout"));
+        let log = dir.join(format!("{name}.stderr"));
         let mut command = tokio::process::Command::new(binary.path());
-        command.env_clear();
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         // The metrics listener's default port would be shared by every
         // API server of the suite.
         let metrics_addr = (binary == Binary::ApiServer).then(|| {
-            let metrics_addr = format!("127.0.0.1:{}", free_port());
-            command.env("MEATSPACE_METRICS_LISTEN_ADDR", &metrics_addr);
-            metrics_addr
+            env.iter()
+                .find(|(k, _)| *k == "MEATSPACE_METRICS_LISTEN_ADDR")
+                .map(|(_, v)| (*v).to_owned())
+                .unwrap_or_else(|| {
+                    let metrics_addr = format!("127.0.0.1:{}", free_port());
+                    command.env("MEATSPACE_METRICS_LISTEN_ADDR", &metrics_addr);
+                    metrics_addr
+                })
         });
         let child = command
-            .env(binary.listen_env(), &addr)
+            .env(binary.listen_env(), addr)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
-            .current_dir(dir.path())
+            .current_dir(dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(&log).expect("log file"))
             .kill_on_drop(true)
             .spawn()
             .expect("start the binary");
         ServerProcess {
+            binary,
             child,
-            addr,
+            addr: addr.to_owned(),
             metrics_addr,
+            stdout,
             log,
-            _dir: dir,
+            _dir: None,
         }
+    }
+
+    /// What it has printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    /// What it has logged (stderr) so far; the same as [`Self::logs`].
+    pub fn stderr(&self) -> String {
+        self.logs()
+    }
+
+    /// The dev key the API server printed on stdout.
+    pub fn printed_dev_key(&self) -> Option<String> {
+        self.stdout()
+            .lines()
+            .find(|l| l.starts_with("meatspace dev key"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    }
+
+    /// Waits for a binary that must refuse to start to exit (within the
+    /// time it has to become ready).
+    pub async fn exit(&mut self) -> ExitStatus {
+        let within = self.binary.ready_within();
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} still running after {within:?}:\n{}",
+                    self.binary.name(),
+                    self.logs()
+                )
+            })
+            .expect("wait for the binary")
     }
 
     /// `http://host:port`.
@@ -120,10 +222,30 @@ impl ServerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits (up to a minute) until `/readyz` answers 200.
+    /// GET `path`: the status and the body.
+    pub async fn get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
+        let r = reqwest::get(self.url(path)).await?;
+        let status = r.status().as_u16();
+        Ok((status, r.text().await?))
+    }
+
+    /// The value of a counter (summed over its label sets) from the
+    /// controller's `/metrics`.
+    pub async fn counter(&self, name: &str) -> f64 {
+        let (status, body) = self.get("/metrics").await.expect("scrape /metrics");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until `/readyz` answers 200 (a minute for the API server,
+    /// 30 s for the controller).
     pub async fn ready(&mut self) {
         let client = reqwest::Client::new();
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        let within = self.binary.ready_within();
+        let give_up = tokio::time::Instant::now() + within;
         loop {
             if let Ok(r) = client.get(self.url("/readyz")).send().await
                 && r.status().is_success()
@@ -131,11 +253,17 @@ impl ServerProcess {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the process exited with {status}:\n{}", self.logs());
+                panic!(
+                    "{} exited with {status}:\n{}\n{}",
+                    self.binary.name(),
+                    self.stdout(),
+                    self.logs()
+                );
             }
             assert!(
                 tokio::time::Instant::now() < give_up,
-                "not ready after a minute:\n{}",
+                "{} not ready after {within:?}:\n{}",
+                self.binary.name(),
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -147,7 +275,8 @@ impl ServerProcess {
         self.child.kill().await.expect("kill -9");
     }
 
-    /// SIGTERM, then waits for the exit; returns whether it exited 0 within 30 s.
+    /// SIGTERM, then waits for the exit; returns whether it exited 0 in
+    /// time (30 s for the API server, 15 s for the controller).
     pub async fn terminate(&mut self) -> bool {
         let pid = self.child.id().expect("still running").to_string();
         let sent = std::process::Command::new("kill")
@@ -155,7 +284,7 @@ impl ServerProcess {
             .status()
             .expect("run kill");
         assert!(sent.success());
-        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+        match tokio::time::timeout(self.binary.stop_within(), self.child.wait()).await {
             Ok(Ok(status)) => status.success(),
             _ => false,
         }

@@ -44,13 +44,22 @@ pub const DEV_KEY_HEADER: &str = "x-meatspace-dev-key";
 
 /// Runs each listed `async fn name(db: Db)` once per backend, as
 /// `postgres::name` and `sqlite::name`, on a multi-threaded runtime so that
-/// concurrent requests really run in parallel.
+/// concurrent requests really run in parallel: the one naming scheme of
+/// every per-backend test. `api_tests!(group: a, b)` names a second group
+/// of a file `group::postgres::a`; `api_tests!(threads = 2; a, b)` sets
+/// the runtime's worker threads (4 unless said).
 #[macro_export]
 macro_rules! api_tests {
-    ($($name:ident),+ $(,)?) => {
+    ($group:ident: $($name:ident),+ $(,)?) => {
+        mod $group {
+            use super::*;
+            $crate::api_tests!($($name),+);
+        }
+    };
+    (threads = $threads:literal; $($name:ident),+ $(,)?) => {
         mod postgres {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
                 async fn $name() {
                     super::$name($crate::Db::Postgres).await;
                 }
@@ -58,12 +67,15 @@ macro_rules! api_tests {
         }
         mod sqlite {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
                 async fn $name() {
                     super::$name($crate::Db::Sqlite).await;
                 }
             )+
         }
+    };
+    ($($name:ident),+ $(,)?) => {
+        $crate::api_tests!(threads = 4; $($name),+);
     };
 }
 

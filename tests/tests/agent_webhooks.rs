@@ -30,7 +30,8 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::oneshot;
 
-use controller_support::{InProcess, free_port, median_and_max};
+use controller_support::{InProcess, median_and_max};
+use meatspace_tests::process::free_port;
 
 meatspace_tests::api_tests!(
     every_event_arrives_signed_once_the_receiver_is_up,

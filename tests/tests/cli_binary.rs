@@ -146,15 +146,12 @@ impl Watch {
     }
 }
 
+/// Waits (up to a minute) until `check` holds.
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    meatspace_tests::eventually(Duration::from_secs(60), what, || {
+        std::future::ready(check().then_some(()))
+    })
+    .await
 }
 
 async fn watch_resumes_after_sigkill_without_gap_or_duplicate(db: Db) {
@@ -603,28 +600,7 @@ async fn errors_say_what_to_do_next(db: Db) {
 
 // ---- the integrations of issue 9: SSE, Idempotency-Key replays, POST /extend ----
 
-macro_rules! integration_tests {
-    ($($name:ident),+ $(,)?) => {
-        mod integrations_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(meatspace_tests::Db::Postgres).await;
-                }
-            )+
-        }
-        mod integrations_sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(meatspace_tests::Db::Sqlite).await;
-                }
-            )+
-        }
-    };
-}
-
-integration_tests!(
+meatspace_tests::api_tests!(integrations:
     watch_over_sse_resumes_after_sigkill,
     extend_moves_the_deadline,
 );

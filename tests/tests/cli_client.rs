@@ -586,28 +586,7 @@ async fn retries_reuse_one_idempotency_key(db: Db) {
 
 // ---- the integrations of issue 9: SSE, Idempotency-Key replays, POST /extend ----
 
-macro_rules! integration_tests {
-    ($($name:ident),+ $(,)?) => {
-        mod integrations_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(meatspace_tests::Db::Postgres).await;
-                }
-            )+
-        }
-        mod integrations_sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(meatspace_tests::Db::Sqlite).await;
-                }
-            )+
-        }
-    };
-}
-
-integration_tests!(
+meatspace_tests::api_tests!(integrations:
     lifecycle_over_sse,
     a_lost_answer_is_replayed_not_repeated,
     extend_gives_a_task_more_time,

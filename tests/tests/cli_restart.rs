@@ -10,13 +10,11 @@
 //! fixed address, so the restart comes back where the clients look); the
 //! CLI is the built binary.
 
-mod process_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use process_support::{ApiProcess, free_port};
+use meatspace_tests::process::{Binary, ServerProcess, free_port};
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
@@ -47,7 +45,7 @@ struct Restartable {
     dir: PathBuf,
     addr: String,
     runs: usize,
-    process: ApiProcess,
+    process: ServerProcess,
 }
 
 impl Restartable {
@@ -64,8 +62,9 @@ impl Restartable {
         s
     }
 
-    fn spawn(dir: &Path, addr: &str, run: usize) -> ApiProcess {
-        ApiProcess::start(
+    fn spawn(dir: &Path, addr: &str, run: usize) -> ServerProcess {
+        ServerProcess::start_in(
+            Binary::ApiServer,
             dir,
             &format!("server-{run}"),
             addr,

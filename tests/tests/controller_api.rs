@@ -15,6 +15,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 meatspace_tests::api_tests!(
     an_agent_sees_its_task_expire_in_the_feed_within_a_second,
@@ -33,7 +34,7 @@ impl Controller {
         match server.backend {
             Db::Sqlite => Controller::InProcess(InProcess::start(&server.store, config())),
             Db::Postgres => {
-                let mut p = Process::start(&server.db.url, &[]);
+                let mut p = controller_process(&server.db.url, &[]);
                 p.ready().await;
                 Controller::Binary(Box::new(p))
             }

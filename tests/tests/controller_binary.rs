@@ -14,6 +14,7 @@ use meatspace_tests::{Db, POSTGRES_ENV, TestDb};
 use sqlx::Connection;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(probes_metrics_and_graceful_shutdown);
 
@@ -90,7 +91,7 @@ async fn probes_metrics_and_graceful_shutdown(db: Db) {
     // Created before the process starts: a SQLite database signals changes
     // only within the process that makes them.
     let t = open(&store, TimeDelta::milliseconds(1500)).await;
-    let mut p = Process::start(&db.url, &[]);
+    let mut p = controller_process(&db.url, &[]);
     p.ready().await;
     assert_eq!(p.get("/livez").await.unwrap().0, 200);
     let (status, body) = p.get("/metrics").await.unwrap();
@@ -167,7 +168,7 @@ async fn set_database_up(url: &str, up: bool) {
 async fn readiness_follows_the_database_and_expiry_resumes_after_an_outage() {
     let db = TestDb::new(Db::Postgres).await;
     let store = db.store(Policy::default()).await;
-    let mut p = Process::start(&db.url, &[]);
+    let mut p = controller_process(&db.url, &[]);
     p.ready().await;
     let t = open(&store, TimeDelta::seconds(2)).await;
 

@@ -14,6 +14,7 @@ use sqlx::Connection;
 use uuid::Uuid;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(a_controller_killed_mid_sweep_leaves_the_store_consistent);
 
@@ -86,7 +87,7 @@ async fn a_controller_killed_mid_sweep_leaves_the_store_consistent(db: Db) {
 
     // Small batches: the process is almost always inside a transaction.
     let env = [("MEATSPACE_CONTROLLER_BATCH_SIZE", "10")];
-    let mut first = Process::start(&db.url, &env);
+    let mut first = controller_process(&db.url, &env);
     let at_kill = first_expiries(&db.url).await;
     first.kill().await;
     assert!(
@@ -97,7 +98,7 @@ async fn a_controller_killed_mid_sweep_leaves_the_store_consistent(db: Db) {
     println!("killed after {at_kill} expiries were visible; {after_kill} committed in all");
     assert!(after_kill < TASKS, "the kill came after the last batch");
 
-    let mut second = Process::start(&db.url, &env);
+    let mut second = controller_process(&db.url, &env);
     second.ready().await;
     eventually(
         Duration::from_secs(60),

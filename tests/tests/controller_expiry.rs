@@ -16,6 +16,7 @@ use meatspace_tests::{Db, TestDb};
 use serde_json::json;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(
     agents_see_task_expired_within_a_second_of_the_deadline,

@@ -12,6 +12,7 @@ use meatspace_domain::{Command, Policy, TaskState, clock};
 use meatspace_tests::{Db, TestDb};
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(racing_the_deadline_ends_each_task_exactly_once);
 

@@ -11,6 +11,7 @@ use meatspace_domain::{EventType, Policy, TaskState, clock};
 use meatspace_tests::{Db, TestDb};
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 const TASKS: usize = 3000;
 
@@ -20,8 +21,8 @@ async fn two_controllers_share_the_work_and_expire_each_task_once() {
     let store = db.store(Policy::default()).await;
     // Small batches, so both replicas come back for more many times.
     let env = [("MEATSPACE_CONTROLLER_BATCH_SIZE", "50")];
-    let mut a = Process::start(&db.url, &env);
-    let mut b = Process::start(&db.url, &env);
+    let mut a = controller_process(&db.url, &env);
+    let mut b = controller_process(&db.url, &env);
     a.ready().await;
     b.ready().await;
 

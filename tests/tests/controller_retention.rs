@@ -14,6 +14,7 @@ use meatspace_tests::{Db, TestDb};
 use uuid::Uuid;
 
 use controller_support::*;
+use meatspace_tests::eventually;
 
 on_both_backends!(retention_removes_old_terminal_tasks_and_nothing_else);
 

@@ -30,8 +30,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_controller::leader::{LEADER_GAUGE, LeaseSettings};
-use meatspace_controller::mirror::MirrorSettings;
 use meatspace_crds::{MeatspaceTask, resource_name};
 use meatspace_domain::{Policy, Task};
 use meatspace_store::NewTask;
@@ -159,18 +159,19 @@ async fn new_task(store: &Arc<dyn Store>, description: &str) -> Task {
         .expect("create a task")
 }
 
-/// Polls `check` every 20 ms until it holds; fails after `limit`.
+/// Waits until `check` holds (within `limit`); returns how long it took.
 async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    started.elapsed()
+    let check = || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    };
+    meatspace_tests::eventually_timed(limit, what, check)
+        .await
+        .1
 }
 
 /// The controller library running in this process.

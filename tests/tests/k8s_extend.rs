@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use kube::api::Api;
 use meatspace_controller::ControllerConfig;
-use meatspace_controller::mirror::MirrorSettings;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_crds::MeatspaceTask;
 use meatspace_tests::Db;
 use meatspace_tests::k8s::{

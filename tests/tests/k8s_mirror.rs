@@ -17,7 +17,6 @@
 //! one is a failure, never a skip. Each test has a namespace of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -27,11 +26,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_controller::leader::LeaseSettings;
-use meatspace_controller::mirror::{FIELD_MANAGER, MirrorSettings};
 use meatspace_controller::telemetry::LogFormat;
 use meatspace_crds::{
-    MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskSpec, desired, resource_name,
+    FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskSpec, desired,
+    resource_name,
 };
 use meatspace_domain::{Command, Policy, Task};
 use meatspace_store::NewTask;
@@ -42,7 +42,7 @@ use meatspace_tests::k8s::{
     kubectl, kubectl_as, service_account_with_rules, write_token_kubeconfig,
 };
 use meatspace_tests::server::{Expect, TestServer, images, str_at};
-use meatspace_tests::{Db, TestDb};
+use meatspace_tests::{Db, TestDb, eventually_timed as eventually};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
@@ -63,29 +63,7 @@ const LAG_LIMIT: Duration = Duration::from_secs(5);
 /// other tests' mirrors write too.
 static APISERVER: LazyLock<RwLock<()>> = LazyLock::new(|| RwLock::new(()));
 
-/// Runs each listed `async fn name(db: Db)` once per backend.
-macro_rules! on_both_backends {
-    ($($name:ident),+ $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(meatspace_tests::Db::Postgres).await;
-                }
-            )+
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(meatspace_tests::Db::Sqlite).await;
-                }
-            )+
-        }
-    };
-}
-
-on_both_backends!(
+meatspace_tests::api_tests!(
     a_task_driven_over_http_shows_its_states_in_kubectl,
     the_store_is_the_authority
 );
@@ -247,23 +225,6 @@ fn assert_one_field_manager(resource: &MeatspaceTask) {
         "managedFields of {}",
         resource.name_any()
     );
-}
-
-/// Polls `check` every 20 ms until it yields a value; fails after `limit`.
-/// Returns the value and how long it took.
-async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> (T, Duration)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return (v, started.elapsed());
-        }
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Waits until the resource of task `id` is in step with the task as the

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use meatspace_controller::ControllerConfig;
-use meatspace_controller::mirror::MirrorSettings;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_controller::requests::RequestSettings;
 use meatspace_crds::MeatspaceTask;
 use meatspace_domain::TaskState;
@@ -37,7 +37,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use controller_support::{InProcess, eventually, median_and_max};
+use controller_support::{InProcess, median_and_max};
+use meatspace_tests::eventually;
 
 /// Generous bound for anything the controller must do (a busy 2-core machine).
 const PATIENCE: Duration = Duration::from_secs(60);

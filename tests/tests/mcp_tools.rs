@@ -593,23 +593,26 @@ fn stored_cursor(agent: &Agent, task: &AgentTask) -> i64 {
         .as_ref()
         .unwrap()
         .path()
-        .join("mcp/tasks")
+        .join("tasks")
         .join(format!("{}.json", task.id));
     let record: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
     record["cursor"].as_i64().unwrap()
 }
 
-/// The stdio server's state: private, holding the token, with the cursor
-/// stored only as far as the client acknowledged.
+/// The stdio server's state, in the CLI's state directory and layout:
+/// private, holding the token, with the cursor stored only as far as the
+/// client acknowledged.
 fn check_state_dir(agent: &Agent, task: &AgentTask, acknowledged: i64) {
-    let root = agent.state_dir.as_ref().unwrap().path().join("mcp");
+    let root = agent.state_dir.as_ref().unwrap().path();
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&root), 0o700);
+    assert_eq!(mode(root), 0o700);
+    // Created by the server itself (the root is the test's own directory).
+    assert_eq!(mode(&root.join("tasks")), 0o700);
     let file = root.join("tasks").join(format!("{}.json", task.id));
     assert_eq!(mode(&file), 0o600);
     let record: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(record["cursor"], acknowledged);
-    assert_eq!(record["last_known_state"], "completed");
+    assert_eq!(record["task"]["state"], "completed");
     assert!(record["agent_token"].as_str().unwrap().starts_with("mst_"));
 }
 

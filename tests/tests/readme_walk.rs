@@ -9,13 +9,11 @@
 //! Needs `bash`, `curl` and `jq` (scripts/test runs under .ci/run, which
 //! installs them); a missing one fails the test.
 
-mod process_support;
-
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use process_support::{ApiProcess, free_port};
+use meatspace_tests::process::{Binary, ServerProcess, free_port};
 use serde_json::Value;
 
 /// The marker line that precedes the walk's code block in README.md.
@@ -62,7 +60,7 @@ async fn the_readme_walk_runs_as_printed() {
     // The first README command: no configuration at all.
     let dir = tempfile::tempdir().expect("temporary directory");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut server = ApiProcess::start(dir.path(), "server", &addr, &[]);
+    let mut server = ServerProcess::start_in(Binary::ApiServer, dir.path(), "server", &addr, &[]);
     server.ready().await;
 
     let run = tokio::process::Command::new("bash")

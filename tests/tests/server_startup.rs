@@ -7,12 +7,10 @@
 //! codes and no Rust `Debug` of durations; `GET /` points a browser at the
 //! worker app and an API client at the capabilities document.
 
-mod process_support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use process_support::{ApiProcess, free_port};
+use meatspace_tests::process::{Binary, ServerProcess, free_port};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -36,7 +34,7 @@ async fn create_with(base: &str, key: &str) -> StatusCode {
 async fn a_restart_keeps_the_generated_dev_key() {
     let dir = tempfile::tempdir().unwrap();
     let addr = local_addr();
-    let mut first = ApiProcess::start(dir.path(), "first", &addr, &[]);
+    let mut first = ServerProcess::start_in(Binary::ApiServer, dir.path(), "first", &addr, &[]);
     first.ready().await;
     let key = first.printed_dev_key().expect("a generated key is printed");
     assert!(key.starts_with("msd_"), "{key}");
@@ -53,7 +51,7 @@ async fn a_restart_keeps_the_generated_dev_key() {
     first.kill().await;
 
     // The same directory: the exported key still works, and is printed again.
-    let mut second = ApiProcess::start(dir.path(), "second", &addr, &[]);
+    let mut second = ServerProcess::start_in(Binary::ApiServer, dir.path(), "second", &addr, &[]);
     second.ready().await;
     assert_eq!(second.printed_dev_key().as_deref(), Some(key.as_str()));
     assert_eq!(
@@ -65,7 +63,8 @@ async fn a_restart_keeps_the_generated_dev_key() {
 
     // A configured key wins over the kept one, and nothing is printed.
     let configured = "msd_configured_key_of_the_test";
-    let mut third = ApiProcess::start(
+    let mut third = ServerProcess::start_in(
+        Binary::ApiServer,
         dir.path(),
         "third",
         &addr,
@@ -117,7 +116,7 @@ async fn a_restart_keeps_the_generated_dev_key() {
 /// Starts a server that must refuse to start; its stderr, after checking
 /// that it exited non-zero and created nothing in `dir`.
 async fn refused(dir: &Path, name: &str, addr: &str, env: &[(&str, &str)]) -> (String, String) {
-    let mut server = ApiProcess::start(dir, name, addr, env);
+    let mut server = ServerProcess::start_in(Binary::ApiServer, dir, name, addr, env);
     let status = server.exit().await;
     assert!(!status.success(), "{name}: started anyway");
     let (stdout, stderr) = (server.stdout(), server.stderr());
@@ -226,7 +225,8 @@ async fn each_startup_mistake_says_what_to_do() {
 async fn a_second_server_on_the_data_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let first_addr = local_addr();
-    let mut first = ApiProcess::start(dir.path(), "first", &first_addr, &[]);
+    let mut first =
+        ServerProcess::start_in(Binary::ApiServer, dir.path(), "first", &first_addr, &[]);
     first.ready().await;
     let (e, _) = refused(dir.path(), "second", &local_addr(), &[]).await;
     assert!(e.contains("already uses the data directory"), "{e}");
@@ -239,7 +239,8 @@ async fn a_second_server_on_the_data_directory_is_refused() {
     );
     // Its lock goes with it, even after SIGKILL.
     first.kill().await;
-    let mut third = ApiProcess::start(dir.path(), "third", &local_addr(), &[]);
+    let mut third =
+        ServerProcess::start_in(Binary::ApiServer, dir.path(), "third", &local_addr(), &[]);
     third.ready().await;
     third.kill().await;
 }

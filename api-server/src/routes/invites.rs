@@ -17,10 +17,7 @@ use uuid::Uuid;
 use crate::AppState;
 use crate::auth::{DevKeyAuth, issue_token};
 use crate::error::ApiError;
-use crate::error::responses::{
-    BadRequest, PayloadTooLarge, ServiceUnavailable, Unauthorized, UnprocessableEntity,
-    UnsupportedMediaType,
-};
+use crate::error::responses::CreateErrors;
 
 /// Prefix of invite codes.
 pub const INVITE_PREFIX: &str = "msi_";
@@ -52,13 +49,7 @@ pub struct CreatedInvite {
 #[utoipa::path(post, path = "/api/v1/workers/invites", tag = "worker",
     request_body(content = Option<InviteRequest>, description = "optional lifetime"),
     security(("dev_key" = [])),
-    responses((status = 201, body = CreatedInvite),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+    responses((status = 201, body = CreatedInvite), CreateErrors))]
 async fn create_invite(
     State(state): State<AppState>,
     _auth: DevKeyAuth,

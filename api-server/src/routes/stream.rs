@@ -37,7 +37,7 @@ use super::workers::TaskId;
 use crate::AppState;
 use crate::auth::{AgentAuth, Principal, WorkerAuth};
 use crate::error::ApiError;
-use crate::error::responses::{BadRequest, NotFound, ServiceUnavailable, Unauthorized};
+use crate::error::responses::TaskFeedErrors;
 use crate::extract::Query;
 use crate::feed::{Watch, Woken};
 use crate::rate_limit::{ClientAddress, StreamSlot};
@@ -110,11 +110,7 @@ pub struct SseMessage {
     security(("agent_token" = [])),
     responses(
         (status = 200, description = "`text/event-stream`: `id:` event id, `event:` event type, `data:` the event as in the polled feed; `: keep-alive` comments in between",
-            content_type = "text/event-stream", body = SseMessage),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+            content_type = "text/event-stream", body = SseMessage), TaskFeedErrors))]
 async fn agent_stream(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -138,11 +134,7 @@ async fn agent_stream(
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "`text/event-stream`, as the agent's stream",
-            content_type = "text/event-stream", body = SseMessage),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+            content_type = "text/event-stream", body = SseMessage), TaskFeedErrors))]
 async fn worker_stream(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,

@@ -23,8 +23,7 @@ use crate::AppState;
 use crate::auth::{AgentAuth, AgentCredential, DevKeyAuth, issue_agent_token};
 use crate::error::ApiError;
 use crate::error::responses::{
-    BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceUnavailable, Unauthorized,
-    UnprocessableEntity, UnsupportedMediaType,
+    CreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors, TaskReadErrors,
 };
 use crate::extract::{Json, Path, Query};
 use crate::photo::ImageBytes;
@@ -88,13 +87,7 @@ pub struct TaskResource {
     responses(
         (status = 201, description = "The task, in the draft state, and its agent token",
             body = CreatedTask,
-            headers(("Location" = String, description = "The task's URL"))),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+            headers(("Location" = String, description = "The task's URL"))), CreateErrors))]
 async fn create_task(
     State(state): State<AppState>,
     _auth: DevKeyAuth,
@@ -168,10 +161,7 @@ pub(crate) async fn create(
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
     responses(
-        (status = 200, description = "The task", body = TaskResource),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task", body = TaskResource), TaskReadErrors))]
 async fn get_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -190,11 +180,7 @@ async fn get_task(
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
     responses(
-        (status = 200, description = "The open task and the event of the change", body = TaskChange),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The open task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn publish_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -207,11 +193,7 @@ async fn publish_task(
     params(("task_id" = Uuid, Path)),
     security(("agent_token" = [])),
     responses(
-        (status = 200, description = "The cancelled task and the event of the change", body = TaskChange),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The cancelled task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn cancel_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -240,15 +222,7 @@ pub struct ExtendRequest {
     params(("task_id" = Uuid, Path)),
     request_body = ExtendRequest,
     security(("agent_token" = [])),
-    responses((status = 200, body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+    responses((status = 200, body = TaskChange), TaskBodyCommandErrors))]
 async fn extend_task(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -278,11 +252,7 @@ async fn extend_task(
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("agent_token" = [])),
     responses(
-        (status = 200, description = "A page of the task's events", body = EventPage),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]
 async fn task_events(
     State(state): State<AppState>,
     credential: AgentCredential,
@@ -336,15 +306,7 @@ pub struct RespondRequest {
     request_body = RespondRequest,
     security(("agent_token" = [])),
     responses(
-        (status = 200, description = "The task and the events of the answer", body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task and the events of the answer", body = TaskChange), TaskBodyCommandErrors))]
 async fn respond_to_issue(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,
@@ -372,10 +334,7 @@ async fn respond_to_issue(
     security(("agent_token" = [])),
     responses(
         (status = 200, description = "The image, in the format it was sent in",
-            content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+            content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))), TaskReadErrors))]
 async fn get_photo(
     State(state): State<AppState>,
     AgentAuth(id): AgentAuth,

@@ -26,8 +26,8 @@ use crate::AppState;
 use crate::auth::{DevKeyAuth, WorkerAuth, issue_worker_token, task_id_param};
 use crate::error::ApiError;
 use crate::error::responses::{
-    BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceUnavailable, Unauthorized,
-    UnprocessableEntity, UnsupportedMediaType,
+    CreateErrors, ListErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
+    TaskReadErrors,
 };
 use crate::extract::{Json, Query};
 use crate::photo::{self, ACCEPTED_TYPES, ImageBytes, PhotoError};
@@ -95,13 +95,7 @@ pub struct RegisteredWorker {
     request_body = RegisterWorkerRequest,
     security(("dev_key" = [])),
     responses(
-        (status = 201, description = "The worker and its token", body = RegisteredWorker),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 201, description = "The worker and its token", body = RegisteredWorker), CreateErrors))]
 async fn register_worker(
     State(state): State<AppState>,
     _auth: DevKeyAuth,
@@ -159,10 +153,7 @@ fn decode_cursor(s: &str) -> Option<OpenTasksCursor> {
     params(ListQuery),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "A page of open tasks", body = OpenTaskPage),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "A page of open tasks", body = OpenTaskPage), ListErrors))]
 async fn list_open_tasks(
     State(state): State<AppState>,
     _worker: WorkerAuth,
@@ -213,10 +204,7 @@ async fn visible_task(state: &AppState, worker: Uuid, id: Uuid) -> Result<Task, 
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The task", body = Task),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task", body = Task), TaskReadErrors))]
 async fn get_task(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -233,11 +221,7 @@ async fn get_task(
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The task, now assigned to the caller", body = TaskChange),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task, now assigned to the caller", body = TaskChange), TaskCommandErrors))]
 async fn claim(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -295,11 +279,7 @@ fn no_open_task() -> ApiError {
     params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The active task", body = TaskChange),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The active task", body = TaskChange), TaskCommandErrors))]
 async fn start(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -322,15 +302,7 @@ pub struct MessageRequest {
     request_body = MessageRequest,
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The task and the message's event", body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task and the message's event", body = TaskChange), TaskBodyCommandErrors))]
 async fn send_message(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -349,15 +321,7 @@ async fn send_message(
         content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The task and the photo's event", body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task and the photo's event", body = TaskChange), TaskBodyCommandErrors))]
 async fn send_photo(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -476,15 +440,7 @@ pub struct IssueRequest {
     request_body = IssueRequest,
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The task and the issue's event", body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The task and the issue's event", body = TaskChange), TaskBodyCommandErrors))]
 async fn raise_issue(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -552,15 +508,7 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiErr
     request_body(content = Option<EndRequest>, description = "optional note"),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The completed task and the event of the change", body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The completed task and the event of the change", body = TaskChange), TaskBodyCommandErrors))]
 async fn complete(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -579,15 +527,7 @@ async fn complete(
     request_body(content = Option<EndRequest>, description = "optional reason"),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The stopped task and the event of the change", body = TaskChange),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 409, response = inline(Conflict)),
-        (status = 413, response = inline(PayloadTooLarge)),
-        (status = 415, response = inline(UnsupportedMediaType)),
-        (status = 422, response = inline(UnprocessableEntity)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "The stopped task and the event of the change", body = TaskChange), TaskBodyCommandErrors))]
 async fn stop(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
@@ -608,11 +548,7 @@ async fn stop(
     params(("task_id" = Uuid, Path), EventsQuery),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "A page of the task's events", body = EventPage),
-        (status = 400, response = inline(BadRequest)),
-        (status = 401, response = inline(Unauthorized)),
-        (status = 404, response = inline(NotFound)),
-        (status = 503, response = inline(ServiceUnavailable))))]
+        (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]
 async fn task_events(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,

@@ -6,11 +6,12 @@
 //! is shown as text. Every action runs the same domain commands as the JSON
 //! worker API, through [`AppState::act`]-style calls on the store.
 
+mod form;
 pub mod session;
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Form, Multipart, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -30,7 +31,8 @@ use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{
     EventsQuery, Reader, checked_optional_text, checked_text, event_feed, workers,
 };
-use session::{SameOrigin, WorkerSession, check_csrf, csrf_token, pre_session};
+use form::{CsrfField, SessionForm, SignInForm, TaskForm, TaskId};
+use session::{WorkerSession, csrf_token, pre_session};
 
 /// The Content-Security-Policy of every page: only the app's own script,
 /// style and images, no inline code, forms post only here, no framing.
@@ -346,6 +348,16 @@ struct Typed {
     reason: String,
 }
 
+impl Typed {
+    /// A submission of `form` that carried no text worth showing again.
+    fn of(form: &'static str) -> Self {
+        Typed {
+            form,
+            ..Typed::default()
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "task.html")]
 struct TaskPage {
@@ -501,6 +513,12 @@ struct NameForm {
     name: String,
 }
 
+impl CsrfField for NameForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
 fn invite_gone() -> AppError {
     AppError::Page(
         StatusCode::GONE,
@@ -544,15 +562,10 @@ async fn invite_form(
 
 async fn accept_invite(
     State(state): State<AppState>,
-    _: SameOrigin,
     Path(code): Path<String>,
     headers: HeaderMap,
-    Form(form): Form<NameForm>,
+    SignInForm(form): SignInForm<NameForm>,
 ) -> Result<Response, AppError> {
-    check_csrf(
-        session::pre_session_value(&state, &headers),
-        form.csrf.as_deref(),
-    )?;
     let invite_id = live_invite(&state, &code).await?;
     let name = match checked_text("name", &form.name, MAX_NAME_CHARS) {
         Ok(n) => n.trim().to_owned(),
@@ -631,16 +644,17 @@ struct TokenForm {
     token: String,
 }
 
+impl CsrfField for TokenForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
 async fn login(
     State(state): State<AppState>,
-    _: SameOrigin,
     headers: HeaderMap,
-    Form(form): Form<TokenForm>,
+    SignInForm(form): SignInForm<TokenForm>,
 ) -> Result<Response, AppError> {
-    check_csrf(
-        session::pre_session_value(&state, &headers),
-        form.csrf.as_deref(),
-    )?;
     match verify_worker_token(&state, form.token.trim()).await {
         Ok(worker_id) => {
             let cookie = session::start(&state, &headers, worker_id).await?;
@@ -675,13 +689,17 @@ struct CsrfForm {
     csrf: Option<String>,
 }
 
+impl CsrfField for CsrfForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
 async fn logout(
     State(state): State<AppState>,
-    s: WorkerSession,
     headers: HeaderMap,
-    Form(form): Form<CsrfForm>,
+    SessionForm { session: s, .. }: SessionForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
     state.store.delete_session(s.session_id).await?;
     let clear = session::set_cookie(
         state.public_origin.secure(&headers),
@@ -722,11 +740,6 @@ async fn my_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Res
 }
 
 // ------------------------------------------------------------- the task
-
-/// A task id from the path; anything else names no task.
-fn task_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::try_parse(raw).map_err(|_| AppError::Api(ApiError::task_not_found()))
-}
 
 /// The events the worker may read (from its own assignment on), in words.
 async fn worker_feed(
@@ -815,9 +828,9 @@ async fn render_task(
 async fn task_page(
     State(state): State<AppState>,
     s: WorkerSession,
-    Path(raw): Path<String>,
+    TaskId(id): TaskId,
 ) -> Result<Response, AppError> {
-    render_task(&state, &s, task_id(&raw)?, Typed::default(), StatusCode::OK).await
+    render_task(&state, &s, id, Typed::default(), StatusCode::OK).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -895,12 +908,12 @@ async fn run(state: &AppState, id: Uuid, command: Command) -> Result<(), ApiErro
 
 async fn claim(
     State(state): State<AppState>,
-    s: WorkerSession,
-    Path(raw): Path<String>,
-    Form(form): Form<CsrfForm>,
+    TaskForm {
+        session: s,
+        task: id,
+        ..
+    }: TaskForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
-    let id = task_id(&raw)?;
     match workers::claim_task(&state, s.worker.id, id).await {
         Ok(_) => Ok(back_to(id)),
         Err(ApiError::NotFound(_)) => Err(AppError::Page(
@@ -910,31 +923,21 @@ async fn claim(
              Pick another one from the open tasks."
                 .into(),
         )),
-        Err(e) => {
-            let typed = Typed {
-                form: "claim",
-                ..Typed::default()
-            };
-            act_or_show(&state, &s, id, typed, Err(e)).await
-        }
+        Err(e) => act_or_show(&state, &s, id, Typed::of("claim"), Err(e)).await,
     }
 }
 
 async fn start(
     State(state): State<AppState>,
-    s: WorkerSession,
-    Path(raw): Path<String>,
-    Form(form): Form<CsrfForm>,
+    TaskForm {
+        session: s,
+        task: id,
+        ..
+    }: TaskForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
-    let id = task_id(&raw)?;
     let worker = s.worker.id;
     let result = run(&state, id, Command::Start { worker }).await;
-    let typed = Typed {
-        form: "start",
-        ..Typed::default()
-    };
-    act_or_show(&state, &s, id, typed, result).await
+    act_or_show(&state, &s, id, Typed::of("start"), result).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -946,14 +949,20 @@ struct TextForm {
     confirm: Option<String>,
 }
 
+impl CsrfField for TextForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
 async fn send_message(
     State(state): State<AppState>,
-    s: WorkerSession,
-    Path(raw): Path<String>,
-    Form(form): Form<TextForm>,
+    TaskForm {
+        session: s,
+        task: id,
+        form,
+    }: TaskForm<TextForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
-    let id = task_id(&raw)?;
     let worker = s.worker.id;
     let result = match checked_text("message", &form.text, MAX_TEXT_CHARS) {
         Ok(text) => run(&state, id, Command::Message { worker, text }).await,
@@ -969,12 +978,12 @@ async fn send_message(
 
 async fn raise_issue(
     State(state): State<AppState>,
-    s: WorkerSession,
-    Path(raw): Path<String>,
-    Form(form): Form<TextForm>,
+    TaskForm {
+        session: s,
+        task: id,
+        form,
+    }: TaskForm<TextForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
-    let id = task_id(&raw)?;
     let worker = s.worker.id;
     let result = match (
         IssueKind::parse(&form.kind),
@@ -995,12 +1004,12 @@ async fn raise_issue(
 
 async fn complete(
     State(state): State<AppState>,
-    s: WorkerSession,
-    Path(raw): Path<String>,
-    Form(form): Form<TextForm>,
+    TaskForm {
+        session: s,
+        task: id,
+        form,
+    }: TaskForm<TextForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
-    let id = task_id(&raw)?;
     let worker = s.worker.id;
     let note = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
     let result = match checked_optional_text("the note", note, MAX_TEXT_CHARS) {
@@ -1017,12 +1026,12 @@ async fn complete(
 
 async fn stop(
     State(state): State<AppState>,
-    s: WorkerSession,
-    Path(raw): Path<String>,
-    Form(form): Form<TextForm>,
+    TaskForm {
+        session: s,
+        task: id,
+        form,
+    }: TaskForm<TextForm>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(form.csrf.as_deref())?;
-    let id = task_id(&raw)?;
     let worker = s.worker.id;
     let reason = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
     let result = if form.confirm.as_deref() != Some("yes") {
@@ -1048,10 +1057,9 @@ async fn stop(
 async fn send_photo(
     State(state): State<AppState>,
     s: WorkerSession,
-    Path(raw): Path<String>,
+    TaskId(id): TaskId,
     mut multipart: Multipart,
 ) -> Result<Response, AppError> {
-    let id = task_id(&raw)?;
     let too_large = || {
         ApiError::TooLarge(format!(
             "the photo is too large: photos are limited to {} MB",
@@ -1102,11 +1110,7 @@ async fn send_photo(
         }
         (None, _) => Err(ApiError::invalid("choose a photo first")),
     };
-    let typed = Typed {
-        form: "photo",
-        ..Typed::default()
-    };
-    act_or_show(&state, &s, id, typed, result).await
+    act_or_show(&state, &s, id, Typed::of("photo"), result).await
 }
 
 #[cfg(test)]

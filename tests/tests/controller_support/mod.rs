@@ -6,7 +6,6 @@
 #![allow(dead_code)] // each suite uses a different part
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,25 +16,18 @@ use meatspace_domain::{Command, Event, EventType, IssueStatus, Task, TaskState, 
 use meatspace_store::NewTask;
 use meatspace_store::token::TokenHash;
 use meatspace_store::{Store, StoreError};
+use meatspace_tests::process::Binary;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 /// Runs an async test body against PostgreSQL and against SQLite, as
-/// `name::postgres` and `name::sqlite`.
+/// `postgres::name` and `sqlite::name` (the suite's one scheme,
+/// [`meatspace_tests::api_tests`]) on two worker threads.
 #[macro_export]
 macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name(meatspace_tests::Db::Postgres).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(meatspace_tests::Db::Sqlite).await
-            }
-        }
-    )*};
+    ($($name:ident),* $(,)?) => {
+        meatspace_tests::api_tests!(threads = 2; $($name),*);
+    };
 }
 
 /// A draft task whose lifetime ends at `expires_at`.
@@ -119,25 +111,6 @@ pub async fn task(store: &Arc<dyn Store>, id: Uuid) -> Task {
         .await
         .expect("read task")
         .expect("task exists")
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, failing after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let give_up = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Moves a task's end (and creation) `days` into the past, straight in the
@@ -315,138 +288,26 @@ pub fn is_clean_loss(e: &StoreError) -> bool {
 
 // ---- the real binary -------------------------------------------------------
 
-/// Path of the `meatspace-controller` binary: `MEATSPACE_CONTROLLER_BIN`, or
-/// the one cargo built next to this test binary (`cargo build -p
-/// meatspace-controller`, which `scripts/test` runs before the tests).
-pub fn controller_bin() -> PathBuf {
-    let path = match std::env::var_os("MEATSPACE_CONTROLLER_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let exe = std::env::current_exe().expect("test binary path");
-            // target/<profile>/deps/<test> → target/<profile>/meatspace-controller
-            exe.parent()
-                .and_then(|deps| deps.parent())
-                .expect("target directory")
-                .join("meatspace-controller")
-        }
-    };
-    assert!(
-        path.is_file(),
-        "the controller binary {} does not exist: build it first with \
-         `cargo build -p meatspace-controller` (scripts/test does), or set MEATSPACE_CONTROLLER_BIN",
-        path.display()
-    );
-    path
-}
+pub use meatspace_tests::process::ServerProcess as Process;
 
-/// A free TCP port on 127.0.0.1 (free when this returns).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+/// Path of the `meatspace-controller` binary: `MEATSPACE_CONTROLLER_BIN`, or
+/// the one cargo built next to this test binary.
+pub fn controller_bin() -> PathBuf {
+    Binary::Controller.path()
 }
 
 /// The server key the controller processes of these tests sign with.
 pub const TEST_SECRET_KEY: &str = "controller-test-server-key-of-at-least-32-characters";
 
-/// A `meatspace-controller` process. Killed if the test ends without
-/// stopping it.
-#[derive(Debug)]
-pub struct Process {
-    child: tokio::process::Child,
-    pub addr: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Process {
-    /// Starts the binary against `database_url` with extra environment.
-    pub fn start(database_url: &str, env: &[(&str, &str)]) -> Process {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let log = dir.path().join("controller.log");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut cmd = tokio::process::Command::new(controller_bin());
-        cmd.env_clear()
-            .env("DATABASE_URL", database_url)
-            .env("MEATSPACE_CONTROLLER_LISTEN_ADDR", &addr)
-            .env("RUST_LOG", "info,meatspace_controller=debug")
-            // The controller refuses to start without the webhook key.
-            .env("MEATSPACE_SECRET_KEY", TEST_SECRET_KEY)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .kill_on_drop(true);
-        let child = cmd.spawn().expect("start meatspace-controller");
-        Process {
-            child,
-            addr,
-            log,
-            _dir: dir,
-        }
-    }
-
-    /// What the process has logged so far.
-    pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub async fn get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
-        let r = reqwest::get(format!("http://{}{path}", self.addr)).await?;
-        let status = r.status().as_u16();
-        Ok((status, r.text().await?))
-    }
-
-    /// Waits until `/readyz` answers 200.
-    pub async fn ready(&mut self) {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok((200, _)) = self.get("/readyz").await {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "meatspace-controller exited with {status}:\n{}",
-                    self.logs()
-                );
-            }
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "not ready after 30 s:\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The value of a counter (summed over its label sets) from `/metrics`.
-    pub async fn counter(&self, name: &str) -> f64 {
-        let (status, body) = self.get("/metrics").await.expect("scrape /metrics");
-        assert_eq!(status, 200);
-        body.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// SIGKILL: no chance to finish anything.
-    pub async fn kill(&mut self) {
-        self.child.kill().await.expect("kill -9");
-    }
-
-    /// SIGTERM, then waits for the exit; returns whether it exited 0 within 15 s.
-    pub async fn terminate(&mut self) -> bool {
-        let pid = self.child.id().expect("still running").to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success());
-        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
-            Ok(Ok(status)) => status.success(),
-            _ => false,
-        }
-    }
+/// Starts a `meatspace-controller` process against `database_url` with
+/// extra environment. Killed if the test ends without stopping it.
+pub fn controller_process(database_url: &str, env: &[(&str, &str)]) -> Process {
+    let mut all = vec![
+        ("DATABASE_URL", database_url),
+        ("RUST_LOG", "info,meatspace_controller=debug"),
+        // The controller refuses to start without the webhook key.
+        ("MEATSPACE_SECRET_KEY", TEST_SECRET_KEY),
+    ];
+    all.extend_from_slice(env);
+    Process::start(Binary::Controller, &all)
 }

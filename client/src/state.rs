@@ -1,5 +1,8 @@
 //! The local state directory: one file per task (its agent token, feed
-//! cursor and last known state) and one for the registered worker.
+//! cursor and last known state) and one for the registered worker. It is
+//! the one directory of every local tool: the CLI (`meatspace task …`) and
+//! the MCP stdio server (`meatspace mcp`) read and write the same records,
+//! so a task created by either can be followed with the other.
 //!
 //! Tokens are credentials, so the directory is 0700 and every file 0600,
 //! created with those modes (never widened then narrowed). Every write goes
@@ -13,12 +16,20 @@ use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
-use meatspace_client::Task;
+use meatspace_domain::Task;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+use crate::Error;
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// What failed on `path`, as the error the caller shows.
+fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::State(format!("{what} {}: {e}", path.display()))
+}
 
 /// What the CLI remembers about one task it created.
 #[derive(Clone, Serialize, Deserialize)]
@@ -119,14 +130,13 @@ impl StateDir {
     pub fn task(&self, id: Uuid) -> Result<TaskRecord> {
         match self.load_task(id)? {
             Some(record) => Ok(record),
-            None => Err(crate::Usage(format!(
+            None => Err(Error::Invalid(format!(
                 "no local record of task {id} in {}: only tasks created with `meatspace task create` \
-                 or adopted with `meatspace task import {id} --token-file FILE` have their token \
+                 (or through `meatspace mcp`) or adopted with `meatspace task import {id} --token-file FILE` have their token \
                  here (pass --state-dir or set MEATSPACE_STATE_DIR if you used another one; \
                  `meatspace task list` shows what is here)",
                 self.root.display()
-            ))
-            .into()),
+            ))),
         }
     }
 
@@ -164,9 +174,8 @@ impl StateDir {
             .truncate(false)
             .mode(0o600)
             .open(&path)
-            .with_context(|| format!("open {}", path.display()))?;
-        f.lock()
-            .with_context(|| format!("lock {}", path.display()))?;
+            .map_err(|e| io_error("open", &path, e))?;
+        f.lock().map_err(|e| io_error("lock", &path, e))?;
         Ok(f)
     }
 
@@ -176,11 +185,11 @@ impl StateDir {
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("read {}", dir.display())),
+            Err(e) => return Err(io_error("read", &dir, e)),
         };
         let mut out = Vec::new();
         for entry in entries {
-            let path = entry?.path();
+            let path = entry.map_err(|e| io_error("read", &dir, e))?.path();
             let is_record = path.extension().is_some_and(|x| x == "json")
                 && !path
                     .file_name()
@@ -200,12 +209,11 @@ impl StateDir {
     pub fn worker(&self) -> Result<WorkerRecord> {
         match self.load_worker()? {
             Some(record) => Ok(record),
-            None => Err(crate::Usage(format!(
+            None => Err(Error::Invalid(format!(
                 "no worker registered in {}: run `meatspace worker register --name NAME` first \
                  (or pass the --state-dir you registered with)",
                 self.root.display()
-            ))
-            .into()),
+            ))),
         }
     }
 
@@ -224,16 +232,18 @@ pub fn merge_task(record: &mut TaskRecord, task: Task) {
     }
 }
 
-fn default_root() -> Result<PathBuf> {
+/// $XDG_STATE_HOME/meatspace, else ~/.local/state/meatspace.
+pub fn default_root() -> Result<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
         return Ok(PathBuf::from(x).join("meatspace"));
     }
     match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
         Some(home) => Ok(PathBuf::from(home).join(".local/state/meatspace")),
-        None => bail!(
+        None => Err(Error::State(
             "cannot choose a state directory: neither XDG_STATE_HOME nor HOME is set; \
              pass --state-dir DIR or set MEATSPACE_STATE_DIR"
-        ),
+                .to_owned(),
+        )),
     }
 }
 
@@ -241,36 +251,38 @@ fn default_root() -> Result<PathBuf> {
 fn private_dir(dir: &Path) -> Result<()> {
     match DirBuilder::new().recursive(true).mode(0o700).create(dir) {
         Ok(()) => {}
-        Err(e) => return Err(e).with_context(|| format!("create {}", dir.display())),
+        Err(e) => return Err(io_error("create", dir, e)),
     }
-    let meta = fs::metadata(dir).with_context(|| format!("read {}", dir.display()))?;
+    let meta = fs::metadata(dir).map_err(|e| io_error("read", dir, e))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode != 0o700 {
         // An existing directory (made by hand, say): tighten it rather
         // than leave tokens readable by others.
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("restrict {} to 0700", dir.display()))?;
+            .map_err(|e| Error::State(format!("restrict {} to 0700: {e}", dir.display())))?;
     }
     Ok(())
 }
 
 fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .with_context(|| format!("{} is not a valid state file", path.display())),
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            Error::State(format!("{} is not a valid state file: {e}", path.display()))
+        }),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+        Err(e) => Err(io_error("read", path, e)),
     }
 }
 
 /// Writes `value` to `path` atomically and durably, mode 0600.
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(value)?;
-    let dir = path.parent().context("state file without a directory")?;
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| io_error("encode", path, e))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| io_error("write", path, "no directory"))?;
     let name = path
         .file_name()
-        .context("state file without a name")?
+        .ok_or_else(|| io_error("write", path, "no file name"))?
         .to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {
@@ -291,7 +303,7 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
         .inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
         })
-        .with_context(|| format!("write {}", path.display()))
+        .map_err(|e| io_error("write", path, e))
 }
 
 #[cfg(test)]

@@ -1,0 +1,135 @@
+//! The extractors behind every form of the web app, so a handler receives
+//! a form that has already passed its checks and stays a few lines (as
+//! realworld-axum-sqlx's `AuthUser` does for its handlers).
+//!
+//! Each runs the checks in one order, the order the handlers used to spell
+//! out: the session (a cross-site post is refused first, a missing or
+//! stale session goes to the sign-in page), then the form body, then its
+//! CSRF token, then the task the path names.
+
+use axum::extract::{Form, FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use super::AppError;
+use super::session::{self, SameOrigin, WorkerSession};
+use crate::AppState;
+use crate::error::ApiError;
+
+/// A form that carries a CSRF token.
+pub trait CsrfField {
+    /// The submitted token, if the form carried one.
+    fn csrf(&self) -> Option<&str>;
+}
+
+/// A form posted by a signed-in worker, its CSRF token checked against
+/// the session.
+#[derive(Debug)]
+pub struct SessionForm<F> {
+    pub session: WorkerSession,
+    pub form: F,
+}
+
+impl<F> FromRequest<AppState> for SessionForm<F>
+where
+    F: DeserializeOwned + CsrfField + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let session = WorkerSession::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Form(form) = Form::<F>::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        session
+            .check_csrf(form.csrf())
+            .map_err(IntoResponse::into_response)?;
+        Ok(SessionForm { session, form })
+    }
+}
+
+/// A form about one task (`/app/tasks/{task_id}/...`): a [`SessionForm`]
+/// and the task's id.
+#[derive(Debug)]
+pub struct TaskForm<F> {
+    pub session: WorkerSession,
+    pub task: Uuid,
+    pub form: F,
+}
+
+impl<F> FromRequest<AppState> for TaskForm<F>
+where
+    F: DeserializeOwned + CsrfField + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let Path(raw) = Path::<String>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let SessionForm { session, form } =
+            SessionForm::from_request(Request::from_parts(parts, body), state).await?;
+        let task = task_id(&raw).map_err(IntoResponse::into_response)?;
+        Ok(TaskForm {
+            session,
+            task,
+            form,
+        })
+    }
+}
+
+/// A form posted before signing in (the invite and sign-in forms): the
+/// browser must not say it comes from elsewhere, and its CSRF token must
+/// derive from the pre-session cookie.
+#[derive(Debug)]
+pub struct SignInForm<F>(pub F);
+
+impl<F> FromRequest<AppState> for SignInForm<F>
+where
+    F: DeserializeOwned + CsrfField + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        SameOrigin::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let headers = parts.headers.clone();
+        let Form(form) = Form::<F>::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        session::check_csrf(session::pre_session_value(state, &headers), form.csrf())
+            .map_err(IntoResponse::into_response)?;
+        Ok(SignInForm(form))
+    }
+}
+
+/// The task a page's path names (`/app/tasks/{task_id}`); anything that
+/// is not a task id names no task.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskId(pub Uuid);
+
+impl FromRequestParts<AppState> for TaskId {
+    type Rejection = AppError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| AppError::Api(ApiError::task_not_found()))?;
+        task_id(&raw).map(TaskId)
+    }
+}
+
+fn task_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::try_parse(raw).map_err(|_| AppError::Api(ApiError::task_not_found()))
+}

@@ -1,0 +1,52 @@
+//! The one backoff of every reconciler's retry loop: after an error a
+//! reconciler waits, twice as long after each further error, and starts
+//! again from the shortest wait once a round succeeds.
+
+use std::time::Duration;
+
+use crate::Shutdown;
+
+/// Exponential backoff between retries after an error: 100 ms doubling to 5 s.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    pub(crate) fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let delay = Self::FIRST
+            .saturating_mul(1 << self.failures.min(16))
+            .min(Self::MAX);
+        self.failures = self.failures.saturating_add(1);
+        delay
+    }
+
+    pub(crate) async fn wait(&mut self, shutdown: &mut Shutdown) {
+        let delay = self.next_delay();
+        tokio::select! {
+            () = shutdown.requested() => {}
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_a_ceiling_and_resets() {
+        let mut b = Backoff::default();
+        let delays: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,210 @@
+//! One local state directory for the CLI and the MCP stdio server: a task
+//! created through `meatspace mcp` is followed to its end with `meatspace
+//! task watch`, and a task created with `meatspace task create` is read,
+//! published and waited on through `meatspace mcp`'s tools, both with only
+//! the task id (the token is in the shared directory).
+//!
+//! The API server is the built binary on SQLite; the CLI and its `mcp`
+//! subcommand are the built `meatspace` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use meatspace_tests::process::{Binary, ServerProcess};
+use reqwest::StatusCode;
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const DEV_KEY: &str = "msd_shared_state_test_dev_key_0123456789";
+
+fn cli_bin() -> PathBuf {
+    let path = std::env::current_exe()
+        .expect("test binary path")
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory")
+        .join("meatspace");
+    assert!(
+        path.is_file(),
+        "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
+        path.display()
+    );
+    path
+}
+
+/// The CLI with only the given state directory and server.
+fn cli(base: &str, state: &Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(cli_bin());
+    cmd.env_clear()
+        .env("MEATSPACE_DEV_KEY", DEV_KEY)
+        .args(["--url", base, "--state-dir"])
+        .arg(state);
+    cmd
+}
+
+/// `meatspace mcp` as an MCP session over its stdio.
+async fn mcp(base: &str, state: &Path) -> RunningService<RoleClient, ()> {
+    let mut cmd = cli(base, state);
+    cmd.arg("mcp").kill_on_drop(true);
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start meatspace mcp");
+    ().serve(transport).await.expect("MCP session over stdio")
+}
+
+async fn call(client: &RunningService<RoleClient, ()>, name: &str, args: Value) -> Value {
+    let Value::Object(args) = args else {
+        unreachable!()
+    };
+    let result: CallToolResult = client
+        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(args))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
+    result.structured_content.expect("structured result")
+}
+
+async fn worker_token(base: &str) -> String {
+    let worker: Value = reqwest::Client::new()
+        .post(format!("{base}/api/v1/workers"))
+        .header("x-meatspace-dev-key", DEV_KEY)
+        .json(&json!({ "name": "Lin" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    worker["worker_token"].as_str().unwrap().to_owned()
+}
+
+async fn worker_post(base: &str, wtoken: &str, id: Uuid, path: &str, body: Value) {
+    let res = reqwest::Client::new()
+        .post(format!("{base}/api/v1/worker/tasks/{id}/{path}"))
+        .bearer_auth(wtoken)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let body = res.text().await.unwrap_or_default();
+    assert_eq!(status, StatusCode::OK, "{path}: {body}");
+}
+
+async fn server(data: &Path) -> ServerProcess {
+    let data = data.display().to_string();
+    let mut server = ServerProcess::start(
+        Binary::ApiServer,
+        &[
+            ("MEATSPACE_DEV_KEY", DEV_KEY),
+            ("MEATSPACE_DATA_DIR", &data),
+        ],
+    );
+    server.ready().await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_through_mcp_is_watched_with_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = server(&dir.path().join("data")).await;
+    let base = server.base_url();
+    let state = dir.path().join("state");
+
+    let session = mcp(&base, &state).await;
+    let created = call(
+        &session,
+        "create_task",
+        json!({ "description": "Check the mailbox", "publish": true }),
+    )
+    .await;
+    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+    session.cancel().await.expect("end the MCP session");
+
+    let wtoken = worker_token(&base).await;
+    for step in ["claim", "start"] {
+        worker_post(&base, &wtoken, id, step, json!({})).await;
+    }
+    worker_post(&base, &wtoken, id, "complete", json!({ "text": "empty" })).await;
+
+    // Only the id: the token is the one `meatspace mcp` stored.
+    let out = cli(&base, &state)
+        .args(["--output", "json", "task", "watch"])
+        .arg(id.to_string())
+        .output()
+        .await
+        .expect("run meatspace task watch");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "task watch failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("task.completed"),
+        "the watch follows the task to its end: {stdout}"
+    );
+    server.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_with_the_cli_is_driven_through_mcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = server(&dir.path().join("data")).await;
+    let base = server.base_url();
+    let state = dir.path().join("state");
+
+    let out = cli(&base, &state)
+        .args([
+            "--output",
+            "json",
+            "task",
+            "create",
+            "-d",
+            "Read the gas meter",
+        ])
+        .output()
+        .await
+        .expect("run meatspace task create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created: Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let id = created["task"]["id"]
+        .as_str()
+        .or_else(|| created["id"].as_str())
+        .unwrap_or_else(|| panic!("a task id in {created}"))
+        .to_owned();
+
+    let session = mcp(&base, &state).await;
+    let listed = call(&session, "list_my_tasks", json!({})).await;
+    assert!(
+        listed.to_string().contains(&id),
+        "list_my_tasks shows the CLI's task: {listed}"
+    );
+    let task = call(&session, "get_task", json!({ "task_id": id })).await;
+    assert_eq!(task["task"]["state"], "draft", "{task}");
+    call(&session, "publish_task", json!({ "task_id": id })).await;
+    let wtoken = worker_token(&base).await;
+    let id: Uuid = id.parse().unwrap();
+    worker_post(&base, &wtoken, id, "claim", json!({})).await;
+    let events = call(
+        &session,
+        "wait_for_events",
+        json!({ "task_id": id, "cursor": 0 }),
+    )
+    .await;
+    assert!(
+        events.to_string().contains("task.assigned"),
+        "the tools read the CLI's task feed: {events}"
+    );
+    session.cancel().await.expect("end the MCP session");
+    server.kill().await;
+}
