@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_store::Store;
 use meatspace_crds::FIELD_MANAGER;
+use meatspace_store::Store;
 use tokio::sync::watch;
 
 use crate::leader::{self, LeaseSettings};
