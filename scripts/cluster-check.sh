@@ -296,15 +296,27 @@ if "$HELM" upgrade "$RELEASE" "$CHART" -n "$NS" -f "$WORK/values.yaml" --set "im
 else
   fail "helm upgrade did not finish"
 fi
-# Traffic a little longer, against the new pods only.
-sleep 3
+# `--wait` returns once the new pods are Ready; the old ones may still be
+# draining (preStop, graceful shutdown). Traffic goes on until they are
+# gone and a few more requests were answered by the new pods alone.
+old_pods() {
+  k get pods -l "app.kubernetes.io/instance=$RELEASE" \
+    -o jsonpath='{range .items[*]}{.spec.containers[0].image}{"\n"}{end}' | grep -c ":$APP_TAG\$" || true
+}
+no_old_pods() { [[ $(old_pods) -eq 0 ]]; }
+if wait_until 90 no_old_pods; then
+  pass "every meatspace pod runs $UPGRADE_TAG"
+else
+  fail "$(old_pods) pod(s) still run $APP_TAG 90 s after the rollout"
+fi
+read -r SENT_AT _ <"$WORK/traffic/counts"
+sent_since() { local sent; read -r sent _ <"$WORK/traffic/counts"; ((sent >= SENT_AT + $1)); }
+wait_until 30 sent_since 5 || fail "the traffic loop stopped after the rollout"
 touch "$WORK/stop"; wait "$LOOP_PID" || true; LOOP_PID=""
 read -r SENT OK RETRIED FAILED <"$WORK/traffic/counts"
 log "upgrade traffic: sent $SENT, succeeded $OK, retried (503 + Retry-After) $RETRIED, failed $FAILED"
 if [[ $FAILED -eq 0 ]]; then pass "no failed request during the upgrade"
 else sed 's/^/    | /' "$WORK/traffic/failures" >&2; fail "$FAILED request(s) failed during the upgrade"; fi
-OLD_PODS=$(k get pods -l "app.kubernetes.io/instance=$RELEASE" -o jsonpath='{range .items[*]}{.spec.containers[0].image}{"\n"}{end}' | grep -c ":$APP_TAG\$" || true)
-[[ $OLD_PODS -eq 0 ]] && pass "every meatspace pod runs $UPGRADE_TAG" || fail "$OLD_PODS pod(s) still run $APP_TAG"
 lost=0
 while read -r id token; do
   curl -sf "$H/api/v1/tasks/$id" -H "authorization: Bearer $token" >/dev/null || lost=$((lost + 1))

@@ -246,9 +246,10 @@ impl Reference {
     }
 
     pub async fn stop(mut self) -> Result<()> {
-        // nginx leaves its workers on SIGKILL of the master: SIGQUIT first.
+        // nginx leaves its workers behind on SIGKILL of the master, not on
+        // SIGTERM (its fast shutdown): TERM first.
         let _ = tokio::process::Command::new("kill")
-            .arg("-QUIT")
+            .arg("-TERM")
             .arg(self.pid.to_string())
             .status()
             .await;
