@@ -252,11 +252,15 @@ cmd_support() {
   [[ $# -eq 1 ]] || die "usage: image.sh support OUTDIR"
   local outdir=$1
   mkdir -p "$outdir"
-  [[ -x /bin/busybox ]] && /bin/busybox --help 2>&1 | head -1 | grep -q BusyBox \
+  # Read whole, not through `head`: under pipefail, busybox killed by
+  # SIGPIPE once head has its line would fail the check at random.
+  local banner
+  banner=$( { /bin/busybox --help 2>&1 || true; } )
+  [[ -x /bin/busybox && $banner == *BusyBox* ]] \
     || die "/bin/busybox is missing (apt-get install busybox)"
   ldd /bin/busybox >/dev/null 2>&1 || die "/bin/busybox is static: it cannot resolve names in a pod (apt-get install busybox)"
   local bb_ver pg_bin pg_ver
-  bb_ver=$(/bin/busybox --help 2>&1 | head -1 | sed -n 's/^BusyBox v\([0-9.]*\).*/\1/p')
+  bb_ver=$(sed -n '1s/^BusyBox v\([0-9.]*\).*/\1/p' <<<"$banner")
   pg_bin=$("$ROOT/scripts/postgres.sh" bindir) || die "no PostgreSQL server binaries (scripts/postgres.sh bindir)"
   pg_ver=$("$pg_bin/postgres" --version | sed -n 's/.* \([0-9][0-9.]*\).*/\1/p')
   # The cache key: the versions and this script (a changed recipe rebuilds).
