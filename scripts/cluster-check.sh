@@ -190,10 +190,20 @@ if k wait pod -l "$API_SEL" --for=condition=Ready=false --timeout=90s >/dev/null
 else
   fail "API pods stayed Ready with PostgreSQL down"
 fi
+# The old PostgreSQL pod may still be shutting down (smart shutdown) when
+# the scale-up is asked for, and the API pods' Ready condition can lag
+# their probes: "back" means the new PostgreSQL pod is Ready and the API
+# answers /readyz through its Service three times running.
+k wait pod -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=postgresql" \
+  --for=delete --timeout=120s >/dev/null 2>&1 || true
 k scale statefulset "$RELEASE-postgresql" --replicas=1 >/dev/null
 t0=$(now_ms)
-if k rollout status statefulset "$RELEASE-postgresql" --timeout=120s >/dev/null \
-   && k wait pod -l "$API_SEL" --for=condition=Ready --timeout=90s >/dev/null; then
+api_answers() { curl -sf -m 2 "$H/readyz" >/dev/null; }
+api_steady() { api_answers && sleep 1 && api_answers && sleep 1 && api_answers; }
+if wait_until 120 k get pod "$RELEASE-postgresql-0" \
+   && k wait pod "$RELEASE-postgresql-0" --for=condition=Ready --timeout=120s >/dev/null \
+   && k wait pod -l "$API_SEL" --for=condition=Ready --timeout=90s >/dev/null \
+   && wait_until 90 api_steady; then
   pass "API pods Ready again $(secs_since "$t0")s after PostgreSQL was scaled back"
 else
   fail "API pods not Ready after PostgreSQL came back"
