@@ -32,6 +32,16 @@ fn names(states: impl IntoIterator<Item = TaskState>) -> Vec<&'static str> {
     states.into_iter().map(TaskState::as_str).collect()
 }
 
+/// The credentials this server accepts.
+fn auth_modes(state: &AppState) -> Vec<&'static str> {
+    let mut modes = vec!["api_key"];
+    if state.dev_key.enabled() {
+        modes.push("development_key");
+    }
+    modes.extend(["agent_token", "worker_token"]);
+    modes
+}
+
 /// Builds the document.
 pub fn document(state: &AppState) -> Value {
     let terminal = names(TaskState::ALL.into_iter().filter(|s| s.is_terminal()));
@@ -53,6 +63,34 @@ pub fn document(state: &AppState) -> Value {
                 "type": "bearer",
                 "credential": "agent_token",
                 "note": "Task-scoped credential returned once when a task is created. Persist it securely; it cannot be recovered from Meatspace."
+            },
+            "modes": auth_modes(state),
+            "api_key": {
+                "type": "bearer",
+                "format": "msk_<key id>_<secret>",
+                "header": "Authorization: Bearer msk_...",
+                "obtain": "An operator creates one (POST /api/v1/keys, or `meatspace key create`); the secret is shown once.",
+                "scopes": {
+                    "tasks": "create tasks; drive, read and list the tasks this key's principal owns without their agent_token",
+                    "workers:register": "register workers",
+                    "invites": "create worker invites",
+                    "operator": "everything: keys, workers, invites, the audit trail, any task"
+                },
+                "ownership": "A task belongs to the principal whose key created it. Another principal's task answers 404.",
+                "list_tasks": "GET /api/v1/tasks?state={state}&cursor={cursor}: your own tasks, newest first (how an agent that lost its local state finds its work again)",
+                "rotation": "POST /api/v1/keys/{key_id}/rotate: a new secret; the old one keeps working for grace_seconds (default 86400, at most 604800)",
+                "revocation": "Takes effect on every server within a second. The principal's tasks keep running and stay readable with their agent_token unless the operator cancels them."
+            },
+            "development_key": {
+                "enabled": state.dev_key.enabled(),
+                "header": DEV_KEY_HEADER,
+                "acts_as": "the built-in development principal: an operator with every scope",
+                "when_disabled": "refused with 401, problem type dev-key-disabled, which says how to get an API key"
+            },
+            "worker_token": {
+                "type": "bearer",
+                "format": "msw_<worker id>_<secret>",
+                "note": "Refused while an operator has the worker suspended."
             }
         },
         "lifecycle": {
@@ -80,6 +118,20 @@ pub fn document(state: &AppState) -> Value {
                 },
                 "returns": ["task", "agent_token"]
             },
+            "list_tasks": {
+                "method": "GET",
+                "path": "/api/v1/tasks?state={state}&cursor={cursor}",
+                "auth": "api_key",
+                "returns": ["tasks", "next_cursor"]
+            },
+            "operator": {
+                "auth": "api_key (scope operator)",
+                "keys": "POST|GET /api/v1/keys, GET /api/v1/keys/{key_id}, POST /api/v1/keys/{key_id}/rotate, POST /api/v1/keys/{key_id}/revoke",
+                "workers": "GET /api/v1/workers, POST /api/v1/workers/{worker_id}/suspend|reinstate|rotate",
+                "invites": "GET /api/v1/workers/invites, POST /api/v1/workers/invites/{invite_id}/revoke",
+                "audit": "GET /api/v1/audit?principal={id}&since={time}&until={time}&cursor={cursor}"
+            },
+            "task_auth_note": "Every task_bearer endpoint also accepts an API key of the principal that owns the task (scope tasks), or an operator's key, instead of the agent_token.",
             "publish_task": { "method": "POST", "path": "/api/v1/tasks/{task_id}/publish", "auth": "task_bearer" },
             "get_task": { "method": "GET", "path": "/api/v1/tasks/{task_id}", "auth": "task_bearer" },
             "task_events": {
@@ -153,7 +205,7 @@ pub fn document(state: &AppState) -> Value {
                 "applies_to": "every state-changing POST of the agent and worker APIs",
                 "replay_window_seconds": state.integrations.idempotency_ttl.num_seconds(),
                 "replayed_header": "Idempotency-Replayed: true",
-                "scope": "the authenticated principal: the task of an agent token, the worker of a worker token; for the development key, which every agent shares until agents have keys of their own, the key together with the X-Meatspace-Client-Id request header when one is sent (send a random id per agent). Requests whose credential does not verify are not recorded.",
+                "scope": "the authenticated principal: the principal of an API key (every key of one principal shares it), the task of an agent token, the worker of a worker token; for the development key, which every holder shares, the key together with the X-Meatspace-Client-Id request header when one is sent (send a random id per agent). Requests whose credential does not verify are not recorded.",
                 "client_id_header": "X-Meatspace-Client-Id",
                 "conflicts": { "different_request": 422, "in_flight": 409 },
                 "note": "Retry a POST with the same key to get the first answer again; a replayed create returns the same task and a working agent_token."

@@ -107,7 +107,7 @@ pub struct SseMessage {
     operation_id = "stream_task_events",
     params(("task_id" = Uuid, Path), StreamQuery,
         ("Last-Event-ID" = Option<i64>, Header, description = "resume after this event id")),
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "`text/event-stream`: `id:` event id, `event:` event type, `data:` the event as in the polled feed; `: keep-alive` comments in between",
             content_type = "text/event-stream", body = SseMessage), TaskFeedErrors))]
