@@ -16,7 +16,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use chrono::{DateTime, Utc};
 use meatspace_domain::identity::{
-    AuditAction, DEVELOPMENT_PRINCIPAL, PrincipalKind, Scope, Scopes,
+    ActedBy, AuditAction, DEVELOPMENT_PRINCIPAL, PrincipalKind, Scope, Scopes,
 };
 use meatspace_store::token::{self, TokenHash};
 use meatspace_store::{KeyRefusal, NewAudit, StoreError};
@@ -110,6 +110,17 @@ impl Caller {
 
     pub fn is_operator(&self) -> bool {
         self.scopes.allow(Scope::Operator)
+    }
+
+    /// How the events of this caller's actions name it.
+    pub fn acted_by(&self) -> ActedBy {
+        match self.key_id {
+            Some(key_id) => ActedBy::ApiKey {
+                principal_id: self.principal,
+                key_id,
+            },
+            None => ActedBy::DevelopmentKey,
+        }
     }
 
     /// The unit of rate limits and idempotency scopes.
@@ -273,10 +284,10 @@ pub async fn authorize_owner(
     state: &AppState,
     caller: &Caller,
     task_id: Uuid,
-) -> Result<(), ApiError> {
+) -> Result<ActedBy, ApiError> {
     caller.require(Scope::Tasks)?;
     if caller.is_operator() {
-        return Ok(());
+        return Ok(caller.acted_by());
     }
     let owner = state
         .credentials
@@ -284,7 +295,7 @@ pub async fn authorize_owner(
         .digest(task_id, state.store.task_owner(task_id))
         .await?;
     if owner == Some(caller.principal) {
-        Ok(())
+        Ok(caller.acted_by())
     } else {
         Err(ApiError::task_not_found())
     }
@@ -348,7 +359,7 @@ pub(crate) async fn authorize_agent(
     state: &AppState,
     headers: &HeaderMap,
     task_id: Uuid,
-) -> Result<(), ApiError> {
+) -> Result<ActedBy, ApiError> {
     authorize_agent_token(state, bearer(headers)?, task_id).await
 }
 
@@ -358,7 +369,7 @@ pub(crate) async fn authorize_agent_token(
     state: &AppState,
     token: &str,
     task_id: Uuid,
-) -> Result<(), ApiError> {
+) -> Result<ActedBy, ApiError> {
     if token.starts_with(KEY_PREFIX) {
         let caller = verify_key(state, token).await?;
         return authorize_owner(state, &caller, task_id).await;
@@ -377,14 +388,14 @@ pub(crate) async fn authorize_agent_token(
         // A genuine token, but of another task.
         return Err(ApiError::task_not_found());
     }
-    Ok(())
+    Ok(ActedBy::AgentToken)
 }
 
 /// Proof that the request carries the agent token of the task named by the
 /// `{task_id}` path parameter; holds that task id. Runs before any body is
 /// read, so an unauthenticated request never learns about body validation.
 #[derive(Debug, Clone, Copy)]
-pub struct AgentAuth(pub Uuid);
+pub struct AgentAuth(pub Uuid, pub ActedBy);
 
 impl FromRequestParts<AppState> for AgentAuth {
     type Rejection = ApiError;
@@ -396,8 +407,8 @@ impl FromRequestParts<AppState> for AgentAuth {
         // No credential is a 401 whatever the path says.
         bearer(&parts.headers)?;
         let task_id = task_id_param(parts, state).await?;
-        authorize_agent(state, &parts.headers, task_id).await?;
-        Ok(AgentAuth(task_id))
+        let by = authorize_agent(state, &parts.headers, task_id).await?;
+        Ok(AgentAuth(task_id, by))
     }
 }
 

@@ -142,12 +142,13 @@ fn optional_keys(kind: EventType) -> &'static [&'static str] {
 
 /// The schema of one event type, with an example event.
 fn event_schema(kind: EventType) -> Value {
-    let (properties, example_data) = data_of(kind);
-    let required: Vec<&String> = properties
+    let (mut properties, example_data) = data_of(kind);
+    let required: Vec<String> = properties
         .as_object()
         .map(|p| {
             p.keys()
                 .filter(|k| !optional_keys(kind).contains(&k.as_str()))
+                .cloned()
                 .collect()
         })
         .unwrap_or_default();
@@ -159,6 +160,11 @@ fn event_schema(kind: EventType) -> Value {
         EventType::TaskExtended => "agent",
         _ => "worker",
     };
+    if actor == "agent"
+        && let Some(p) = properties.as_object_mut()
+    {
+        p.insert("by".to_owned(), by_schema());
+    }
     let untrusted = kind.carries_worker_content();
     json!({
         "type": "object",
@@ -180,6 +186,21 @@ fn event_schema(kind: EventType) -> Value {
             "created_at": "2030-01-01T12:00:00Z", "actor": actor, "untrusted": untrusted,
             "data": example_data,
         },
+    })
+}
+
+/// `data.by` of an agent's event: which credential acted (absent on
+/// events written before identity existed).
+fn by_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Which credential acted: the task's agent token, an API key (with its principal and key ids), or the development key",
+        "required": ["via"],
+        "properties": {
+            "via": { "type": "string", "enum": ["agent_token", "api_key", "development_key"] },
+            "principal_id": { "type": "string", "format": "uuid" },
+            "key_id": { "type": "string", "format": "uuid" }
+        }
     })
 }
 

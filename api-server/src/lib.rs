@@ -126,9 +126,16 @@ impl AppState {
         task_id: Uuid,
         command: Command,
     ) -> Result<axum::Json<TaskChange>, ApiError> {
-        // Storage per task is bounded: the JSON API, the web app and MCP
-        // all act through here. Writers racing past the check at once can
-        // add one event each beyond the limit, no more.
+        self.check_event_limit(task_id, &command).await?;
+        let applied = self.store.apply(task_id, command, clock::now()).await?;
+        Ok(axum::Json(applied.into()))
+    }
+
+    /// Storage per task is bounded: the JSON API, the web app and MCP all
+    /// act through [`AppState::act`] and [`AppState::act_by`]. Writers
+    /// racing past the check at once can add one event each beyond the
+    /// limit, no more.
+    async fn check_event_limit(&self, task_id: Uuid, command: &Command) -> Result<(), ApiError> {
         if command.is_limited() {
             let limit = self.max_task_events;
             if self.store.count_events(task_id, limit).await? >= limit {
@@ -137,10 +144,25 @@ impl AppState {
                     .task(task_id)
                     .await?
                     .ok_or_else(ApiError::task_not_found)?;
-                return Err(meatspace_domain::over_event_limit(&task, &command, limit).into());
+                return Err(meatspace_domain::over_event_limit(&task, command, limit).into());
             }
         }
-        let applied = self.store.apply(task_id, command, clock::now()).await?;
+        Ok(())
+    }
+
+    /// [`AppState::act`] for an agent-side action, which its events
+    /// attribute to `by`.
+    pub async fn act_by(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+    ) -> Result<axum::Json<TaskChange>, ApiError> {
+        self.check_event_limit(task_id, &command).await?;
+        let applied = self
+            .store
+            .apply_by(task_id, command, by, clock::now())
+            .await?;
         Ok(axum::Json(applied.into()))
     }
 }

@@ -72,7 +72,10 @@ impl InProcess {
 
     /// Checks the credential of `task` (its agent token, or the request's
     /// API key put in its place by `with_caller`) as the HTTP API does.
-    async fn authorize(&self, task: &TokenTaskRef) -> Result<(), ApiError> {
+    async fn authorize(
+        &self,
+        task: &TokenTaskRef,
+    ) -> Result<meatspace_domain::identity::ActedBy, ApiError> {
         let token = task.agent_token.as_deref().ok_or_else(|| {
             ApiError::Unauthorized(
                 "pass the task's agent_token, or send an API key (Authorization: Bearer msk_…) \
@@ -132,7 +135,7 @@ impl InProcess {
     }
 
     async fn apply(&self, task: &TokenTaskRef, action: Action) -> Result<ApiTaskChange, ApiError> {
-        self.authorize(task).await?;
+        let by = self.authorize(task).await?;
         let command = match action {
             Action::Publish => Command::Publish,
             Action::Cancel => Command::Cancel { reason: None },
@@ -154,7 +157,7 @@ impl InProcess {
                     .ok_or_else(|| ApiError::invalid("add_seconds is out of range".to_owned()))?,
             )),
         };
-        let change = self.state.act(task.task_id, command).await?;
+        let change = self.state.act_by(task.task_id, command, by).await?;
         convert(change.0)
     }
 

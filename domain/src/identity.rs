@@ -159,6 +159,18 @@ impl From<Scopes> for Vec<Scope> {
     }
 }
 
+/// Which credential did an agent-side action, as its events record it
+/// (`data.by`): the task's token (whoever holds it: the agent or a
+/// sub-agent it handed the task to), an API key, or the development key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(tag = "via", rename_all = "snake_case")]
+pub enum ActedBy {
+    AgentToken,
+    ApiKey { principal_id: Uuid, key_id: Uuid },
+    DevelopmentKey,
+}
+
 /// A privileged action, as the audit trail names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]

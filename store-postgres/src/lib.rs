@@ -1202,7 +1202,18 @@ impl Store for PgStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        engine::apply(self, task_id, command, now, &self.policy).await
+        engine::apply(self, task_id, command, None, now, &self.policy).await
+    }
+
+    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    async fn apply_by(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError> {
+        engine::apply(self, task_id, command, Some(by), now, &self.policy).await
     }
 
     #[tracing::instrument(skip(self), err)]

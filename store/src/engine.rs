@@ -17,6 +17,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use meatspace_domain::identity::ActedBy;
 use meatspace_domain::{Command, Context, Decision, Issue, Policy, Task, decide};
 use uuid::Uuid;
 
@@ -249,19 +250,23 @@ pub async fn apply<B: Backend + ?Sized>(
     backend: &B,
     task_id: Uuid,
     command: Command,
+    by: Option<ActedBy>,
     now: DateTime<Utc>,
     policy: &Policy,
 ) -> Result<Applied, StoreError> {
+    let decide = |task: &Task, ctx: &Context, command: Command| {
+        decide(task, ctx, command, now, policy).map(|d| attributed(d, by))
+    };
     if command.needs().is_empty() && backend.writes_optimistically(&command) {
         let no_context = Context::default();
         if let Some(copy) = backend.unlocked_copy(task_id)
-            && let Ok(decision) = decide(&copy, &no_context, command.clone(), now, policy)
+            && let Ok(decision) = decide(&copy, &no_context, command.clone())
         {
             match backend.write_if_unchanged(&copy, decision).await? {
                 Conditional::Written(applied) => return Ok(applied),
                 Conditional::Changed => {}
                 Conditional::NeedsLock => {
-                    return apply_locked(backend, task_id, command, now, policy).await;
+                    return apply_locked(backend, task_id, command, by, now, policy).await;
                 }
             }
         }
@@ -270,7 +275,7 @@ pub async fn apply<B: Backend + ?Sized>(
                 .read_unlocked(task_id)
                 .await?
                 .ok_or(StoreError::NotFound)?;
-            let decision = decide(&task, &no_context, command.clone(), now, policy)?;
+            let decision = decide(&task, &no_context, command.clone())?;
             match backend.write_if_unchanged(&task, decision).await? {
                 Conditional::Written(applied) => return Ok(applied),
                 Conditional::Changed => {}
@@ -278,7 +283,22 @@ pub async fn apply<B: Backend + ?Sized>(
             }
         }
     }
-    apply_locked(backend, task_id, command, now, policy).await
+    apply_locked(backend, task_id, command, by, now, policy).await
+}
+
+/// `decision` with `by` recorded in each of its agent events' data, so the
+/// feed says which credential acted.
+fn attributed(mut decision: Decision, by: Option<ActedBy>) -> Decision {
+    if let Some(by) = by {
+        for event in &mut decision.events {
+            if event.actor == meatspace_domain::Actor::Agent
+                && let Some(data) = event.data.as_object_mut()
+            {
+                data.insert("by".to_owned(), serde_json::json!(by));
+            }
+        }
+    }
+    decision
 }
 
 /// The locked path of [`apply`]: one transaction that locks the task before
@@ -287,6 +307,7 @@ async fn apply_locked<B: Backend + ?Sized>(
     backend: &B,
     task_id: Uuid,
     command: Command,
+    by: Option<ActedBy>,
     now: DateTime<Utc>,
     policy: &Policy,
 ) -> Result<Applied, StoreError> {
@@ -297,7 +318,7 @@ async fn apply_locked<B: Backend + ?Sized>(
     };
     let ctx = load_context(backend, &mut tx, task_id, &command).await?;
     let decision = match decide(&task, &ctx, command, now, policy) {
-        Ok(decision) => decision,
+        Ok(decision) => attributed(decision, by),
         Err(refusal) => {
             backend.rollback(tx).await?;
             return Err(refusal.into());

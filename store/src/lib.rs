@@ -284,6 +284,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError>;
 
+    /// [`Store::apply`] for an agent-side action, recording in its agent
+    /// events' data (`by`) which credential acted.
+    async fn apply_by(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError>;
+
     /// Events of a task with `id > after`, ascending, at most `limit`.
     async fn events(&self, task_id: Uuid, after: i64, limit: u32)
     -> Result<Vec<Event>, StoreError>;

@@ -108,6 +108,11 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
         .expect_json(StatusCode::OK)
         .await;
     assert_eq!(feed["events"][0]["type"], "task.published");
+    // The event says which credential acted.
+    assert_eq!(
+        feed["events"][0]["data"]["by"],
+        json!({ "via": "api_key", "principal_id": a.principal, "key_id": a.id })
+    );
 
     // Another agent's key learns nothing of it: 404, as for no task at all.
     for (method, rest) in [
@@ -132,11 +137,35 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
             .await;
         assert_eq!(problem["detail"], nothing["detail"], "{method} {rest}");
     }
-    // The task token still works for whoever holds it (a sub-agent).
+    // The task token still works for whoever holds it (a sub-agent), and
+    // its actions say so.
     srv.agent(&token_a)
         .get(&format!("/api/v1/tasks/{task_a}"))
         .expect_json(StatusCode::OK)
         .await;
+    let (task_c, token_c) = create_with(&srv, &a.secret, "handed to a sub-agent").await;
+    let published = srv
+        .agent(&token_c)
+        .post(&format!("/api/v1/tasks/{task_c}/publish"))
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(
+        published["events"][0]["data"]["by"],
+        json!({ "via": "agent_token" })
+    );
+    // An operator may cancel any task; the audit trail records it.
+    let op = operator_key(&srv, "ops").await;
+    srv.agent(&op.secret)
+        .post(&format!("/api/v1/tasks/{task_c}/cancel"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let trail = srv
+        .agent(&op.secret)
+        .get(&format!("/api/v1/audit?principal={}", op.principal))
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(trail["entries"][0]["action"], "task.cancelled_by_operator");
+    assert_eq!(trail["entries"][0]["target"], format!("task:{task_c}"));
 
     // Each lists its own, with the state filter and pagination.
     let list = |key: &str, query: &str| {
@@ -144,18 +173,18 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
             .get(&format!("/api/v1/tasks{query}"))
             .expect_json(StatusCode::OK)
     };
-    assert_eq!(task_ids(&list(&a.secret, "").await), vec![task_a]);
+    assert_eq!(task_ids(&list(&a.secret, "").await), vec![task_c, task_a]);
     assert_eq!(task_ids(&list(&b.secret, "").await), vec![task_b]);
-    assert_eq!(
-        task_ids(&list(&a.secret, "?state=open").await),
-        vec![task_a]
-    );
+    let open = list(&a.secret, "?state=open").await;
+    assert_eq!(task_ids(&open), vec![task_a]);
+    let cancelled = list(&a.secret, "?state=cancelled").await;
+    assert_eq!(task_ids(&cancelled), vec![task_c]);
     assert!(task_ids(&list(&a.secret, "?state=draft").await).is_empty());
     let (newer, _) = create_with(&srv, &a.secret, "A's second errand").await;
-    let first = list(&a.secret, "?limit=1").await;
-    assert_eq!(task_ids(&first), vec![newer], "newest first");
+    let first = list(&a.secret, "?limit=2").await;
+    assert_eq!(task_ids(&first), vec![newer, task_c], "newest first");
     let cursor = str_at(&first, "/next_cursor");
-    let second = list(&a.secret, &format!("?limit=1&cursor={cursor}")).await;
+    let second = list(&a.secret, &format!("?limit=2&cursor={cursor}")).await;
     assert_eq!(task_ids(&second), vec![task_a]);
     assert!(second.get("next_cursor").is_none());
     srv.agent(&a.secret)

@@ -118,7 +118,7 @@ pub struct SseMessage {
             content_type = "text/event-stream", body = SseMessage), TaskFeedErrors))]
 async fn agent_stream(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, _): AgentAuth,
     ClientAddress(address): ClientAddress,
     headers: HeaderMap,
     Query(q): Query<StreamQuery>,

@@ -226,7 +226,7 @@ async fn list_tasks(
         (status = 200, description = "The task", body = TaskResource), TaskReadErrors))]
 async fn get_task(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, _): AgentAuth,
 ) -> Result<axum::Json<TaskResource>, ApiError> {
     let task = state
         .store
@@ -245,9 +245,9 @@ async fn get_task(
         (status = 200, description = "The open task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn publish_task(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, by): AgentAuth,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    state.act(id, Command::Publish).await
+    state.act_by(id, Command::Publish, by).await
 }
 
 /// Cancels a task that is not yet terminal.
@@ -258,9 +258,28 @@ async fn publish_task(
         (status = 200, description = "The cancelled task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn cancel_task(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, by): AgentAuth,
+    address: ClientAddress,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    state.act(id, Command::Cancel { reason: None }).await
+    let cancelled = state
+        .act_by(id, Command::Cancel { reason: None }, by)
+        .await?;
+    // An operator's key cancelling a task its principal does not own is a
+    // privileged action: the audit trail records it.
+    if let meatspace_domain::identity::ActedBy::ApiKey { principal_id, .. } = by
+        && state.store.task_owner(id).await? != Some(principal_id)
+    {
+        let entry = meatspace_store::NewAudit {
+            at: clock::now(),
+            principal_id,
+            action: meatspace_domain::identity::AuditAction::TaskCancelledByOperator,
+            target: format!("task:{id}"),
+            address: Some(address.0.to_string()),
+            detail: None,
+        };
+        state.store.append_audit(entry).await?;
+    }
+    Ok(cancelled)
 }
 
 /// Body of `POST /api/v1/tasks/{task_id}/extend`: exactly one of the two.
@@ -287,7 +306,7 @@ pub struct ExtendRequest {
     responses((status = 200, body = TaskChange), TaskBodyCommandErrors))]
 async fn extend_task(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, by): AgentAuth,
     Json(req): Json<ExtendRequest>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     let max = state.policy.max_lifetime.num_seconds();
@@ -305,7 +324,7 @@ async fn extend_task(
             ));
         }
     };
-    state.act(id, Command::Extend(extension)).await
+    state.act_by(id, Command::Extend(extension), by).await
 }
 
 /// The task's events with `id > after`, ascending. With `wait`, a page
@@ -371,7 +390,7 @@ pub struct RespondRequest {
         (status = 200, description = "The task and the events of the answer", body = TaskChange), TaskBodyCommandErrors))]
 async fn respond_to_issue(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, by): AgentAuth,
     Path(IssuePath { event_id, .. }): Path<IssuePath>,
     Json(req): Json<RespondRequest>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
@@ -379,13 +398,14 @@ async fn respond_to_issue(
     // task's state (a terminal task answers 409 whatever the body says).
     let text = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
     state
-        .act(
+        .act_by(
             id,
             Command::RespondToIssue {
                 issue_event_id: event_id,
                 action: req.action,
                 text,
             },
+            by,
         )
         .await
 }
@@ -399,7 +419,7 @@ async fn respond_to_issue(
             content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))), TaskReadErrors))]
 async fn get_photo(
     State(state): State<AppState>,
-    AgentAuth(id): AgentAuth,
+    AgentAuth(id, _): AgentAuth,
     Path(PhotoPath { photo_id, .. }): Path<PhotoPath>,
 ) -> Result<Response, ApiError> {
     let photo = state
