@@ -1502,7 +1502,7 @@ impl Store for PgStore {
         .await?;
         let invites = sqlx::query(
             "DELETE FROM worker_invites WHERE id IN \
-             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR expires_at <= $1 LIMIT $2)",
+             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR revoked_at IS NOT NULL OR expires_at <= $1 LIMIT $2)",
         )
         .bind(now)
         .bind(i64::from(limit))

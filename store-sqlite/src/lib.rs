@@ -978,7 +978,7 @@ impl Store for SqliteStore {
         .await?;
         let invites = sqlx::query(
             "DELETE FROM worker_invites WHERE id IN \
-             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR expires_at <= ? LIMIT ?)",
+             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR revoked_at IS NOT NULL OR expires_at <= ? LIMIT ?)",
         )
         .bind(ms(now))
         .bind(i64::from(limit))

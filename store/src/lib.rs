@@ -383,7 +383,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError>;
 
     /// Deletes at most `limit` sign-in records that can no longer be used:
-    /// sessions expired at `now`, and invites used or expired. Returns how
+    /// sessions expired at `now`, and invites used, revoked or expired. Returns how
     /// many went. Each sign-in adds a session and each invite a row, so
     /// without this the tables grow for ever.
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;

@@ -2856,9 +2856,10 @@ async fn unusable_sign_ins_are_purged_and_usable_ones_kept(store: Arc<dyn Store>
     s.create_session(live, worker, TokenHash::of("mss_b"), at(0), at(500))
         .await
         .unwrap();
-    // Invites: used, expired, and one still open.
+    // Invites: used, expired, revoked, and one still open.
     let (used, lapsed, open) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-    for (id, until) in [(used, 500), (lapsed, 50), (open, 500)] {
+    let revoked = Uuid::new_v4();
+    for (id, until) in [(used, 500), (lapsed, 50), (open, 500), (revoked, 500)] {
         s.create_invite(
             id,
             TokenHash::of(&format!("msi_{id}")),
@@ -2878,11 +2879,35 @@ async fn unusable_sign_ins_are_purged_and_usable_ones_kept(store: Arc<dyn Store>
     .await
     .unwrap()
     .expect("redeemed");
+    let revocation = meatspace_store::NewAudit {
+        action: meatspace_domain::identity::AuditAction::InviteRevoked,
+        ..invite_audit(revoked, at(5))
+    };
+    let gone = s
+        .revoke_invite(revoked, revocation)
+        .await
+        .unwrap()
+        .expect("the invite");
+    assert_eq!(gone.revoked_at, Some(at(5)));
+    // A revoked invite signs nobody up.
+    assert!(
+        s.redeem_invite(
+            revoked,
+            Uuid::new_v4(),
+            "Eve",
+            TokenHash::of("msw_e"),
+            at(6)
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
 
-    // Nothing is due at 40 but the used invite; at 100, in batches of one,
-    // the rest goes and nothing usable does.
-    assert_eq!(s.purge_sign_ins(at(40), 10).await.unwrap(), 1);
+    // Nothing is due at 40 but the used and the revoked invite; at 100, in
+    // batches of one, the rest goes and nothing usable does.
+    assert_eq!(s.purge_sign_ins(at(40), 10).await.unwrap(), 2);
     assert_eq!(s.invite(used).await.unwrap(), None);
+    assert_eq!(s.invite(revoked).await.unwrap(), None);
     let mut purged = 0;
     loop {
         let n = s.purge_sign_ins(at(100), 1).await.unwrap();
