@@ -1,5 +1,7 @@
-//! Credentials: the development key that creates tasks and registers
-//! workers, task-scoped agent tokens, and worker tokens.
+//! Credentials: API keys (`msk_<key id>_<secret>`, each of an operator
+//! or agent principal, with scopes), the development key (the built-in
+//! development principal, when enabled), task-scoped agent tokens, and
+//! worker tokens.
 //!
 //! Tokens embed the id of what they belong to (`mst_<task id>_<secret>`,
 //! `msw_<worker id>_<secret>`), so the server looks up one digest by id and
@@ -12,8 +14,12 @@ use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use meatspace_store::StoreError;
+use chrono::{DateTime, Utc};
+use meatspace_domain::identity::{
+    AuditAction, DEVELOPMENT_PRINCIPAL, PrincipalKind, Scope, Scopes,
+};
 use meatspace_store::token::{self, TokenHash};
+use meatspace_store::{KeyRefusal, NewAudit, StoreError};
 use uuid::Uuid;
 
 use crate::AppState;
@@ -25,9 +31,17 @@ pub const DEV_KEY_HEADER: &str = "x-meatspace-dev-key";
 const AGENT_PREFIX: &str = token::AGENT_PREFIX;
 const WORKER_PREFIX: &str = "msw_";
 
-/// The configured development key, kept only as a digest.
+/// The configured development key, kept only as a digest, and whether it
+/// is accepted at all.
 #[derive(Clone)]
-pub struct DevKey(TokenHash);
+pub struct DevKey {
+    hash: TokenHash,
+    enabled: bool,
+    /// When a refusal of the turned-off key was last written to the audit
+    /// trail (ms since the epoch): at most one a minute, so that callers
+    /// without any credential cannot grow the table.
+    last_refusal_audited: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
 
 impl std::fmt::Debug for DevKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -37,7 +51,20 @@ impl std::fmt::Debug for DevKey {
 
 impl DevKey {
     pub fn new(key: &str) -> Self {
-        DevKey(TokenHash::of(key))
+        DevKey {
+            hash: TokenHash::of(key),
+            enabled: true,
+            last_refusal_audited: Default::default(),
+        }
+    }
+
+    /// The key as configured, turned off when `enabled` is false.
+    pub fn with_enabled(self, enabled: bool) -> Self {
+        DevKey { enabled, ..self }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// A fresh random key, for the embedded default when none is configured.
@@ -46,33 +73,220 @@ impl DevKey {
     }
 }
 
-/// Proof that the request carried the development key.
-#[derive(Debug, Clone, Copy)]
-pub struct DevKeyAuth;
+/// The principal an API key or the development key proves: who creates
+/// tasks, registers workers, makes invites and administers. Handlers ask
+/// for the scope they need with [`Caller::require`].
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub principal: Uuid,
+    pub kind: PrincipalKind,
+    pub scopes: Scopes,
+    /// The key; `None` for the development key.
+    pub key_id: Option<Uuid>,
+}
 
-impl FromRequestParts<AppState> for DevKeyAuth {
+impl Caller {
+    /// The development principal, as the development key proves it.
+    pub fn development() -> Self {
+        Caller {
+            principal: DEVELOPMENT_PRINCIPAL,
+            kind: PrincipalKind::Operator,
+            scopes: Scopes::new(Scope::ALL),
+            key_id: None,
+        }
+    }
+
+    /// 403 unless the caller's key allows `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.scopes.allow(scope) {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!(
+                "this API key lacks the {:?} scope; ask an operator for a key that has it",
+                scope.as_str()
+            )))
+        }
+    }
+
+    pub fn is_operator(&self) -> bool {
+        self.scopes.allow(Scope::Operator)
+    }
+
+    /// The unit of rate limits and idempotency scopes.
+    pub fn as_principal(&self) -> Principal {
+        match self.key_id {
+            None => Principal::DevKey,
+            Some(_) => Principal::Key(self.principal),
+        }
+    }
+
+    /// An audit entry of an action by this caller.
+    pub fn audit(
+        &self,
+        action: AuditAction,
+        target: String,
+        address: Option<String>,
+        detail: Option<serde_json::Value>,
+    ) -> NewAudit {
+        NewAudit {
+            at: meatspace_domain::clock::now(),
+            principal_id: self.principal,
+            action,
+            target,
+            address,
+            detail,
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let presented = parts
-            .headers
-            .get(DEV_KEY_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::Unauthorized(format!(
-                    "send the development key in the {DEV_KEY_HEADER} header"
-                ))
-            })?;
-        if state.dev_key.0.verify(presented) {
-            Ok(DevKeyAuth)
-        } else {
-            Err(ApiError::Unauthorized(
-                "the development key is not valid".into(),
-            ))
+        if parts.headers.get(AUTHORIZATION).is_some() {
+            let token = bearer(&parts.headers)?;
+            if token.starts_with(KEY_PREFIX) {
+                return verify_key(state, token).await;
+            }
+            return Err(ApiError::Unauthorized(
+                "this operation takes an API key (Authorization: Bearer msk_...) or the \
+                 development key, not a task or worker token"
+                    .into(),
+            ));
         }
+        let Some(presented) = parts.headers.get(DEV_KEY_HEADER) else {
+            return Err(ApiError::Unauthorized(if state.dev_key.enabled {
+                format!(
+                    "send an API key as Authorization: Bearer msk_... or the development key \
+                     in the {DEV_KEY_HEADER} header"
+                )
+            } else {
+                "send an API key as Authorization: Bearer msk_... (ask an operator: \
+                 `meatspace key create`)"
+                    .to_owned()
+            }));
+        };
+        if !state.dev_key.enabled {
+            audit_refused_dev_key(state, parts).await;
+            return Err(ApiError::DevKeyDisabled);
+        }
+        match presented.to_str() {
+            Ok(key) if state.dev_key.hash.verify(key) => Ok(Caller::development()),
+            _ => Err(ApiError::Unauthorized(
+                "the development key is not valid".into(),
+            )),
+        }
+    }
+}
+
+/// Records, at most once a minute, that the turned-off development key was
+/// sent (an operator wants to know who still uses it).
+async fn audit_refused_dev_key(state: &AppState, parts: &Parts) {
+    use std::sync::atomic::Ordering;
+    let now = meatspace_domain::clock::now();
+    let last = state.dev_key.last_refusal_audited.load(Ordering::Relaxed);
+    if now.timestamp_millis() - last < 60_000
+        || state
+            .dev_key
+            .last_refusal_audited
+            .compare_exchange(
+                last,
+                now.timestamp_millis(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+    {
+        return;
+    }
+    let entry = NewAudit {
+        at: now,
+        principal_id: DEVELOPMENT_PRINCIPAL,
+        action: AuditAction::DevKeyRefused,
+        target: format!("route:{}", parts.uri.path()),
+        address: address_of(parts),
+        detail: None,
+    };
+    if let Err(e) = state.store.append_audit(entry).await {
+        tracing::warn!(error = %e, "cannot record a refused development key");
+    }
+}
+
+/// The client's address, as the audit trail records it.
+pub fn address_of(parts: &Parts) -> Option<String> {
+    parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|axum::extract::ConnectInfo(addr)| addr.ip().to_string())
+}
+
+/// Prefix of API keys.
+pub const KEY_PREFIX: &str = meatspace_store::identity::KEY_PREFIX;
+
+/// A new API key for `id`, and the digest to store.
+pub fn issue_key(id: Uuid) -> (String, TokenHash) {
+    issue_token(KEY_PREFIX, id)
+}
+
+/// The caller an API key proves, or 401 saying why not. Answered from
+/// memory when the key was read before and has not changed since.
+pub async fn verify_key(state: &AppState, token: &str) -> Result<Caller, ApiError> {
+    let wrong = || ApiError::Unauthorized("the API key is not valid".into());
+    let id = token_subject(token, KEY_PREFIX).ok_or_else(wrong)?;
+    let record = state
+        .credentials
+        .keys
+        .digest(id, state.store.api_key(id))
+        .await?
+        .ok_or_else(wrong)?;
+    let now = meatspace_domain::clock::now();
+    match record.check(token, now) {
+        Ok(()) => {}
+        Err(KeyRefusal::Wrong) => return Err(wrong()),
+        Err(KeyRefusal::Revoked) => {
+            return Err(ApiError::Unauthorized(
+                "the API key was revoked; ask an operator for a new one".into(),
+            ));
+        }
+        Err(KeyRefusal::Expired) => {
+            return Err(ApiError::Unauthorized(
+                "the API key expired; ask an operator for a new one".into(),
+            ));
+        }
+    }
+    state.credentials.key_use.record(id, now);
+    Ok(Caller {
+        principal: record.key.principal.id,
+        kind: record.key.principal.kind,
+        scopes: record.key.scopes.clone(),
+        key_id: Some(id),
+    })
+}
+
+/// Whether `caller` may act on the task `task_id` without its token: its
+/// principal owns the task, or it is an operator. Another principal's task
+/// (or none) is 404, so task ids cannot be probed.
+pub async fn authorize_owner(
+    state: &AppState,
+    caller: &Caller,
+    task_id: Uuid,
+) -> Result<(), ApiError> {
+    caller.require(Scope::Tasks)?;
+    if caller.is_operator() {
+        return Ok(());
+    }
+    let owner = state
+        .credentials
+        .owners
+        .digest(task_id, state.store.task_owner(task_id))
+        .await?;
+    if owner == Some(caller.principal) {
+        Ok(())
+    } else {
+        Err(ApiError::task_not_found())
     }
 }
 
@@ -128,7 +342,8 @@ pub(crate) fn agent_token_subject(token: &str) -> Option<Uuid> {
     token_subject(token, AGENT_PREFIX)
 }
 
-/// Checks that the request carries the agent token of `task_id`.
+/// Checks that the request carries the agent token of `task_id`, or an
+/// API key that may act on it ([`authorize_owner`]).
 pub(crate) async fn authorize_agent(
     state: &AppState,
     headers: &HeaderMap,
@@ -137,12 +352,17 @@ pub(crate) async fn authorize_agent(
     authorize_agent_token(state, bearer(headers)?, task_id).await
 }
 
-/// Checks that `token` is the agent token of `task_id`.
+/// Checks that `token` is the agent token of `task_id`, or an API key
+/// that may act on it ([`authorize_owner`]).
 pub(crate) async fn authorize_agent_token(
     state: &AppState,
     token: &str,
     task_id: Uuid,
 ) -> Result<(), ApiError> {
+    if token.starts_with(KEY_PREFIX) {
+        let caller = verify_key(state, token).await?;
+        return authorize_owner(state, &caller, task_id).await;
+    }
     let wrong = invalid_agent_token;
     let subject = token_subject(token, AGENT_PREFIX).ok_or_else(wrong)?;
     let hash = state
@@ -259,10 +479,13 @@ impl FromRequestParts<AppState> for WorkerAuth {
 /// The worker a worker token belongs to, or 401 (also used by the web
 /// app's sign-in, which exchanges a token for a session).
 pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, ApiError> {
-    let wrong = || ApiError::Unauthorized("the worker token is not valid".into());
+    let wrong = || {
+        ApiError::Unauthorized("the worker token is not valid (or its worker is suspended)".into())
+    };
     let id = token_subject(token, WORKER_PREFIX).ok_or_else(wrong)?;
     let hash = state
-        .worker_digests
+        .credentials
+        .workers
         .digest(id, state.store.worker_token_hash(id))
         .await?
         .ok_or_else(wrong)?;
@@ -303,18 +526,40 @@ pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, 
 ///   most that long, as a request that read the digest just before the
 ///   tombstone went would be.
 ///
-/// There is no revocation of either token. Whoever adds one must drop the
-/// entry here (in every process) before the revocation is acknowledged.
+/// A worker's token stops working when an operator suspends the worker or
+/// rotates its token: the store announces it ([`Change::Credential`]) and
+/// every process drops the entry ([`Credentials::forget`]); a read that
+/// raced the revocation is not kept (the cache's generation moved).
+///
+/// [`Change::Credential`]: meatspace_store::Change::Credential
 #[derive(Debug, Clone)]
-pub struct DigestCache {
-    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<Uuid, Known>>>,
+pub struct DigestCache<V = TokenHash> {
+    known: std::sync::Arc<std::sync::Mutex<Entries<V>>>,
     /// How long an entry is trusted after it was read; `None`: for good.
     max_age: Option<std::time::Duration>,
 }
 
+#[derive(Debug)]
+struct Entries<V> {
+    map: std::collections::HashMap<Uuid, Known<V>>,
+    /// Bumped by every [`DigestCache::forget`] and [`DigestCache::clear`]:
+    /// a read that started before it may have seen the credential as it
+    /// was before the revocation, so its answer is not kept.
+    generation: u64,
+}
+
+impl<V> Default for Entries<V> {
+    fn default() -> Self {
+        Entries {
+            map: Default::default(),
+            generation: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
-struct Known {
-    hash: TokenHash,
+struct Known<V> {
+    hash: V,
     read_at: std::time::Instant,
 }
 
@@ -326,7 +571,8 @@ const DIGESTS: usize = 100_000;
 pub const AGENT_DIGEST_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl DigestCache {
-    /// For worker tokens: kept for good.
+    /// For worker tokens: kept until the worker's credential changes
+    /// ([`Credentials::forget`]).
     pub fn for_workers() -> Self {
         Self::new(None)
     }
@@ -335,7 +581,9 @@ impl DigestCache {
     pub fn for_agents() -> Self {
         Self::new(Some(AGENT_DIGEST_MAX_AGE))
     }
+}
 
+impl<V: Clone> DigestCache<V> {
     fn new(max_age: Option<std::time::Duration>) -> Self {
         DigestCache {
             known: Default::default(),
@@ -343,56 +591,158 @@ impl DigestCache {
         }
     }
 
+    /// Kept until forgotten.
+    pub fn for_good() -> Self {
+        Self::new(None)
+    }
+
     /// The digest of `id`'s token: the kept one, or what `read` (the
-    /// store's lookup) answers, kept when it exists.
+    /// store's lookup) answers, kept when it exists and nothing was
+    /// forgotten while it was read.
     pub async fn digest(
         &self,
         id: Uuid,
-        read: impl std::future::Future<Output = Result<Option<TokenHash>, StoreError>>,
-    ) -> Result<Option<TokenHash>, StoreError> {
+        read: impl std::future::Future<Output = Result<Option<V>, StoreError>>,
+    ) -> Result<Option<V>, StoreError> {
         if let Some(hash) = self.get(id) {
             return Ok(Some(hash));
         }
         let read_at = std::time::Instant::now();
+        let generation = self.lock().generation;
         let hash = read.await?;
         if let Some(hash) = &hash {
-            self.insert(id, hash.clone(), read_at);
+            self.insert(id, hash.clone(), read_at, Some(generation));
         }
         Ok(hash)
     }
 
     /// Keeps the digest of a token the caller has just stored (committed),
     /// as if it had been read now.
-    pub fn remember(&self, id: Uuid, hash: TokenHash) {
-        self.insert(id, hash, std::time::Instant::now());
+    pub fn remember(&self, id: Uuid, hash: V) {
+        self.insert(id, hash, std::time::Instant::now(), None);
     }
 
     /// The kept digest of `id`'s token, without reading the store.
-    pub fn cached(&self, id: Uuid) -> Option<TokenHash> {
+    pub fn cached(&self, id: Uuid) -> Option<V> {
         self.get(id)
     }
 
-    fn get(&self, id: Uuid) -> Option<TokenHash> {
+    /// Drops what is kept of `id`: its credential changed.
+    pub fn forget(&self, id: Uuid) {
+        let mut known = self.lock();
+        known.map.remove(&id);
+        known.generation += 1;
+    }
+
+    /// Drops everything: changes may have been missed.
+    pub fn clear(&self) {
+        let mut known = self.lock();
+        known.map.clear();
+        known.generation += 1;
+    }
+
+    fn get(&self, id: Uuid) -> Option<V> {
         let known = self.lock();
-        let entry = known.get(&id)?;
+        let entry = known.map.get(&id)?;
         let fresh = self
             .max_age
             .is_none_or(|max_age| entry.read_at.elapsed() < max_age);
         fresh.then(|| entry.hash.clone())
     }
 
-    fn insert(&self, id: Uuid, hash: TokenHash, read_at: std::time::Instant) {
+    fn insert(&self, id: Uuid, hash: V, read_at: std::time::Instant, generation: Option<u64>) {
         let mut known = self.lock();
-        if known.len() >= DIGESTS {
-            known.clear();
+        if generation.is_some_and(|g| g != known.generation) {
+            return;
         }
-        known.insert(id, Known { hash, read_at });
+        if known.map.len() >= DIGESTS {
+            known.map.clear();
+        }
+        known.map.insert(id, Known { hash, read_at });
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Uuid, Known>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries<V>> {
         self.known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What the server keeps in memory about credentials that can lose their
+/// power: API keys, worker tokens, and which principal owns a task (which
+/// never changes, so it is only bounded). The feed's hub calls
+/// [`Credentials::forget`] for every [`Change::Credential`] it hears from
+/// the store, from any replica, and [`Credentials::clear`] whenever it may
+/// have missed some (a gap, a new subscription): a revocation reaches
+/// every replica's memory as fast as the change stream does.
+///
+/// [`Change::Credential`]: meatspace_store::Change::Credential
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    pub keys: DigestCache<meatspace_store::KeyRecord>,
+    pub workers: DigestCache,
+    pub owners: DigestCache<Uuid>,
+    /// When each key was last used, written to the store about once a
+    /// minute ([`KeyUse::flush`]).
+    pub key_use: KeyUse,
+}
+
+impl Default for Credentials {
+    fn default() -> Self {
+        Credentials {
+            keys: DigestCache::for_good(),
+            workers: DigestCache::for_workers(),
+            owners: DigestCache::for_good(),
+            key_use: KeyUse::default(),
+        }
+    }
+}
+
+impl Credentials {
+    pub fn forget(&self, id: Uuid) {
+        self.keys.forget(id);
+        self.workers.forget(id);
+    }
+
+    pub fn clear(&self) {
+        self.keys.clear();
+        self.workers.clear();
+    }
+}
+
+/// Last use of each key since the previous flush.
+#[derive(Debug, Clone, Default)]
+pub struct KeyUse(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<Uuid, DateTime<Utc>>>>);
+
+/// Keys whose use is remembered between flushes at most; more are dropped
+/// until the next flush (`last_used_at` is coarse by design).
+const KEY_USES: usize = 10_000;
+
+impl KeyUse {
+    pub fn record(&self, key: Uuid, at: DateTime<Utc>) {
+        let mut used = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if used.len() < KEY_USES || used.contains_key(&key) {
+            used.insert(key, at);
+        }
+    }
+
+    /// Writes what was recorded since the last flush.
+    pub async fn flush(&self, store: &dyn meatspace_store::Store) -> Result<(), StoreError> {
+        let used: Vec<(Uuid, DateTime<Utc>)> = std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_iter()
+        .collect();
+        if used.is_empty() {
+            return Ok(());
+        }
+        store.touch_api_keys(&used).await
     }
 }
 
@@ -400,8 +750,11 @@ impl DigestCache {
 /// `Idempotency-Key` scopes are kept per.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Principal {
-    /// The development key (today every agent shares it).
+    /// The development key (the development principal; every client of it
+    /// shares it).
     DevKey,
+    /// An API key's principal (all of that principal's keys share it).
+    Key(Uuid),
     /// The agent token of this task.
     Agent(Uuid),
     /// The token of this worker.
@@ -429,10 +782,19 @@ pub fn presented(state: &AppState, headers: &HeaderMap) -> Presented {
         let Ok(token) = bearer(headers) else {
             return Presented::Wrong;
         };
+        if let Some(id) = token_subject(token, KEY_PREFIX) {
+            return match state.credentials.keys.cached(id) {
+                Some(record) => match record.check(token, meatspace_domain::clock::now()) {
+                    Ok(()) => Presented::Verified(Principal::Key(record.key.principal.id)),
+                    Err(_) => Presented::Wrong,
+                },
+                None => Presented::Unknown,
+            };
+        }
         let (principal, hash) = if let Some(id) = token_subject(token, AGENT_PREFIX) {
             (Principal::Agent(id), state.agent_digests.cached(id))
         } else if let Some(id) = token_subject(token, WORKER_PREFIX) {
-            (Principal::Worker(id), state.worker_digests.cached(id))
+            (Principal::Worker(id), state.credentials.workers.cached(id))
         } else {
             return Presented::Wrong;
         };
@@ -444,7 +806,9 @@ pub fn presented(state: &AppState, headers: &HeaderMap) -> Presented {
     }
     match headers.get(DEV_KEY_HEADER).map(|v| v.to_str()) {
         None => Presented::Nothing,
-        Some(Ok(key)) if state.dev_key.0.verify(key) => Presented::Verified(Principal::DevKey),
+        Some(Ok(key)) if state.dev_key.enabled && state.dev_key.hash.verify(key) => {
+            Presented::Verified(Principal::DevKey)
+        }
         Some(_) => Presented::Wrong,
     }
 }
@@ -461,6 +825,12 @@ pub async fn principal(
         Presented::Nothing | Presented::Wrong => Ok(None),
         Presented::Unknown => {
             let token = bearer(headers)?;
+            if token.starts_with(KEY_PREFIX) {
+                return Ok(verify_key(state, token)
+                    .await
+                    .ok()
+                    .map(|caller| caller.as_principal()));
+            }
             if let Some(id) = token_subject(token, AGENT_PREFIX) {
                 let hash = state
                     .agent_digests

@@ -16,6 +16,19 @@ pub enum EmbeddedController {
     Never,
 }
 
+/// One-off administration commands of the server binary.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Subcommand {
+    /// Creates an operator principal with one operator key, prints the key
+    /// once on stdout and exits: the first key of an install, made without
+    /// any key (runs the migrations first).
+    BootstrapOperator {
+        /// The operator's display name.
+        #[arg(long, default_value = "operator")]
+        name: String,
+    },
+}
+
 /// meatspace API server: the agent contract and the worker API.
 #[derive(Clone, clap::Parser)]
 #[command(name = "meatspace-api-server", version, about)]
@@ -34,6 +47,29 @@ pub struct Config {
     /// one is generated and printed at start when unset.
     #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
     pub dev_key: Option<String>,
+
+    /// Accept the development key. When false it is refused with a problem
+    /// that says how to get an API key, and each refusal (at most one a
+    /// minute) is written to the audit trail. Turn it off anywhere but a
+    /// developer's machine.
+    #[arg(long, env = "MEATSPACE_DEV_KEY_ENABLED", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub dev_key_enabled: bool,
+
+    /// An operator key given by configuration (`msk_<32 hex>_<secret>`, at
+    /// least 32 characters of secret): at start its digest is stored as a
+    /// key of the principal "bootstrap operator" unless a key with its id
+    /// exists (revoked or not). The Helm chart generates one in a Secret.
+    #[arg(long, env = "MEATSPACE_BOOTSTRAP_OPERATOR_KEY", hide_env_values = true)]
+    pub bootstrap_operator_key: Option<String>,
+
+    /// Days an audit entry is kept.
+    #[arg(long, env = "MEATSPACE_AUDIT_RETENTION_DAYS", default_value_t = 365,
+          value_parser = clap::value_parser!(u32).range(1..=36_500))]
+    pub audit_retention_days: u32,
+
+    #[command(subcommand)]
+    pub command: Option<Subcommand>,
 
     /// Address to listen on.
     #[arg(long, env = "MEATSPACE_LISTEN_ADDR", default_value = "127.0.0.1:8080")]
@@ -272,6 +308,12 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("database_url", &redact_url(&self.database_url()))
             .field("dev_key", &self.dev_key.as_ref().map(|_| "<redacted>"))
+            .field("dev_key_enabled", &self.dev_key_enabled)
+            .field(
+                "bootstrap_operator_key",
+                &self.bootstrap_operator_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("audit_retention_days", &self.audit_retention_days)
             .field(
                 "secret_key",
                 &self.secret_key.as_ref().map(|_| "<redacted>"),
@@ -369,15 +411,24 @@ impl Config {
                     key.chars().count()
                 ));
             }
-            None if postgres => {
+            None if postgres && self.dev_key_enabled && self.command.is_none() => {
                 return fail(
                     "MEATSPACE_DEV_KEY must be set when the database is PostgreSQL (at least \
-                     16 characters, e.g. `openssl rand -base64 24`); only the embedded SQLite \
-                     default generates one"
+                     16 characters, e.g. `openssl rand -base64 24`), or turned off with \
+                     MEATSPACE_DEV_KEY_ENABLED=false; only the embedded SQLite default \
+                     generates one"
                         .into(),
                 );
             }
             _ => {}
+        }
+        if let Some(key) = self
+            .bootstrap_operator_key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            && let Err(e) = crate::access::configured_key_id(key)
+        {
+            return fail(e.to_string());
         }
         match self.secret_key.as_deref().filter(|k| !k.is_empty()) {
             Some(text) => {

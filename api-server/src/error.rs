@@ -52,6 +52,7 @@ pub mod responses {
                 let response = match status {
                     400 => BadRequest::response().1,
                     401 => Unauthorized::response().1,
+                    403 => Forbidden::response().1,
                     404 => NotFound::response().1,
                     409 => Conflict::response().1,
                     413 => PayloadTooLarge::response().1,
@@ -89,6 +90,18 @@ pub mod responses {
         ListErrors = [400, 401, 503]
     );
     error_set!(
+        /// Creating something that needs a scope of the caller's key.
+        ScopedCreateErrors = [400, 401, 403, 413, 415, 422, 503]
+    );
+    error_set!(
+        /// An operator's read of a list.
+        AdminListErrors = [400, 401, 403, 503]
+    );
+    error_set!(
+        /// An operator's action on one record.
+        AdminActionErrors = [400, 401, 403, 404, 409, 413, 415, 422, 503]
+    );
+    error_set!(
         /// Reading a task or something on it.
         TaskReadErrors = [401, 404, 503]
     );
@@ -119,6 +132,12 @@ pub mod responses {
     )]
     #[allow(dead_code)] // describes the document; never constructed
     pub struct Unauthorized(Problem);
+
+    /// The API key lacks the scope this operation needs.
+    #[derive(Debug, utoipa::ToResponse)]
+    #[response(content_type = "application/problem+json")]
+    #[allow(dead_code)] // describes the document; never constructed
+    pub struct Forbidden(Problem);
 
     /// No such task (or not the caller's), or no such resource on it.
     #[derive(Debug, utoipa::ToResponse)]
@@ -193,6 +212,15 @@ pub enum ApiError {
     /// polls open as it may.
     #[error("{0}")]
     TooManyStreams(String),
+    /// The credential is good but lacks the scope the request needs.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The development key was sent while it is turned off.
+    #[error(
+        "the development key is turned off on this server: ask an operator for an API key \
+         (`meatspace key create`) and send it as Authorization: Bearer msk_..."
+    )]
+    DevKeyDisabled,
     #[error("the database is unavailable")]
     Unavailable,
     #[error("internal error")]
@@ -220,6 +248,8 @@ impl ApiError {
             ApiError::BadRequest { slug, .. } => (StatusCode::BAD_REQUEST, slug),
             ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-input"),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "insufficient-scope"),
+            ApiError::DevKeyDisabled => (StatusCode::UNAUTHORIZED, "dev-key-disabled"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
             ApiError::Conflict { slug, .. } => (StatusCode::CONFLICT, slug),
@@ -322,7 +352,7 @@ impl IntoResponse for ApiError {
         };
         let mut res = problem(status, slug, self.to_string(), task_state);
         match self {
-            ApiError::Unauthorized(_) => {
+            ApiError::Unauthorized(_) | ApiError::DevKeyDisabled => {
                 res.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }

@@ -73,11 +73,19 @@ impl Feed {
     /// Starts the hub following `store`'s changes. Call it inside the
     /// Tokio runtime; the hub runs until [`Feed::close`] or until every
     /// clone of the returned `Feed` is dropped.
-    pub fn start(store: Arc<dyn Store>) -> Feed {
+    /// Starts the hub; it also keeps `credentials` true to the store's
+    /// revocations (see [`crate::auth::Credentials`]).
+    pub fn start(store: Arc<dyn Store>, credentials: crate::auth::Credentials) -> Feed {
         let (wakes, _) = broadcast::channel(CAPACITY);
         let (closed, closed_rx) = watch::channel(false);
         let heads = Heads::new(Arc::clone(&store));
-        tokio::spawn(follow(store, wakes.clone(), closed_rx, heads.clone()));
+        tokio::spawn(follow(
+            store,
+            wakes.clone(),
+            closed_rx,
+            heads.clone(),
+            credentials,
+        ));
         Feed {
             inner: Arc::new(Inner {
                 wakes,
@@ -198,9 +206,12 @@ async fn follow(
     wakes: broadcast::Sender<Wake>,
     closed: watch::Receiver<bool>,
     heads: Heads,
+    credentials: crate::auth::Credentials,
 ) {
-    follow_changes(store, wakes, closed, &heads).await;
+    follow_changes(store, wakes, closed, &heads, &credentials).await;
     heads.lost();
+    // Nobody tells this process of revocations any more.
+    credentials.clear();
 }
 
 async fn follow_changes(
@@ -208,6 +219,7 @@ async fn follow_changes(
     wakes: broadcast::Sender<Wake>,
     mut closed: watch::Receiver<bool>,
     heads: &Heads,
+    credentials: &crate::auth::Credentials,
 ) {
     let mut backoff = MIN_BACKOFF;
     loop {
@@ -220,6 +232,7 @@ async fn follow_changes(
                 // Changes committed while nobody listened sent no wake-up:
                 // let every waiter re-read once, and trust no older head.
                 heads.resubscribed();
+                credentials.clear();
                 let _ = wakes.send(Wake::All);
                 let since = Instant::now();
                 loop {
@@ -234,8 +247,10 @@ async fn follow_changes(
                             // Notifications were lost (the database
                             // connection dropped and came back): every
                             // waiter re-reads.
+                            Some(Change::Credential(id)) => credentials.forget(id),
                             Some(Change::Gap) => {
                                 heads.resubscribed();
+                                credentials.clear();
                                 let _ = wakes.send(Wake::All);
                             }
                             None => break,
@@ -243,6 +258,7 @@ async fn follow_changes(
                     }
                 }
                 heads.lost();
+                credentials.clear();
                 if since.elapsed() > MAX_BACKOFF {
                     backoff = MIN_BACKOFF;
                 }

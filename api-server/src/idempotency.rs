@@ -310,6 +310,10 @@ pub fn scope_of(principal: Principal, h: &HeaderMap) -> [u8; 32] {
                 d.update(client.as_bytes());
             }
         }
+        Principal::Key(principal) => {
+            d.update(b"principal\0");
+            d.update(principal.as_bytes());
+        }
         Principal::Agent(task) => {
             d.update(b"agent\0");
             d.update(task.as_bytes());

@@ -27,6 +27,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa_axum::router::OpenApiRouter;
 use uuid::Uuid;
 
+pub mod access;
 pub mod auth;
 pub mod availability;
 pub mod config;
@@ -106,8 +107,9 @@ pub struct Shared {
     pub integrations: integrations::Integrations,
     /// `Host` headers the MCP endpoint (`/mcp`) accepts.
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
-    /// Worker token digests already read ([`auth::DigestCache::for_workers`]).
-    pub worker_digests: auth::DigestCache,
+    /// API keys, worker token digests and task owners already read, which
+    /// the feed's hub drops when the store announces a revocation.
+    pub credentials: auth::Credentials,
     /// Agent token digests already read ([`auth::DigestCache::for_agents`]).
     pub agent_digests: auth::DigestCache,
     /// The origin of absolute links and the cookie `Secure` decision.
@@ -185,6 +187,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::stream::router())
         .merge(routes::workers::router(state.photo_limits.max_bytes))
         .merge(routes::invites::router())
+        .merge(routes::admin::router())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             idempotency::middleware,

@@ -42,6 +42,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Nothing is created, generated, printed, bound or opened before the
     // configuration as a whole is valid.
     let database = config.check()?;
+    if let Some(meatspace_api::config::Subcommand::BootstrapOperator { name }) = &config.command {
+        return bootstrap_operator(&config, &database, name).await;
+    }
     let public_origin = config.public_origin()?;
     let url = config.database_url();
     let sqlite = matches!(database, Database::Sqlite { .. });
@@ -61,6 +64,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     let dev_key = match config.dev_key.as_deref().filter(|k| !k.is_empty()) {
         Some(key) => key.to_owned(),
+        // Turned off: no key is accepted, so none is made or printed.
+        None if !config.dev_key_enabled => DevKey::generate(),
         None => {
             // `check` refused PostgreSQL without a key: this is SQLite. The
             // key is kept next to the data, so a restart keeps it.
@@ -100,8 +105,19 @@ async fn run(config: Config) -> anyhow::Result<()> {
         anyhow::anyhow!("open the database {}: {cause}{hint}", redact_url(&url))
     })?;
     tracing::info!(database = %redact_url(&url), "store ready");
+    if let Some(key) = config
+        .bootstrap_operator_key
+        .as_deref()
+        .filter(|k| !k.is_empty())
+        && meatspace_api::access::store_configured_key(store.as_ref(), key)
+            .await
+            .context("MEATSPACE_BOOTSTRAP_OPERATOR_KEY")?
+    {
+        tracing::info!("stored the operator key given by configuration");
+    }
 
-    let feed = Feed::start(Arc::clone(&store));
+    let credentials = meatspace_api::auth::Credentials::default();
+    let feed = Feed::start(Arc::clone(&store), credentials.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let shutdown = {
         let mut rx = stop_rx.clone();
@@ -134,12 +150,23 @@ async fn run(config: Config) -> anyhow::Result<()> {
             .await
         })
     });
+    tokio::spawn({
+        let mut rx = stop_rx.clone();
+        meatspace_api::access::upkeep(
+            Arc::clone(&store),
+            credentials.clone(),
+            chrono::TimeDelta::days(i64::from(config.audit_retention_days)),
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            },
+        )
+    });
     let metrics_handle = meatspace_api::metrics::handle();
     tokio::spawn(meatspace_api::metrics::upkeep(metrics_handle.clone()));
     let availability = meatspace_api::availability::Availability::start(Arc::clone(&store));
     let state = AppState::new(Shared {
         store,
-        dev_key: DevKey::new(&dev_key),
+        dev_key: DevKey::new(&dev_key).with_enabled(config.dev_key_enabled),
         policy,
         photo_limits: PhotoLimits {
             max_pixels: config.max_photo_pixels,
@@ -165,7 +192,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             ),
         },
         mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
-        worker_digests: DigestCache::for_workers(),
+        credentials,
         agent_digests: DigestCache::for_agents(),
         public_origin,
         max_task_events: config.max_events_per_task,
@@ -209,6 +236,32 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     // The data directory stays locked until the embedded controller is done.
     drop(lock);
+    Ok(())
+}
+
+/// `bootstrap-operator`: opens the database (migrating it), stores a new
+/// operator with one key, prints the key once.
+async fn bootstrap_operator(
+    config: &Config,
+    database: &Database,
+    name: &str,
+) -> anyhow::Result<()> {
+    if matches!(database, Database::Sqlite { .. }) {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
+    }
+    let url = config.database_url();
+    let policy: Policy = config.policy.clone().into();
+    let store = connect(&url, policy, &ConnectOptions::default())
+        .await
+        .with_context(|| format!("open the database {}", redact_url(&url)))?;
+    let key = meatspace_api::access::bootstrap_operator(store.as_ref(), name).await?;
+    // The one place the key is shown; it is stored only as a digest.
+    println!("{key}");
+    eprintln!(
+        "operator key for {name:?} printed above; it is shown once. Use it as \
+         Authorization: Bearer <key> (or MEATSPACE_API_KEY for the CLI)."
+    );
     Ok(())
 }
 

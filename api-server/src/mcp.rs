@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::AppState;
-use crate::auth::{DEV_KEY_HEADER, DevKeyAuth, authorize_agent};
+use crate::auth::{DEV_KEY_HEADER, authorize_agent};
 use crate::error::ApiError;
 use crate::routes::{EventsQuery, Reader, checked_optional_text, event_feed, tasks};
 
@@ -95,7 +95,8 @@ impl InProcess {
             .body(())
             .map_err(|_| ApiError::Unauthorized("the development key is not valid".into()))?
             .into_parts();
-        DevKeyAuth::from_request_parts(&mut parts, &self.state).await?;
+        let owner = crate::auth::Caller::from_request_parts(&mut parts, &self.state).await?;
+        owner.require(meatspace_domain::identity::Scope::Tasks)?;
         let created = tasks::create(
             &self.state,
             tasks::CreateTaskRequest {
@@ -103,6 +104,7 @@ impl InProcess {
                 expires_in_seconds,
                 webhook_url: None,
             },
+            owner.principal,
         )
         .await?;
         convert(created)

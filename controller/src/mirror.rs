@@ -469,7 +469,7 @@ pub(crate) async fn mirror(store: Arc<dyn Store>, client: kube::Client, settings
                     resync_and_retry(&m, &mut retries).await;
                     resync.reset();
                 }
-                Some(Change::Gap) => {}
+                Some(Change::Gap | Change::Credential(_)) => {}
                 None => {
                     tracing::warn!("the task change stream ended; subscribing again");
                     changes = None;

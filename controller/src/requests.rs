@@ -174,6 +174,8 @@ pub(crate) async fn run(
                                 Change::Gap => {
                                     let _ = gaps_tx.try_send(());
                                 }
+                                // Credentials are the API servers' concern.
+                                Change::Credential(_) => {}
                             }
                         }
                     }
@@ -388,12 +390,16 @@ async fn create(
         Err(not_created) => return Ok(Err(not_created)),
     };
     let now = clock::now();
+    // The namespace is the agent: its tasks belong to its principal.
+    let owner = meatspace_store::identity::namespace_principal(&ctx.namespace);
+    ctx.store.ensure_principal(&owner, now).await?;
     let new = NewTask {
         id: task_id,
         description: obj.spec.description.clone(),
         agent_token_hash: TokenHash::of(&agent_token),
         created_at: now,
         expires_at: now + lifetime,
+        owner_id: owner.id,
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),

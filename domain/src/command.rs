@@ -48,6 +48,9 @@ pub enum Command {
     Reconcile,
     /// Agent: move the end of the task's lifetime later (never earlier).
     Extend(Extension),
+    /// Operator: `worker` was suspended; the task it holds (assigned or
+    /// active) reopens for another worker, as a lapsed assignment does.
+    Release { worker: Uuid },
 }
 
 /// How an agent extends a task's lifetime. `By` is relative to the deadline
@@ -76,6 +79,7 @@ impl Command {
             Command::Stop { .. } => "stop",
             Command::Reconcile => "reconcile",
             Command::Extend { .. } => "extend",
+            Command::Release { .. } => "release",
         }
     }
 
@@ -97,7 +101,8 @@ impl Command {
             | Command::Start { .. }
             | Command::Complete { .. }
             | Command::Stop { .. }
-            | Command::Reconcile => false,
+            | Command::Reconcile
+            | Command::Release { .. } => false,
         }
     }
 
@@ -124,7 +129,8 @@ impl Command {
             | Command::Complete { .. }
             | Command::Stop { .. }
             | Command::Reconcile
-            | Command::Extend(_) => Needs::default(),
+            | Command::Extend(_)
+            | Command::Release { .. } => Needs::default(),
         }
     }
 
@@ -137,7 +143,8 @@ impl Command {
             | Command::Photo { worker, .. }
             | Command::RaiseIssue { worker, .. }
             | Command::Complete { worker, .. }
-            | Command::Stop { worker, .. } => Some(*worker),
+            | Command::Stop { worker, .. }
+            | Command::Release { worker } => Some(*worker),
             _ => None,
         }
     }
@@ -308,6 +315,7 @@ pub fn decide(
         Command::Stop { .. }
             | Command::Cancel { .. }
             | Command::Reconcile
+            | Command::Release { .. }
             | Command::RespondToIssue {
                 action: IssueAction::Cancel,
                 ..
@@ -508,6 +516,28 @@ pub fn decide(
             }
         }
         Command::Extend(extension) => extend(&mut d, task, extension, policy)?,
+        Command::Release { worker } => {
+            if !matches!(task.state, Assigned | Active) {
+                return Err(wrong_state());
+            }
+            d.task.state = Open;
+            d.task.worker_id = None;
+            d.task.assigned_at = None;
+            d.task.started_at = None;
+            d.task.start_by = None;
+            d.task.active_until = None;
+            // As with a lapsed assignment: an answer to the suspended
+            // worker's issue must never reach the next worker.
+            d.task.open_issues = 0;
+            d.push(
+                EventType::TaskUnassigned,
+                Actor::System,
+                json!({ "worker_id": worker, "reason": "worker_suspended" }),
+            );
+            d.issue_changes.push(IssueChange::CloseAll {
+                resolution: "worker_suspended".to_owned(),
+            });
+        }
     }
     Ok(d)
 }
@@ -637,8 +667,9 @@ mod tests {
             },
             Command::Reconcile,
             Command::Extend(Extension::By(chrono::TimeDelta::seconds(60))),
+            Command::Release { worker: W },
         ];
-        let mut seen = [false; 12];
+        let mut seen = [false; 13];
         for c in &commands {
             let i = match c {
                 Command::Publish => 0,
@@ -653,6 +684,7 @@ mod tests {
                 Command::Stop { .. } => 9,
                 Command::Reconcile => 10,
                 Command::Extend(_) => 11,
+                Command::Release { .. } => 12,
             };
             seen[i] = true;
         }
@@ -1016,6 +1048,34 @@ mod tests {
             vec![IssueChange::CloseAll {
                 resolution: "assignment_lapsed".into()
             }]
+        );
+    }
+
+    /// Issue 21: suspending a worker reopens the task it holds, started or
+    /// not, closes its issues, and no other worker's task is touched.
+    #[test]
+    fn releasing_a_suspended_workers_task_reopens_it() {
+        for mut t in [assigned(), active()] {
+            t.open_issues = 1;
+            let d = run(&t, Command::Release { worker: W }, 100).unwrap();
+            assert_eq!(d.task.state, TaskState::Open);
+            assert_eq!(d.task.worker_id, None);
+            assert_eq!((d.task.start_by, d.task.active_until), (None, None));
+            assert_eq!(d.task.open_issues, 0);
+            assert_eq!(d.events[0].kind, EventType::TaskUnassigned);
+            assert_eq!(d.events[0].data["reason"], "worker_suspended");
+            let other = Command::Release {
+                worker: Uuid::from_u128(77),
+            };
+            assert_eq!(run(&t, other, 100).unwrap_err(), Refusal::NotYourTask);
+        }
+        assert!(
+            run(
+                &task(TaskState::Completed),
+                Command::Release { worker: W },
+                100
+            )
+            .is_err()
         );
     }
 

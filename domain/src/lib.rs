@@ -18,6 +18,7 @@
 pub mod clock;
 mod command;
 mod event;
+pub mod identity;
 mod issue;
 pub mod policy;
 mod task;

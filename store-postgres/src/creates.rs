@@ -36,6 +36,7 @@ pub(super) struct NewRow {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub next_deadline: Option<DateTime<Utc>>,
+    pub owner_id: Uuid,
 }
 
 #[derive(Debug)]
@@ -151,8 +152,8 @@ async fn insert<'a>(
         let row = rows.into_iter().next().expect("one row");
         sqlx::query(
             "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
-               updated_at, expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6) \
-               RETURNING id) \
+               updated_at, expires_at, next_deadline, owner_id) \
+               VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6, $8) RETURNING id) \
              SELECT pg_notify($7, id::text) FROM t",
         )
         .bind(row.id)
@@ -162,6 +163,7 @@ async fn insert<'a>(
         .bind(row.expires_at)
         .bind(row.next_deadline)
         .bind(channel)
+        .bind(row.owner_id)
         .execute(pool)
         .await?;
         return Ok(());
@@ -172,6 +174,7 @@ async fn insert<'a>(
     let mut created = Vec::with_capacity(rows.len());
     let mut expires = Vec::with_capacity(rows.len());
     let mut deadlines = Vec::with_capacity(rows.len());
+    let mut owners = Vec::with_capacity(rows.len());
     for row in rows {
         ids.push(row.id);
         descriptions.push(row.description.as_str());
@@ -179,14 +182,15 @@ async fn insert<'a>(
         created.push(row.created_at);
         expires.push(row.expires_at);
         deadlines.push(row.next_deadline);
+        owners.push(row.owner_id);
     }
     sqlx::query(
         "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
-           updated_at, expires_at, next_deadline) \
-           SELECT id, description, 'draft', hash, created, created, expires, deadline \
+           updated_at, expires_at, next_deadline, owner_id) \
+           SELECT id, description, 'draft', hash, created, created, expires, deadline, owner \
            FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::timestamptz[], \
-             $5::timestamptz[], $6::timestamptz[]) \
-             AS r(id, description, hash, created, expires, deadline) \
+             $5::timestamptz[], $6::timestamptz[], $8::uuid[]) \
+             AS r(id, description, hash, created, expires, deadline, owner) \
            RETURNING id) \
          SELECT pg_notify($7, id::text) FROM t",
     )
@@ -197,6 +201,7 @@ async fn insert<'a>(
     .bind(expires)
     .bind(deadlines)
     .bind(channel)
+    .bind(owners)
     .execute(pool)
     .await?;
     Ok(())

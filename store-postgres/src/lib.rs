@@ -45,6 +45,7 @@ use crate::creates::{Creates, NewRow};
 
 mod creates;
 mod idempotency;
+mod identity;
 mod requests;
 mod webhooks;
 
@@ -58,7 +59,7 @@ const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updat
     open_issues, last_event_id";
 
 /// Channel of the task-change notifications.
-const CHANNEL: &str = "meatspace_tasks";
+pub(crate) const CHANNEL: &str = "meatspace_tasks";
 
 /// How long [`Store::ping`] waits for its probe connection.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
@@ -669,19 +670,9 @@ impl engine::Backend for PgStore {
         tx: &mut Self::Tx,
         task: &Task,
         agent_token_hash: &TokenHash,
+        owner_id: Uuid,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
-        )
-        .bind(task.id)
-        .bind(&task.description)
-        .bind(&agent_token_hash.0[..])
-        .bind(task.created_at)
-        .bind(task.expires_at)
-        .bind(task.next_deadline())
-        .execute(&mut **tx)
-        .await?;
+        insert_task(tx, task, agent_token_hash, owner_id).await?;
         notify(tx, task.id).await
     }
 
@@ -704,7 +695,8 @@ impl engine::Backend for PgStore {
     }
 
     async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
-        crate::requests::insert_task(tx, new, Some(new.expires_at)).await?;
+        let (task, agent_token_hash) = new.clone().into_draft();
+        insert_task(tx, &task, &agent_token_hash, new.owner_id).await?;
         notify(tx, new.id).await
     }
 
@@ -761,7 +753,7 @@ impl engine::Backend for PgStore {
         // second sees used_at set and changes nothing.
         let used = sqlx::query(
             "UPDATE worker_invites SET used_at = $2, worker_id = $3 \
-             WHERE id = $1 AND used_at IS NULL AND expires_at > $2",
+             WHERE id = $1 AND used_at IS NULL AND revoked_at IS NULL AND expires_at > $2",
         )
         .bind(invite_id)
         .bind(now)
@@ -976,6 +968,30 @@ fn fits_one_statement(d: &Decision) -> bool {
             .all(|c| matches!(c, IssueChange::CloseAll { .. }))
 }
 
+/// Inserts a new draft task row in `tx` (the grouped creates of
+/// [`creates`] write the same columns in one statement for many).
+async fn insert_task(
+    tx: &mut Transaction<'_, Postgres>,
+    task: &Task,
+    agent_token_hash: &TokenHash,
+    owner_id: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+         expires_at, next_deadline, owner_id) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6, $7)",
+    )
+    .bind(task.id)
+    .bind(&task.description)
+    .bind(&agent_token_hash.0[..])
+    .bind(task.created_at)
+    .bind(task.expires_at)
+    .bind(task.next_deadline())
+    .bind(owner_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
@@ -1118,6 +1134,7 @@ impl Store for PgStore {
 
     #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
+        let owner_id = new.owner_id;
         let (task, agent_token_hash) = new.into_draft();
         let created = self
             .creates
@@ -1128,6 +1145,7 @@ impl Store for PgStore {
                 created_at: task.created_at,
                 expires_at: task.expires_at,
                 next_deadline: task.next_deadline(),
+                owner_id,
             })
             .await;
         self.versions.bump(task.id);
@@ -1318,16 +1336,18 @@ impl Store for PgStore {
             id,
             name: name.to_owned(),
             created_at: now,
+            suspended_at: None,
         })
     }
 
     #[tracing::instrument(skip(self), err)]
     async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> =
-            sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = $1")
-                .bind(worker_id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT token_hash FROM workers WHERE id = $1 AND suspended_at IS NULL",
+        )
+        .bind(worker_id)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
@@ -1520,41 +1540,15 @@ impl Store for PgStore {
         &self,
         id: Uuid,
         code_hash: TokenHash,
-        now: DateTime<Utc>,
         expires_at: DateTime<Utc>,
+        audit: meatspace_store::NewAudit,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO worker_invites (id, code_hash, created_at, expires_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(id)
-        .bind(&code_hash.0[..])
-        .bind(now)
-        .bind(expires_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        identity::create_invite(self.pool.begin().await?, id, code_hash, expires_at, audit).await
     }
 
     #[tracing::instrument(skip(self), err)]
     async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, code_hash, created_at, expires_at, used_at FROM worker_invites WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|row| {
-            let hash: Vec<u8> = row.try_get("code_hash")?;
-            Ok(Invite {
-                id: row.try_get("id")?,
-                code_hash: TokenHash::from_slice(&hash)
-                    .ok_or_else(|| StoreError::Corrupt("invite code digest".into()))?,
-                created_at: row.try_get("created_at")?,
-                expires_at: row.try_get("expires_at")?,
-                used_at: row.try_get("used_at")?,
-            })
-        })
-        .transpose()
+        identity::invite(&self.pool, id).await
     }
 
     #[tracing::instrument(skip(self, token_hash), err)]
@@ -1570,6 +1564,7 @@ impl Store for PgStore {
             id: worker_id,
             name: name.to_owned(),
             created_at: now,
+            suspended_at: None,
         };
         engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
@@ -1602,7 +1597,7 @@ impl Store for PgStore {
         let row = sqlx::query(
             "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
              FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
-             WHERE s.id = $1 AND s.expires_at > $2",
+             WHERE s.id = $1 AND s.expires_at > $2 AND w.suspended_at IS NULL",
         )
         .bind(id)
         .bind(now)
@@ -1616,6 +1611,7 @@ impl Store for PgStore {
                     id: row.try_get("worker_id")?,
                     name: row.try_get("name")?,
                     created_at: row.try_get("created_at")?,
+                    suspended_at: None,
                 },
                 secret_hash: TokenHash::from_slice(&hash)
                     .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
@@ -1678,6 +1674,185 @@ impl Store for PgStore {
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
         crate::requests::requested_among(&self.pool, task_ids).await
     }
+
+    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    async fn create_api_key(
+        &self,
+        new: meatspace_store::NewApiKey,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<meatspace_store::ApiKey, StoreError> {
+        identity::create_key(self.pool.begin().await?, new, audit).await
+    }
+
+    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    async fn insert_configured_key(
+        &self,
+        new: meatspace_store::NewApiKey,
+    ) -> Result<bool, StoreError> {
+        identity::insert_configured_key(self.pool.begin().await?, new).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn api_key(&self, id: Uuid) -> Result<Option<meatspace_store::KeyRecord>, StoreError> {
+        identity::key(&self.pool, id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn api_keys(
+        &self,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<meatspace_store::ApiKey>, StoreError> {
+        identity::keys(&self.pool, after, limit).await
+    }
+
+    #[tracing::instrument(skip(self, digest, audit), err)]
+    async fn rotate_api_key(
+        &self,
+        id: Uuid,
+        digest: TokenHash,
+        previous_valid_until: DateTime<Utc>,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
+        identity::rotate_key(
+            self.pool.begin().await?,
+            id,
+            digest,
+            previous_valid_until,
+            audit,
+        )
+        .await
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn revoke_api_key(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
+        identity::revoke_key(self.pool.begin().await?, id, audit).await
+    }
+
+    #[tracing::instrument(skip_all, err)]
+    async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
+        identity::touch_keys(&self.pool, used).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn ensure_principal(
+        &self,
+        principal: &meatspace_domain::identity::PrincipalRef,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        identity::ensure_principal(&self.pool, principal, now).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn principal(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<meatspace_domain::identity::PrincipalRef>, StoreError> {
+        identity::principal(&self.pool, id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+        identity::task_owner(&self.pool, task_id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn owned_tasks(
+        &self,
+        owner: Uuid,
+        state: Option<TaskState>,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let (created_at, id) = identity::cursor_binds(cursor);
+        let rows = sqlx::query(&identity::owned_tasks_sql(TASK_COLUMNS))
+            .bind(owner)
+            .bind(identity::state_name(state))
+            .bind(created_at)
+            .bind(id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError> {
+        identity::worker(&self.pool, id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
+        identity::workers(&self.pool, after, limit).await
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn suspend_worker(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
+        identity::suspend_worker(self.pool.begin().await?, id, audit).await
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn reinstate_worker(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<Worker>, StoreError> {
+        identity::reinstate_worker(self.pool.begin().await?, id, audit).await
+    }
+
+    #[tracing::instrument(skip(self, token_hash, audit), err)]
+    async fn rotate_worker_token(
+        &self,
+        id: Uuid,
+        token_hash: TokenHash,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<Worker>, StoreError> {
+        identity::rotate_worker_token(self.pool.begin().await?, id, token_hash, audit).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
+        identity::invites(&self.pool, after, limit).await
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn revoke_invite(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<Invite>, StoreError> {
+        identity::revoke_invite(self.pool.begin().await?, id, audit).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
+        identity::append_audit(&self.pool, &audit).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn audit(
+        &self,
+        filter: &meatspace_store::AuditFilter,
+    ) -> Result<Vec<meatspace_store::AuditEntry>, StoreError> {
+        identity::audit(&self.pool, filter).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn purge_audit_before(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        identity::purge_audit(&self.pool, before, limit).await
+    }
 }
 
 // ---- the change stream ------------------------------------------------------------------
@@ -1719,6 +1894,14 @@ async fn listen(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     Ok(listener)
 }
 
+/// A notification's payload: a task id, or `credential:<id>`.
+fn parse_change(payload: &str) -> Option<Change> {
+    match payload.strip_prefix(identity::CREDENTIAL_PREFIX) {
+        Some(id) => id.parse().ok().map(Change::Credential),
+        None => payload.parse().ok().map(Change::Task),
+    }
+}
+
 /// What the listener received and the consumer has not taken yet.
 #[derive(Debug, Default)]
 struct Pending {
@@ -1728,7 +1911,7 @@ struct Pending {
 
 #[derive(Debug, Default)]
 struct Queue {
-    ids: VecDeque<Uuid>,
+    ids: VecDeque<Change>,
     /// Changes may have been lost since the consumer's last item.
     gap: bool,
     /// No more items will come (the store was closed).
@@ -1742,7 +1925,12 @@ impl Pending {
         self.ready.notify_one();
     }
 
+    #[cfg(test)]
     fn task(&self, id: Uuid) {
+        self.change(Change::Task(id));
+    }
+
+    fn change(&self, change: Change) {
         self.update(|q| {
             if q.gap {
                 // The gap makes the consumer re-read everything anyway.
@@ -1750,7 +1938,7 @@ impl Pending {
                 q.ids.clear();
                 q.gap = true;
             } else {
-                q.ids.push_back(id);
+                q.ids.push_back(change);
             }
         });
     }
@@ -1775,8 +1963,8 @@ impl Pending {
                     q.gap = false;
                     return Some(Change::Gap);
                 }
-                if let Some(id) = q.ids.pop_front() {
-                    return Some(Change::Task(id));
+                if let Some(change) = q.ids.pop_front() {
+                    return Some(change);
                 }
                 if q.ended {
                     return None;
@@ -1819,9 +2007,9 @@ async fn drive(
             received = listener.try_recv() => received,
         };
         match received {
-            Ok(Some(n)) => match n.payload().parse() {
-                Ok(id) => pending.task(id),
-                Err(_) => tracing::warn!(
+            Ok(Some(n)) => match parse_change(n.payload()) {
+                Some(change) => pending.change(change),
+                None => tracing::warn!(
                     payload = n.payload(),
                     "ignoring a malformed task change notification"
                 ),

@@ -1,9 +1,8 @@
 //! Tasks requested from Kubernetes, in PostgreSQL: the SQL only. Why a
 //! request row exists is [`meatspace_store::requests`]'s.
 
-use chrono::{DateTime, Utc};
+use meatspace_store::StoreError;
 use meatspace_store::requests::TaskRequest;
-use meatspace_store::{NewTask, StoreError};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
@@ -34,27 +33,6 @@ pub(crate) async fn claim(
     .fetch_one(&mut **tx)
     .await?;
     from_row(&row)
-}
-
-/// Inserts the draft task itself (as `create_task` does).
-pub(crate) async fn insert_task(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    new: &NewTask,
-    next_deadline: Option<DateTime<Utc>>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-         expires_at, next_deadline) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6)",
-    )
-    .bind(new.id)
-    .bind(&new.description)
-    .bind(&new.agent_token_hash.0[..])
-    .bind(new.created_at)
-    .bind(new.expires_at)
-    .bind(next_deadline)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 pub(crate) async fn get(

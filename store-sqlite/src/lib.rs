@@ -36,6 +36,7 @@ use meatspace_store::{
 };
 
 mod idempotency;
+mod identity;
 mod requests;
 mod webhooks;
 
@@ -59,7 +60,7 @@ pub struct SqliteStore {
     probe: SqlitePool,
     policy: Policy,
     /// Task ids changed by this process, for [`Store::changes`].
-    changes: broadcast::Sender<Uuid>,
+    changes: broadcast::Sender<Change>,
     /// Bumped after every commit that touches a task (see [`TaskVersions`]).
     versions: std::sync::Arc<TaskVersions>,
 }
@@ -178,7 +179,12 @@ impl SqliteStore {
     fn announce(&self, id: Uuid) {
         self.versions.bump(id);
         // No receiver is fine: nobody is waiting.
-        let _ = self.changes.send(id);
+        let _ = self.changes.send(Change::Task(id));
+    }
+
+    /// After a commit that took a credential's power away.
+    fn announce_credential(&self, id: Uuid) {
+        let _ = self.changes.send(Change::Credential(id));
     }
 
     async fn write(
@@ -351,21 +357,9 @@ impl engine::Backend for SqliteStore {
         tx: &mut Self::Tx,
         task: &Task,
         agent_token_hash: &TokenHash,
+        owner_id: Uuid,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
-        )
-        .bind(task.id.to_string())
-        .bind(&task.description)
-        .bind(&agent_token_hash.0[..])
-        .bind(ms(task.created_at))
-        .bind(ms(task.created_at))
-        .bind(ms(task.expires_at))
-        .bind(opt_ms(task.next_deadline()))
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
+        insert_task(tx, task, agent_token_hash, owner_id).await
     }
 
     async fn insert_webhook(
@@ -387,7 +381,8 @@ impl engine::Backend for SqliteStore {
     }
 
     async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
-        crate::requests::insert_task(tx, new, Some(new.expires_at)).await
+        let (task, agent_token_hash) = new.clone().into_draft();
+        insert_task(tx, &task, &agent_token_hash, new.owner_id).await
     }
 
     async fn lock_idempotency_key(
@@ -433,7 +428,7 @@ impl engine::Backend for SqliteStore {
         // used_at set and changes nothing.
         let used = sqlx::query(
             "UPDATE worker_invites SET used_at = ?, worker_id = ? \
-             WHERE id = ? AND used_at IS NULL AND expires_at > ?",
+             WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL AND expires_at > ?",
         )
         .bind(ms(now))
         .bind(worker_id.to_string())
@@ -482,6 +477,30 @@ impl engine::Backend for SqliteStore {
         .await?;
         rows.iter().map(task_from_row).collect()
     }
+}
+
+/// Inserts a new draft task row (every create goes through here).
+async fn insert_task(
+    conn: &mut sqlx::SqliteConnection,
+    task: &Task,
+    agent_token_hash: &TokenHash,
+    owner_id: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
+         expires_at, next_deadline, owner_id) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(task.id.to_string())
+    .bind(&task.description)
+    .bind(&agent_token_hash.0[..])
+    .bind(ms(task.created_at))
+    .bind(ms(task.created_at))
+    .bind(ms(task.expires_at))
+    .bind(opt_ms(task.next_deadline()))
+    .bind(owner_id.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
@@ -620,19 +639,14 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
+        let owner_id = new.owner_id;
         let (task, agent_token_hash) = new.into_draft();
-        sqlx::query(
-            "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
+        insert_task(
+            &mut *self.writer.acquire().await?,
+            &task,
+            &agent_token_hash,
+            owner_id,
         )
-        .bind(task.id.to_string())
-        .bind(&task.description)
-        .bind(&agent_token_hash.0[..])
-        .bind(ms(task.created_at))
-        .bind(ms(task.created_at))
-        .bind(ms(task.expires_at))
-        .bind(opt_ms(task.next_deadline()))
-        .execute(&self.writer)
         .await?;
         self.announce(task.id);
         Ok(task)
@@ -800,16 +814,18 @@ impl Store for SqliteStore {
             id,
             name: name.to_owned(),
             created_at: now,
+            suspended_at: None,
         })
     }
 
     #[tracing::instrument(skip(self), err)]
     async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> =
-            sqlx::query_scalar("SELECT token_hash FROM workers WHERE id = ?")
-                .bind(worker_id.to_string())
-                .fetch_optional(&self.reader)
-                .await?;
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT token_hash FROM workers WHERE id = ? AND suspended_at IS NULL",
+        )
+        .bind(worker_id.to_string())
+        .fetch_optional(&self.reader)
+        .await?;
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
@@ -981,7 +997,7 @@ impl Store for SqliteStore {
         let rx = self.changes.subscribe();
         let stream = futures::stream::unfold(rx, |mut rx| async move {
             match rx.recv().await {
-                Ok(id) => Some((Change::Task(id), rx)),
+                Ok(change) => Some((change, rx)),
                 Err(broadcast::error::RecvError::Lagged(_)) => Some((Change::Gap, rx)),
                 Err(broadcast::error::RecvError::Closed) => None,
             }
@@ -994,41 +1010,15 @@ impl Store for SqliteStore {
         &self,
         id: Uuid,
         code_hash: TokenHash,
-        now: DateTime<Utc>,
         expires_at: DateTime<Utc>,
+        audit: meatspace_store::NewAudit,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO worker_invites (id, code_hash, created_at, expires_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(id.to_string())
-        .bind(&code_hash.0[..])
-        .bind(ms(now))
-        .bind(ms(expires_at))
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        identity::create_invite(self.begin().await?, id, code_hash, expires_at, audit).await
     }
 
     #[tracing::instrument(skip(self), err)]
     async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, code_hash, created_at, expires_at, used_at FROM worker_invites WHERE id = ?",
-        )
-        .bind(id.to_string())
-        .fetch_optional(&self.reader)
-        .await?;
-        row.map(|row| {
-            let hash: Vec<u8> = row.try_get("code_hash")?;
-            Ok(Invite {
-                id: uuid(row.try_get("id")?)?,
-                code_hash: TokenHash::from_slice(&hash)
-                    .ok_or_else(|| StoreError::Corrupt("invite code digest".into()))?,
-                created_at: from_ms(row.try_get("created_at")?)?,
-                expires_at: from_ms(row.try_get("expires_at")?)?,
-                used_at: opt_from_ms(row.try_get("used_at")?)?,
-            })
-        })
-        .transpose()
+        identity::invite(&self.reader, id).await
     }
 
     #[tracing::instrument(skip(self, token_hash), err)]
@@ -1044,6 +1034,7 @@ impl Store for SqliteStore {
             id: worker_id,
             name: name.to_owned(),
             created_at: now,
+            suspended_at: None,
         };
         engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
@@ -1076,7 +1067,7 @@ impl Store for SqliteStore {
         let row = sqlx::query(
             "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
              FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
-             WHERE s.id = ? AND s.expires_at > ?",
+             WHERE s.id = ? AND s.expires_at > ? AND w.suspended_at IS NULL",
         )
         .bind(id.to_string())
         .bind(ms(now))
@@ -1090,6 +1081,7 @@ impl Store for SqliteStore {
                     id: uuid(row.try_get("worker_id")?)?,
                     name: row.try_get("name")?,
                     created_at: from_ms(row.try_get("created_at")?)?,
+                    suspended_at: None,
                 },
                 secret_hash: TokenHash::from_slice(&hash)
                     .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
@@ -1151,6 +1143,192 @@ impl Store for SqliteStore {
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
         crate::requests::requested_among(&self.reader, task_ids).await
+    }
+
+    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    async fn create_api_key(
+        &self,
+        new: meatspace_store::NewApiKey,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<meatspace_store::ApiKey, StoreError> {
+        identity::create_key(self.begin().await?, new, audit).await
+    }
+
+    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    async fn insert_configured_key(
+        &self,
+        new: meatspace_store::NewApiKey,
+    ) -> Result<bool, StoreError> {
+        identity::insert_configured_key(self.begin().await?, new).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn api_key(&self, id: Uuid) -> Result<Option<meatspace_store::KeyRecord>, StoreError> {
+        identity::key(&self.reader, id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn api_keys(
+        &self,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<meatspace_store::ApiKey>, StoreError> {
+        identity::keys(&self.reader, after, limit).await
+    }
+
+    #[tracing::instrument(skip(self, digest, audit), err)]
+    async fn rotate_api_key(
+        &self,
+        id: Uuid,
+        digest: TokenHash,
+        previous_valid_until: DateTime<Utc>,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
+        let key =
+            identity::rotate_key(self.begin().await?, id, digest, previous_valid_until, audit)
+                .await?;
+        self.announce_credential(id);
+        Ok(key)
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn revoke_api_key(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
+        let key = identity::revoke_key(self.begin().await?, id, audit).await?;
+        self.announce_credential(id);
+        Ok(key)
+    }
+
+    #[tracing::instrument(skip_all, err)]
+    async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
+        identity::touch_keys(&self.writer, used).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn ensure_principal(
+        &self,
+        principal: &meatspace_domain::identity::PrincipalRef,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        identity::ensure_principal(&self.writer, principal, now).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn principal(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<meatspace_domain::identity::PrincipalRef>, StoreError> {
+        identity::principal(&self.reader, id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+        identity::task_owner(&self.reader, task_id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn owned_tasks(
+        &self,
+        owner: Uuid,
+        state: Option<TaskState>,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let sql = identity::owned_tasks_sql(TASK_COLUMNS, state.is_some());
+        let (created_at, id) = identity::cursor_binds(cursor);
+        let mut q = sqlx::query(&sql).bind(owner.to_string());
+        if let Some(state) = identity::state_name(state) {
+            q = q.bind(state);
+        }
+        let rows = q
+            .bind(created_at)
+            .bind(id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError> {
+        identity::worker(&self.reader, id).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
+        identity::workers(&self.reader, after, limit).await
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn suspend_worker(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
+        let suspended = identity::suspend_worker(self.begin().await?, id, audit).await?;
+        self.announce_credential(id);
+        Ok(suspended)
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn reinstate_worker(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<Worker>, StoreError> {
+        identity::reinstate_worker(self.begin().await?, id, audit).await
+    }
+
+    #[tracing::instrument(skip(self, token_hash, audit), err)]
+    async fn rotate_worker_token(
+        &self,
+        id: Uuid,
+        token_hash: TokenHash,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<Worker>, StoreError> {
+        let worker =
+            identity::rotate_worker_token(self.begin().await?, id, token_hash, audit).await?;
+        self.announce_credential(id);
+        Ok(worker)
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
+        identity::invites(&self.reader, after, limit).await
+    }
+
+    #[tracing::instrument(skip(self, audit), err)]
+    async fn revoke_invite(
+        &self,
+        id: Uuid,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Option<Invite>, StoreError> {
+        identity::revoke_invite(self.begin().await?, id, audit).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
+        identity::append_audit(&self.writer, &audit).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn audit(
+        &self,
+        filter: &meatspace_store::AuditFilter,
+    ) -> Result<Vec<meatspace_store::AuditEntry>, StoreError> {
+        identity::audit(&self.reader, filter).await
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    async fn purge_audit_before(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        identity::purge_audit(&self.writer, before, limit).await
     }
 }
 

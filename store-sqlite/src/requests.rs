@@ -1,9 +1,9 @@
 //! Tasks requested from Kubernetes, in SQLite: the SQL and its codecs only.
 //! Why a request row exists is [`meatspace_store::requests`]'s.
 
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
+use meatspace_store::StoreError;
 use meatspace_store::requests::TaskRequest;
-use meatspace_store::{NewTask, StoreError};
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
@@ -31,28 +31,6 @@ pub(crate) async fn claim(
     .fetch_one(&mut **tx)
     .await?;
     from_row(&row)
-}
-
-/// Inserts the draft task itself (as `create_task` does).
-pub(crate) async fn insert_task(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    new: &NewTask,
-    next_deadline: Option<DateTime<Utc>>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-         expires_at, next_deadline) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?)",
-    )
-    .bind(new.id.to_string())
-    .bind(&new.description)
-    .bind(&new.agent_token_hash.0[..])
-    .bind(new.created_at.timestamp_millis())
-    .bind(new.created_at.timestamp_millis())
-    .bind(new.expires_at.timestamp_millis())
-    .bind(next_deadline.map(|t| t.timestamp_millis()))
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 pub(crate) async fn get(

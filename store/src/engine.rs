@@ -110,12 +110,14 @@ pub trait Backend: Send + Sync {
         Ok(out)
     }
 
-    /// Inserts a new draft task, with its agent token's digest, in `tx`.
+    /// Inserts a new draft task, with its agent token's digest and its
+    /// owner, in `tx`.
     async fn insert_draft(
         &self,
         tx: &mut Self::Tx,
         task: &Task,
         agent_token_hash: &TokenHash,
+        owner_id: Uuid,
     ) -> Result<(), StoreError>;
 
     /// Inserts the webhook endpoint of `task_id` in `tx`.
@@ -321,10 +323,11 @@ pub async fn create_task_with_webhook<B: Backend + ?Sized>(
     new: NewTask,
     webhook_url: &str,
 ) -> Result<Task, StoreError> {
+    let owner_id = new.owner_id;
     let (task, agent_token_hash) = new.into_draft();
     let mut tx = backend.begin_write().await?;
     backend
-        .insert_draft(&mut tx, &task, &agent_token_hash)
+        .insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
         .await?;
     backend
         .insert_webhook(&mut tx, task.id, webhook_url, task.created_at)

@@ -27,6 +27,7 @@ use crate::token::TokenHash;
 
 pub mod engine;
 pub mod idempotency;
+pub mod identity;
 pub mod requests;
 pub mod secret;
 pub mod token;
@@ -34,6 +35,7 @@ mod versions;
 pub mod webhooks;
 
 pub use idempotency::{IdempotencyBegin, IdempotencyClaim};
+pub use identity::{ApiKey, AuditEntry, AuditFilter, KeyRecord, KeyRefusal, NewApiKey, NewAudit};
 pub use requests::TaskRequest;
 pub use versions::TaskVersions;
 pub use webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
@@ -135,6 +137,10 @@ pub struct NewTask {
     pub agent_token_hash: TokenHash,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The principal whose key created the task (the development principal
+    /// for the development key; a namespace's principal for a task
+    /// requested through Kubernetes).
+    pub owner_id: Uuid,
 }
 
 impl NewTask {
@@ -168,6 +174,10 @@ pub struct Worker {
     pub id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,
+    /// When an operator suspended the worker: its token and sessions are
+    /// refused until it is reinstated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspended_at: Option<DateTime<Utc>>,
 }
 
 /// A photo as stored.
@@ -229,6 +239,10 @@ pub struct Invite {
     pub expires_at: DateTime<Utc>,
     /// When it was redeemed; an invite works once.
     pub used_at: Option<DateTime<Utc>>,
+    /// When an operator revoked it; a revoked invite is not redeemed.
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// The principal whose key created it.
+    pub created_by: Uuid,
 }
 
 /// A signed-in browser session of a worker, read back unexpired.
@@ -432,13 +446,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
-    /// Records an invite whose code hashes to `code_hash`.
+    /// Records an invite whose code hashes to `code_hash`, made by
+    /// `audit.principal_id`, with its audit entry.
     async fn create_invite(
         &self,
         id: Uuid,
         code_hash: TokenHash,
-        now: DateTime<Utc>,
         expires_at: DateTime<Utc>,
+        audit: NewAudit,
     ) -> Result<(), StoreError>;
 
     /// An invite, used or not, expired or not.
@@ -512,6 +527,124 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Which of `task_ids` were requested from Kubernetes (the mirror
     /// leaves those to the resource that asked for them).
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
+
+    // Identity and access (issue 21). Every privileged write takes the
+    // audit entry that records it and writes both in one transaction, and
+    // every write that takes a credential's power away announces
+    // [`Change::Credential`] on commit.
+
+    /// Stores a key (and its principal, when new) with its audit entry.
+    async fn create_api_key(&self, new: NewApiKey, audit: NewAudit) -> Result<ApiKey, StoreError>;
+
+    /// Stores `new` unless a key with its id exists (the key given in
+    /// configuration at start-up); true when it was stored.
+    async fn insert_configured_key(&self, new: NewApiKey) -> Result<bool, StoreError>;
+
+    /// A key with its digests, revoked or not.
+    async fn api_key(&self, id: Uuid) -> Result<Option<KeyRecord>, StoreError>;
+
+    /// Keys ordered by id, after `after`.
+    async fn api_keys(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<ApiKey>, StoreError>;
+
+    /// Gives a key a new secret; the current one stays good until
+    /// `previous_valid_until`. `None` when there is no such key; a revoked
+    /// key is not rotated (the key comes back as it is, `revoked_at` set).
+    async fn rotate_api_key(
+        &self,
+        id: Uuid,
+        digest: TokenHash,
+        previous_valid_until: DateTime<Utc>,
+        audit: NewAudit,
+    ) -> Result<Option<ApiKey>, StoreError>;
+
+    /// Revokes a key (revoking twice keeps the first time, and writes no
+    /// second audit entry). `None` when there is no such key.
+    async fn revoke_api_key(&self, id: Uuid, audit: NewAudit)
+    -> Result<Option<ApiKey>, StoreError>;
+
+    /// Records when keys were last used (coarse: the server writes this
+    /// from memory about once a minute).
+    async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError>;
+
+    /// Records `principal` unless it exists (the principal of a Kubernetes
+    /// namespace, made on first use).
+    async fn ensure_principal(
+        &self,
+        principal: &meatspace_domain::identity::PrincipalRef,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// An operator's or agent's principal.
+    async fn principal(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<meatspace_domain::identity::PrincipalRef>, StoreError>;
+
+    /// The principal that owns the task; `None` when there is no such task.
+    async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError>;
+
+    /// The tasks `owner` owns, newest first, before `cursor`, in `state`
+    /// when given.
+    async fn owned_tasks(
+        &self,
+        owner: Uuid,
+        state: Option<meatspace_domain::TaskState>,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// One worker, suspended or not.
+    async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError>;
+
+    /// Workers ordered by id, after `after`.
+    async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError>;
+
+    /// Suspends a worker and ends its sessions. Returns the worker and
+    /// the tasks it holds (assigned or active), which the caller releases;
+    /// `None` when there is no such worker. Suspending twice keeps the
+    /// first time and writes no second audit entry.
+    async fn suspend_worker(
+        &self,
+        id: Uuid,
+        audit: NewAudit,
+    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError>;
+
+    /// Lifts a suspension. `None` when there is no such worker.
+    async fn reinstate_worker(
+        &self,
+        id: Uuid,
+        audit: NewAudit,
+    ) -> Result<Option<Worker>, StoreError>;
+
+    /// Replaces a worker's token digest (the old token stops at once).
+    async fn rotate_worker_token(
+        &self,
+        id: Uuid,
+        token_hash: TokenHash,
+        audit: NewAudit,
+    ) -> Result<Option<Worker>, StoreError>;
+
+    /// Invites ordered by id, after `after`.
+    async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError>;
+
+    /// Revokes an unused invite (revoking twice changes nothing). `None`
+    /// when there is no such invite.
+    async fn revoke_invite(&self, id: Uuid, audit: NewAudit) -> Result<Option<Invite>, StoreError>;
+
+    /// Appends an entry that records no other write (a refused
+    /// development key, an operator's cancel).
+    async fn append_audit(&self, audit: NewAudit) -> Result<(), StoreError>;
+
+    /// Audit entries, newest first.
+    async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
+
+    /// Deletes at most `limit` audit entries older than `before` (the
+    /// retention period). Returns how many went.
+    async fn purge_audit_before(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 }
 
 /// One item of [`Store::changes`].
@@ -519,6 +652,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 pub enum Change {
     /// This task changed (its row, events, issues or photos), or was purged.
     Task(Uuid),
+    /// The credential with this id (an API key, or a worker: its token and
+    /// sessions) lost power: revoked, rotated or suspended. Every process
+    /// drops what it kept in memory about it.
+    Credential(Uuid),
     /// Changes may have been missed since the previous item: re-read
     /// everything that matters. Yielded after the stream is listening
     /// again, so a re-read that follows it misses nothing.

@@ -166,6 +166,7 @@ async fn create_due(
                         agent_token_hash: TokenHash::of("x"),
                         created_at: clock::now(),
                         expires_at: clock::truncate(expires_at),
+                        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
                     })
                     .await
                     .unwrap();

@@ -67,6 +67,19 @@ impl TestDb {
         }
     }
 
+    /// Another handle on the same PostgreSQL database, for a second server
+    /// (a replica) on it. SQLite has one owning process: not for it.
+    pub fn replica(&self) -> TestDb {
+        assert!(
+            self._dir.is_none(),
+            "replicas share a PostgreSQL database, not a SQLite file"
+        );
+        TestDb {
+            url: self.url.clone(),
+            _dir: None,
+        }
+    }
+
     /// Opens the store (running migrations) with the given policy.
     pub async fn store(&self, policy: Policy) -> Arc<dyn Store> {
         connect(&self.url, policy, &ConnectOptions::default())
@@ -152,6 +165,66 @@ where
     Fut: std::future::Future<Output = Option<T>>,
 {
     eventually_timed(limit, what, check).await.0
+}
+
+/// Every stored byte of the test database: a `pg_dump`, or the SQLite
+/// files (database, WAL and shared memory).
+pub async fn stored_bytes(backend: Db, url: &str) -> Vec<u8> {
+    match backend {
+        Db::Postgres => {
+            let out = tokio::process::Command::new(pg_dump())
+                .arg("--no-owner")
+                .arg("--dbname")
+                .arg(url)
+                .output()
+                .await
+                .expect("run pg_dump");
+            assert!(
+                out.status.success(),
+                "pg_dump failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        }
+        Db::Sqlite => {
+            let path = url.trim_start_matches("sqlite://");
+            let mut bytes = Vec::new();
+            for suffix in ["", "-wal", "-shm"] {
+                if let Ok(b) = std::fs::read(format!("{path}{suffix}")) {
+                    bytes.extend(b);
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// `pg_dump` of the test server's installation: `MEATSPACE_TEST_PG_BIN`
+/// (set by scripts/postgres.sh), else the newest Debian installation.
+fn pg_dump() -> std::path::PathBuf {
+    if let Ok(bin) = std::env::var("MEATSPACE_TEST_PG_BIN") {
+        return std::path::PathBuf::from(bin).join("pg_dump");
+    }
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/pg_dump"))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort_by_key(|p| {
+        p.components()
+            .nth(4)
+            .and_then(|c| c.as_os_str().to_str()?.parse::<u32>().ok())
+    });
+    found
+        .pop()
+        .expect("pg_dump not found: set MEATSPACE_TEST_PG_BIN to PostgreSQL's bin directory")
+}
+
+/// Whether `needle` occurs in `haystack`.
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]

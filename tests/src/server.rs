@@ -96,6 +96,8 @@ pub struct ServerOptions {
     pub public_origin: meatspace_api::public_url::PublicOrigin,
     /// `MEATSPACE_MAX_EVENTS_PER_TASK` (the binary's default).
     pub max_task_events: u64,
+    /// `MEATSPACE_DEV_KEY_ENABLED` (the binary's default: on).
+    pub dev_key_enabled: bool,
 }
 
 impl Default for ServerOptions {
@@ -111,6 +113,7 @@ impl Default for ServerOptions {
             mcp_allowed_hosts: Default::default(),
             public_origin: meatspace_api::public_url::PublicOrigin::FromRequest,
             max_task_events: 2_000,
+            dev_key_enabled: true,
         }
     }
 }
@@ -123,10 +126,11 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
         .await
         .expect("open the store");
     let dev_key = DevKey::generate();
-    let feed = Feed::start(Arc::clone(&store));
+    let credentials = meatspace_api::auth::Credentials::default();
+    let feed = Feed::start(Arc::clone(&store), credentials.clone());
     let state = AppState::new(Shared {
         store: Arc::clone(&store),
-        dev_key: DevKey::new(&dev_key),
+        dev_key: DevKey::new(&dev_key).with_enabled(options.dev_key_enabled),
         policy: options.policy,
         photo_limits: options.photo_limits.clone(),
         metrics: meatspace_api::metrics::handle(),
@@ -135,7 +139,7 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
         rate_limit: RateLimit::new(options.rate_limit),
         integrations: options.integrations.clone(),
         mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
-        worker_digests: DigestCache::for_workers(),
+        credentials,
         agent_digests: DigestCache::for_agents(),
         public_origin: options.public_origin.clone(),
         max_task_events: options.max_task_events,

@@ -259,9 +259,7 @@ async fn a_task_goes_from_draft_to_completed_over_http(db: Db) {
     srv.stop().await;
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
+use meatspace_tests::contains;
 
 /// GETs a photo by the path its event names and checks the headers.
 async fn fetch_photo(srv: &TestServer, token: &str, path: &Value, content_type: &str) -> Vec<u8> {

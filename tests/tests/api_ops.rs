@@ -2,7 +2,6 @@
 //! template, a 503 (not a 500, not a hang) while the database is
 //! unavailable, and database contents that reveal no credential.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use meatspace_store::ConnectOptions;
@@ -299,65 +298,6 @@ async fn an_unavailable_database_gets_503_not_500(db: Db) {
     create().expect_json(StatusCode::CREATED).await;
 }
 
-/// Every stored byte of the test database: a `pg_dump`, or the SQLite
-/// files (database, WAL and shared memory).
-async fn database_bytes(srv: &TestServer) -> Vec<u8> {
-    match srv.backend {
-        Db::Postgres => {
-            let out = tokio::process::Command::new(pg_dump())
-                .arg("--no-owner")
-                .arg("--dbname")
-                .arg(&srv.db.url)
-                .output()
-                .await
-                .expect("run pg_dump");
-            assert!(
-                out.status.success(),
-                "pg_dump failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            out.stdout
-        }
-        Db::Sqlite => {
-            let path = srv.db.url.trim_start_matches("sqlite://");
-            let mut bytes = Vec::new();
-            for suffix in ["", "-wal", "-shm"] {
-                if let Ok(b) = std::fs::read(format!("{path}{suffix}")) {
-                    bytes.extend(b);
-                }
-            }
-            bytes
-        }
-    }
-}
-
-/// `pg_dump` of the test server's installation: `MEATSPACE_TEST_PG_BIN`
-/// (set by scripts/postgres.sh), else the newest Debian installation.
-fn pg_dump() -> PathBuf {
-    if let Ok(bin) = std::env::var("MEATSPACE_TEST_PG_BIN") {
-        return PathBuf::from(bin).join("pg_dump");
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin/pg_dump"))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort_by_key(|p| {
-        p.components()
-            .nth(4)
-            .and_then(|c| c.as_os_str().to_str()?.parse::<u32>().ok())
-    });
-    found
-        .pop()
-        .expect("pg_dump not found: set MEATSPACE_TEST_PG_BIN to PostgreSQL's bin directory")
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
@@ -371,9 +311,9 @@ async fn the_database_holds_no_credential(db: Db) {
         .json(&json!({ "text": format!("{marker} from the worker") }))
         .expect_json(StatusCode::OK)
         .await;
-    let bytes = database_bytes(&srv).await;
+    let bytes = meatspace_tests::stored_bytes(srv.backend, &srv.db.url).await;
     assert!(
-        contains(&bytes, marker.as_bytes()),
+        meatspace_tests::contains(&bytes, marker.as_bytes()),
         "the dump does not hold the test's data; it proves nothing"
     );
     for (what, secret) in [
@@ -386,7 +326,7 @@ async fn the_database_holds_no_credential(db: Db) {
         let random_part = &secret[secret.len() - 43..];
         for form in [secret.to_owned(), random_part.to_owned(), hex(secret)] {
             assert!(
-                !contains(&bytes, form.as_bytes()),
+                !meatspace_tests::contains(&bytes, form.as_bytes()),
                 "the database holds the {what}"
             );
         }

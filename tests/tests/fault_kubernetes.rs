@@ -154,6 +154,7 @@ async fn new_task(store: &Arc<dyn Store>, description: &str) -> Task {
             agent_token_hash: TokenHash::of(&generate("mst_")),
             created_at: now,
             expires_at: now + TimeDelta::days(1),
+            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         })
         .await
         .expect("create a task")

@@ -307,6 +307,7 @@ async fn dropped_change_streams_release_their_connections() {
             agent_token_hash: meatspace_store::token::TokenHash::of("x"),
             created_at: chrono::Utc::now(),
             expires_at: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         })
         .await
         .expect("create");

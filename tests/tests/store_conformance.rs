@@ -46,6 +46,18 @@ fn at(secs: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(2_000_000_000 + secs, 0).expect("valid timestamp")
 }
 
+/// The audit entry of an invite made by the development principal at `at`.
+fn invite_audit(id: Uuid, at: DateTime<Utc>) -> meatspace_store::NewAudit {
+    meatspace_store::NewAudit {
+        at,
+        principal_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+        action: meatspace_domain::identity::AuditAction::InviteCreated,
+        target: format!("invite:{id}"),
+        address: None,
+        detail: None,
+    }
+}
+
 fn policy() -> Policy {
     Policy {
         default_lifetime: TimeDelta::seconds(LIFETIME),
@@ -223,6 +235,7 @@ async fn create_at(store: &dyn Store, secs: i64, description: &str) -> Created {
         agent_token_hash: TokenHash::of(&token),
         created_at: at(secs),
         expires_at: at(secs + LIFETIME),
+        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
     };
     let task = store.create_task(new).await.expect("create task");
     Created { task, token }
@@ -363,6 +376,7 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
         agent_token_hash: TokenHash::of("x"),
         created_at: at(8),
         expires_at: at(9),
+        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
     };
     assert!(
         s.create_task(duplicate).await.is_err(),
@@ -378,6 +392,7 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
         agent_token_hash: TokenHash::of("z"),
         created_at: at(1) + ms,
         expires_at: at(LIFETIME) + ms,
+        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
     };
     let precise = s.create_task(new).await.expect("create task");
     let published = ok(s, precise.id, Command::Publish, 2).await.task;
@@ -499,9 +514,14 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     // are kept only as digests.
     let invite_code = token::generate("msi_");
     let invite = Uuid::new_v4();
-    s.create_invite(invite, TokenHash::of(&invite_code), at(1), at(100))
-        .await
-        .expect("create invite");
+    s.create_invite(
+        invite,
+        TokenHash::of(&invite_code),
+        at(100),
+        invite_audit(invite, at(1)),
+    )
+    .await
+    .expect("create invite");
     let invited = Uuid::new_v4();
     s.redeem_invite(invite, invited, "marker-invited", TokenHash::of("x"), at(2))
         .await
@@ -518,10 +538,11 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     .await
     .expect("create session");
 
-    let stored: Vec<u8> = match s.backend() {
-        Backend::Postgres => pg_dump(&db.url).await,
-        Backend::Sqlite => sqlite_files(&db.url),
+    let backend = match s.backend() {
+        Backend::Postgres => meatspace_tests::Db::Postgres,
+        Backend::Sqlite => meatspace_tests::Db::Sqlite,
     };
+    let stored = meatspace_tests::stored_bytes(backend, &db.url).await;
     // The data is there, so the absence of the tokens means something.
     for marker in ["marker-description-a", "marker-message", "marker-invited"] {
         assert!(
@@ -554,42 +575,7 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     }
 }
 
-/// A plain-SQL dump of the database at `url`, by the server's own pg_dump
-/// (scripts/postgres.sh exports its bin directory), so the client is never
-/// older than the server.
-async fn pg_dump(url: &str) -> Vec<u8> {
-    let program = match std::env::var("MEATSPACE_TEST_PG_BIN") {
-        Ok(dir) => format!("{dir}/pg_dump"),
-        Err(_) => "pg_dump".to_owned(),
-    };
-    let out = tokio::process::Command::new(&program)
-        .args(["--no-owner", "--no-privileges", "--dbname", url])
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("run {program}: {e}"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{program}: {}: {stderr}", out.status);
-    out.stdout
-}
-
-/// The bytes of every file of the SQLite database: main file, WAL and
-/// shared memory.
-fn sqlite_files(url: &str) -> Vec<u8> {
-    let path = url.strip_prefix("sqlite://").expect("a sqlite:// URL");
-    let dir = std::path::Path::new(path)
-        .parent()
-        .expect("database directory");
-    let mut bytes = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("list the database directory") {
-        let path = entry.expect("directory entry").path();
-        bytes.extend(std::fs::read(path).expect("read a database file"));
-    }
-    bytes
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
+use meatspace_tests::contains;
 
 // ---- the lifecycle ------------------------------------------------------------------------
 
@@ -865,6 +851,7 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
                 agent_token_hash: TokenHash::of("mst_x"),
                 created_at: at(0),
                 expires_at: at(LIFETIME),
+                owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
             },
             "https://example.test/hook",
         )
@@ -1978,6 +1965,7 @@ async fn changes_name_each_changed_task_in_order(store: Arc<dyn Store>) {
         match next {
             Ok(Some(Change::Task(id))) => got.push(id),
             Ok(Some(Change::Gap)) => panic!("a gap without any outage, after {got:?}"),
+            Ok(Some(Change::Credential(id))) => panic!("no credential changed, yet {id} did"),
             Ok(None) => panic!("the change stream ended after {got:?}"),
             Err(_) => panic!("no change announced within 10s after {got:?}"),
         }
@@ -2027,6 +2015,7 @@ async fn concurrent_creates_each_land_and_are_announced(store: Arc<dyn Store>) {
                 announced.insert(id);
             }
             Ok(Some(Change::Gap)) => panic!("a gap without any outage"),
+            Ok(Some(Change::Credential(id))) => panic!("no credential changed, yet {id} did"),
             Ok(None) => panic!("the change stream ended"),
             Err(_) => panic!(
                 "{} of {CREATES} creates announced within 10s",
@@ -2057,6 +2046,7 @@ async fn a_failing_create_among_concurrent_ones_fails_alone(store: Arc<dyn Store
                     agent_token_hash: TokenHash::of(&token::generate("mst_")),
                     created_at: at(0),
                     expires_at: at(LIFETIME),
+                    owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
                 };
                 (id, store.create_task(new).await)
             });
@@ -2736,7 +2726,7 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
     let s = &*store;
     let code = token::generate("msi_");
     let id = Uuid::new_v4();
-    s.create_invite(id, TokenHash::of(&code), at(0), at(100))
+    s.create_invite(id, TokenHash::of(&code), at(100), invite_audit(id, at(0)))
         .await
         .expect("create invite");
     let invite = s.invite(id).await.expect("read").expect("stored");
@@ -2775,9 +2765,14 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
 
     // Expired at its deadline, and unknown invites redeem nothing.
     let late = Uuid::new_v4();
-    s.create_invite(late, TokenHash::of("msi_late"), at(0), at(100))
-        .await
-        .expect("create invite");
+    s.create_invite(
+        late,
+        TokenHash::of("msi_late"),
+        at(100),
+        invite_audit(late, at(0)),
+    )
+    .await
+    .expect("create invite");
     assert_eq!(
         s.redeem_invite(late, eve, "Eve", TokenHash::of("msw_e"), at(100))
             .await
@@ -2796,7 +2791,12 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
 async fn racing_invite_redemptions_have_one_winner(store: Arc<dyn Store>) {
     let id = Uuid::new_v4();
     store
-        .create_invite(id, TokenHash::of("msi_race"), at(0), at(100))
+        .create_invite(
+            id,
+            TokenHash::of("msi_race"),
+            at(100),
+            invite_audit(id, at(0)),
+        )
         .await
         .expect("create invite");
     let racers = (0..8).map(|i| {
@@ -2859,9 +2859,14 @@ async fn unusable_sign_ins_are_purged_and_usable_ones_kept(store: Arc<dyn Store>
     // Invites: used, expired, and one still open.
     let (used, lapsed, open) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
     for (id, until) in [(used, 500), (lapsed, 50), (open, 500)] {
-        s.create_invite(id, TokenHash::of(&format!("msi_{id}")), at(0), at(until))
-            .await
-            .unwrap();
+        s.create_invite(
+            id,
+            TokenHash::of(&format!("msi_{id}")),
+            at(until),
+            invite_audit(id, at(0)),
+        )
+        .await
+        .unwrap();
     }
     s.redeem_invite(
         used,

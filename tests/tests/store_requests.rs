@@ -33,6 +33,7 @@ async fn racing_writers_create_one_task_per_resource_uid(db: Db) {
             agent_token_hash: TokenHash::of(&id.to_string()),
             created_at: now,
             expires_at: now + TimeDelta::hours(1),
+            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         };
         let row = store
             .create_requested_task(new, &request)

@@ -1,5 +1,5 @@
-//! Worker invites: the operator (holder of the development key) creates a
-//! one-time link; the person who opens it chooses a display name in the web
+//! Worker invites: an operator (or a key with the `invites` scope, or the
+//! development key) creates a one-time link; the person who opens it chooses a display name in the web
 //! app and is signed in (see [`crate::web`]). The code in the link is a
 //! credential (`msi_<invite id>_<secret>`): only its digest is stored.
 
@@ -15,9 +15,9 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::auth::{DevKeyAuth, issue_token};
+use crate::auth::{Caller, issue_token};
 use crate::error::ApiError;
-use crate::error::responses::CreateErrors;
+use crate::error::responses::ScopedCreateErrors;
 
 /// Prefix of invite codes.
 pub const INVITE_PREFIX: &str = "msi_";
@@ -27,7 +27,7 @@ const DEFAULT_INVITE_SECONDS: u64 = 7 * 24 * 3600;
 const MAX_INVITE_SECONDS: u64 = 30 * 24 * 3600;
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(create_invite))
+    OpenApiRouter::new().routes(routes!(create_invite, super::admin::list_invites))
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -39,24 +39,30 @@ pub struct InviteRequest {
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreatedInvite {
+    /// The invite's id (to list or revoke it).
+    pub id: Uuid,
     /// The one-time link to give the person. Shown only now.
     pub invite_url: String,
     pub expires_at: DateTime<Utc>,
+    /// The principal whose key created it.
+    pub created_by: Uuid,
 }
 
 /// Creates a one-time invite link to the worker web app. Whoever opens it
 /// first chooses a display name and becomes a worker, signed in.
 #[utoipa::path(post, path = "/api/v1/workers/invites", tag = "worker",
     request_body(content = Option<InviteRequest>, description = "optional lifetime"),
-    security(("dev_key" = [])),
-    responses((status = 201, body = CreatedInvite), CreateErrors))]
+    security(("api_key" = ["invites"]), ("dev_key" = [])),
+    responses((status = 201, body = CreatedInvite), ScopedCreateErrors))]
 async fn create_invite(
     State(state): State<AppState>,
-    _auth: DevKeyAuth,
+    caller: Caller,
+    address: crate::rate_limit::ClientAddress,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req = optional_json(&headers, &body)?;
+    caller.require(meatspace_domain::identity::Scope::Invites)?;
+    let req: InviteRequest = optional_json(&headers, &body)?;
     let seconds = req.expires_in_seconds.unwrap_or(DEFAULT_INVITE_SECONDS);
     if !(60..=MAX_INVITE_SECONDS).contains(&seconds) {
         return Err(ApiError::invalid(format!(
@@ -67,23 +73,42 @@ async fn create_invite(
     let (code, hash) = issue_token(INVITE_PREFIX, id);
     let now = clock::now();
     let expires_at = now + Duration::seconds(seconds as i64);
-    state.store.create_invite(id, hash, now, expires_at).await?;
+    let audit = caller.audit(
+        meatspace_domain::identity::AuditAction::InviteCreated,
+        format!("invite:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "expires_at": expires_at })),
+    );
+    state
+        .store
+        .create_invite(
+            id,
+            hash,
+            expires_at,
+            meatspace_store::NewAudit { at: now, ..audit },
+        )
+        .await?;
     let invite_url = format!("{}/app/invite/{code}", state.public_origin.origin(&headers));
     Ok((
         StatusCode::CREATED,
         [(header::CACHE_CONTROL, "no-store")],
         axum::Json(CreatedInvite {
+            id,
             invite_url,
             expires_at,
+            created_by: caller.principal,
         }),
     )
         .into_response())
 }
 
-/// The optional JSON body: empty means every default.
-fn optional_json(headers: &HeaderMap, body: &Bytes) -> Result<InviteRequest, ApiError> {
+/// An optional JSON body: empty means every default.
+pub(crate) fn optional_json<T: Default + serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Ok(InviteRequest::default());
+        return Ok(T::default());
     }
     let is_json = headers
         .get(header::CONTENT_TYPE)

@@ -1,5 +1,6 @@
 //! One router per resource, merged in [`crate::router`].
 
+pub mod admin;
 pub mod capabilities;
 pub mod health;
 pub mod invites;
@@ -335,10 +336,16 @@ pub async fn agent_event_feed(
             return Err(e);
         }
     };
-    if q.wait.is_zero() && agent_token_subject(token) == Some(id) {
+    // A key of the task's owner (or an operator's) is checked first, from
+    // memory when it was seen before; then the task's digest has no say.
+    let by_key = token.starts_with(crate::auth::KEY_PREFIX);
+    if by_key {
+        authorize_agent_token(state, token, id).await?;
+    }
+    if q.wait.is_zero() && (by_key || agent_token_subject(token) == Some(id)) {
         let heads = state.feed.heads();
         if let Some(head) = heads.get(id) {
-            if !head.agent_token_hash.verify(token) {
+            if !by_key && !head.agent_token_hash.verify(token) {
                 return Err(invalid_agent_token());
             }
             if q.after >= head.last_event_id {
@@ -355,7 +362,7 @@ pub async fn agent_event_feed(
         }
         let stamp = heads.stamp(id);
         if let Some(read) = state.store.feed_read(id, q.after, q.limit + 1).await? {
-            if !read.agent_token_hash.verify(token) {
+            if !by_key && !read.agent_token_hash.verify(token) {
                 return Err(invalid_agent_token());
             }
             let mut events = read.events;
@@ -385,7 +392,9 @@ pub async fn agent_event_feed(
         }
         // No such task: purged (its tombstone says 404) or never there (401).
     }
-    authorize_agent_token(state, token, id).await?;
+    if !by_key {
+        authorize_agent_token(state, token, id).await?;
+    }
     open_feed(state, id, &query, 0, Reader::Agent).await
 }
 
@@ -417,6 +426,40 @@ async fn read_page(store: &dyn Store, task: Task, q: PageQuery) -> Result<EventP
         next_cursor,
         has_more,
     })
+}
+
+/// A page size from a query: `default` when absent, 400 outside 1..=`max`.
+pub(crate) fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if (1..=max).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::bad_request(
+            "invalid-query",
+            format!("limit must be between 1 and {max}"),
+        ))
+    }
+}
+
+/// The cursor after `t` in a listing ordered by creation.
+pub(crate) fn encode_task_cursor(t: &Task) -> String {
+    format!("{}.{}", t.created_at.timestamp_millis(), t.id.simple())
+}
+
+/// Reads [`encode_task_cursor`]'s form; 400 for anything else.
+pub(crate) fn decode_task_cursor(s: &str) -> Result<meatspace_store::OpenTasksCursor, ApiError> {
+    let parsed = s.split_once('.').and_then(|(ms, id)| {
+        Some(meatspace_store::OpenTasksCursor {
+            created_at: chrono::DateTime::from_timestamp_millis(ms.parse().ok()?)?,
+            id: Uuid::try_parse(id).ok()?,
+        })
+    });
+    parsed.ok_or_else(|| ApiError::bad_request("invalid-query", "cursor is not valid"))
+}
+
+/// Reads a cursor that is the last id of the previous page; 400 otherwise.
+pub(crate) fn decode_id_cursor(s: &str) -> Result<Uuid, ApiError> {
+    Uuid::try_parse(s).map_err(|_| ApiError::bad_request("invalid-query", "cursor is not valid"))
 }
 
 /// Validates free text written by a client: present, within `max`

@@ -1,6 +1,7 @@
-//! The agent API: create, publish, read, follow the event feed, answer
-//! worker issues, cancel, fetch photos. Everything but creation is
-//! authorised by the task's own agent token.
+//! The agent API: create, list, publish, read, follow the event feed,
+//! answer worker issues, cancel, fetch photos. Creating and listing take an
+//! API key (or the development key); everything on one task is authorised
+//! by the task's own agent token or by a key of the principal that owns it.
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -20,10 +21,11 @@ use super::{
     checked_text,
 };
 use crate::AppState;
-use crate::auth::{AgentAuth, AgentCredential, DevKeyAuth, issue_agent_token};
+use crate::auth::{AgentAuth, AgentCredential, Caller, issue_agent_token};
 use crate::error::ApiError;
 use crate::error::responses::{
-    CreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors, TaskReadErrors,
+    AdminListErrors, ScopedCreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
+    TaskReadErrors,
 };
 use crate::extract::{Json, Path, Query};
 use crate::photo::ImageBytes;
@@ -31,7 +33,7 @@ use crate::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(create_task))
+        .routes(routes!(create_task, list_tasks))
         .routes(routes!(get_task))
         .routes(routes!(publish_task))
         .routes(routes!(cancel_task))
@@ -83,17 +85,19 @@ pub struct TaskResource {
 /// Creates a task in the draft state.
 #[utoipa::path(post, path = "/api/v1/tasks", tag = "agent",
     request_body = CreateTaskRequest,
-    security(("dev_key" = [])),
+    security(("api_key" = ["tasks"]), ("dev_key" = [])),
     responses(
-        (status = 201, description = "The task, in the draft state, and its agent token",
+        (status = 201, description = "The task, in the draft state, and its agent token; \
+            it belongs to the caller's principal",
             body = CreatedTask,
-            headers(("Location" = String, description = "The task's URL"))), CreateErrors))]
+            headers(("Location" = String, description = "The task's URL"))), ScopedCreateErrors))]
 async fn create_task(
     State(state): State<AppState>,
-    _auth: DevKeyAuth,
+    caller: Caller,
     Json(req): Json<CreateTaskRequest>,
 ) -> Result<Response, ApiError> {
-    let created = create(&state, req).await?;
+    caller.require(meatspace_domain::identity::Scope::Tasks)?;
+    let created = create(&state, req, caller.principal).await?;
     let location = HeaderValue::from_str(&format!("/api/v1/tasks/{}", created.task.id))
         .map_err(|e| ApiError::Internal(e.into()))?;
     let mut res = (StatusCode::CREATED, axum::Json(created)).into_response();
@@ -103,11 +107,13 @@ async fn create_task(
     Ok(res)
 }
 
-/// Creates a draft task from a checked request; the caller has shown the
-/// development key. Shared by the HTTP handler and the MCP tools.
+/// Creates a draft task from a checked request, owned by `owner` (the
+/// caller has shown a key of it that may create tasks). Shared by the HTTP
+/// handler and the MCP tools.
 pub(crate) async fn create(
     state: &AppState,
     req: CreateTaskRequest,
+    owner: Uuid,
 ) -> Result<CreatedTask, ApiError> {
     let description = checked_text("description", &req.description, MAX_DESCRIPTION_CHARS)?;
     let lifetime = state
@@ -138,6 +144,7 @@ pub(crate) async fn create(
         agent_token_hash,
         created_at: now,
         expires_at: now + lifetime,
+        owner_id: owner,
     };
     let digest = new.agent_token_hash.clone();
     let (task, webhook_secret) = match webhook_url {
@@ -149,11 +156,66 @@ pub(crate) async fn create(
     };
     // Committed: the agent's first request (its publish) need not read it.
     state.agent_digests.remember(id, digest);
+    state.credentials.owners.remember(id, owner);
     Ok(CreatedTask {
         task,
         agent_token,
         webhook_secret,
     })
+}
+
+/// `state`, `limit` and `cursor` of the task listing.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasksQuery {
+    /// Only tasks in this state.
+    pub state: Option<meatspace_domain::TaskState>,
+    /// Largest page (1-200, default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A page of the caller's tasks, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TaskPage {
+    pub tasks: Vec<Task>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// The tasks the caller's principal owns, newest first: how an agent that
+/// lost its local state finds its work again. Never another principal's.
+#[utoipa::path(get, path = "/api/v1/tasks", tag = "agent",
+    params(ListTasksQuery),
+    security(("api_key" = ["tasks"]), ("dev_key" = [])),
+    responses((status = 200, description = "A page of the caller's tasks", body = TaskPage),
+        AdminListErrors))]
+async fn list_tasks(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<ListTasksQuery>,
+) -> Result<axum::Json<TaskPage>, ApiError> {
+    caller.require(meatspace_domain::identity::Scope::Tasks)?;
+    let limit = super::page_limit(q.limit, 50, 200)?;
+    let cursor = q
+        .cursor
+        .as_deref()
+        .map(super::decode_task_cursor)
+        .transpose()?;
+    let mut tasks = state
+        .store
+        .owned_tasks(caller.principal, q.state, cursor, limit + 1)
+        .await?;
+    let more = tasks.len() > limit as usize;
+    tasks.truncate(limit as usize);
+    let next_cursor = more
+        .then(|| tasks.last().map(super::encode_task_cursor))
+        .flatten();
+    Ok(axum::Json(TaskPage { tasks, next_cursor }))
 }
 
 /// The task and its authoritative state.

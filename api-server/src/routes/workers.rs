@@ -7,12 +7,11 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chrono::DateTime;
 use meatspace_domain::{
     Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState, clock,
 };
 use meatspace_store::StoreError;
-use meatspace_store::{OpenTasksCursor, Worker};
+use meatspace_store::Worker;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -23,10 +22,10 @@ use super::{
     open_feed,
 };
 use crate::AppState;
-use crate::auth::{DevKeyAuth, WorkerAuth, issue_worker_token, task_id_param};
+use crate::auth::{Caller, WorkerAuth, issue_worker_token, task_id_param};
 use crate::error::ApiError;
 use crate::error::responses::{
-    CreateErrors, ListErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
+    ListErrors, ScopedCreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
     TaskReadErrors,
 };
 use crate::extract::{Json, Query};
@@ -47,7 +46,7 @@ pub fn router(max_photo_bytes: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(send_photo))
         .layer(DefaultBodyLimit::max(max_photo_bytes));
     OpenApiRouter::new()
-        .routes(routes!(register_worker))
+        .routes(routes!(register_worker, super::admin::list_workers))
         .routes(routes!(list_open_tasks))
         .routes(routes!(get_task))
         .routes(routes!(claim))
@@ -93,14 +92,16 @@ pub struct RegisteredWorker {
 /// Registers a worker.
 #[utoipa::path(post, path = "/api/v1/workers", tag = "worker",
     request_body = RegisterWorkerRequest,
-    security(("dev_key" = [])),
+    security(("api_key" = ["workers:register"]), ("dev_key" = [])),
     responses(
-        (status = 201, description = "The worker and its token", body = RegisteredWorker), CreateErrors))]
+        (status = 201, description = "The worker and its token", body = RegisteredWorker),
+        ScopedCreateErrors))]
 async fn register_worker(
     State(state): State<AppState>,
-    _auth: DevKeyAuth,
+    caller: Caller,
     Json(req): Json<RegisterWorkerRequest>,
 ) -> Result<Response, ApiError> {
+    caller.require(meatspace_domain::identity::Scope::RegisterWorkers)?;
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
     let id = Uuid::new_v4();
     let (worker_token, hash) = issue_worker_token(id);
@@ -136,18 +137,6 @@ pub struct OpenTaskPage {
     pub next_cursor: Option<String>,
 }
 
-fn encode_cursor(t: &Task) -> String {
-    format!("{}.{}", t.created_at.timestamp_millis(), t.id.simple())
-}
-
-fn decode_cursor(s: &str) -> Option<OpenTasksCursor> {
-    let (ms, id) = s.split_once('.')?;
-    Some(OpenTasksCursor {
-        created_at: DateTime::from_timestamp_millis(ms.parse().ok()?)?,
-        id: Uuid::try_parse(id).ok()?,
-    })
-}
-
 /// Open tasks, oldest first.
 #[utoipa::path(get, path = "/api/v1/worker/tasks", tag = "worker",
     params(ListQuery),
@@ -159,25 +148,17 @@ async fn list_open_tasks(
     _worker: WorkerAuth,
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<OpenTaskPage>, ApiError> {
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=100).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "invalid-query",
-            "limit must be between 1 and 100",
-        ));
-    }
-    let cursor = match q.cursor.as_deref() {
-        None => None,
-        Some(c) => Some(
-            decode_cursor(c)
-                .ok_or_else(|| ApiError::bad_request("invalid-query", "cursor is not valid"))?,
-        ),
-    };
+    let limit = super::page_limit(q.limit, 50, 100)?;
+    let cursor = q
+        .cursor
+        .as_deref()
+        .map(super::decode_task_cursor)
+        .transpose()?;
     let mut tasks = state.store.open_tasks(cursor, limit + 1).await?;
     let more = tasks.len() > limit as usize;
     tasks.truncate(limit as usize);
     let next_cursor = if more {
-        tasks.last().map(encode_cursor)
+        tasks.last().map(super::encode_task_cursor)
     } else {
         None
     };

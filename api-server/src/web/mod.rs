@@ -178,10 +178,11 @@ fn human(e: &ApiError) -> (StatusCode, String) {
         ApiError::TooLarge(detail) | ApiError::UnsupportedMediaType(detail) => {
             (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
         }
-        ApiError::Unauthorized(_) => (
+        ApiError::Unauthorized(_) | ApiError::DevKeyDisabled => (
             StatusCode::UNAUTHORIZED,
             "That worker token is not valid.".into(),
         ),
+        ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "You may not do that.".into()),
         ApiError::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             "The service is briefly unavailable. Please try again in a moment.".into(),

@@ -40,6 +40,7 @@ pub async fn draft_until(store: &Arc<dyn Store>, expires_at: DateTime<Utc>) -> T
             agent_token_hash: TokenHash::of(&Uuid::new_v4().to_string()),
             created_at: now,
             expires_at: clock::truncate(expires_at),
+            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         })
         .await
         .expect("create task")

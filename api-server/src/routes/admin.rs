@@ -1,0 +1,741 @@
+//! The operator API: API keys (create, list, rotate, revoke), workers
+//! (list, suspend, reinstate, rotate a token), invites (list, revoke) and
+//! the audit trail. Every route takes a key with the `operator` scope (or
+//! the development key, when enabled); every change writes its audit
+//! entry in the same transaction.
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, TimeDelta, Utc};
+use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scope, Scopes};
+use meatspace_domain::{Command, clock};
+use meatspace_store::{ApiKey, AuditEntry, AuditFilter, Invite, NewApiKey, Worker};
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::{checked_text, decode_id_cursor, page_limit};
+use crate::AppState;
+use crate::auth::{Caller, issue_key, issue_worker_token};
+use crate::error::ApiError;
+use crate::error::responses::{AdminActionErrors, AdminListErrors};
+use crate::extract::{Json, Path, Query};
+use crate::rate_limit::ClientAddress;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_key, list_keys))
+        .routes(routes!(get_key))
+        .routes(routes!(rotate_key))
+        .routes(routes!(revoke_key))
+        .routes(routes!(suspend_worker))
+        .routes(routes!(reinstate_worker))
+        .routes(routes!(rotate_worker_token))
+        .routes(routes!(revoke_invite))
+        .routes(routes!(list_audit))
+}
+
+/// Longest name of a key or principal, in characters.
+const MAX_NAME_CHARS: usize = 200;
+/// Default grace period of a rotated secret: a day.
+pub const DEFAULT_ROTATION_GRACE_SECONDS: u64 = 86_400;
+/// Longest grace period: a week.
+pub const MAX_ROTATION_GRACE_SECONDS: u64 = 7 * 86_400;
+
+/// An operator: a key with the `operator` scope.
+fn operator(caller: &Caller) -> Result<(), ApiError> {
+    caller.require(Scope::Operator)
+}
+
+fn no_such(what: &str) -> ApiError {
+    ApiError::NotFound(format!("no such {what}"))
+}
+
+/// An API key as operators see it: never its secret or digest.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyView {
+    pub id: Uuid,
+    pub name: String,
+    pub principal: PrincipalRef,
+    pub scopes: Scopes,
+    pub created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Coarse: written about once a minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotated_at: Option<DateTime<Utc>>,
+    /// Until then the secret the last rotation replaced still works.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_valid_until: Option<DateTime<Utc>>,
+}
+
+impl From<ApiKey> for KeyView {
+    fn from(k: ApiKey) -> Self {
+        KeyView {
+            id: k.id,
+            name: k.name,
+            principal: k.principal,
+            scopes: k.scopes,
+            created_at: k.created_at,
+            expires_at: k.expires_at,
+            last_used_at: k.last_used_at,
+            revoked_at: k.revoked_at,
+            rotated_at: k.rotated_at,
+            previous_valid_until: k.previous_valid_until,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKeyRequest {
+    /// What the key is for (1-200 characters).
+    pub name: String,
+    /// The kind of a new principal (default `agent`); ignored with `principal_id`.
+    pub kind: Option<PrincipalKind>,
+    /// Another key for this existing principal, instead of a new one.
+    pub principal_id: Option<Uuid>,
+    /// Default: `["tasks"]` for an agent, `["operator"]` for an operator.
+    pub scopes: Option<Vec<Scope>>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// A key and its secret, shown once.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyWithSecret {
+    pub key: KeyView,
+    /// `msk_<key id>_<secret>`. Shown only now; store it securely.
+    pub secret: String,
+}
+
+/// Creates an API key, for a new principal or another key of an existing one.
+#[utoipa::path(post, path = "/api/v1/keys", tag = "operator",
+    request_body = CreateKeyRequest,
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 201, body = KeyWithSecret), AdminActionErrors))]
+async fn create_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Json(req): Json<CreateKeyRequest>,
+) -> Result<Response, ApiError> {
+    operator(&caller)?;
+    let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
+    let now = clock::now();
+    if req.expires_at.is_some_and(|at| at <= now) {
+        return Err(ApiError::invalid("expires_at must be in the future"));
+    }
+    let (principal, new_principal) = match req.principal_id {
+        Some(id) => (
+            state
+                .store
+                .principal(id)
+                .await?
+                .ok_or_else(|| ApiError::invalid("principal_id names no operator or agent"))?,
+            false,
+        ),
+        None => (
+            PrincipalRef {
+                id: Uuid::new_v4(),
+                kind: match req.kind.unwrap_or(PrincipalKind::Agent) {
+                    k @ (PrincipalKind::Agent | PrincipalKind::Operator) => k,
+                    _ => return Err(ApiError::invalid("kind must be agent or operator")),
+                },
+                name: name.clone(),
+            },
+            true,
+        ),
+    };
+    let scopes = match req.scopes {
+        Some(s) if s.is_empty() => return Err(ApiError::invalid("scopes must not be empty")),
+        Some(s) => Scopes::new(s),
+        None => Scopes::default_for(principal.kind),
+    };
+    let id = Uuid::new_v4();
+    let (secret, digest) = issue_key(id);
+    let new = NewApiKey {
+        id,
+        principal,
+        new_principal,
+        name,
+        scopes,
+        digest,
+        expires_at: req.expires_at,
+        created_at: now,
+    };
+    let audit = caller.audit(
+        AuditAction::KeyCreated,
+        format!("key:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "principal_id": new.principal.id, "scopes": new.scopes })),
+    );
+    let key = state.store.create_api_key(new, audit).await?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(KeyWithSecret {
+            key: key.into(),
+            secret,
+        }),
+    )
+        .into_response())
+}
+
+/// `limit` and `cursor` of an operator's listing.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// Largest page (1-200, default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl PageQuery {
+    fn parts(&self) -> Result<(Option<Uuid>, u32), ApiError> {
+        let after = self.cursor.as_deref().map(decode_id_cursor).transpose()?;
+        Ok((after, page_limit(self.limit, 50, 200)?))
+    }
+}
+
+/// The cursor of a page of `items` read with one more than `limit`.
+fn page<T>(mut items: Vec<T>, limit: u32, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Option<String>) {
+    let more = items.len() > limit as usize;
+    items.truncate(limit as usize);
+    let next = more
+        .then(|| items.last().map(|i| id(i).to_string()))
+        .flatten();
+    (items, next)
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyPage {
+    pub keys: Vec<KeyView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Every API key, revoked ones included, ordered by id.
+#[utoipa::path(get, path = "/api/v1/keys", tag = "operator", params(PageQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = KeyPage), AdminListErrors))]
+async fn list_keys(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<PageQuery>,
+) -> Result<axum::Json<KeyPage>, ApiError> {
+    operator(&caller)?;
+    let (after, limit) = q.parts()?;
+    let keys = state.store.api_keys(after, limit + 1).await?;
+    let (keys, next_cursor) = page(keys, limit, |k| k.id);
+    Ok(axum::Json(KeyPage {
+        keys: keys.into_iter().map(KeyView::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// One API key.
+#[utoipa::path(get, path = "/api/v1/keys/{key_id}", tag = "operator",
+    params(("key_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = KeyView), AdminActionErrors))]
+async fn get_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<Uuid>,
+) -> Result<axum::Json<KeyView>, ApiError> {
+    operator(&caller)?;
+    let key = state
+        .store
+        .api_key(id)
+        .await?
+        .ok_or_else(|| no_such("key"))?;
+    Ok(axum::Json(key.key.into()))
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateKeyRequest {
+    /// How long the current secret keeps working (0-604800 s; default 86400).
+    pub grace_seconds: Option<u64>,
+}
+
+/// Gives a key a new secret. The current one keeps working until
+/// `previous_valid_until` (a grace period, one day by default), so its
+/// users can switch without an outage.
+#[utoipa::path(post, path = "/api/v1/keys/{key_id}/rotate", tag = "operator",
+    params(("key_id" = Uuid, Path)),
+    request_body(content = Option<RotateKeyRequest>, description = "optional grace period"),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = KeyWithSecret), AdminActionErrors))]
+async fn rotate_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    operator(&caller)?;
+    let req = super::invites::optional_json::<RotateKeyRequest>(&headers, &body)?;
+    let grace = req.grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
+    if grace > MAX_ROTATION_GRACE_SECONDS {
+        return Err(ApiError::invalid(format!(
+            "grace_seconds must be at most {MAX_ROTATION_GRACE_SECONDS}"
+        )));
+    }
+    let (secret, digest) = issue_key(id);
+    let audit = caller.audit(
+        AuditAction::KeyRotated,
+        format!("key:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "grace_seconds": grace })),
+    );
+    let until = audit.at + TimeDelta::seconds(i64::try_from(grace).unwrap_or(0));
+    let key = state
+        .store
+        .rotate_api_key(id, digest, until, audit)
+        .await?
+        .ok_or_else(|| no_such("key"))?;
+    if key.revoked_at.is_some() {
+        return Err(ApiError::Conflict {
+            slug: "key-revoked",
+            detail: "a revoked key cannot be rotated; create a new one".into(),
+            task_state: None,
+        });
+    }
+    state.credentials.keys.forget(id);
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(KeyWithSecret {
+            key: key.into(),
+            secret,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeKeyRequest {
+    /// Also cancel every non-terminal task the key's principal owns (when
+    /// this is its last key, its tasks otherwise run on with their tokens).
+    #[serde(default)]
+    pub cancel_tasks: bool,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RevokedKey {
+    pub key: KeyView,
+    /// Tasks cancelled with it (`cancel_tasks`).
+    pub cancelled_tasks: u64,
+}
+
+/// Revokes a key at once on every replica. Its principal's tasks keep
+/// running and stay readable with their task tokens, unless `cancel_tasks`.
+#[utoipa::path(post, path = "/api/v1/keys/{key_id}/revoke", tag = "operator",
+    params(("key_id" = Uuid, Path)),
+    request_body(content = Option<RevokeKeyRequest>, description = "optional"),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = RevokedKey), AdminActionErrors))]
+async fn revoke_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<RevokedKey>, ApiError> {
+    operator(&caller)?;
+    let req = super::invites::optional_json::<RevokeKeyRequest>(&headers, &body)?;
+    let audit = caller.audit(
+        AuditAction::KeyRevoked,
+        format!("key:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "cancel_tasks": req.cancel_tasks })),
+    );
+    let key = state
+        .store
+        .revoke_api_key(id, audit)
+        .await?
+        .ok_or_else(|| no_such("key"))?;
+    // This replica refuses it before answering; the others on the change
+    // stream's word.
+    state.credentials.keys.forget(id);
+    let mut cancelled = 0;
+    if req.cancel_tasks {
+        cancelled = cancel_owned(&state, &caller, &address, key.principal.id).await?;
+    }
+    Ok(axum::Json(RevokedKey {
+        key: key.into(),
+        cancelled_tasks: cancelled,
+    }))
+}
+
+/// Cancels every non-terminal task of `owner`, each with its audit entry.
+async fn cancel_owned(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    owner: Uuid,
+) -> Result<u64, ApiError> {
+    let mut cancelled = 0;
+    let mut cursor = None;
+    loop {
+        let tasks = state.store.owned_tasks(owner, None, cursor, 200).await?;
+        let Some(last) = tasks.last() else { break };
+        cursor = Some(meatspace_store::OpenTasksCursor {
+            created_at: last.created_at,
+            id: last.id,
+        });
+        for task in tasks.iter().filter(|t| !t.state.is_terminal()) {
+            let command = Command::Cancel {
+                reason: Some("the owner's API key was revoked".into()),
+            };
+            match state.store.apply(task.id, command, clock::now()).await {
+                Ok(_) => {
+                    cancelled += 1;
+                    let entry = caller.audit(
+                        AuditAction::TaskCancelledByOperator,
+                        format!("task:{}", task.id),
+                        Some(address.0.to_string()),
+                        None,
+                    );
+                    state.store.append_audit(entry).await?;
+                }
+                // Ended meanwhile.
+                Err(meatspace_store::StoreError::Refused(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(cancelled)
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WorkerPage {
+    pub workers: Vec<Worker>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Every worker, suspended ones included, ordered by id.
+#[utoipa::path(get, path = "/api/v1/workers", tag = "operator", params(PageQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = WorkerPage), AdminListErrors))]
+pub(crate) async fn list_workers(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<PageQuery>,
+) -> Result<axum::Json<WorkerPage>, ApiError> {
+    operator(&caller)?;
+    let (after, limit) = q.parts()?;
+    let workers = state.store.workers(after, limit + 1).await?;
+    let (workers, next_cursor) = page(workers, limit, |w| w.id);
+    Ok(axum::Json(WorkerPage {
+        workers,
+        next_cursor,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SuspendRequest {
+    /// Why, for the audit trail (at most 1000 characters).
+    pub reason: Option<String>,
+}
+
+/// Suspends a worker on every replica: its token and sessions are refused,
+/// its sessions end, and the task it holds (assigned or active) reopens
+/// for another worker (`task.unassigned`, reason `worker_suspended`).
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/suspend", tag = "operator",
+    params(("worker_id" = Uuid, Path)),
+    request_body(content = Option<SuspendRequest>, description = "optional reason"),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = Worker), AdminActionErrors))]
+async fn suspend_worker(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Worker>, ApiError> {
+    operator(&caller)?;
+    let req = super::invites::optional_json::<SuspendRequest>(&headers, &body)?;
+    let reason = super::checked_optional_text("reason", req.reason.as_deref(), 1000)?;
+    let audit = caller.audit(
+        AuditAction::WorkerSuspended,
+        format!("worker:{id}"),
+        Some(address.0.to_string()),
+        reason.map(|r| serde_json::json!({ "reason": r })),
+    );
+    let (worker, held) = state
+        .store
+        .suspend_worker(id, audit)
+        .await?
+        .ok_or_else(|| no_such("worker"))?;
+    state.credentials.workers.forget(id);
+    for task in held {
+        match state
+            .store
+            .apply(task, Command::Release { worker: id }, clock::now())
+            .await
+        {
+            // Released, or it moved on meanwhile (ended, or the worker's
+            // last act raced the suspension).
+            Ok(_) | Err(meatspace_store::StoreError::Refused(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(axum::Json(worker))
+}
+
+/// Lifts a worker's suspension.
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/reinstate", tag = "operator",
+    params(("worker_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = Worker), AdminActionErrors))]
+async fn reinstate_worker(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+) -> Result<axum::Json<Worker>, ApiError> {
+    operator(&caller)?;
+    let audit = caller.audit(
+        AuditAction::WorkerReinstated,
+        format!("worker:{id}"),
+        Some(address.0.to_string()),
+        None,
+    );
+    let worker = state
+        .store
+        .reinstate_worker(id, audit)
+        .await?
+        .ok_or_else(|| no_such("worker"))?;
+    Ok(axum::Json(worker))
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RotatedWorkerToken {
+    pub worker: Worker,
+    /// The new token; the old one stopped working. Shown only now.
+    pub worker_token: String,
+}
+
+/// Gives a worker a new token; the old one stops working at once.
+#[utoipa::path(post, path = "/api/v1/workers/{worker_id}/rotate", tag = "operator",
+    params(("worker_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = RotatedWorkerToken), AdminActionErrors))]
+async fn rotate_worker_token(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+) -> Result<Response, ApiError> {
+    operator(&caller)?;
+    let (worker_token, hash) = issue_worker_token(id);
+    let audit = caller.audit(
+        AuditAction::WorkerTokenRotated,
+        format!("worker:{id}"),
+        Some(address.0.to_string()),
+        None,
+    );
+    let worker = state
+        .store
+        .rotate_worker_token(id, hash, audit)
+        .await?
+        .ok_or_else(|| no_such("worker"))?;
+    state.credentials.workers.forget(id);
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(RotatedWorkerToken {
+            worker,
+            worker_token,
+        }),
+    )
+        .into_response())
+}
+
+/// An invite as operators see it (never its code).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InviteView {
+    pub id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// The principal whose key created it.
+    pub created_by: Uuid,
+}
+
+impl From<Invite> for InviteView {
+    fn from(i: Invite) -> Self {
+        InviteView {
+            id: i.id,
+            created_at: i.created_at,
+            expires_at: i.expires_at,
+            used_at: i.used_at,
+            revoked_at: i.revoked_at,
+            created_by: i.created_by,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InvitePage {
+    pub invites: Vec<InviteView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Invites not yet purged (used and expired ones go after a while).
+#[utoipa::path(get, path = "/api/v1/workers/invites", tag = "operator", params(PageQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = InvitePage), AdminListErrors))]
+pub(crate) async fn list_invites(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<PageQuery>,
+) -> Result<axum::Json<InvitePage>, ApiError> {
+    operator(&caller)?;
+    let (after, limit) = q.parts()?;
+    let invites = state.store.invites(after, limit + 1).await?;
+    let (invites, next_cursor) = page(invites, limit, |i| i.id);
+    Ok(axum::Json(InvitePage {
+        invites: invites.into_iter().map(InviteView::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// Revokes an unused invite: its link no longer signs anyone up.
+#[utoipa::path(post, path = "/api/v1/workers/invites/{invite_id}/revoke", tag = "operator",
+    params(("invite_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = InviteView), AdminActionErrors))]
+async fn revoke_invite(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+) -> Result<axum::Json<InviteView>, ApiError> {
+    operator(&caller)?;
+    let audit = caller.audit(
+        AuditAction::InviteRevoked,
+        format!("invite:{id}"),
+        Some(address.0.to_string()),
+        None,
+    );
+    let invite = state
+        .store
+        .revoke_invite(id, audit)
+        .await?
+        .ok_or_else(|| no_such("invite"))?;
+    Ok(axum::Json(invite.into()))
+}
+
+/// Filters of the audit trail.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Only entries of this principal.
+    pub principal: Option<Uuid>,
+    /// Only entries at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only entries before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Largest page (1-200, default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One privileged action.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuditEntryView {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    /// Who acted.
+    pub principal: PrincipalRef,
+    pub action: AuditAction,
+    /// What was acted on: `key:<id>`, `worker:<id>`, `invite:<id>`, `task:<id>`, `route:<path>`.
+    pub target: String,
+    /// The client's address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
+impl From<AuditEntry> for AuditEntryView {
+    fn from(e: AuditEntry) -> Self {
+        AuditEntryView {
+            id: e.id,
+            at: e.at,
+            principal: e.principal,
+            action: e.action,
+            target: e.target,
+            address: e.address,
+            detail: e.detail,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntryView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// The audit trail, newest first.
+#[utoipa::path(get, path = "/api/v1/audit", tag = "operator", params(AuditQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = AuditPage), AdminListErrors))]
+async fn list_audit(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<AuditQuery>,
+) -> Result<axum::Json<AuditPage>, ApiError> {
+    operator(&caller)?;
+    let limit = page_limit(q.limit, 50, 200)?;
+    let before = q
+        .cursor
+        .as_deref()
+        .map(|c| {
+            c.parse::<i64>()
+                .map_err(|_| ApiError::bad_request("invalid-query", "cursor is not valid"))
+        })
+        .transpose()?;
+    let filter = AuditFilter {
+        principal: q.principal,
+        since: q.since,
+        until: q.until,
+        before,
+        limit: limit + 1,
+    };
+    let mut entries = state.store.audit(&filter).await?;
+    let more = entries.len() > limit as usize;
+    entries.truncate(limit as usize);
+    let next_cursor = more
+        .then(|| entries.last().map(|e| e.id.to_string()))
+        .flatten();
+    Ok(axum::Json(AuditPage {
+        entries: entries.into_iter().map(AuditEntryView::from).collect(),
+        next_cursor,
+    }))
+}

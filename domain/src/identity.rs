@@ -1,0 +1,260 @@
+//! Who may do what: the kinds of principal, the scopes an API key carries,
+//! and the privileged actions the audit trail records. Plain data; the
+//! server checks a request's scopes against [`Scope`] and the store keeps
+//! [`Scopes`] in their text form.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The principal the development key acts as, when it is enabled: a
+/// built-in operator with every scope. Tasks created before identity
+/// existed belong to it.
+pub const DEVELOPMENT_PRINCIPAL: Uuid = Uuid::from_u128(0xde00);
+
+/// What a principal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PrincipalKind {
+    /// Runs the install: manages keys, workers, invites, reads the audit.
+    Operator,
+    /// Creates tasks and drives them.
+    Agent,
+    /// Does tasks (a registered worker).
+    Worker,
+    /// The server or the controller acting on its own (deadlines).
+    System,
+}
+
+impl PrincipalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrincipalKind::Operator => "operator",
+            PrincipalKind::Agent => "agent",
+            PrincipalKind::Worker => "worker",
+            PrincipalKind::System => "system",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            PrincipalKind::Operator,
+            PrincipalKind::Agent,
+            PrincipalKind::Worker,
+            PrincipalKind::System,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+}
+
+/// A principal as other records refer to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct PrincipalRef {
+    pub id: Uuid,
+    pub kind: PrincipalKind,
+    pub name: String,
+}
+
+/// One thing an API key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub enum Scope {
+    /// Create tasks, and drive the tasks the key's principal owns.
+    #[serde(rename = "tasks")]
+    Tasks,
+    /// Register workers (`POST /api/v1/workers`).
+    #[serde(rename = "workers:register")]
+    RegisterWorkers,
+    /// Create worker invites.
+    #[serde(rename = "invites")]
+    Invites,
+    /// Everything: keys, workers, invites, the audit trail, any task.
+    #[serde(rename = "operator")]
+    Operator,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [
+        Scope::Tasks,
+        Scope::RegisterWorkers,
+        Scope::Invites,
+        Scope::Operator,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Tasks => "tasks",
+            Scope::RegisterWorkers => "workers:register",
+            Scope::Invites => "invites",
+            Scope::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Scope::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// The scopes of a key, a small set kept sorted and without repeats.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(from = "Vec<Scope>", into = "Vec<Scope>")]
+pub struct Scopes(Vec<Scope>);
+
+impl Scopes {
+    pub fn new(scopes: impl IntoIterator<Item = Scope>) -> Self {
+        let mut v: Vec<Scope> = scopes.into_iter().collect();
+        v.sort();
+        v.dedup();
+        Scopes(v)
+    }
+
+    /// The scopes a new key of this kind gets when none are asked for.
+    pub fn default_for(kind: PrincipalKind) -> Self {
+        match kind {
+            PrincipalKind::Operator => Scopes::new([Scope::Operator]),
+            _ => Scopes::new([Scope::Tasks]),
+        }
+    }
+
+    /// Whether a key with these scopes may do what `needed` allows. The
+    /// operator scope allows everything.
+    pub fn allow(&self, needed: Scope) -> bool {
+        self.0.contains(&needed) || self.0.contains(&Scope::Operator)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Scope> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// The stored form: names separated by spaces.
+    pub fn to_text(&self) -> String {
+        self.0
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Reads the stored form; `None` names a scope this build does not know.
+    pub fn from_text(s: &str) -> Option<Self> {
+        s.split_whitespace()
+            .map(Scope::parse)
+            .collect::<Option<Vec<_>>>()
+            .map(Scopes::new)
+    }
+}
+
+impl From<Vec<Scope>> for Scopes {
+    fn from(v: Vec<Scope>) -> Self {
+        Scopes::new(v)
+    }
+}
+
+impl From<Scopes> for Vec<Scope> {
+    fn from(s: Scopes) -> Self {
+        s.0
+    }
+}
+
+/// A privileged action, as the audit trail names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub enum AuditAction {
+    #[serde(rename = "key.created")]
+    KeyCreated,
+    #[serde(rename = "key.rotated")]
+    KeyRotated,
+    #[serde(rename = "key.revoked")]
+    KeyRevoked,
+    #[serde(rename = "worker.suspended")]
+    WorkerSuspended,
+    #[serde(rename = "worker.reinstated")]
+    WorkerReinstated,
+    #[serde(rename = "worker.token_rotated")]
+    WorkerTokenRotated,
+    #[serde(rename = "invite.created")]
+    InviteCreated,
+    #[serde(rename = "invite.revoked")]
+    InviteRevoked,
+    #[serde(rename = "task.cancelled_by_operator")]
+    TaskCancelledByOperator,
+    /// The development key was presented while it is turned off.
+    #[serde(rename = "dev_key.refused")]
+    DevKeyRefused,
+}
+
+impl AuditAction {
+    pub const ALL: [AuditAction; 10] = [
+        AuditAction::KeyCreated,
+        AuditAction::KeyRotated,
+        AuditAction::KeyRevoked,
+        AuditAction::WorkerSuspended,
+        AuditAction::WorkerReinstated,
+        AuditAction::WorkerTokenRotated,
+        AuditAction::InviteCreated,
+        AuditAction::InviteRevoked,
+        AuditAction::TaskCancelledByOperator,
+        AuditAction::DevKeyRefused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditAction::KeyCreated => "key.created",
+            AuditAction::KeyRotated => "key.rotated",
+            AuditAction::KeyRevoked => "key.revoked",
+            AuditAction::WorkerSuspended => "worker.suspended",
+            AuditAction::WorkerReinstated => "worker.reinstated",
+            AuditAction::WorkerTokenRotated => "worker.token_rotated",
+            AuditAction::InviteCreated => "invite.created",
+            AuditAction::InviteRevoked => "invite.revoked",
+            AuditAction::TaskCancelledByOperator => "task.cancelled_by_operator",
+            AuditAction::DevKeyRefused => "dev_key.refused",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        AuditAction::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+            let json = serde_json::to_value(s).unwrap();
+            assert_eq!(json, s.as_str());
+        }
+        for a in AuditAction::ALL {
+            assert_eq!(AuditAction::parse(a.as_str()), Some(a));
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+        }
+        for k in [
+            PrincipalKind::Operator,
+            PrincipalKind::Agent,
+            PrincipalKind::Worker,
+            PrincipalKind::System,
+        ] {
+            assert_eq!(PrincipalKind::parse(k.as_str()), Some(k));
+        }
+    }
+
+    #[test]
+    fn scopes_keep_one_of_each_and_operator_allows_all() {
+        let s = Scopes::new([Scope::Invites, Scope::Tasks, Scope::Tasks]);
+        assert_eq!(s.to_text(), "tasks invites");
+        assert_eq!(Scopes::from_text("invites tasks"), Some(s.clone()));
+        assert_eq!(Scopes::from_text("tasks bogus"), None);
+        assert!(s.allow(Scope::Tasks) && !s.allow(Scope::RegisterWorkers));
+        let op = Scopes::default_for(PrincipalKind::Operator);
+        assert!(Scope::ALL.iter().all(|&n| op.allow(n)));
+        let agent = Scopes::default_for(PrincipalKind::Agent);
+        assert!(agent.allow(Scope::Tasks) && !agent.allow(Scope::Operator));
+    }
+}
