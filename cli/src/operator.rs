@@ -124,7 +124,7 @@ pub async fn invite(ctx: &Ctx, cmd: InviteCommand) -> Result<()> {
                         time(i.created_at),
                         time(i.expires_at),
                         invite_status(i, now),
-                        principal_text(&i.created_by)
+                        i.created_by
                     ));
                 }
                 more(&mut s, "invite list", listed.next_cursor.as_deref());
@@ -135,9 +135,8 @@ pub async fn invite(ctx: &Ctx, cmd: InviteCommand) -> Result<()> {
             let invite = invites.revoke(invite_id).await?;
             emit(out, &invite, || {
                 format!(
-                    "revoked invite {} (created by {})",
-                    invite.id,
-                    principal_text(&invite.created_by)
+                    "revoked invite {} (created by principal {})",
+                    invite.id, invite.created_by
                 )
             })
         }

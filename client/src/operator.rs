@@ -85,7 +85,11 @@ impl Invites {
         cursor: Option<&str>,
         limit: Option<u32>,
     ) -> Result<InvitePage, Error> {
-        let mut call = Call::new(Method::GET, "/api/v1/invites".into(), Auth::Principal);
+        let mut call = Call::new(
+            Method::GET,
+            "/api/v1/workers/invites".into(),
+            Auth::Principal,
+        );
         call.page(cursor, limit);
         self.client.json(call).await
     }
@@ -94,7 +98,7 @@ impl Invites {
     pub async fn revoke(&self, id: Uuid) -> Result<Invite, Error> {
         let call = Call::new(
             Method::POST,
-            format!("/api/v1/invites/{id}/revoke"),
+            format!("/api/v1/workers/invites/{id}/revoke"),
             Auth::Principal,
         );
         self.client.json(call).await

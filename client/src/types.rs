@@ -313,7 +313,8 @@ pub struct Invite {
     pub used_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<DateTime<Utc>>,
-    pub created_by: PrincipalRef,
+    /// The id of the principal whose key created it.
+    pub created_by: Uuid,
 }
 
 /// A page of invites.
