@@ -1,10 +1,11 @@
 //! The request and response envelopes of the HTTP API.
 //!
-//! The domain types inside them (`Task`, `Event`, `TaskState`, …) are the
-//! server's own from `meatspace-domain`. The envelopes are defined in the
+//! The domain types inside them (`Task`, `Event`, `TaskState`, the
+//! principals and scopes of `identity`, …) are the server's own from
+//! `meatspace-domain`. The envelopes are defined in the
 //! server crate with only the serde direction the server needs, so they are
 //! mirrored here field for field; the black-box suite
-//! (`tests/tests/cli_client.rs`) reads real server answers through them on
+//! (`tests/tests/cli_client.rs`, `cli_identity.rs`) reads real server answers through them on
 //! both backends, which is what keeps the two in step.
 
 use chrono::{DateTime, Utc};
@@ -120,78 +121,8 @@ pub struct OpenTaskPage {
 /// the same envelope as the worker's page of open tasks.
 pub type TaskPage = OpenTaskPage;
 
-/// What a principal is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PrincipalKind {
-    /// Runs the install: manages keys, workers, invites, reads the audit.
-    Operator,
-    /// Creates tasks and drives them.
-    Agent,
-    /// Does tasks (a registered worker).
-    Worker,
-    /// The server or the controller acting on its own.
-    System,
-}
-
-impl PrincipalKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrincipalKind::Operator => "operator",
-            PrincipalKind::Agent => "agent",
-            PrincipalKind::Worker => "worker",
-            PrincipalKind::System => "system",
-        }
-    }
-}
-
-/// A principal as other records refer to it (a key's owner, a task's
-/// owner, an invite's creator, the actor of an audit entry).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PrincipalRef {
-    pub id: Uuid,
-    pub kind: PrincipalKind,
-    pub name: String,
-}
-
-/// One thing an API key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Scope {
-    /// Create tasks, and drive the tasks the key's principal owns.
-    #[serde(rename = "tasks")]
-    Tasks,
-    /// Register workers.
-    #[serde(rename = "workers:register")]
-    RegisterWorkers,
-    /// Create worker invites.
-    #[serde(rename = "invites")]
-    Invites,
-    /// Everything: keys, workers, invites, the audit trail, any task.
-    #[serde(rename = "operator")]
-    Operator,
-}
-
-impl Scope {
-    pub const ALL: [Scope; 4] = [
-        Scope::Tasks,
-        Scope::RegisterWorkers,
-        Scope::Invites,
-        Scope::Operator,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Tasks => "tasks",
-            Scope::RegisterWorkers => "workers:register",
-            Scope::Invites => "invites",
-            Scope::Operator => "operator",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Scope> {
-        Scope::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
+/// The identity types are the server's own (`meatspace_domain::identity`).
+pub use meatspace_domain::identity::{PrincipalKind, PrincipalRef, Scope};
 
 /// An API key as the server shows it (never its secret).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
