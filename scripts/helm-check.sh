@@ -22,7 +22,9 @@
 #      this machine as the chart's controller ServiceAccount with the environment
 #      variables of the installed Deployment (and a fresh PostgreSQL database),
 #      mirrors a task created through the API server binary into a MeatspaceTask,
-#      holds the chart's Lease and releases it when stopped
+#      holds the chart's Lease and releases it when stopped; the API server binary,
+#      given the operator key of the chart's Secret as the Deployment gives it,
+#      accepts that key as an operator's
 #
 # Usage:   MEATSPACE_TEST_KUBECONFIG=… scripts/helm-check.sh
 #
@@ -714,7 +716,13 @@ check_local_controller() {
   ctl_pid=$!; LOCAL_PIDS+=("$ctl_pid")
   local dev_key
   dev_key=msd_$(tr -dc 'A-Za-z0-9' </dev/urandom | head -c 40 || true)
+  # The first operator key as the chart's API server gets it: from the
+  # Secret the chart generated, and the dev key switch as rendered.
+  local dev_key_enabled
+  dev_key_enabled=$(k -n "$NS" get deployment meatspace-api-server -o json \
+    | jq -r '.spec.template.spec.containers[0].env[] | select(.name == "MEATSPACE_DEV_KEY_ENABLED") | .value')
   env -i PATH="$PATH" HOME="$HOME" DATABASE_URL="$db_url" MEATSPACE_DEV_KEY="$dev_key" MEATSPACE_SECRET_KEY="$secret_key" \
+    MEATSPACE_DEV_KEY_ENABLED="$dev_key_enabled" MEATSPACE_BOOTSTRAP_OPERATOR_KEY="$operator_key" \
     MEATSPACE_LISTEN_ADDR="127.0.0.1:$api_port" MEATSPACE_METRICS_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_EMBEDDED_CONTROLLER=never RUST_LOG=info \
     "$bin/meatspace-api-server" >"$WORK/local-api-server.log" 2>&1 &
   api_pid=$!; LOCAL_PIDS+=("$api_pid")
@@ -728,6 +736,17 @@ check_local_controller() {
     fail "the locally run API server did not become ready" "$WORK/local-api-server.log"
     return
   fi
+  # The chart's operator key is an operator's key to this server.
+  local keys
+  if keys=$(curl -fsS --max-time 10 "$api_url/api/v1/keys" -H "authorization: Bearer $operator_key" 2>"$WORK/curl.err"); then
+    expect_rule "local API server: the chart's operator key lists the keys, as the bootstrap operator's" \
+      output_is "operator" jq -r --arg id "${operator_key:4:32}" \
+        '.keys[] | select((.id | gsub("-"; "")) == $id) | .principal.kind' <<<"$keys"
+  else
+    fail "local API server: GET /api/v1/keys with the chart's operator key" "$WORK/curl.err"
+  fi
+  grep -qF -- "${operator_key#msk_*_}" "$WORK/local-api-server.log" \
+    && fail "the operator key's secret appears in the API server's log"
   local description="helm-check $SUFFIX: read the meter in the basement" created id token
   created=$(curl -fsS --max-time 10 -X POST "$api_url/api/v1/tasks" -H "x-meatspace-dev-key: $dev_key" \
     -H 'content-type: application/json' -d "$(jq -nc --arg d "$description" '{description: $d}')" 2>"$WORK/curl.err") \
