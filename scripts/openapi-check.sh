@@ -192,7 +192,10 @@ AGENT_PHOTO_ID=$(api POST "/api/v1/worker/tasks/$AGENT_TASK_ID/photos" "$wauth" 
 AGENT_ISSUE_ID=$(api POST "/api/v1/worker/tasks/$AGENT_TASK_ID/issues" "$wauth" 200 "${json[@]}" \
   -d '{"kind":"other","text":"a question"}' | field events.0.id)
 read -r WORKER_TASK_ID _ < <(active_task "worker operations under the fuzzer")
-export DEV_KEY AGENT_TASK_ID AGENT_TOKEN AGENT_PHOTO_ID AGENT_ISSUE_ID WORKER_TOKEN WORKER_TASK_ID
+# An operator's API key (every scope), for the operations that take one.
+API_KEY=$(api POST /api/v1/keys "$dev" 201 "${json[@]}" -d '{"name":"schemathesis","kind":"operator"}' \
+  | field secret)
+export DEV_KEY AGENT_TASK_ID AGENT_TOKEN AGENT_PHOTO_ID AGENT_ISSUE_ID WORKER_TOKEN WORKER_TASK_ID API_KEY
 
 # Every check but positive_data_acceptance, which expects any schema-valid
 # input to succeed: the document cannot say that a page cursor is opaque,

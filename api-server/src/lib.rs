@@ -154,7 +154,8 @@ impl AppState {
     // Every error response refers to it (see `error::responses`).
     components(schemas(error::Problem)),
     tags((name = "agent", description = "For AI agents: create, publish and monitor tasks"),
-         (name = "worker", description = "For people doing the work"))
+         (name = "worker", description = "For people doing the work"),
+         (name = "operator", description = "For operators: API keys, workers, invites, the audit trail"))
 )]
 struct ApiDoc;
 
@@ -166,6 +167,20 @@ impl utoipa::Modify for SecuritySchemes {
         components.add_security_scheme(
             "dev_key",
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new(auth::DEV_KEY_HEADER))),
+        );
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("msk_<key id>_<secret>")
+                    .description(Some(
+                        "An API key of an operator or agent principal. Its scopes (tasks, \
+                         workers:register, invites, operator) are listed per operation; \
+                         operator allows everything.",
+                    ))
+                    .build(),
+            ),
         );
         for name in ["agent_token", "worker_token"] {
             components.add_security_scheme(

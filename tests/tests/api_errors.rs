@@ -720,7 +720,9 @@ async fn unknown_routes_methods_and_ids_are_problems(db: Db) {
     }
     for (method, path, allowed) in [
         (Method::DELETE, "/api/v1/tasks".to_owned(), "POST"),
-        (Method::GET, "/api/v1/workers".to_owned(), "POST"),
+        (Method::PUT, "/api/v1/tasks".to_owned(), "GET"),
+        (Method::DELETE, "/api/v1/workers".to_owned(), "POST"),
+        (Method::PATCH, "/api/v1/keys".to_owned(), "GET"),
         (Method::PUT, task_path(id, ""), "GET"),
         (Method::GET, task_path(id, "/publish"), "POST"),
         (Method::POST, "/api/v1/capabilities".to_owned(), "GET"),

@@ -707,3 +707,140 @@ async fn revocations_reach_a_second_replica_at_once() {
         since.elapsed()
     );
 }
+
+/// The binary, as an operator runs it: `bootstrap-operator` prints a first
+/// key that works against a server started on the same data afterwards; a
+/// key given by configuration is stored at start; the development key
+/// turned off is refused; and at `RUST_LOG=trace` no key, token or secret
+/// reaches the logs or the metrics.
+#[tokio::test]
+async fn the_binary_bootstraps_an_operator_and_logs_no_credential() {
+    use meatspace_tests::process::{Binary, ServerProcess, free_port};
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = dir.path().join("data");
+    let data_env = data.to_str().expect("utf-8 path").to_owned();
+    let boot = tokio::process::Command::new(Binary::ApiServer.path())
+        .args(["bootstrap-operator", "--name", "first operator"])
+        .env_clear()
+        .env("MEATSPACE_DATA_DIR", &data_env)
+        .output()
+        .await
+        .expect("run bootstrap-operator");
+    assert!(
+        boot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&boot.stderr)
+    );
+    let printed = String::from_utf8(boot.stdout).expect("utf-8");
+    let operator = printed.trim().to_owned();
+    assert!(operator.starts_with("msk_"), "{printed:?}");
+
+    let configured = format!("msk_{}_{}", Uuid::new_v4().simple(), "c".repeat(43));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut api = ServerProcess::start_in(
+        Binary::ApiServer,
+        dir.path(),
+        "api",
+        &addr,
+        &[
+            ("RUST_LOG", "trace"),
+            ("MEATSPACE_DATA_DIR", &data_env),
+            ("MEATSPACE_DEV_KEY_ENABLED", "false"),
+            ("MEATSPACE_BOOTSTRAP_OPERATOR_KEY", &configured),
+        ],
+    );
+    api.ready().await;
+    assert!(
+        api.printed_dev_key().is_none(),
+        "a turned-off dev key was printed"
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let bearer = |key: &str| format!("Bearer {key}");
+    let mut secrets = vec![operator.clone(), configured.clone()];
+    // Both operator keys work; the configured one makes an agent key.
+    for key in [&operator, &configured] {
+        let res = http
+            .get(api.url("/api/v1/keys"))
+            .header("authorization", bearer(key))
+            .send()
+            .await
+            .expect("list keys");
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let made: Value = http
+        .post(api.url("/api/v1/keys"))
+        .header("authorization", bearer(&configured))
+        .json(&json!({ "name": "agent" }))
+        .send()
+        .await
+        .expect("create key")
+        .json()
+        .await
+        .expect("json");
+    let agent = str_at(&made, "/secret");
+    secrets.push(agent.clone());
+    let created: Value = http
+        .post(api.url("/api/v1/tasks"))
+        .header("authorization", bearer(&agent))
+        .json(&json!({ "description": "trace me" }))
+        .send()
+        .await
+        .expect("create task")
+        .json()
+        .await
+        .expect("json");
+    let task = str_at(&created, "/task/id");
+    secrets.push(str_at(&created, "/agent_token"));
+    for _ in 0..2 {
+        let res = http
+            .get(api.url(&format!("/api/v1/tasks/{task}/events?after=0")))
+            .header("authorization", bearer(&agent))
+            .send()
+            .await
+            .expect("poll");
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let rotated: Value = http
+        .post(api.url(&format!("/api/v1/keys/{}/rotate", str_at(&made, "/key/id"))))
+        .header("authorization", bearer(&operator))
+        .send()
+        .await
+        .expect("rotate")
+        .json()
+        .await
+        .expect("json");
+    secrets.push(str_at(&rotated, "/secret"));
+    let refused = http
+        .post(api.url("/api/v1/tasks"))
+        .header(DEV_KEY_HEADER, "msd_whatever-it-is-0123456789")
+        .json(&json!({ "description": "x" }))
+        .send()
+        .await
+        .expect("dev key");
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+
+    let metrics_addr = api.metrics_addr.clone().expect("a metrics address");
+    let metrics = http
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let logs = api.logs();
+    // Trace admits everything, the statements and request spans included.
+    assert!(
+        logs.contains("DEBUG sqlx::query"),
+        "the statements are not logged"
+    );
+    for secret in &secrets {
+        let random = secret.rsplit('_').next().expect("secret part");
+        for (place, text) in [("logs", &logs), ("metrics", &metrics)] {
+            assert!(!text.contains(random), "a credential is in the {place}");
+        }
+    }
+}

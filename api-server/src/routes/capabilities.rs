@@ -32,11 +32,75 @@ fn names(states: impl IntoIterator<Item = TaskState>) -> Vec<&'static str> {
     states.into_iter().map(TaskState::as_str).collect()
 }
 
+/// What the capabilities document says about credentials beyond the
+/// seed's two entries.
+fn auth_details(state: &AppState) -> Value {
+    json!({
+            "modes": auth_modes(state),
+        "api_key": {
+            "type": "bearer",
+            "format": "msk_<key id>_<secret>",
+            "header": "Authorization: Bearer msk_...",
+            "obtain": "An operator creates one (POST /api/v1/keys, or `meatspace key create`); the secret is shown once.",
+            "scopes": {
+                "tasks": "create tasks; drive, read and list the tasks this key's principal owns without their agent_token",
+                "workers:register": "register workers",
+                "invites": "create worker invites",
+                "operator": "everything: keys, workers, invites, the audit trail, any task"
+            },
+            "ownership": "A task belongs to the principal whose key created it. Another principal's task answers 404.",
+            "list_tasks": "GET /api/v1/tasks?state={state}&cursor={cursor}: your own tasks, newest first (how an agent that lost its local state finds its work again)",
+            "rotation": "POST /api/v1/keys/{key_id}/rotate: a new secret; the old one keeps working for grace_seconds (default 86400, at most 604800)",
+            "revocation": "Takes effect on every server within a second. The principal's tasks keep running and stay readable with their agent_token unless the operator cancels them.",
+            "task_operations": "Every task_bearer endpoint also accepts an API key of the principal that owns the task (scope tasks), or an operator's key, in place of the agent_token."
+        },
+        "development_key": {
+            "enabled": state.dev_key.enabled(),
+            "header": DEV_KEY_HEADER,
+            "acts_as": "the built-in development principal: an operator with every scope",
+            "when_disabled": "refused with 401, problem type dev-key-disabled, which says how to get an API key"
+        },
+        "worker_token": {
+            "type": "bearer",
+            "format": "msw_<worker id>_<secret>",
+            "note": "Refused while an operator has the worker suspended."
+        }
+    })
+}
+
+/// The operator API's endpoints.
+fn operator_endpoints() -> Value {
+    json!({
+            "create_key": { "method": "POST", "path": "/api/v1/keys", "auth": "api_key (operator)" },
+        "list_keys": { "method": "GET", "path": "/api/v1/keys", "auth": "api_key (operator)" },
+        "get_key": { "method": "GET", "path": "/api/v1/keys/{key_id}", "auth": "api_key (operator)" },
+        "rotate_key": { "method": "POST", "path": "/api/v1/keys/{key_id}/rotate", "auth": "api_key (operator)" },
+        "revoke_key": { "method": "POST", "path": "/api/v1/keys/{key_id}/revoke", "auth": "api_key (operator)" },
+        "list_workers": { "method": "GET", "path": "/api/v1/workers", "auth": "api_key (operator)" },
+        "suspend_worker": { "method": "POST", "path": "/api/v1/workers/{worker_id}/suspend", "auth": "api_key (operator)" },
+        "reinstate_worker": { "method": "POST", "path": "/api/v1/workers/{worker_id}/reinstate", "auth": "api_key (operator)" },
+        "rotate_worker_token": { "method": "POST", "path": "/api/v1/workers/{worker_id}/rotate", "auth": "api_key (operator)" },
+        "list_invites": { "method": "GET", "path": "/api/v1/workers/invites", "auth": "api_key (operator)" },
+        "revoke_invite": { "method": "POST", "path": "/api/v1/workers/invites/{invite_id}/revoke", "auth": "api_key (operator)" },
+        "audit": { "method": "GET", "path": "/api/v1/audit?principal={id}&since={time}&until={time}&cursor={cursor}", "auth": "api_key (operator)" }
+    })
+}
+
+/// The credentials this server accepts.
+fn auth_modes(state: &AppState) -> Vec<&'static str> {
+    let mut modes = vec!["api_key"];
+    if state.dev_key.enabled() {
+        modes.push("development_key");
+    }
+    modes.extend(["agent_token", "worker_token"]);
+    modes
+}
+
 /// Builds the document.
 pub fn document(state: &AppState) -> Value {
     let terminal = names(TaskState::ALL.into_iter().filter(|s| s.is_terminal()));
     let policy = &state.policy;
-    json!({
+    let mut doc = json!({
         "service": "meatspace",
         "version": env!("CARGO_PKG_VERSION"),
         "status": "development",
@@ -79,6 +143,12 @@ pub fn document(state: &AppState) -> Value {
                     "webhook_url": "string, optional: an http(s) URL that receives every event as a signed webhook; the answer then also carries webhook_secret (shown once)"
                 },
                 "returns": ["task", "agent_token"]
+            },
+            "list_tasks": {
+                "method": "GET",
+                "path": "/api/v1/tasks?state={state}&cursor={cursor}",
+                "auth": "api_key",
+                "returns": ["tasks", "next_cursor"]
             },
             "publish_task": { "method": "POST", "path": "/api/v1/tasks/{task_id}/publish", "auth": "task_bearer" },
             "get_task": { "method": "GET", "path": "/api/v1/tasks/{task_id}", "auth": "task_bearer" },
@@ -153,7 +223,7 @@ pub fn document(state: &AppState) -> Value {
                 "applies_to": "every state-changing POST of the agent and worker APIs",
                 "replay_window_seconds": state.integrations.idempotency_ttl.num_seconds(),
                 "replayed_header": "Idempotency-Replayed: true",
-                "scope": "the authenticated principal: the task of an agent token, the worker of a worker token; for the development key, which every agent shares until agents have keys of their own, the key together with the X-Meatspace-Client-Id request header when one is sent (send a random id per agent). Requests whose credential does not verify are not recorded.",
+                "scope": "the authenticated principal: the principal of an API key (every key of one principal shares it), the task of an agent token, the worker of a worker token; for the development key, which every holder shares, the key together with the X-Meatspace-Client-Id request header when one is sent (send a random id per agent). Requests whose credential does not verify are not recorded.",
                 "client_id_header": "X-Meatspace-Client-Id",
                 "conflicts": { "different_request": 422, "in_flight": 409 },
                 "note": "Retry a POST with the same key to get the first answer again; a replayed create returns the same task and a working agent_token."
@@ -255,7 +325,17 @@ pub fn document(state: &AppState) -> Value {
             "Reconcile authoritative task state when local state is uncertain.",
             "Stop issuing task instructions after a terminal state is observed."
         ]
-    })
+    });
+    merge(&mut doc["auth"], auth_details(state));
+    merge(&mut doc["endpoints"], operator_endpoints());
+    doc
+}
+
+/// Adds `more`'s fields to the object `into`.
+fn merge(into: &mut Value, more: Value) {
+    if let (Some(into), Value::Object(more)) = (into.as_object_mut(), more) {
+        into.extend(more);
+    }
 }
 
 /// The Model Context Protocol endpoints: the tools listed are the ones the

@@ -102,7 +102,12 @@ pub struct SseMessage {
 }
 
 /// The task's event feed as Server-Sent Events. Resume with `Last-Event-ID`
-/// or `?after=`; the stream ends after the terminal event.
+/// or `?after=`; the stream ends after the terminal event. The bearer is the
+/// task's agent token, or an API key of the principal that owns the task.
+// The document names the agent token only: with a second bearer scheme on
+// an operation that has a header parameter, schemathesis expects an unknown
+// header to be refused (HTTP headers are an open set), see
+// scripts/openapi-check.sh.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events/stream", tag = "agent",
     operation_id = "stream_task_events",
     params(("task_id" = Uuid, Path), StreamQuery,

@@ -221,7 +221,7 @@ async fn list_tasks(
 /// The task and its authoritative state.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}", tag = "agent",
     params(("task_id" = Uuid, Path)),
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task", body = TaskResource), TaskReadErrors))]
 async fn get_task(
@@ -240,7 +240,7 @@ async fn get_task(
 /// Publishes a draft: draft → open. Workers can now see and claim it.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/publish", tag = "agent",
     params(("task_id" = Uuid, Path)),
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The open task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn publish_task(
@@ -253,7 +253,7 @@ async fn publish_task(
 /// Cancels a task that is not yet terminal.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/cancel", tag = "agent",
     params(("task_id" = Uuid, Path)),
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The cancelled task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn cancel_task(
@@ -283,7 +283,7 @@ pub struct ExtendRequest {
     operation_id = "extend_task",
     params(("task_id" = Uuid, Path)),
     request_body = ExtendRequest,
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses((status = 200, body = TaskChange), TaskBodyCommandErrors))]
 async fn extend_task(
     State(state): State<AppState>,
@@ -312,7 +312,7 @@ async fn extend_task(
 /// that would be empty waits for the next event (long poll).
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "agent",
     params(("task_id" = Uuid, Path), EventsQuery),
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]
 async fn task_events(
@@ -366,7 +366,7 @@ pub struct RespondRequest {
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/issues/{event_id}/respond", tag = "agent",
     params(("task_id" = Uuid, Path), ("event_id" = i64, Path, description = "id of the worker.issue event")),
     request_body = RespondRequest,
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task and the events of the answer", body = TaskChange), TaskBodyCommandErrors))]
 async fn respond_to_issue(
@@ -393,7 +393,7 @@ async fn respond_to_issue(
 /// A photo a worker sent, as re-encoded by the server.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/photos/{photo_id}", tag = "agent",
     params(("task_id" = Uuid, Path), ("photo_id" = Uuid, Path)),
-    security(("agent_token" = [])),
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The image, in the format it was sent in",
             content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))), TaskReadErrors))]
