@@ -327,8 +327,9 @@ fn hint(e: &anyhow::Error, subject: Subject) -> String {
                  --scope …`)"
                 .into(),
             401 if subject.worker => "the server did not accept the worker token: check that \
-                 --url is the server you registered on, or register again with `meatspace \
-                 worker register --name NAME --replace`"
+                 --url is the server you registered on; an operator may have suspended you or \
+                 rotated your token (ask them), or register again with `meatspace worker \
+                 register --name NAME --replace`"
                 .into(),
             401 => format!(
                 "the server did not accept the task's token: check that --url is the server \

@@ -368,8 +368,20 @@ async fn operators_manage_keys_and_workers(db: Db) {
         );
     }
 
-    // Workers: suspend and reinstate.
-    let (worker, _) = server.register_worker("Ada").await;
+    // Workers: suspend and reinstate; the suspended worker's own commands
+    // are refused meanwhile, with a hint that says why that may be.
+    let worker_state = dir.path().join("worker");
+    let registered = json_of(
+        cli(&server, &worker_state, As::DevKey),
+        &["worker", "register", "--name", "Ada"],
+    )
+    .await;
+    let worker = Uuid::parse_str(registered["worker"]["id"].as_str().unwrap()).unwrap();
+    json_of(
+        cli(&server, &worker_state, As::DevKey),
+        &["worker", "tasks"],
+    )
+    .await;
     let suspended = json_of(
         cli(&server, &state, As::Key(&op)),
         &["worker", "suspend", &worker.to_string(), "--reason", "test"],
@@ -385,6 +397,16 @@ async fn operators_manage_keys_and_workers(db: Db) {
         .expect("the worker is listed")
         .clone();
     assert!(listed["suspended_at"].is_string(), "{listed}");
+    let err = refused(
+        cli(&server, &worker_state, As::DevKey),
+        &["worker", "tasks"],
+        3,
+    )
+    .await;
+    assert!(
+        err["hint"].as_str().unwrap_or("").contains("suspended"),
+        "{err}"
+    );
     let reinstated = json_of(
         cli(&server, &state, As::Key(&op)),
         &["worker", "reinstate", &worker.to_string()],
@@ -394,6 +416,11 @@ async fn operators_manage_keys_and_workers(db: Db) {
         reinstated.get("suspended_at").is_none_or(Value::is_null),
         "{reinstated}"
     );
+    json_of(
+        cli(&server, &worker_state, As::DevKey),
+        &["worker", "tasks"],
+    )
+    .await;
 
     // Invites: listed with their creator, revoked.
     let invite = server
