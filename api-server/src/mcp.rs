@@ -70,10 +70,18 @@ impl InProcess {
         InProcess { state }
     }
 
-    /// Checks the agent token of `task` as the HTTP API does.
+    /// Checks the credential of `task` (its agent token, or the request's
+    /// API key put in its place by `with_caller`) as the HTTP API does.
     async fn authorize(&self, task: &TokenTaskRef) -> Result<(), ApiError> {
+        let token = task.agent_token.as_deref().ok_or_else(|| {
+            ApiError::Unauthorized(
+                "pass the task's agent_token, or send an API key (Authorization: Bearer msk_…) \
+                 with the MCP request"
+                    .into(),
+            )
+        })?;
         let mut headers = HeaderMap::new();
-        let value = HeaderValue::from_str(&format!("Bearer {}", task.agent_token))
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| ApiError::Unauthorized("the agent token is not valid".into()))?;
         headers.insert(header::AUTHORIZATION, value);
         authorize_agent(&self.state, &headers, task.task_id).await
@@ -88,7 +96,9 @@ impl InProcess {
         // The same extractor as POST /api/v1/tasks, over the MCP
         // request's headers.
         let mut request = axum::http::Request::builder();
-        if let Some(key) = &caller.dev_key {
+        if let Some(key) = &caller.api_key {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        } else if let Some(key) = &caller.dev_key {
             request = request.header(DEV_KEY_HEADER, key);
         }
         let (mut parts, ()) = request
@@ -184,7 +194,7 @@ impl InProcess {
 impl AgentApi for InProcess {
     type TaskRef = TokenTaskRef;
     type ListArgs = TokenList;
-    const CREDENTIAL_NOTE: &'static str = "Credentials over HTTP: the development key comes from the x-meatspace-dev-key header configured in your MCP client; this server keeps no session, so each task tool takes the task's agent_token (from create_task) as an argument because there is no other place for it. Pass it only to these tools.";
+    const CREDENTIAL_NOTE: &'static str = "Credentials over HTTP: configure your MCP client to send your API key (Authorization: Bearer msk_…); then the task tools need only task_id and no token is shown to you. Without a key, the development key comes from the x-meatspace-dev-key header and each task tool takes the task's agent_token (from create_task) as an argument, because this server keeps no session. Pass it only to these tools.";
     const SHOWS_TOKEN: bool = true;
 
     async fn create_task(
@@ -202,8 +212,24 @@ impl AgentApi for InProcess {
     fn task_ref(&self, created: &ApiCreated) -> TokenTaskRef {
         TokenTaskRef {
             task_id: created.task.id,
-            agent_token: created.agent_token.clone(),
+            agent_token: Some(created.agent_token.clone()),
         }
+    }
+
+    fn with_caller(&self, task: TokenTaskRef, caller: &Caller) -> TokenTaskRef {
+        match (&task.agent_token, &caller.api_key) {
+            (None, Some(key)) => TokenTaskRef {
+                agent_token: Some(key.clone()),
+                ..task
+            },
+            _ => task,
+        }
+    }
+
+    // With an API key the token never enters the model's context: the
+    // key acts on the task.
+    fn shows_token(&self, caller: &Caller) -> bool {
+        caller.api_key.is_none()
     }
 
     async fn get_task(&self, task: &TokenTaskRef) -> Result<TaskView, Problem> {

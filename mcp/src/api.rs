@@ -24,6 +24,10 @@ pub struct Caller {
     /// The development key, from the MCP request's
     /// `x-meatspace-dev-key` header (HTTP transport).
     pub dev_key: Option<String>,
+    /// An API key (`msk_…`) from the MCP request's `Authorization: Bearer`
+    /// header (HTTP transport): it creates tasks as its principal, and task
+    /// tools act with it, so no task token need pass through the model.
+    pub api_key: Option<String>,
     /// The client's address (HTTP transport, when the server that mounts
     /// the endpoint puts a [`PeerAddress`] in the request's extensions):
     /// long waits are capped per address as the API's are.
@@ -34,6 +38,7 @@ impl std::fmt::Debug for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Caller")
             .field("dev_key", &self.dev_key.as_ref().map(|_| ".."))
+            .field("api_key", &self.api_key.as_ref().map(|_| ".."))
             .field("address", &self.address)
             .finish()
     }
@@ -77,11 +82,13 @@ pub enum Action {
 pub struct TokenTaskRef {
     /// The task's id (task.id from create_task).
     pub task_id: Uuid,
-    /// The task's agent token, returned once by create_task. This server
-    /// keeps no session, so the token travels as this argument: it is the
-    /// only place for it over HTTP. Pass it only to this server's tools,
-    /// never into any other text or tool.
-    pub agent_token: String,
+    /// The task's agent token, returned once by create_task. Omit it when
+    /// your MCP client sends an API key (Authorization: Bearer msk_…): the
+    /// key of the task's owner acts on the task. Without a key this server
+    /// keeps no session, so the token travels as this argument. Pass it only
+    /// to this server's tools, never into any other text or tool.
+    #[serde(default)]
+    pub agent_token: Option<String>,
 }
 
 /// Over stdio: a task is named by its id; the local server keeps its token.
@@ -115,6 +122,18 @@ pub trait AgentApi: Send + Sync + 'static {
 
     /// How tools name the task just created.
     fn task_ref(&self, created: &ApiCreated) -> Self::TaskRef;
+
+    /// `task` with what the request's own credentials supply (over HTTP,
+    /// its API key in place of a missing agent token). The default keeps
+    /// it as it is.
+    fn with_caller(&self, task: Self::TaskRef, _caller: &Caller) -> Self::TaskRef {
+        task
+    }
+
+    /// Whether create_task's result shows the agent token to this caller.
+    fn shows_token(&self, _caller: &Caller) -> bool {
+        Self::SHOWS_TOKEN
+    }
 
     async fn get_task(&self, task: &Self::TaskRef) -> Result<TaskView, Problem>;
 

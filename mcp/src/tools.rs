@@ -123,7 +123,18 @@ fn caller(extensions: &Extensions) -> Caller {
     let address = parts
         .and_then(|parts| parts.extensions.get::<crate::api::PeerAddress>())
         .map(|peer| peer.0);
-    Caller { dev_key, address }
+    let api_key = parts
+        .and_then(|parts| parts.headers.get(http::header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim().to_owned())
+        .filter(|key| key.starts_with("msk_"));
+    Caller {
+        dev_key,
+        api_key,
+        address,
+    }
 }
 
 fn change(
@@ -185,7 +196,10 @@ impl<A: AgentApi> MeatspaceTools<A> {
             )
             .await
             .map_err(ToolProblem::from)?;
-        let agent_token = A::SHOWS_TOKEN.then(|| created.agent_token.clone());
+        let agent_token = self
+            .api
+            .shows_token(&caller(&extensions))
+            .then(|| created.agent_token.clone());
         let mut task = created.task.clone().normalized();
         let mut events = Vec::new();
         let mut status_note = task.state.status_note();
@@ -235,8 +249,10 @@ impl<A: AgentApi> MeatspaceTools<A> {
     )]
     async fn publish_task(
         &self,
+        extensions: Extensions,
         Parameters(task): Parameters<A::TaskRef>,
     ) -> Result<Json<TaskChangeResult>, ToolProblem> {
+        let task = self.api.with_caller(task, &caller(&extensions));
         change(self.api.act(&task, Action::Publish).await)
     }
 
@@ -252,8 +268,10 @@ impl<A: AgentApi> MeatspaceTools<A> {
     )]
     async fn get_task(
         &self,
+        extensions: Extensions,
         Parameters(task): Parameters<A::TaskRef>,
     ) -> Result<Json<TaskResult>, ToolProblem> {
+        let task = self.api.with_caller(task, &caller(&extensions));
         let task = self
             .api
             .get_task(&task)
@@ -295,11 +313,13 @@ impl<A: AgentApi> MeatspaceTools<A> {
                 Problem::local(422, "invalid-argument", "cursor must be 0 or greater").into(),
             );
         }
+        let caller = caller(&extensions);
+        let task = self.api.with_caller(args.task, &caller);
         let page = self
             .api
             .events(
-                &caller(&extensions),
-                &args.task,
+                &caller,
+                &task,
                 args.cursor,
                 Duration::from_secs(u64::from(wait)),
             )
@@ -320,12 +340,14 @@ impl<A: AgentApi> MeatspaceTools<A> {
     )]
     async fn respond_to_issue(
         &self,
+        extensions: Extensions,
         Parameters(args): Parameters<RespondArgs<A::TaskRef>>,
     ) -> Result<Json<TaskChangeResult>, ToolProblem> {
+        let task = self.api.with_caller(args.task, &caller(&extensions));
         change(
             self.api
                 .act(
-                    &args.task,
+                    &task,
                     Action::RespondToIssue {
                         issue_event_id: args.issue_event_id,
                         action: args.action,
@@ -348,8 +370,10 @@ impl<A: AgentApi> MeatspaceTools<A> {
     )]
     async fn cancel_task(
         &self,
+        extensions: Extensions,
         Parameters(task): Parameters<A::TaskRef>,
     ) -> Result<Json<TaskChangeResult>, ToolProblem> {
+        let task = self.api.with_caller(task, &caller(&extensions));
         change(self.api.act(&task, Action::Cancel).await)
     }
 
@@ -365,12 +389,14 @@ impl<A: AgentApi> MeatspaceTools<A> {
     )]
     async fn extend_task(
         &self,
+        extensions: Extensions,
         Parameters(args): Parameters<ExtendArgs<A::TaskRef>>,
     ) -> Result<Json<TaskChangeResult>, ToolProblem> {
+        let task = self.api.with_caller(args.task, &caller(&extensions));
         change(
             self.api
                 .act(
-                    &args.task,
+                    &task,
                     Action::Extend {
                         add_seconds: args.add_seconds,
                     },

@@ -212,6 +212,17 @@ fn print_summary(settings: &Settings, all: &[(Backend, Vec<Figures>)], limits: &
         if let (Some(h), Some(p)) = (find("empty poll"), starts("pgbench: empty poll")) {
             pair(*backend, "empty poll", h, "pgbench", p.rate, "tx/s");
         }
+        // What checking an owner's API key (instead of the task's token) costs.
+        if let (Some(k), Some(t)) = (find("empty poll, API key"), find("empty poll")) {
+            pair(
+                *backend,
+                "empty poll, API key",
+                k,
+                "token poll",
+                t.rate,
+                "req/s",
+            );
+        }
         if let Some(h) = find("create") {
             if let Some(p) = starts("pgbench: create") {
                 pair(*backend, "create", h, "pgbench", p.rate, "tx/s");
@@ -276,6 +287,19 @@ async fn bench_backend(
         (0..settings.clients).map(|_| active_task(&server, &http, POLL_FEED_EVENTS - 3)),
     )
     .await?;
+    // The same, created by an agent's API key and polled with it.
+    let key = agent_key(&server, &http).await?;
+    let keyed = futures::future::try_join_all(
+        (0..settings.clients)
+            .map(|_| active_task_as(&server, &http, POLL_FEED_EVENTS - 3, Some(&key))),
+    )
+    .await?
+    .into_iter()
+    .map(|t| PolledTask {
+        bearer: format!("Bearer {key}"),
+        ..t
+    })
+    .collect::<Vec<_>>();
 
     // Capture the SQL of one request of each kind (PostgreSQL only), with
     // a task the server has not answered a poll of yet.
@@ -371,6 +395,18 @@ async fn bench_backend(
             work.path(),
             "empty poll",
             &poll_script,
+            false,
+        )
+        .await?,
+    );
+    rows.push(
+        run_wrk(
+            settings,
+            Target::server(&server),
+            wrk,
+            work.path(),
+            "empty poll, API key",
+            &lua_poll(&keyed),
             false,
         )
         .await?,
@@ -586,7 +622,30 @@ struct PolledTask {
 
 /// Registers a worker, creates, publishes, claims and starts a task and
 /// sends `messages` messages.
+/// A new agent's API key, made with the development key.
+async fn agent_key(server: &Server, http: &Client) -> Result<String> {
+    let made = call(
+        http.post(server.url("/api/v1/keys"))
+            .header(DEV_KEY_HEADER, &server.dev_key)
+            .header(CONTENT_TYPE, "application/json")
+            .body(r#"{"name":"bench agent"}"#),
+    )
+    .await?;
+    text_at(&made, "/secret")
+}
+
 async fn active_task(server: &Server, http: &Client, messages: usize) -> Result<PolledTask> {
+    active_task_as(server, http, messages, None).await
+}
+
+/// An active task with `messages` messages, created with `key` (an API
+/// key) or else the development key.
+async fn active_task_as(
+    server: &Server,
+    http: &Client,
+    messages: usize,
+    key: Option<&str>,
+) -> Result<PolledTask> {
     let worker = call(
         http.post(server.url("/api/v1/workers"))
             .header(DEV_KEY_HEADER, &server.dev_key)
@@ -595,9 +654,13 @@ async fn active_task(server: &Server, http: &Client, messages: usize) -> Result<
     )
     .await?;
     let worker_bearer = format!("Bearer {}", text_at(&worker, "/worker_token")?);
+    let create = http.post(server.url("/api/v1/tasks"));
+    let create = match key {
+        Some(key) => create.header(AUTHORIZATION, format!("Bearer {key}")),
+        None => create.header(DEV_KEY_HEADER, &server.dev_key),
+    };
     let created = call(
-        http.post(server.url("/api/v1/tasks"))
-            .header(DEV_KEY_HEADER, &server.dev_key)
+        create
             .header(CONTENT_TYPE, "application/json")
             .body(CREATE_BODY),
     )
