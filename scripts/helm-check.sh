@@ -7,20 +7,24 @@
 #   3. values.schema.json (and the chart's own checks) reject every
 #      tests/fixtures/helm/bad-values/*.yaml, with the expected message
 #   4. rendering rules: PodDisruptionBudgets only with replicas > 1, RBAC only
-#      with the mirror, the CRD's keep annotation, security contexts
+#      with the mirror, the CRD's keep annotation, security contexts, the
+#      first operator key's Secret and the API server's auth environment
 #   5. helm template | kubectl apply --dry-run=server --validate=strict for every
 #      values set, CRDs applied first, in namespaces that enforce the
 #      "restricted" Pod Security Standard (any warning is a failure)
 #   6. helm install, helm upgrade (twice: same values, then all options) and
 #      helm uninstall in a fresh namespace (no --wait: the control plane has
-#      no nodes, so pods never run; the objects must be accepted)
+#      no nodes, so pods never run; the objects must be accepted); the
+#      generated operator key keeps its value across upgrades
 #   7. kubectl auth can-i as the chart's controller ServiceAccount, with a
 #      token kubeconfig: it can do what the controller needs and nothing else
 #   8. after the default install: the built meatspace-controller binary, run on
 #      this machine as the chart's controller ServiceAccount with the environment
 #      variables of the installed Deployment (and a fresh PostgreSQL database),
 #      mirrors a task created through the API server binary into a MeatspaceTask,
-#      holds the chart's Lease and releases it when stopped
+#      holds the chart's Lease and releases it when stopped; the API server binary,
+#      given the operator key of the chart's Secret as the Deployment gives it,
+#      accepts that key as an operator's
 #
 # Usage:   MEATSPACE_TEST_KUBECONFIG=… scripts/helm-check.sh
 #
@@ -282,8 +286,44 @@ if render default "$WORK/nocrd.yaml" --set crds.install=false; then
 else
   fail "helm template with crds.install=false" "$WORK/nocrd.yaml.err"
 fi
+# secret_kept FILE NAME — the rendered Secret NAME has helm.sh/resource-policy: keep.
+secret_kept() {
+  awk -v want="  name: $2" '
+    /^---/ { secret = 0; named = 0 }
+    /^kind: Secret$/ { secret = 1 }
+    secret && $0 == want { named = 1 }
+    secret && named && /helm\.sh\/resource-policy: keep/ { kept = 1 }
+    END { exit !kept }' "$1"
+}
+# env_value FILE NAME — the literal value of env variable NAME in a rendering.
+env_value() { grep -A1 -E "name: $2\$" "$1" | sed -n 's/^ *value: //p'; }
+# env_secret FILE NAME — "secret/key" that env variable NAME is read from.
+env_secret() {
+  grep -A4 -E "name: $2\$" "$1" | awk '/^ *name: /&&NR>1{n=$2} /^ *key: /{print n"/"$2}'
+}
+if rendered default; then
+  d=$WORK/default.yaml
+  expect_rule "default: the chart creates the first operator key's Secret" \
+    has_object "$d" Secret/meatspace-operator-key
+  expect_rule "default: the API server reads MEATSPACE_BOOTSTRAP_OPERATOR_KEY from it" \
+    output_is meatspace-operator-key/operator-key env_secret "$d" MEATSPACE_BOOTSTRAP_OPERATOR_KEY
+  expect_rule "default: the development key stays on (MEATSPACE_DEV_KEY_ENABLED=true)" \
+    output_is '"true"' env_value "$d" MEATSPACE_DEV_KEY_ENABLED
+  expect_rule "default: the operator key is not kept on uninstall (the bundled database is not)" \
+    not secret_kept "$d" meatspace-operator-key
+fi
+if render default "$WORK/nokey.yaml" --set auth.operatorKey.create=false; then
+  expect_rule "auth.operatorKey.create=false: no operator key Secret, no bootstrap variable" \
+    not grep -Eq 'meatspace-operator-key|MEATSPACE_BOOTSTRAP_OPERATOR_KEY' "$WORK/nokey.yaml"
+else
+  fail "helm template with auth.operatorKey.create=false" "$WORK/nokey.yaml.err"
+fi
 if rendered external-database; then
   e=$WORK/external-database.yaml
+  expect_rule "production-like values: the development key is off (MEATSPACE_DEV_KEY_ENABLED=false)" \
+    output_is '"false"' env_value "$e" MEATSPACE_DEV_KEY_ENABLED
+  expect_rule "production-like values: the operator key Secret is kept on uninstall (the database outlives the release)" \
+    secret_kept "$e" meatspace-operator-key
   expect_rule "mirror off: no Role, no RoleBinding" not grep -Eq '^kind: (Role|RoleBinding)$' "$e"
   expect_rule "mirror off: the controller mounts no token" \
     not grep -q 'automountServiceAccountToken: true' "$e"
@@ -293,6 +333,8 @@ fi
 if rendered existing-secret; then
   s=$WORK/existing-secret.yaml
   expect_rule "existing Secret: the chart creates no Secret" not grep -q '^kind: Secret$' "$s"
+  expect_rule "existing Secret: the operator key comes from auth.operatorKey.existingSecret" \
+    output_is meatspace-operator-key/MEATSPACE_BOOTSTRAP_OPERATOR_KEY env_secret "$s" MEATSPACE_BOOTSTRAP_OPERATOR_KEY
   expect_rule "existing Secret: the pods read it by its keys" \
     output_is 5 grep -c -E 'name: meatspace-credentials$' "$s"
   expect_rule "leader election off: no Lease Role" not has_object "$s" Role/meatspace-controller-leader-election
@@ -369,8 +411,11 @@ if helm_ok "helm install (default values)" install "$RELEASE" "$CHART" -n "$NS" 
   INSTALLED=true
   expect_rule "install: NOTES tell how to reach the API" grep -q "port-forward service/meatspace-api-server" "$WORK/helm.out"
   expect_rule "install: NOTES tell how to get the dev key" grep -q "get secret meatspace" "$WORK/helm.out"
+  expect_rule "install: NOTES tell how to read the operator key" \
+    grep -q "get secret meatspace-operator-key" "$WORK/helm.out"
   for obj in deployment/meatspace-api-server deployment/meatspace-controller statefulset/meatspace-postgresql \
-             service/meatspace-api-server secret/meatspace serviceaccount/meatspace-controller \
+             service/meatspace-api-server secret/meatspace secret/meatspace-operator-key \
+             serviceaccount/meatspace-controller \
              role/meatspace-controller-mirror rolebinding/meatspace-controller-leader-election \
              poddisruptionbudget/meatspace-api-server; do
     k -n "$NS" get "$obj" >/dev/null 2>&1 || fail "install: $obj does not exist"
@@ -385,12 +430,17 @@ if helm_ok "helm install (default values)" install "$RELEASE" "$CHART" -n "$NS" 
   pg_password=$(secret_value meatspace-postgresql password)
   db_url=$(secret_value meatspace database-url)
   expect_rule "install: a dev key was generated" grep -Eq '^msd_[A-Za-z0-9]{40}$' <<<"$dev_key"
+  operator_key=$(secret_value meatspace-operator-key operator-key)
+  expect_rule "install: an operator key msk_<32 hex>_<43 characters> was generated" \
+    grep -Eq '^msk_[0-9a-f]{32}_[A-Za-z0-9]{43}$' <<<"$operator_key"
   expect_rule "install: DATABASE_URL points at the bundled PostgreSQL with its password" \
     test "$db_url" = "postgres://meatspace:$pg_password@meatspace-postgresql.$NS.svc:5432/meatspace"
 
   if helm_ok "helm upgrade (default values, 3 API replicas)" upgrade "$RELEASE" "$CHART" -n "$NS" \
        --set apiServer.replicaCount=3; then
     expect_rule "upgrade: the generated dev key is kept" test "$(secret_value meatspace dev-key)" = "$dev_key"
+    expect_rule "upgrade: the generated operator key is kept" \
+      test "$(secret_value meatspace-operator-key operator-key)" = "$operator_key"
     expect_rule "upgrade: the generated PostgreSQL password is kept" \
       test "$(secret_value meatspace-postgresql password)" = "$pg_password"
     expect_rule "upgrade: 3 API server replicas" \
@@ -666,7 +716,13 @@ check_local_controller() {
   ctl_pid=$!; LOCAL_PIDS+=("$ctl_pid")
   local dev_key
   dev_key=msd_$(tr -dc 'A-Za-z0-9' </dev/urandom | head -c 40 || true)
+  # The first operator key as the chart's API server gets it: from the
+  # Secret the chart generated, and the dev key switch as rendered.
+  local dev_key_enabled
+  dev_key_enabled=$(k -n "$NS" get deployment meatspace-api-server -o json \
+    | jq -r '.spec.template.spec.containers[0].env[] | select(.name == "MEATSPACE_DEV_KEY_ENABLED") | .value')
   env -i PATH="$PATH" HOME="$HOME" DATABASE_URL="$db_url" MEATSPACE_DEV_KEY="$dev_key" MEATSPACE_SECRET_KEY="$secret_key" \
+    MEATSPACE_DEV_KEY_ENABLED="$dev_key_enabled" MEATSPACE_BOOTSTRAP_OPERATOR_KEY="$operator_key" \
     MEATSPACE_LISTEN_ADDR="127.0.0.1:$api_port" MEATSPACE_METRICS_LISTEN_ADDR=127.0.0.1:0 MEATSPACE_EMBEDDED_CONTROLLER=never RUST_LOG=info \
     "$bin/meatspace-api-server" >"$WORK/local-api-server.log" 2>&1 &
   api_pid=$!; LOCAL_PIDS+=("$api_pid")
@@ -680,6 +736,17 @@ check_local_controller() {
     fail "the locally run API server did not become ready" "$WORK/local-api-server.log"
     return
   fi
+  # The chart's operator key is an operator's key to this server.
+  local keys
+  if keys=$(curl -fsS --max-time 10 "$api_url/api/v1/keys" -H "authorization: Bearer $operator_key" 2>"$WORK/curl.err"); then
+    expect_rule "local API server: the chart's operator key lists the keys, as the bootstrap operator's" \
+      output_is "operator" jq -r --arg id "${operator_key:4:32}" \
+        '.keys[] | select((.id | gsub("-"; "")) == $id) | .principal.kind' <<<"$keys"
+  else
+    fail "local API server: GET /api/v1/keys with the chart's operator key" "$WORK/curl.err"
+  fi
+  grep -qF -- "${operator_key#msk_*_}" "$WORK/local-api-server.log" \
+    && fail "the operator key's secret appears in the API server's log"
   local description="helm-check $SUFFIX: read the meter in the basement" created id token
   created=$(curl -fsS --max-time 10 -X POST "$api_url/api/v1/tasks" -H "x-meatspace-dev-key: $dev_key" \
     -H 'content-type: application/json' -d "$(jq -nc --arg d "$description" '{description: $d}')" 2>"$WORK/curl.err") \

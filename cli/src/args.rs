@@ -11,7 +11,14 @@ use uuid::Uuid;
 ///
 /// Agents create a task, publish it and watch its event feed until it ends;
 /// workers register, claim tasks, send messages, photos and issues, and
-/// complete or stop. Task tokens, feed cursors and last known states are
+/// complete or stop; operators manage API keys, workers and invites and
+/// read the audit trail.
+///
+/// Credentials: an API key (`msk_…`, MEATSPACE_API_KEY or --api-key) is
+/// who you are: an agent (create tasks, drive your own) or an operator.
+/// Without one, the development key (MEATSPACE_DEV_KEY) is used where the
+/// server still accepts it. Tasks you created keep their own token in the
+/// state directory; with your API key, your tasks work without it. Task tokens, feed cursors and last known states are
 /// kept in a private state directory (0700, files 0600), so a `watch` that
 /// is interrupted resumes where it stopped.
 ///
@@ -37,7 +44,8 @@ Exit status:
   0  success; `task watch`: the task ended (the final state is printed)
   1  the server refused the request (a wrong state, invalid input) or another failure
   2  a bad argument: unknown option, invalid --url, a task this state directory does not know
-  3  the server did not accept the credential (401): dev key, task token or worker token
+  3  the server did not accept the credential (401: API key, dev key, task token or worker
+     token) or the credential may not do this (403: a scope the API key lacks)
   4  no such task on that server, or not yours (404)
   5  the server could not be reached or stayed unavailable (connection failure, 429, 503)
      through every retry; `task watch` never exits for these, it retries and says so on stderr
@@ -53,10 +61,18 @@ pub struct Global {
     #[arg(long, env = "MEATSPACE_URL", global = true)]
     pub url: Option<String>,
 
-    /// Development key, needed by `task create` and `worker register` (the
-    /// server prints it when it starts).
+    /// Development key, for `task create`, `worker register` and the
+    /// operator commands when no API key is given (the server prints it
+    /// when it starts, unless it is turned off).
     #[arg(long, env = "MEATSPACE_DEV_KEY", global = true, hide_env_values = true)]
     pub dev_key: Option<String>,
+
+    /// API key (`msk_…`) of the agent or operator you act as; used instead
+    /// of the development key when set, and for your own tasks when the
+    /// state directory has no token for them. An operator creates keys
+    /// with `meatspace key create`. Never stored by the CLI.
+    #[arg(long, env = "MEATSPACE_API_KEY", global = true, hide_env_values = true)]
+    pub api_key: Option<String>,
 
     /// Where tokens, cursors and last known states are kept. Default:
     /// $XDG_STATE_HOME/meatspace, or ~/.local/state/meatspace.
@@ -82,14 +98,36 @@ pub enum Command {
     /// Tasks, as the agent that created them.
     #[command(subcommand)]
     Task(TaskCommand),
-    /// The worker side: register, find tasks, do them.
+    /// The worker side: register, find tasks, do them; and, for operators,
+    /// list, suspend and reinstate workers.
     #[command(subcommand)]
     Worker(WorkerCommand),
+    /// API keys (operator): create, list, rotate, revoke.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Worker invites (operator): list, revoke.
+    #[command(subcommand)]
+    Invite(InviteCommand),
+    /// The audit trail of privileged actions (operator), newest first.
+    Audit {
+        /// Only the actions of this principal (its id).
+        #[arg(long, value_name = "ID")]
+        principal: Option<Uuid>,
+        /// Only actions at or after this time (RFC 3339).
+        #[arg(long, value_name = "T")]
+        since: Option<DateTime<Utc>>,
+        /// Only actions before this time (RFC 3339).
+        #[arg(long, value_name = "T")]
+        until: Option<DateTime<Utc>>,
+        #[command(flatten)]
+        page: Page,
+    },
     /// Serve the agent tools over MCP on stdin/stdout, for agents that
-    /// launch local tools. Task tokens and cursors stay in the `mcp`
-    /// subdirectory of the state directory; tools take only a task id and
-    /// never return a token. Point the agent's MCP configuration at
-    /// `meatspace mcp` with MEATSPACE_URL and MEATSPACE_DEV_KEY set.
+    /// launch local tools. Task tokens and cursors stay in the state
+    /// directory; tools take only a task id and never return a token. Point
+    /// the agent's MCP configuration at `meatspace mcp` with MEATSPACE_URL
+    /// and MEATSPACE_API_KEY (or MEATSPACE_DEV_KEY) set; with the API key,
+    /// the tools also reach the key's tasks that have no local record.
     Mcp,
 }
 
@@ -122,8 +160,24 @@ pub enum TaskCommand {
         /// The task id (as `task create` or `worker tasks` printed it).
         id: Uuid,
     },
-    /// List the tasks in the state directory with their last known states.
-    List,
+    /// List your tasks. With an API key: your tasks as the server has
+    /// them (newest first), each marked when the state directory also has
+    /// it; without one: the tasks in the state directory with their last
+    /// known states.
+    List {
+        /// Only tasks in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// Only the state directory, even with an API key.
+        #[arg(long, conflicts_with = "server")]
+        local: bool,
+        /// Ask the server even without an API key (the development key's
+        /// tasks).
+        #[arg(long)]
+        server: bool,
+        #[command(flatten)]
+        page: Page,
+    },
     /// Adopt a task created elsewhere (with curl, the client crate or
     /// another state directory), so that `task watch`, `task respond` and
     /// the rest work on it. The token is checked against the server first.
@@ -187,6 +241,30 @@ pub enum TaskCommand {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+}
+
+/// The page of a server-side listing.
+#[derive(Debug, Args)]
+pub struct Page {
+    /// Largest number of entries to show (1-100).
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Continue a listing: the `next_cursor` a previous page printed.
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+/// A task state, as `--state` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    Draft,
+    Open,
+    Assigned,
+    Active,
+    Completed,
+    Stopped,
+    Cancelled,
+    Expired,
 }
 
 #[derive(Debug, Args)]
@@ -310,5 +388,107 @@ pub enum WorkerCommand {
         /// Why, for the agent (the event's `reason`).
         #[arg(long, alias = "text")]
         reason: Option<String>,
+    },
+    /// Operator: list the registered workers.
+    List {
+        #[command(flatten)]
+        page: Page,
+    },
+    /// Operator: suspend a worker. Its token and browser sessions are
+    /// refused at once and the task it holds reopens for someone else.
+    Suspend {
+        /// The worker's id (`meatspace worker list`).
+        worker_id: Uuid,
+        /// Why, kept in the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Operator: let a suspended worker work again.
+    Reinstate {
+        /// The worker's id.
+        worker_id: Uuid,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Create an API key. Its secret is printed once, here, and stored
+    /// nowhere by the CLI: hand it to the agent or operator it is for.
+    Create {
+        /// What the key is for, e.g. billing-agent (1-200 characters).
+        #[arg(long)]
+        name: String,
+        /// The kind of principal a new key creates.
+        #[arg(long, value_enum, default_value_t = KindArg::Agent)]
+        kind: KindArg,
+        /// Another key for this existing principal (e.g. to rotate by
+        /// hand); --kind is then ignored.
+        #[arg(long, value_name = "ID")]
+        principal: Option<Uuid>,
+        /// A scope of the key (repeat for several): tasks,
+        /// workers:register, invites, operator. Default: tasks for an
+        /// agent, operator for an operator.
+        #[arg(long = "scope", value_name = "SCOPE", value_parser = parse_scope)]
+        scopes: Vec<meatspace_client::types::Scope>,
+        /// When the key stops working (RFC 3339); never when absent.
+        #[arg(long, value_name = "T")]
+        expires_at: Option<DateTime<Utc>>,
+    },
+    /// List the API keys (never their secrets).
+    List {
+        #[command(flatten)]
+        page: Page,
+    },
+    /// Show one API key.
+    Get {
+        /// The key's id (the 32 hex digits after `msk_`).
+        key_id: Uuid,
+    },
+    /// Give a key a new secret, printed once; the old secret keeps working
+    /// for the grace period so the key's user can switch over.
+    Rotate {
+        /// The key's id (the 32 hex digits after `msk_`).
+        key_id: Uuid,
+        /// How long the old secret still works, in seconds (the server's
+        /// default: 86400; at most 604800).
+        #[arg(long, value_name = "SECONDS")]
+        grace_seconds: Option<i64>,
+    },
+    /// Revoke a key at once. Its principal's tasks keep running (their
+    /// task tokens still work) unless --cancel-tasks.
+    Revoke {
+        /// The key's id (the 32 hex digits after `msk_`).
+        key_id: Uuid,
+        /// Also cancel every task of the key's principal that has not ended.
+        #[arg(long)]
+        cancel_tasks: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// Creates tasks and drives its own.
+    Agent,
+    /// Manages keys, workers and invites; reads the audit trail.
+    Operator,
+}
+
+fn parse_scope(s: &str) -> Result<meatspace_client::types::Scope, String> {
+    meatspace_client::types::Scope::parse(s).ok_or_else(|| {
+        format!("unknown scope {s:?}: one of tasks, workers:register, invites, operator")
+    })
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InviteCommand {
+    /// List the worker invites, with who created each.
+    List {
+        #[command(flatten)]
+        page: Page,
+    },
+    /// Revoke an invite: its link no longer signs anyone in.
+    Revoke {
+        /// The invite's id (`meatspace invite list`).
+        invite_id: Uuid,
     },
 }

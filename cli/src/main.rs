@@ -3,6 +3,7 @@
 //! command and turns a failure into a message that says what to do next.
 
 mod args;
+mod operator;
 mod output;
 mod task;
 mod worker;
@@ -39,6 +40,9 @@ impl Ctx {
         if let Some(key) = &self.global.dev_key {
             b = b.dev_key(key.clone());
         }
+        if let Some(key) = &self.global.api_key {
+            b = b.api_key(key.clone());
+        }
         Ok(b.build().map_err(|e| Usage(e.to_string()))?)
     }
 }
@@ -66,7 +70,8 @@ pub mod exit {
     pub const FAILED: u8 = 1;
     /// A bad argument or usage.
     pub const USAGE: u8 = 2;
-    /// The server did not accept the credential (401).
+    /// The server did not accept the credential (401), or the credential
+    /// may not do this (403).
     pub const UNAUTHORIZED: u8 = 3;
     /// No such task, or not yours (404).
     pub const NOT_FOUND: u8 = 4;
@@ -105,18 +110,24 @@ fn check_base_url(url: &str) -> Result<(), Usage> {
 struct Subject {
     /// `worker …` rather than `task …`.
     worker: bool,
-    /// The command needs the dev key (task create, worker register).
-    uses_dev_key: bool,
+    /// The command acts as a principal: the API key, else the dev key
+    /// (task create, worker register, the operator commands).
+    uses_principal: bool,
+    /// An operator command (keys, workers admin, invites, audit).
+    operator: bool,
+    /// An API key was given (MEATSPACE_API_KEY / --api-key).
+    api_key: bool,
     task: Option<uuid::Uuid>,
 }
 
 impl Subject {
-    fn of(command: &Command) -> Subject {
+    fn of(command: &Command, api_key: bool) -> Subject {
         use args::{TaskCommand as T, WorkerCommand as W};
-        let (worker, uses_dev_key, task) = match command {
+        let mut operator = false;
+        let (worker, uses_principal, task) = match command {
             Command::Task(t) => match t {
                 T::Create { .. } => (false, true, None),
-                T::List => (false, false, None),
+                T::List { .. } => (false, true, None),
                 T::Publish { id }
                 | T::Get { id }
                 | T::Cancel { id }
@@ -137,12 +148,22 @@ impl Subject {
                 | W::Issue { id, .. }
                 | W::Complete { id, .. }
                 | W::Stop { id, .. } => (true, false, Some(*id)),
+                W::List { .. } | W::Suspend { .. } | W::Reinstate { .. } => {
+                    operator = true;
+                    (true, true, None)
+                }
             },
+            Command::Key(_) | Command::Invite(_) | Command::Audit { .. } => {
+                operator = true;
+                (false, true, None)
+            }
             Command::Mcp => (false, false, None),
         };
         Subject {
             worker,
-            uses_dev_key,
+            uses_principal,
+            operator,
+            api_key,
             task,
         }
     }
@@ -169,7 +190,7 @@ fn main() -> ExitCode {
         }
     };
     let output = cli.global.output;
-    let subject = Subject::of(&cli.command);
+    let subject = Subject::of(&cli.command, cli.global.api_key.is_some());
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
@@ -213,6 +234,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Task(cmd) => task::run(&ctx, cmd).await,
         Command::Worker(cmd) => worker::run(&ctx, cmd).await,
+        Command::Key(cmd) => operator::key(&ctx, cmd).await,
+        Command::Invite(cmd) => operator::invite(&ctx, cmd).await,
+        Command::Audit {
+            principal,
+            since,
+            until,
+            page,
+        } => operator::audit(&ctx, principal, since, until, page).await,
         Command::Mcp => {
             let url = ctx
                 .global
@@ -222,7 +251,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             check_base_url(&url)?;
             // The same directory as every other command: see meatspace_mcp::state_dir.
             let root = ctx.state.root().to_owned();
-            meatspace_mcp::stdio::serve(&url, ctx.global.dev_key.clone(), &root).await
+            let credentials = meatspace_mcp::stdio::Credentials {
+                dev_key: ctx.global.dev_key.clone(),
+                api_key: ctx.global.api_key.clone(),
+            };
+            meatspace_mcp::stdio::serve(&url, credentials, &root).await
         }
     }
 }
@@ -236,7 +269,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         Some(Error::Invalid(_)) => exit::USAGE,
         Some(Error::Transport(_)) => exit::UNAVAILABLE,
         Some(err) => match err.status() {
-            Some(401) => exit::UNAUTHORIZED,
+            Some(401 | 403) => exit::UNAUTHORIZED,
             Some(404) => exit::NOT_FOUND,
             Some(429 | 502 | 503 | 504) => exit::UNAVAILABLE,
             _ => exit::FAILED,
@@ -273,13 +306,30 @@ fn hint(e: &anyhow::Error, subject: Subject) -> String {
              MEATSPACE_URL (default http://127.0.0.1:8080)"
             .into(),
         Error::Problem(p) => match p.status {
-            401 if subject.uses_dev_key => "the server did not accept the development key: pass \
-                 the one it printed at start (--dev-key or MEATSPACE_DEV_KEY; the embedded \
-                 server keeps it in .meatspace/dev.key)"
+            401 if p.slug() == "dev-key-disabled" => "this server has the development key \
+                 turned off: ask an operator for an API key (they run `meatspace key create \
+                 --name NAME`), then set MEATSPACE_API_KEY=msk_… (or pass --api-key)"
+                .into(),
+            401 if subject.uses_principal && subject.api_key => "the server did not accept the \
+                 API key (revoked, expired, rotated past its grace period, or mistyped): check \
+                 MEATSPACE_API_KEY / --api-key, or ask an operator for a new one (`meatspace key \
+                 create`)"
+                .into(),
+            401 if subject.uses_principal => "the server did not accept the development key: \
+                 pass the one it printed at start (--dev-key or MEATSPACE_DEV_KEY; the embedded \
+                 server keeps it in .meatspace/dev.key), or an API key (MEATSPACE_API_KEY)"
+                .into(),
+            403 if subject.operator => "this needs an operator's API key (scope operator): \
+                 set MEATSPACE_API_KEY to one, or ask an operator to do it"
+                .into(),
+            403 => "the API key lacks the scope this needs (`meatspace key get KEY_ID` shows \
+                 its scopes): ask an operator for a key with it (`meatspace key create \
+                 --scope …`)"
                 .into(),
             401 if subject.worker => "the server did not accept the worker token: check that \
-                 --url is the server you registered on, or register again with `meatspace \
-                 worker register --name NAME --replace`"
+                 --url is the server you registered on; an operator may have suspended you or \
+                 rotated your token (ask them), or register again with `meatspace worker \
+                 register --name NAME --replace`"
                 .into(),
             401 => format!(
                 "the server did not accept the task's token: check that --url is the server \
@@ -290,7 +340,15 @@ fn hint(e: &anyhow::Error, subject: Subject) -> String {
                 "check the id ({id}) and that --url is the server the task lives on; \
                  `meatspace worker tasks` lists the open ones"
             ),
+            404 if subject.operator => {
+                "check the id, and that --url is the server it lives on".into()
+            }
+            404 if subject.api_key => format!(
+                "check the id ({id}), that --url is the server the task lives on, and that your \
+                 API key's principal owns it (`meatspace task list` shows your tasks)"
+            ),
             404 => format!("check the id ({id}), and that --url is the server the task lives on"),
+            409 if subject.operator => String::new(),
             409 if subject.worker => {
                 format!("see the task's current state with `meatspace worker get {id}`")
             }

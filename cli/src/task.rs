@@ -1,5 +1,8 @@
 //! `meatspace task …`: the agent's side, with the token, cursor and last
-//! known state of each task kept in the state directory.
+//! known state of each task kept in the state directory. With an API key
+//! (`MEATSPACE_API_KEY`), a task of the key's principal needs no stored
+//! token: its commands authenticate with the key, and the record they keep
+//! holds only the cursor and last known state.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -8,11 +11,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use meatspace_client::types::{CreateTask, Extension, TaskChange};
-use meatspace_client::{IssueAction, RetryPolicy, Task, TaskHandle, Transport};
+use meatspace_client::{Client, IssueAction, RetryPolicy, Task, TaskHandle, TaskState, Transport};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::args::{ActionArg, Output, TaskCommand, TransportArg};
+use crate::args::{ActionArg, Output, Page, StateArg, TaskCommand, TransportArg};
 use crate::output::{self, emit, event_human, one_line, task_summary};
 use crate::state::{TaskRecord, merge_task};
 use crate::{Ctx, Usage};
@@ -68,7 +71,19 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
             .await
         }
         TaskCommand::Get { id } => get(ctx, id).await,
-        TaskCommand::List => list(ctx),
+        TaskCommand::List {
+            state,
+            local,
+            server,
+            page,
+        } => {
+            let state = state.map(task_state);
+            if !local && (server || ctx.global.api_key.is_some()) {
+                list_server(ctx, state, page).await
+            } else {
+                list(ctx, state)
+            }
+        }
         TaskCommand::Import { id, token_file } => import(ctx, id, token_file).await,
         TaskCommand::Watch {
             id,
@@ -76,7 +91,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
             from_start,
         } => watch(ctx, id, transport, from_start).await,
         TaskCommand::Photo { id, photo_id, out } => {
-            let (_, handle) = handle(ctx, id)?;
+            let (_, handle) = handle(ctx, id).await?;
             let photo = handle.photo(photo_id).await?;
             let ext = match photo.content_type.as_str() {
                 "image/png" => "png",
@@ -102,12 +117,57 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
     }
 }
 
-/// The stored record of `id` and a handle carrying its token.
-fn handle(ctx: &Ctx, id: Uuid) -> Result<(TaskRecord, TaskHandle)> {
-    let record = ctx.state.task(id)?;
-    let client = ctx.client(Some(&record.server))?;
-    let h = client.task(id, record.agent_token.clone());
+fn task_state(s: StateArg) -> TaskState {
+    match s {
+        StateArg::Draft => TaskState::Draft,
+        StateArg::Open => TaskState::Open,
+        StateArg::Assigned => TaskState::Assigned,
+        StateArg::Active => TaskState::Active,
+        StateArg::Completed => TaskState::Completed,
+        StateArg::Stopped => TaskState::Stopped,
+        StateArg::Cancelled => TaskState::Cancelled,
+        StateArg::Expired => TaskState::Expired,
+    }
+}
+
+/// The stored record of `id` and a handle carrying its token. With an API
+/// key, a task the state directory does not know is taken up as the key's
+/// own: the server is asked for it (404 when it is another principal's),
+/// and a record without a token is kept for its cursor and state.
+async fn handle(ctx: &Ctx, id: Uuid) -> Result<(TaskRecord, TaskHandle)> {
+    if let Some(record) = ctx.state.load_task(id)? {
+        let client = ctx.client(Some(&record.server))?;
+        let h = record.handle(&client);
+        return Ok((record, h));
+    }
+    if ctx.global.api_key.is_none() {
+        // The error that says how a record comes to exist.
+        ctx.state.task(id)?;
+    }
+    let client = ctx.client(None)?;
+    let h = client.task_owned(id);
+    let task = h.get().await?;
+    let record = adopt(ctx, &client, task)?;
     Ok((record, h))
+}
+
+/// Keeps a record, without a token, of a task reached with the owner's API
+/// key (an existing record is left as it is).
+fn adopt(ctx: &Ctx, client: &Client, task: Task) -> Result<TaskRecord> {
+    if let Some(existing) = ctx.state.load_task(task.id)? {
+        return Ok(existing);
+    }
+    let record = TaskRecord {
+        id: task.id,
+        server: client.base_url().to_owned(),
+        agent_token: None,
+        webhook_secret: None,
+        cursor: 0,
+        task,
+        updated_at: Utc::now(),
+    };
+    ctx.state.save_task(&record)?;
+    Ok(record)
 }
 
 async fn create(
@@ -117,10 +177,11 @@ async fn create(
     publish: bool,
     webhook: Option<String>,
 ) -> Result<()> {
-    if ctx.global.dev_key.is_none() {
+    if ctx.global.dev_key.is_none() && ctx.global.api_key.is_none() {
         return Err(Usage(
-            "creating a task needs the development key: pass --dev-key KEY or set \
-             MEATSPACE_DEV_KEY (the server prints it when it starts)"
+            "creating a task needs an API key (set MEATSPACE_API_KEY or pass --api-key; an \
+             operator creates one with `meatspace key create --name NAME`) or the development \
+             key (MEATSPACE_DEV_KEY or --dev-key; the server prints it when it starts)"
                 .into(),
         )
         .into());
@@ -135,7 +196,7 @@ async fn create(
     let mut record = TaskRecord {
         id: created.task.id,
         server: client.base_url().to_owned(),
-        agent_token: created.agent_token.clone(),
+        agent_token: Some(created.agent_token.clone()),
         webhook_secret: created.webhook_secret.clone(),
         cursor: 0,
         task: created.task.clone(),
@@ -191,7 +252,7 @@ where
     F: FnOnce(TaskHandle) -> Fut,
     Fut: std::future::Future<Output = Result<TaskChange, meatspace_client::Error>>,
 {
-    let (_, h) = handle(ctx, id)?;
+    let (_, h) = handle(ctx, id).await?;
     let change = f(h).await?;
     // Under the lock: a concurrent `watch` may be storing its cursor.
     ctx.state
@@ -202,14 +263,15 @@ where
 }
 
 async fn get(ctx: &Ctx, id: Uuid) -> Result<()> {
-    let (_, h) = handle(ctx, id)?;
+    let (_, h) = handle(ctx, id).await?;
     let task = h.get().await?;
     ctx.state.update_task(id, |r| merge_task(r, task.clone()))?;
     emit(ctx.global.output, &task, || task_summary(&task))
 }
 
-fn list(ctx: &Ctx) -> Result<()> {
-    let records = ctx.state.tasks()?;
+fn list(ctx: &Ctx, state: Option<TaskState>) -> Result<()> {
+    let mut records = ctx.state.tasks()?;
+    records.retain(|r| state.is_none_or(|s| r.task.state == s));
     let rows: Vec<_> = records
         .iter()
         .map(|r| {
@@ -245,6 +307,61 @@ fn list(ctx: &Ctx) -> Result<()> {
         }
         s
     })
+}
+
+/// Lists the caller's own tasks as the server has them (one page).
+async fn list_server(ctx: &Ctx, state: Option<TaskState>, page: Page) -> Result<()> {
+    let client = ctx.client(None)?;
+    let listed = client
+        .tasks_page(state, page.cursor.as_deref(), Some(page.limit))
+        .await?;
+    let mut rows = Vec::with_capacity(listed.tasks.len());
+    for t in &listed.tasks {
+        let local = ctx.state.load_task(t.id)?;
+        rows.push((t, local));
+    }
+    let json_rows: Vec<_> = rows
+        .iter()
+        .map(|(t, local)| {
+            json!({
+                "id": t.id,
+                "state": t.state,
+                "description": t.description,
+                "created_at": t.created_at,
+                "expires_at": t.expires_at,
+                "local": local.is_some(),
+                "cursor": local.as_ref().map(|r| r.cursor),
+            })
+        })
+        .collect();
+    emit(
+        ctx.global.output,
+        &json!({ "tasks": json_rows, "next_cursor": listed.next_cursor }),
+        || {
+            if rows.is_empty() {
+                return "no tasks of yours on this server (create one with `meatspace task \
+                        create --description …`)"
+                    .into();
+            }
+            let mut s = format!("{:<36}  {:<9}  {:>6}  DESCRIPTION", "ID", "STATE", "CURSOR");
+            for (t, local) in &rows {
+                let cursor = local
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |r| r.cursor.to_string());
+                s.push_str(&format!(
+                    "\n{:<36}  {:<9}  {:>6}  {}",
+                    t.id,
+                    t.state.as_str(),
+                    cursor,
+                    one_line(&t.description)
+                ));
+            }
+            if let Some(next) = &listed.next_cursor {
+                s.push_str(&format!("\nmore: meatspace task list --cursor {next}"));
+            }
+            s
+        },
+    )
 }
 
 /// Adopts a task created elsewhere: checks the token against the server
@@ -283,7 +400,7 @@ async fn import(ctx: &Ctx, id: Uuid, token_file: Option<PathBuf>) -> Result<()> 
     let record = TaskRecord {
         id,
         server: client.base_url().to_owned(),
-        agent_token: token,
+        agent_token: Some(token),
         webhook_secret: existing.as_ref().and_then(|r| r.webhook_secret.clone()),
         cursor: existing.as_ref().map_or(0, |r| r.cursor),
         task: task.clone(),
@@ -349,7 +466,7 @@ fn backoff(out: Output, failures: u32, cursor: i64, e: &meatspace_client::Error)
 /// after a batch has been printed (and stdout flushed), so a crash at any
 /// point loses nothing; at worst the last batch is printed again.
 async fn watch(ctx: &Ctx, id: Uuid, transport: TransportArg, from_start: bool) -> Result<()> {
-    let (record, h) = handle(ctx, id)?;
+    let (record, h) = handle(ctx, id).await?;
     let after = if from_start { 0 } else { record.cursor };
     let transport = match transport {
         TransportArg::Auto => Transport::Auto,

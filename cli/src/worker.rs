@@ -1,5 +1,6 @@
 //! `meatspace worker …`: the worker's side, with the worker token kept in
-//! the state directory.
+//! the state directory; and the operator's `worker list|suspend|reinstate`
+//! (in [`crate::operator`]), which act with the API key instead.
 
 use anyhow::{Context, Result, bail};
 use meatspace_client::types::TaskChange;
@@ -12,15 +13,22 @@ use crate::output::{emit, one_line, task_summary};
 use crate::state::WorkerRecord;
 
 pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
-    if let WorkerCommand::Register { name, replace } = &cmd {
-        return register(ctx, name, *replace).await;
+    match &cmd {
+        WorkerCommand::Register { name, replace } => return register(ctx, name, *replace).await,
+        WorkerCommand::List { .. }
+        | WorkerCommand::Suspend { .. }
+        | WorkerCommand::Reinstate { .. } => return crate::operator::worker(ctx, cmd).await,
+        _ => {}
     }
     let record = ctx.state.worker()?;
     let h = ctx
         .client(Some(&record.server))?
         .worker(record.worker_token);
     match cmd {
-        WorkerCommand::Register { .. } => unreachable!("handled above"),
+        WorkerCommand::Register { .. }
+        | WorkerCommand::List { .. }
+        | WorkerCommand::Suspend { .. }
+        | WorkerCommand::Reinstate { .. } => unreachable!("handled above"),
         WorkerCommand::Tasks { limit } => {
             let page = h.open_tasks(None, Some(limit)).await?;
             emit(ctx.global.output, &page, || {
@@ -82,10 +90,11 @@ async fn register(ctx: &Ctx, name: &str, replace: bool) -> Result<()> {
             ctx.state.root().display()
         );
     }
-    if ctx.global.dev_key.is_none() {
+    if ctx.global.dev_key.is_none() && ctx.global.api_key.is_none() {
         return Err(crate::Usage(
-            "registering a worker needs the development key: pass --dev-key KEY or set \
-             MEATSPACE_DEV_KEY (the server prints it when it starts)"
+            "registering a worker needs an API key with scope workers:register (set \
+             MEATSPACE_API_KEY or pass --api-key) or the development key (MEATSPACE_DEV_KEY or \
+             --dev-key; the server prints it when it starts)"
                 .into(),
         )
         .into());

@@ -16,7 +16,7 @@ use meatspace_domain::Event;
 use reqwest::Method;
 
 use crate::error::Error;
-use crate::http::{Auth, Call, Client};
+use crate::http::{Call, Client, Credential};
 use crate::sse::Parser;
 use crate::types::EventPage;
 
@@ -49,7 +49,7 @@ pub struct Feed {
     client: Client,
     /// `/api/v1/tasks/{id}/events` or `/api/v1/worker/tasks/{id}/events`.
     path: String,
-    token: String,
+    credential: Credential,
     cursor: i64,
     transport: Transport,
     wait: Duration,
@@ -66,11 +66,11 @@ struct Stream {
 }
 
 impl Feed {
-    pub(crate) fn new(client: Client, path: String, token: String, after: i64) -> Feed {
+    pub(crate) fn new(client: Client, path: String, credential: Credential, after: i64) -> Feed {
         Feed {
             client,
             path,
-            token,
+            credential,
             cursor: after,
             transport: Transport::Auto,
             wait: Duration::from_secs(25),
@@ -121,7 +121,7 @@ impl Feed {
 
     /// One long-poll request. `None` when it brought nothing new.
     async fn poll(&mut self, wait: Duration) -> Result<Option<FeedBatch>, Error> {
-        let mut call = Call::new(Method::GET, self.path.clone(), Auth::Bearer(&self.token));
+        let mut call = Call::new(Method::GET, self.path.clone(), self.credential.auth());
         call.query = vec![
             ("after", self.cursor.to_string()),
             ("limit", "500".into()),
@@ -208,7 +208,7 @@ impl Feed {
         let mut call = Call::new(
             Method::GET,
             format!("{}/stream", self.path),
-            Auth::Bearer(&self.token),
+            self.credential.auth(),
         );
         call.query = vec![("after", self.cursor.to_string())];
         call.stream = true;

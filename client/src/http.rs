@@ -1,6 +1,12 @@
 //! The shared HTTP core: base URL, credentials, retries and error mapping.
 //! Every resource handle sends through [`Client::send`].
 //!
+//! Credentials: a call that acts as a principal (create a task, register a
+//! worker, list one's tasks, everything an operator does) carries the API
+//! key (`Authorization: Bearer msk_…`) when the client has one, else the
+//! development key; a task's own calls carry its agent token, or the API
+//! key of the principal that owns it ([`Client::task_owned`]).
+//!
 //! Retries: a connection that fails, breaks or times out, and an answer of
 //! 429 or 503, are retried with exponential backoff and jitter (or after
 //! the server's `Retry-After`), up to [`RetryPolicy::max_attempts`]. A POST
@@ -19,8 +25,11 @@ use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::error::{Error, Problem};
-use crate::types::{CreateTask, CreatedTask, RegisteredWorker};
-use crate::{CLIENT_ID_HEADER, DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, TaskHandle, WorkerHandle};
+use crate::types::{AuditFilter, AuditPage, CreateTask, CreatedTask, RegisteredWorker, TaskPage};
+use crate::{
+    CLIENT_ID_HEADER, DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, Invites, Keys, TaskHandle, TaskState,
+    WorkerHandle, WorkersAdmin,
+};
 
 /// How often and how patiently transient failures are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +71,7 @@ impl RetryPolicy {
 pub struct ClientBuilder {
     base_url: String,
     dev_key: Option<String>,
+    api_key: Option<String>,
     retry: RetryPolicy,
     timeout: Duration,
     stream_idle_timeout: Duration,
@@ -71,6 +81,15 @@ impl ClientBuilder {
     /// The development key, needed to create tasks and register workers.
     pub fn dev_key(mut self, key: impl Into<String>) -> Self {
         self.dev_key = Some(key.into());
+        self
+    }
+
+    /// An API key (`msk_…`): the credential of the principal (an agent
+    /// or an operator) this client acts as. Used instead of the
+    /// development key wherever a call needs a principal, and for the
+    /// tasks that principal owns ([`Client::task_owned`]).
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
         self
     }
 
@@ -121,6 +140,7 @@ impl ClientBuilder {
                 http,
                 stream,
                 dev_key: self.dev_key,
+                api_key: self.api_key,
                 retry: self.retry,
                 timeout: self.timeout,
                 client_id: Uuid::new_v4().to_string(),
@@ -140,6 +160,7 @@ struct Inner {
     http: reqwest::Client,
     stream: reqwest::Client,
     dev_key: Option<String>,
+    api_key: Option<String>,
     retry: RetryPolicy,
     timeout: Duration,
     /// Random per client: sent with the development key (which every
@@ -154,6 +175,7 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("base_url", &self.inner.base)
             .field("dev_key", &self.inner.dev_key.as_ref().map(|_| ".."))
+            .field("api_key", &self.inner.api_key.as_ref().map(|_| ".."))
             .field("retry", &self.inner.retry)
             .finish()
     }
@@ -164,8 +186,38 @@ impl std::fmt::Debug for Client {
 pub(crate) enum Auth<'a> {
     /// A public route (the OpenAPI document).
     Public,
-    DevKey,
+    /// The principal the client acts as: its API key, else the
+    /// development key.
+    Principal,
     Bearer(&'a str),
+}
+
+/// A credential a handle keeps for all its calls.
+#[derive(Clone)]
+pub(crate) enum Credential {
+    /// A task's agent token or a worker's token.
+    Token(String),
+    /// The client's principal ([`Auth::Principal`]).
+    Principal,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token stays out of logs.
+        f.write_str(match self {
+            Credential::Token(_) => "Token(..)",
+            Credential::Principal => "Principal",
+        })
+    }
+}
+
+impl Credential {
+    pub(crate) fn auth(&self) -> Auth<'_> {
+        match self {
+            Credential::Token(t) => Auth::Bearer(t),
+            Credential::Principal => Auth::Principal,
+        }
+    }
 }
 
 /// A request body, kept as bytes so every retry sends the same one.
@@ -220,6 +272,21 @@ impl<'a> Call<'a> {
         self.body = body;
         self
     }
+
+    /// `cursor` and `limit` of a paginated listing.
+    pub(crate) fn page(&mut self, cursor: Option<&str>, limit: Option<u32>) {
+        if let Some(c) = cursor {
+            self.query.push(("cursor", c.to_owned()));
+        }
+        if let Some(l) = limit {
+            self.query.push(("limit", l.to_string()));
+        }
+    }
+}
+
+/// A time as the API's query parameters take it.
+pub(crate) fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
 impl Client {
@@ -228,6 +295,7 @@ impl Client {
         ClientBuilder {
             base_url: base_url.into(),
             dev_key: None,
+            api_key: None,
             retry: RetryPolicy::default(),
             timeout: Duration::from_secs(30),
             stream_idle_timeout: Duration::from_secs(45),
@@ -246,10 +314,17 @@ impl Client {
         self.inner.retry
     }
 
-    /// Creates a task (development key); the handle carries its token.
+    /// Whether the client has an API key (else principal calls use the
+    /// development key).
+    pub fn has_api_key(&self) -> bool {
+        self.inner.api_key.is_some()
+    }
+
+    /// Creates a task (API key with scope `tasks`, or the development
+    /// key), owned by the caller's principal; the handle carries its token.
     pub async fn create_task(&self, req: &CreateTask) -> Result<(CreatedTask, TaskHandle), Error> {
         let call =
-            Call::new(Method::POST, "/api/v1/tasks".into(), Auth::DevKey).body(Body::json(req)?);
+            Call::new(Method::POST, "/api/v1/tasks".into(), Auth::Principal).body(Body::json(req)?);
         let created: CreatedTask = self.json(call).await?;
         let handle = self.task(created.task.id, created.agent_token.clone());
         Ok((created, handle))
@@ -268,15 +343,81 @@ impl Client {
 
     /// The handle of an existing task, from its id and agent token.
     pub fn task(&self, id: Uuid, agent_token: impl Into<String>) -> TaskHandle {
-        TaskHandle::new(self.clone(), id, agent_token.into())
+        TaskHandle::new(self.clone(), id, Credential::Token(agent_token.into()))
     }
 
-    /// Registers a worker (development key); the handle carries its token.
+    /// The handle of a task the client's principal owns, authorised by the
+    /// API key (or the development key) instead of the task's token: what
+    /// an agent that lost its tokens uses, after [`Client::tasks`] found
+    /// its tasks again. Another principal's task answers 404.
+    pub fn task_owned(&self, id: Uuid) -> TaskHandle {
+        TaskHandle::new(self.clone(), id, Credential::Principal)
+    }
+
+    /// One page of the caller's own tasks, newest first, optionally only
+    /// those in `state` (`cursor`: the previous page's `next_cursor`).
+    pub async fn tasks(
+        &self,
+        state: Option<TaskState>,
+        cursor: Option<&str>,
+    ) -> Result<TaskPage, Error> {
+        self.tasks_page(state, cursor, None).await
+    }
+
+    /// [`Client::tasks`] with a page size (1-100; the server's default
+    /// otherwise).
+    pub async fn tasks_page(
+        &self,
+        state: Option<TaskState>,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<TaskPage, Error> {
+        let mut call = Call::new(Method::GET, "/api/v1/tasks".into(), Auth::Principal);
+        if let Some(state) = state {
+            call.query.push(("state", state.as_str().to_owned()));
+        }
+        call.page(cursor, limit);
+        self.json(call).await
+    }
+
+    /// API keys (operator).
+    pub fn keys(&self) -> Keys {
+        Keys::new(self.clone())
+    }
+
+    /// Registered workers, as an operator manages them.
+    pub fn workers_admin(&self) -> WorkersAdmin {
+        WorkersAdmin::new(self.clone())
+    }
+
+    /// Worker invites (operator).
+    pub fn invites(&self) -> Invites {
+        Invites::new(self.clone())
+    }
+
+    /// One page of the audit trail, newest first (operator).
+    pub async fn audit(&self, filter: &AuditFilter) -> Result<AuditPage, Error> {
+        let mut call = Call::new(Method::GET, "/api/v1/audit".into(), Auth::Principal);
+        if let Some(p) = filter.principal {
+            call.query.push(("principal", p.to_string()));
+        }
+        if let Some(t) = filter.since {
+            call.query.push(("since", rfc3339(t)));
+        }
+        if let Some(t) = filter.until {
+            call.query.push(("until", rfc3339(t)));
+        }
+        call.page(filter.cursor.as_deref(), filter.limit);
+        self.json(call).await
+    }
+
+    /// Registers a worker (API key with scope `workers:register`, or the
+    /// development key); the handle carries its token.
     pub async fn register_worker(
         &self,
         name: &str,
     ) -> Result<(RegisteredWorker, WorkerHandle), Error> {
-        let call = Call::new(Method::POST, "/api/v1/workers".into(), Auth::DevKey)
+        let call = Call::new(Method::POST, "/api/v1/workers".into(), Auth::Principal)
             .body(Body::json(&serde_json::json!({ "name": name }))?);
         let registered: RegisteredWorker = self.json(call).await?;
         let handle = self.worker(registered.worker_token.clone());
@@ -353,13 +494,19 @@ impl Client {
         }
         req = match call.auth {
             Auth::Public => req,
-            Auth::DevKey => {
-                let key = self.inner.dev_key.as_deref().ok_or_else(|| {
-                    Error::Invalid("this call needs the development key; none was given".into())
-                })?;
-                req.header(DEV_KEY_HEADER, key)
-                    .header(CLIENT_ID_HEADER, &self.inner.client_id)
-            }
+            Auth::Principal => match (&self.inner.api_key, &self.inner.dev_key) {
+                (Some(key), _) => req.header(AUTHORIZATION, format!("Bearer {key}")),
+                (None, Some(key)) => req
+                    .header(DEV_KEY_HEADER, key)
+                    .header(CLIENT_ID_HEADER, &self.inner.client_id),
+                (None, None) => {
+                    return Err(Error::Invalid(
+                        "this call needs an API key (msk_…) or the development key; none was \
+                         given"
+                            .into(),
+                    ));
+                }
+            },
             Auth::Bearer(token) => req.header(AUTHORIZATION, format!("Bearer {token}")),
         };
         for (name, value) in &call.headers {
@@ -476,6 +623,48 @@ mod tests {
         h.insert(RETRY_AFTER, HeaderValue::from_str(&later).unwrap());
         let d = retry_after(&h).unwrap();
         assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120));
+    }
+
+    /// The credential headers a principal call carries.
+    fn principal_headers(b: ClientBuilder) -> Result<HeaderMap, Error> {
+        let client = b.build().unwrap();
+        let call = Call::new(Method::POST, "/api/v1/tasks".into(), Auth::Principal);
+        Ok(client
+            .request(&call, None)?
+            .build()
+            .unwrap()
+            .headers()
+            .clone())
+    }
+
+    #[test]
+    fn principal_calls_carry_the_api_key_else_the_dev_key() {
+        let base = Client::builder("http://127.0.0.1:1");
+        let h = principal_headers(base.clone().dev_key("msd_dev").api_key("msk_a_b")).unwrap();
+        assert_eq!(h[AUTHORIZATION], "Bearer msk_a_b");
+        assert!(
+            h.get(DEV_KEY_HEADER).is_none(),
+            "the dev key is not sent beside an API key"
+        );
+        let h = principal_headers(base.clone().dev_key("msd_dev")).unwrap();
+        assert_eq!(h[DEV_KEY_HEADER], "msd_dev");
+        assert!(h.get(CLIENT_ID_HEADER).is_some() && h.get(AUTHORIZATION).is_none());
+        let e = principal_headers(base).unwrap_err();
+        assert!(e.to_string().contains("API key"), "{e}");
+    }
+
+    #[test]
+    fn an_owned_task_handle_authenticates_with_the_api_key() {
+        let client = Client::builder("http://127.0.0.1:1")
+            .api_key("msk_a_b")
+            .build()
+            .unwrap();
+        let id = Uuid::new_v4();
+        let owned = client.task_owned(id);
+        assert_eq!(owned.token(), None);
+        let with_token = client.task(id, "mst_t");
+        assert_eq!(with_token.token(), Some("mst_t"));
+        assert!(!format!("{client:?}{owned:?}").contains("msk_a_b"));
     }
 
     #[test]

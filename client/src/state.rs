@@ -37,7 +37,10 @@ pub struct TaskRecord {
     pub id: Uuid,
     /// The server the task lives on (its token is valid only there).
     pub server: String,
-    pub agent_token: String,
+    /// The task's agent token; absent for a task taken up with the API key
+    /// of its owner (`Client::task_owned`), which the commands then use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_token: Option<String>,
     /// Signing secret of the task's webhook endpoint, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_secret: Option<String>,
@@ -58,6 +61,17 @@ impl std::fmt::Debug for TaskRecord {
             .field("cursor", &self.cursor)
             .field("state", &self.task.state)
             .finish_non_exhaustive()
+    }
+}
+
+impl TaskRecord {
+    /// The handle this record's commands use: with the task's token when
+    /// the record has it, else with the owner's API key.
+    pub fn handle(&self, client: &crate::Client) -> crate::TaskHandle {
+        match &self.agent_token {
+            Some(token) => client.task(self.id, token.clone()),
+            None => client.task_owned(self.id),
+        }
     }
 }
 
@@ -134,7 +148,8 @@ impl StateDir {
                 "no local record of task {id} in {}: only tasks created with `meatspace task create` \
                  (or through `meatspace mcp`) or adopted with `meatspace task import {id} --token-file FILE` have their token \
                  here (pass --state-dir or set MEATSPACE_STATE_DIR if you used another one; \
-                 `meatspace task list` shows what is here)",
+                 `meatspace task list` shows what is here); with the API key of the task's owner \
+                 (MEATSPACE_API_KEY) no record is needed",
                 self.root.display()
             ))),
         }

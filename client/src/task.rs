@@ -1,5 +1,6 @@
 //! [`TaskHandle`]: everything an agent does with one task, authorised by
-//! the task's own agent token.
+//! the task's own agent token, or by the API key of the principal that
+//! owns the task ([`crate::Client::task_owned`]).
 
 use meatspace_domain::{IssueAction, Task};
 use reqwest::Method;
@@ -8,7 +9,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::feed::Feed;
-use crate::http::{Auth, Body, Call, Client};
+use crate::http::{Body, Call, Client, Credential};
 use crate::types::{EventPage, Extension, Photo, Respond, TaskChange};
 
 /// One task, as its agent sees it.
@@ -16,35 +17,46 @@ use crate::types::{EventPage, Extension, Photo, Respond, TaskChange};
 pub struct TaskHandle {
     client: Client,
     id: Uuid,
-    token: String,
+    credential: Credential,
 }
 
 impl std::fmt::Debug for TaskHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The token stays out of logs.
-        f.debug_struct("TaskHandle").field("id", &self.id).finish()
+        f.debug_struct("TaskHandle")
+            .field("id", &self.id)
+            .field("owned", &matches!(self.credential, Credential::Principal))
+            .finish()
     }
 }
 
 impl TaskHandle {
-    pub(crate) fn new(client: Client, id: Uuid, token: String) -> Self {
-        TaskHandle { client, id, token }
+    pub(crate) fn new(client: Client, id: Uuid, credential: Credential) -> Self {
+        TaskHandle {
+            client,
+            id,
+            credential,
+        }
     }
 
     pub fn id(&self) -> Uuid {
         self.id
     }
 
-    /// The agent token (to store it; it is shown only once by the server).
-    pub fn token(&self) -> &str {
-        &self.token
+    /// The agent token (to store it; it is shown only once by the server),
+    /// or `None` for a handle that acts with the owner's API key.
+    pub fn token(&self) -> Option<&str> {
+        match &self.credential {
+            Credential::Token(t) => Some(t),
+            Credential::Principal => None,
+        }
     }
 
     fn call(&self, method: Method, suffix: &str) -> Call<'_> {
         Call::new(
             method,
             format!("/api/v1/tasks/{}{suffix}", self.id),
-            Auth::Bearer(&self.token),
+            self.credential.auth(),
         )
     }
 
@@ -107,7 +119,7 @@ impl TaskHandle {
         Feed::new(
             self.client.clone(),
             format!("/api/v1/tasks/{}/events", self.id),
-            self.token.clone(),
+            self.credential.clone(),
             after,
         )
     }

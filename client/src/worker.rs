@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::feed::Feed;
-use crate::http::{Auth, Body, Call, Client};
+use crate::http::{Auth, Body, Call, Client, Credential};
 use crate::types::{EventPage, OpenTaskPage, RaiseIssue, TaskChange};
 
 /// A registered worker.
@@ -48,12 +48,7 @@ impl WorkerHandle {
         limit: Option<u32>,
     ) -> Result<OpenTaskPage, Error> {
         let mut call = self.call(Method::GET, "/api/v1/worker/tasks".into());
-        if let Some(c) = cursor {
-            call.query.push(("cursor", c.to_owned()));
-        }
-        if let Some(l) = limit {
-            call.query.push(("limit", l.to_string()));
-        }
+        call.page(cursor, limit);
         self.client.json(call).await
     }
 
@@ -146,7 +141,7 @@ impl WorkerHandle {
         Feed::new(
             self.client.clone(),
             format!("/api/v1/worker/tasks/{id}/events"),
-            self.token.clone(),
+            Credential::Token(self.token.clone()),
             after,
         )
     }

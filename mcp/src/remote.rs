@@ -6,6 +6,13 @@
 //! task the other created), so tools name tasks by id only and no result
 //! carries a token.
 //!
+//! With an API key (`MEATSPACE_API_KEY`), tasks are created as the key's
+//! principal, and a task of that principal the state directory has no
+//! record of (created elsewhere, or before the local state was lost) is
+//! reached with the key: the first tool call on it keeps a record without a
+//! token (cursor and state only), and list_my_tasks lists the principal's
+//! tasks from the server as well as the local ones.
+//!
 //! The cursor obligation: wait_for_events returns events without moving
 //! the stored cursor; a later call that passes `cursor` acknowledges the
 //! events up to it, and only then is it stored. A client that crashes after
@@ -25,6 +32,7 @@ use tokio::sync::Mutex;
 
 use crate::api::{Action, AgentApi, Caller, IssueAction, LocalTaskRef};
 use crate::state_dir::{StateDir, TaskRecord};
+use crate::stdio::Credentials;
 use crate::types::{
     ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskState, TaskSummary, TaskView,
 };
@@ -51,8 +59,12 @@ pub struct NoArgs {}
 pub struct RemoteApi {
     /// Every call but the long poll, with the client's retries.
     client: Client,
-    /// Whether a development key was given (creating a task needs one).
-    has_dev_key: bool,
+    /// Whether a development key or an API key was given (creating a task
+    /// needs one).
+    has_principal: bool,
+    /// Whether an API key was given: the tasks of its principal are
+    /// reachable without a record.
+    has_api_key: bool,
     /// The long poll: one attempt per call, because wait_for_events waits
     /// out an unavailable API itself, within the call's own wait.
     poll: Client,
@@ -64,17 +76,22 @@ pub struct RemoteApi {
 
 impl RemoteApi {
     /// A backend for the API at `base_url` (e.g. `http://127.0.0.1:8080`),
-    /// creating tasks with `dev_key`. Reads the server's OpenAPI document
-    /// once to learn whether deadline extension exists.
+    /// creating tasks with the API key, else the development key. Reads the
+    /// server's OpenAPI document once to learn whether deadline extension
+    /// exists.
     pub async fn connect(
         base_url: &str,
-        dev_key: Option<String>,
+        credentials: Credentials,
         state: StateDir,
     ) -> anyhow::Result<Self> {
         let mut builder = Client::builder(base_url).timeout(REQUEST_TIMEOUT);
-        let has_dev_key = dev_key.is_some();
-        if let Some(key) = dev_key {
+        let has_api_key = credentials.api_key.is_some();
+        let has_principal = has_api_key || credentials.dev_key.is_some();
+        if let Some(key) = credentials.dev_key {
             builder = builder.dev_key(key);
+        }
+        if let Some(key) = credentials.api_key {
+            builder = builder.api_key(key);
         }
         let client = builder.clone().build()?;
         let poll = builder
@@ -85,7 +102,8 @@ impl RemoteApi {
             .build()?;
         let mut api = RemoteApi {
             client,
-            has_dev_key,
+            has_principal,
+            has_api_key,
             poll,
             state,
             extension: false,
@@ -101,29 +119,51 @@ impl RemoteApi {
         Ok(api)
     }
 
-    fn record(&self, task_id: uuid::Uuid) -> Result<TaskRecord, Problem> {
+    /// The record of `task_id`; with an API key, a task the directory does
+    /// not know is asked for with the key (404 when another principal owns
+    /// it) and kept as a record without a token.
+    async fn record(&self, task_id: uuid::Uuid) -> Result<TaskRecord, Problem> {
+        if let Some(record) = self.state.load(task_id).map_err(state_problem)? {
+            return Ok(record);
+        }
+        if !self.has_api_key {
+            return Err(Problem::local(
+                404,
+                "unknown-task",
+                format!(
+                    "task {task_id} is not in this server's state directory (only tasks created through it or `meatspace task create` can be used; with MEATSPACE_API_KEY set where this MCP server is launched, every task of the key's owner can)"
+                ),
+            ));
+        }
+        let task = self
+            .client
+            .task_owned(task_id)
+            .get()
+            .await
+            .map_err(problem)?;
+        let task: Value = retype(&task)?;
+        let _guard = self.records.lock().await;
+        self.state
+            .adopt(self.client.base_url(), &task)
+            .map_err(state_problem)?;
         self.state
             .load(task_id)
             .map_err(state_problem)?
-            .ok_or_else(|| {
-                Problem::local(
-                    404,
-                    "unknown-task",
-                    format!(
-                        "task {task_id} is not in this server's state directory (only tasks created through it can be used)"
-                    ),
-                )
-            })
+            .ok_or_else(|| state_problem("the adopted task's record is missing"))
     }
 
-    /// The client's handle of a task in the state directory.
-    fn handle(
+    /// The client's handle of a task: with its token from the state
+    /// directory, else with the owner's API key.
+    async fn handle(
         &self,
         client: &Client,
         task_id: uuid::Uuid,
     ) -> Result<(TaskRecord, TaskHandle), Problem> {
-        let record = self.record(task_id)?;
-        let handle = client.task(task_id, record.agent_token.clone());
+        let record = self.record(task_id).await?;
+        let handle = match &record.agent_token {
+            Some(token) => client.task(task_id, token.clone()),
+            None => client.task_owned(task_id),
+        };
         Ok((record, handle))
     }
 
@@ -210,7 +250,7 @@ fn problem(e: meatspace_client::Error) -> Problem {
 impl AgentApi for RemoteApi {
     type TaskRef = LocalTaskRef;
     type ListArgs = NoArgs;
-    const CREDENTIAL_NOTE: &'static str = "Credentials never pass through you: this local server keeps each task's agent token (and its cursor) in its state directory, so tools take only task_id.";
+    const CREDENTIAL_NOTE: &'static str = "Credentials never pass through you: this local server keeps each task's agent token (and its cursor) in its state directory, or uses its API key for your own tasks, so tools take only task_id.";
     const SHOWS_TOKEN: bool = false;
 
     async fn create_task(
@@ -219,11 +259,11 @@ impl AgentApi for RemoteApi {
         description: String,
         expires_in_seconds: Option<i64>,
     ) -> Result<ApiCreated, Problem> {
-        if !self.has_dev_key {
+        if !self.has_principal {
             return Err(Problem::local(
                 401,
-                "no-dev-key",
-                "creating a task needs the development key: set MEATSPACE_DEV_KEY (or --dev-key) where this MCP server is launched",
+                "no-credential",
+                "creating a task needs an API key or the development key: set MEATSPACE_API_KEY (an operator creates one with `meatspace key create`) or MEATSPACE_DEV_KEY where this MCP server is launched",
             ));
         }
         let mut req = meatspace_client::types::CreateTask::new(description);
@@ -250,14 +290,14 @@ impl AgentApi for RemoteApi {
     }
 
     async fn get_task(&self, task: &LocalTaskRef) -> Result<TaskView, Problem> {
-        let (_, handle) = self.handle(&self.client, task.task_id)?;
+        let (_, handle) = self.handle(&self.client, task.task_id).await?;
         let answer = handle.get().await.map_err(problem)?;
         self.note_task(&answer).await?;
         retype(&answer)
     }
 
     async fn act(&self, task: &LocalTaskRef, action: Action) -> Result<ApiTaskChange, Problem> {
-        let (_, handle) = self.handle(&self.client, task.task_id)?;
+        let (_, handle) = self.handle(&self.client, task.task_id).await?;
         let answer = match action {
             Action::Publish => handle.publish().await,
             Action::Cancel => handle.cancel().await,
@@ -290,7 +330,7 @@ impl AgentApi for RemoteApi {
         wait: Duration,
     ) -> Result<ApiEventPage, Problem> {
         let id = task.task_id;
-        let (record, handle) = self.handle(&self.poll, id)?;
+        let (record, handle) = self.handle(&self.poll, id).await?;
         // A given cursor acknowledges the events up to it: store it now
         // (never moving backwards), after they were returned by an earlier
         // call.
@@ -348,6 +388,27 @@ impl AgentApi for RemoteApi {
     async fn list(&self, _args: NoArgs) -> Result<Vec<TaskSummary>, Problem> {
         let records = self.state.list().map_err(state_problem)?;
         let mut tasks = Vec::with_capacity(records.len());
+        // With an API key, the server knows the principal's tasks, also
+        // those without a local record: newest first, those not yet ended
+        // (the ones still to monitor), up to one page.
+        if self.has_api_key {
+            let page = self.client.tasks(None, None).await.map_err(problem)?;
+            for task in page.tasks {
+                if records.iter().any(|r| r.task_id == task.id) {
+                    continue;
+                }
+                let state: TaskState = retype(&task.state)?;
+                tasks.push(TaskSummary {
+                    task_id: task.id,
+                    state: Some(state),
+                    terminal: state.is_terminal(),
+                    description: Some(task.description),
+                    cursor: None,
+                    problem: None,
+                    status_note: state.status_note(),
+                });
+            }
+        }
         for record in records {
             let reference = LocalTaskRef {
                 task_id: record.task_id,

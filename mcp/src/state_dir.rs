@@ -4,7 +4,9 @@
 //! task watch`, and the tools take up a task `meatspace task create` made.
 //! Each record holds the task's agent token, durable cursor and last known
 //! state, so that tools take only a task id and the token never enters the
-//! model's context. The directory is 0700, every file 0600, every write
+//! model's context. A task reached with the API key of its owner (one this
+//! directory had no record of) gets a record without a token: the key is
+//! its credential, and the record keeps its cursor. The directory is 0700, every file 0600, every write
 //! atomic (see [`meatspace_client::state`]).
 //!
 //! Earlier versions kept their own layout under `mcp/tasks/` of the same
@@ -31,7 +33,9 @@ use crate::types::TaskState;
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
     pub task_id: Uuid,
-    pub agent_token: String,
+    /// Absent for a task reached with its owner's API key.
+    #[serde(default)]
+    pub agent_token: Option<String>,
     /// Events up to this id were returned and acknowledged.
     pub cursor: i64,
     pub last_known_state: TaskState,
@@ -130,10 +134,31 @@ impl StateDir {
         self.shared.save_task(&state::TaskRecord {
             id: created.task.id,
             server: server.to_owned(),
-            agent_token: created.agent_token,
+            agent_token: Some(created.agent_token),
             webhook_secret: created.webhook_secret,
             cursor: 0,
             task: created.task,
+            updated_at: Utc::now(),
+        })?;
+        Ok(())
+    }
+
+    /// Keeps a record without a token of a task on `server` reached with
+    /// its owner's API key (`task`: the API's task, as JSON), unless the
+    /// directory already has one.
+    pub fn adopt(&self, server: &str, task: &Value) -> Result<(), StateError> {
+        let task: meatspace_client::Task = serde_json::from_value(task.clone())
+            .map_err(|e| StateError(format!("the API's task was not understood: {e}")))?;
+        if self.load(task.id)?.is_some() {
+            return Ok(());
+        }
+        self.shared.save_task(&state::TaskRecord {
+            id: task.id,
+            server: server.to_owned(),
+            agent_token: None,
+            webhook_secret: None,
+            cursor: 0,
+            task,
             updated_at: Utc::now(),
         })?;
         Ok(())
@@ -328,7 +353,7 @@ mod tests {
         dir.acknowledge(id, 3).unwrap();
         let cli = state::StateDir::resolve(Some(root.path().to_owned())).unwrap();
         let record = cli.task(id).unwrap();
-        assert_eq!(record.agent_token, "mst_x");
+        assert_eq!(record.agent_token.as_deref(), Some("mst_x"));
         assert_eq!(record.cursor, 7, "the cursor never moves back");
         assert_eq!(record.server, "http://127.0.0.1:1");
         let ours = dir.load(id).unwrap().unwrap();
@@ -340,7 +365,7 @@ mod tests {
     fn old_record(token: &str) -> TaskRecord {
         TaskRecord {
             task_id: Uuid::new_v4(),
-            agent_token: token.into(),
+            agent_token: Some(token.into()),
             cursor: 4,
             last_known_state: TaskState::Open,
             description: "fetch milk".into(),
@@ -353,7 +378,7 @@ mod tests {
         let id = Uuid::new_v4();
         let old = TaskRecord {
             task_id: id,
-            agent_token: "mst_old".into(),
+            agent_token: Some("mst_old".into()),
             cursor: 4,
             last_known_state: TaskState::Open,
             description: "fetch milk".into(),
@@ -375,7 +400,10 @@ mod tests {
             .unwrap();
         let cli = state::StateDir::resolve(Some(root.path().to_owned())).unwrap();
         let moved = cli.task(id).unwrap();
-        assert_eq!((moved.agent_token.as_str(), moved.cursor), ("mst_old", 6));
+        assert_eq!(
+            (moved.agent_token.as_deref(), moved.cursor),
+            (Some("mst_old"), 6)
+        );
         assert_eq!(dir.list().unwrap().len(), 1);
         // A record of the old layout written straight under `tasks/` (the
         // standalone binary with --state-dir) is moved aside and read, and

@@ -137,7 +137,9 @@ async fn lifecycle(db: Db, transport: Transport) {
     assert_eq!(done.task.state, TaskState::Completed);
 
     let seen = agent_follower.await.expect("agent follower");
-    let feed = server.feed(task.id(), task.token()).await;
+    let feed = server
+        .feed(task.id(), task.token().expect("a created task has a token"))
+        .await;
     let seen_ids: Vec<i64> = seen.iter().map(|e| e.id).collect();
     assert_eq!(
         seen_ids,
@@ -322,7 +324,9 @@ async fn auto_transport_follows_the_whole_feed(db: Db) {
         worker.stop(task.id(), Some("rain")).await.expect("stop");
         let (seen_events, transport) = follower.await.expect("follower");
         assert_eq!(transport, expected, "the transport Auto chose via {base}");
-        let feed = server.feed(task.id(), task.token()).await;
+        let feed = server
+            .feed(task.id(), task.token().expect("a created task has a token"))
+            .await;
         assert_eq!(
             seen_events.iter().map(|e| e.id).collect::<Vec<_>>(),
             json_ids(&feed)
@@ -572,7 +576,7 @@ async fn retries_reuse_one_idempotency_key(db: Db) {
         .build()
         .unwrap();
     let err = impatient
-        .task(task.id(), task.token())
+        .task(task.id(), task.token().expect("a created task has a token"))
         .get()
         .await
         .unwrap_err();
@@ -630,7 +634,10 @@ async fn a_lost_answer_is_replayed_not_repeated(db: Db) {
     let direct = Client::new(&server.base_url).unwrap();
     assert_eq!(
         direct
-            .task(created.task.id, task.token())
+            .task(
+                created.task.id,
+                task.token().expect("a created task has a token")
+            )
             .get()
             .await
             .expect("token works")
@@ -639,7 +646,9 @@ async fn a_lost_answer_is_replayed_not_repeated(db: Db) {
     );
     let published = task.publish().await.expect("publish");
     assert_eq!(published.task.state, TaskState::Open);
-    let feed = server.feed(task.id(), task.token()).await;
+    let feed = server
+        .feed(task.id(), task.token().expect("a created task has a token"))
+        .await;
     assert_eq!(feed.len(), 1, "published once: {feed:?}");
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 4, "{seen:#?}");

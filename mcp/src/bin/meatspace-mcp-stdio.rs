@@ -21,9 +21,13 @@ struct Args {
         default_value = "http://127.0.0.1:8080"
     )]
     api_url: String,
-    /// Development key that creates tasks.
+    /// Development key that creates tasks (when there is no API key).
     #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
     dev_key: Option<String>,
+    /// API key (`msk_…`) of the agent the tools act as: creates tasks, and
+    /// reaches that agent's tasks that have no local record.
+    #[arg(long, env = "MEATSPACE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// Where task tokens and cursors are kept (0700; files 0600). Default:
     /// $XDG_STATE_HOME/meatspace, else ~/.local/state/meatspace.
     #[arg(long, env = "MEATSPACE_STATE_DIR")]
@@ -44,5 +48,9 @@ async fn main() -> anyhow::Result<()> {
         .state_dir
         .or_else(StateDir::default_root)
         .context("no state directory: pass --state-dir or set HOME")?;
-    meatspace_mcp::stdio::serve(&args.api_url, args.dev_key, &root).await
+    let credentials = meatspace_mcp::stdio::Credentials {
+        dev_key: args.dev_key,
+        api_key: args.api_key,
+    };
+    meatspace_mcp::stdio::serve(&args.api_url, credentials, &root).await
 }

@@ -93,6 +93,35 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
+The Secret holding the first operator API key (MEATSPACE_BOOTSTRAP_OPERATOR_KEY),
+or "" when the chart neither creates nor is given one.
+*/}}
+{{- define "meatspace.operatorKeySecretName" -}}
+{{- if .Values.auth.operatorKey.existingSecret }}
+{{- .Values.auth.operatorKey.existingSecret }}
+{{- else if .Values.auth.operatorKey.create }}
+{{- printf "%s-operator-key" (include "meatspace.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The API server's identity settings: whether the development key is accepted,
+and the first operator key, which the server stores (as a digest) at start-up
+when no key with its id exists.
+*/}}
+{{- define "meatspace.authEnv" -}}
+- name: MEATSPACE_DEV_KEY_ENABLED
+  value: {{ .Values.auth.devKey.enabled | toString | quote }}
+{{- with include "meatspace.operatorKeySecretName" . }}
+- name: MEATSPACE_BOOTSTRAP_OPERATOR_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.auth.operatorKey.secretKey }}
+{{- end }}
+{{- end }}
+
+{{/*
 The API server's public URL (MEATSPACE_PUBLIC_URL): apiServer.publicUrl, else
 the first Ingress host (https when a TLS entry lists it), else the in-cluster
 Service. Never taken from a client's Host header.
