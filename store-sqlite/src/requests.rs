@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 /// As on PostgreSQL; the caller's `BEGIN IMMEDIATE` serializes writers.
 pub(crate) async fn claim(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut crate::WriteTx,
     request: &TaskRequest,
 ) -> Result<TaskRequest, StoreError> {
     sqlx::query(
@@ -35,7 +35,7 @@ pub(crate) async fn claim(
 
 /// Inserts the draft task itself (as `create_task` does).
 pub(crate) async fn insert_task(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut crate::WriteTx,
     new: &NewTask,
     next_deadline: Option<DateTime<Utc>>,
 ) -> Result<(), StoreError> {
