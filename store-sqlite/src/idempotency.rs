@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
-use sqlx::{Row, SqlitePool};
+use sqlx::Row;
 
 fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
@@ -15,7 +15,7 @@ fn from_ms(v: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(v).ok_or_else(|| StoreError::Corrupt(format!("timestamp {v}")))
 }
 
-type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+type Tx = crate::WriteTx;
 
 /// The key's record; the write transaction (BEGIN IMMEDIATE) already
 /// serialises claims.
@@ -63,7 +63,7 @@ pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), St
 }
 
 pub(crate) async fn complete(
-    writer: &SqlitePool,
+    tx: &mut Tx,
     scope: &[u8; 32],
     key: &str,
     status: u16,
@@ -77,26 +77,22 @@ pub(crate) async fn complete(
     .bind(response)
     .bind(&scope[..])
     .bind(key)
-    .execute(writer)
+    .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
-pub(crate) async fn release(
-    writer: &SqlitePool,
-    scope: &[u8; 32],
-    key: &str,
-) -> Result<(), StoreError> {
+pub(crate) async fn release(tx: &mut Tx, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM idempotency_keys WHERE scope = ? AND key = ? AND state = 'in_flight'")
         .bind(&scope[..])
         .bind(key)
-        .execute(writer)
+        .execute(&mut **tx)
         .await?;
     Ok(())
 }
 
 pub(crate) async fn purge(
-    writer: &SqlitePool,
+    tx: &mut Tx,
     before: DateTime<Utc>,
     limit: u32,
 ) -> Result<u64, StoreError> {
@@ -106,7 +102,7 @@ pub(crate) async fn purge(
     )
     .bind(ms(before))
     .bind(i64::from(limit))
-    .execute(writer)
+    .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected())
 }

@@ -1,7 +1,8 @@
 //! SQL of identity and access on SQLite: principals, API keys, worker
 //! suspension, invite listing and revocation, and the audit trail. Each
-//! privileged write runs in one `BEGIN IMMEDIATE` transaction with the
-//! audit row that records it.
+//! privileged write is one write of the store's writer (see
+//! [`crate::writer`]) with the audit row that records it, and a write that
+//! takes a credential's power away has it announced after its commit.
 
 use chrono::{DateTime, Utc};
 use meatspace_domain::TaskState;
@@ -13,12 +14,12 @@ use meatspace_store::{
     StoreError, Worker,
 };
 use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Row, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 use crate::{from_ms, ms, opt_from_ms, opt_ms, uuid};
 
-type Tx = Transaction<'static, Sqlite>;
+type Tx = crate::WriteTx;
 
 const KEY_COLUMNS: &str = "k.id, k.name, k.scopes, k.digest, k.previous_digest, \
     k.previous_valid_until, k.expires_at, k.created_at, k.rotated_at, k.last_used_at, \
@@ -217,6 +218,7 @@ pub(crate) async fn rotate_key(
     .rows_affected();
     if rotated == 1 {
         insert_audit(&mut tx, &audit).await?;
+        tx.touch_credential(id);
     }
     let key = key_in(&mut tx, id).await?;
     tx.commit().await?;
@@ -238,16 +240,18 @@ pub(crate) async fn revoke_key(
     if revoked == 1 {
         insert_audit(&mut tx, &audit).await?;
     }
+    // Announced even when it was revoked already: a process that cached it
+    // in between drops it now.
+    tx.touch_credential(id);
     let key = key_in(&mut tx, id).await?;
     tx.commit().await?;
     Ok(key.map(|k| k.key))
 }
 
 pub(crate) async fn touch_keys(
-    pool: &SqlitePool,
+    mut tx: Tx,
     used: &[(Uuid, DateTime<Utc>)],
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     for (id, at) in used {
         sqlx::query(
             "UPDATE api_keys SET last_used_at = ?1 \
@@ -263,7 +267,7 @@ pub(crate) async fn touch_keys(
 }
 
 pub(crate) async fn ensure_principal(
-    pool: &SqlitePool,
+    mut tx: Tx,
     p: &PrincipalRef,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
@@ -275,9 +279,9 @@ pub(crate) async fn ensure_principal(
     .bind(p.kind.as_str())
     .bind(&p.name)
     .bind(ms(now))
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    tx.commit().await
 }
 
 pub(crate) async fn principal(
@@ -383,6 +387,7 @@ pub(crate) async fn suspend_worker(
         tx.rollback().await?;
         return Ok(None);
     };
+    tx.touch_credential(id);
     let held: Vec<String> = sqlx::query_scalar(
         "SELECT id FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'active')",
     )
@@ -431,6 +436,7 @@ pub(crate) async fn rotate_worker_token(
         return Ok(None);
     }
     insert_audit(&mut tx, &audit).await?;
+    tx.touch_credential(id);
     let worker = worker_in(&mut tx, id).await?;
     tx.commit().await?;
     Ok(worker)
@@ -511,8 +517,9 @@ pub(crate) async fn revoke_invite(
     row.as_ref().map(invite_from_row).transpose()
 }
 
-pub(crate) async fn append_audit(pool: &SqlitePool, audit: &NewAudit) -> Result<(), StoreError> {
-    insert_audit(&mut *pool.acquire().await?, audit).await
+pub(crate) async fn append_audit(mut tx: Tx, audit: &NewAudit) -> Result<(), StoreError> {
+    insert_audit(&mut tx, audit).await?;
+    tx.commit().await
 }
 
 pub(crate) async fn audit(
@@ -566,7 +573,7 @@ pub(crate) async fn audit(
 }
 
 pub(crate) async fn purge_audit(
-    pool: &SqlitePool,
+    mut tx: Tx,
     before: DateTime<Utc>,
     limit: u32,
 ) -> Result<u64, StoreError> {
@@ -575,8 +582,9 @@ pub(crate) async fn purge_audit(
     )
     .bind(ms(before))
     .bind(i64::from(limit))
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
+    tx.commit().await?;
     Ok(deleted)
 }

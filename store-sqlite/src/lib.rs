@@ -3,12 +3,14 @@
 //! ([`meatspace_store::engine`], with its default methods).
 //!
 //! SQLite has one writer at a time, so the store keeps a single-connection
-//! write pool (writes queue in-process instead of spinning on the busy
-//! handler) and a separate read pool. Write transactions start with
-//! `BEGIN IMMEDIATE`, so even a second process on the same file takes the
-//! write lock before it reads the row it will change; that gives the same
-//! guarantees as PostgreSQL's row locks. Timestamps are stored as integer
-//! milliseconds, ids as text UUIDs.
+//! write pool and a separate read pool, and every write goes through one
+//! [writer task](writer) that owns the write connection: writes queue
+//! in-process instead of spinning on the busy handler, and the writes queued
+//! together commit together, each in a savepoint of its own. Write
+//! transactions start with `BEGIN IMMEDIATE`, so even a second process on
+//! the same file takes the write lock before it reads the row it will
+//! change; that gives the same guarantees as PostgreSQL's row locks.
+//! Timestamps are stored as integer milliseconds, ids as text UUIDs.
 
 use std::str::FromStr;
 
@@ -16,11 +18,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use sqlx::Row;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
@@ -39,6 +41,9 @@ mod idempotency;
 mod identity;
 mod requests;
 mod webhooks;
+mod writer;
+
+pub use writer::{WriteCounts, WriteTx};
 
 /// The migrations of this backend, embedded at build time. sqlx records each
 /// one's checksum in the database and refuses to start when a file that
@@ -51,7 +56,11 @@ const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updat
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// The write connection's pool: the writer task takes its one
+    /// connection for each batch (and [`SqliteStore::pool`] for raw SQL).
     writer: SqlitePool,
+    /// Where every write of the store queues for its turn.
+    writes: writer::Writer,
     reader: SqlitePool,
     /// One read-only connection of its own for [`Store::ping`], as on
     /// PostgreSQL: thousands of long polls woken at once queue on `reader`,
@@ -157,13 +166,20 @@ impl SqliteStore {
             .connect_with(connect.read_only(true))
             .await?;
         let (changes, _) = broadcast::channel(1024);
+        let versions = std::sync::Arc::<TaskVersions>::default();
+        let announcer = writer::Announcer {
+            changes: changes.clone(),
+            versions: versions.clone(),
+        };
+        let writes = writer::Writer::spawn(writer.clone(), announcer, options.acquire_timeout);
         Ok(Self {
             writer,
+            writes,
             reader,
             probe,
             policy,
             changes,
-            versions: Default::default(),
+            versions,
         })
     }
 
@@ -172,26 +188,25 @@ impl SqliteStore {
         &self.writer
     }
 
-    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    /// How many writes this store has committed, in how many commits.
+    pub fn write_counts(&self) -> WriteCounts {
+        self.writes.counts()
     }
 
-    fn announce(&self, id: Uuid) {
-        self.versions.bump(id);
-        // No receiver is fine: nobody is waiting.
-        let _ = self.changes.send(Change::Task(id));
+    /// Waits for a write's turn (see [`writer`]): every write of the store
+    /// begins here, and ends with the [`WriteTx`]'s commit or rollback.
+    async fn begin(&self) -> Result<WriteTx, StoreError> {
+        self.writes.begin().await
     }
 
-    /// After a commit that took a credential's power away.
-    fn announce_credential(&self, id: Uuid) {
-        let _ = self.changes.send(Change::Credential(id));
+    /// As [`SqliteStore::begin`], for a write of exactly one statement that
+    /// ends with its commit (see [`writer::Writer::begin_statement`]): it
+    /// needs no savepoint of its own.
+    async fn begin_statement(&self) -> Result<WriteTx, StoreError> {
+        self.writes.begin_statement().await
     }
 
-    async fn write(
-        tx: &mut Transaction<'_, Sqlite>,
-        before: &Task,
-        d: Decision,
-    ) -> Result<Applied, StoreError> {
+    async fn write(tx: &mut WriteTx, before: &Task, d: Decision) -> Result<Applied, StoreError> {
         let Decision {
             mut task,
             events: new_events,
@@ -201,6 +216,7 @@ impl SqliteStore {
         } = d;
         let now = task.updated_at;
         let id = task.id.to_string();
+        tx.touch(task.id);
         if let Some(p) = &photo {
             sqlx::query("INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES (?, ?, ?, ?, ?)")
                 .bind(p.id.to_string())
@@ -308,10 +324,11 @@ impl SqliteStore {
 }
 
 /// The SQL of [`meatspace_store::engine`]'s command path. SQLite takes the
-/// defaults: every command runs under the write lock (`BEGIN IMMEDIATE`).
+/// defaults: every command runs under the write lock (`BEGIN IMMEDIATE`),
+/// as one write of the writer's batch.
 #[async_trait]
 impl engine::Backend for SqliteStore {
-    type Tx = Transaction<'static, Sqlite>;
+    type Tx = WriteTx;
 
     async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
         self.begin().await
@@ -359,6 +376,9 @@ impl engine::Backend for SqliteStore {
         agent_token_hash: &TokenHash,
         owner_id: Uuid,
     ) -> Result<(), StoreError> {
+        // Noted first: a write whose caller is cancelled mid-statement may
+        // still commit, and is announced then.
+        tx.touch(task.id);
         insert_task(tx, task, agent_token_hash, owner_id).await
     }
 
@@ -382,6 +402,7 @@ impl engine::Backend for SqliteStore {
 
     async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
         let (task, agent_token_hash) = new.clone().into_draft();
+        tx.touch(new.id);
         insert_task(tx, &task, &agent_token_hash, new.owner_id).await
     }
 
@@ -440,25 +461,21 @@ impl engine::Backend for SqliteStore {
         Ok(used == 1)
     }
 
-    fn after_create(&self, task_id: Uuid, committed: bool) {
-        if committed {
-            self.announce(task_id);
-        }
-    }
+    /// Nothing left to do: the writer announced the task after the commit,
+    /// before it answered (see [`writer`]).
+    fn after_create(&self, _task_id: Uuid, _committed: bool) {}
 
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        Ok(tx.commit().await?)
+        tx.commit().await
     }
 
     async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        Ok(tx.rollback().await?)
+        tx.rollback().await
     }
 
-    fn after_commit(&self, task_id: Uuid, applied: Option<&Applied>) {
-        if applied.is_some() {
-            self.announce(task_id);
-        }
-    }
+    /// Nothing left to do: the writer announced the task after the commit,
+    /// before it answered (see [`writer`]), even if this caller has gone.
+    fn after_commit(&self, _task_id: Uuid, _applied: Option<&Applied>) {}
 
     async fn lock_due(
         &self,
@@ -586,7 +603,10 @@ impl Store for SqliteStore {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
-        crate::webhooks::claim_due(&self.writer, now, lease_until, limit).await
+        let mut tx = self.begin().await?;
+        let out = crate::webhooks::claim_due(&mut tx, now, lease_until, limit).await?;
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -599,7 +619,10 @@ impl Store for SqliteStore {
         outcome: &meatspace_store::webhooks::WebhookOutcome,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        crate::webhooks::record(&self.writer, task_id, outcome, now).await
+        let mut tx = self.begin_statement().await?;
+        let out = crate::webhooks::record(&mut tx, task_id, outcome, now).await?;
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn idempotency_begin(
@@ -616,11 +639,17 @@ impl Store for SqliteStore {
         status: u16,
         response: &[u8],
     ) -> Result<(), StoreError> {
-        crate::idempotency::complete(&self.writer, scope, key, status, response).await
+        let mut tx = self.begin_statement().await?;
+        let out = crate::idempotency::complete(&mut tx, scope, key, status, response).await?;
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        crate::idempotency::release(&self.writer, scope, key).await
+        let mut tx = self.begin_statement().await?;
+        let out = crate::idempotency::release(&mut tx, scope, key).await?;
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn purge_idempotency_keys(
@@ -628,7 +657,10 @@ impl Store for SqliteStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        crate::idempotency::purge(&self.writer, before, limit).await
+        let mut tx = self.begin_statement().await?;
+        let out = crate::idempotency::purge(&mut tx, before, limit).await?;
+        tx.commit().await?;
+        Ok(out)
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -641,14 +673,9 @@ impl Store for SqliteStore {
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let owner_id = new.owner_id;
         let (task, agent_token_hash) = new.into_draft();
-        insert_task(
-            &mut *self.writer.acquire().await?,
-            &task,
-            &agent_token_hash,
-            owner_id,
-        )
-        .await?;
-        self.announce(task.id);
+        let mut tx = self.begin_statement().await?;
+        engine::Backend::insert_draft(self, &mut tx, &task, &agent_token_hash, owner_id).await?;
+        tx.commit().await?;
         Ok(task)
     }
 
@@ -814,13 +841,15 @@ impl Store for SqliteStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Worker, StoreError> {
+        let mut tx = self.begin_statement().await?;
         sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
             .bind(id.to_string())
             .bind(name)
             .bind(&token_hash.0[..])
             .bind(ms(now))
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(Worker {
             id,
             name: name.to_owned(),
@@ -910,6 +939,7 @@ impl Store for SqliteStore {
         .await?;
         let mut deleted = 0;
         for id in &ids {
+            tx.touch(uuid(id)?);
             sqlx::query("DELETE FROM issues WHERE task_id = ?")
                 .bind(id)
                 .execute(&mut *tx)
@@ -929,9 +959,6 @@ impl Store for SqliteStore {
                 .rows_affected();
         }
         tx.commit().await?;
-        for id in &ids {
-            self.announce(uuid(id)?);
-        }
         Ok(deleted)
     }
 
@@ -941,7 +968,7 @@ impl Store for SqliteStore {
         cutoff: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_statement().await?;
         let forgotten = sqlx::query(
             "DELETE FROM purged_tasks WHERE id IN \
              (SELECT id FROM purged_tasks WHERE purged_at < ? ORDER BY purged_at LIMIT ?)",
@@ -968,13 +995,14 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        let mut tx = self.begin().await?;
         let sessions = sqlx::query(
             "DELETE FROM worker_sessions WHERE id IN \
              (SELECT id FROM worker_sessions WHERE expires_at <= ? LIMIT ?)",
         )
         .bind(ms(now))
         .bind(i64::from(limit))
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?;
         let invites = sqlx::query(
             "DELETE FROM worker_invites WHERE id IN \
@@ -982,8 +1010,9 @@ impl Store for SqliteStore {
         )
         .bind(ms(now))
         .bind(i64::from(limit))
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(sessions.rows_affected() + invites.rows_affected())
     }
 
@@ -1059,6 +1088,7 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         expires_at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        let mut tx = self.begin_statement().await?;
         sqlx::query(
             "INSERT INTO worker_sessions (id, worker_id, secret_hash, created_at, expires_at) \
              VALUES (?, ?, ?, ?, ?)",
@@ -1068,9 +1098,9 @@ impl Store for SqliteStore {
         .bind(&secret_hash.0[..])
         .bind(ms(now))
         .bind(ms(expires_at))
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?;
-        Ok(())
+        tx.commit().await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1104,11 +1134,13 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let mut tx = self.begin_statement().await?;
         let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = ?")
             .bind(id.to_string())
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await?
             .rows_affected();
+        tx.commit().await?;
         Ok(deleted > 0)
     }
 
@@ -1195,11 +1227,7 @@ impl Store for SqliteStore {
         previous_valid_until: DateTime<Utc>,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
-        let key =
-            identity::rotate_key(self.begin().await?, id, digest, previous_valid_until, audit)
-                .await?;
-        self.announce_credential(id);
-        Ok(key)
+        identity::rotate_key(self.begin().await?, id, digest, previous_valid_until, audit).await
     }
 
     #[tracing::instrument(skip(self, audit), err)]
@@ -1208,14 +1236,12 @@ impl Store for SqliteStore {
         id: Uuid,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
-        let key = identity::revoke_key(self.begin().await?, id, audit).await?;
-        self.announce_credential(id);
-        Ok(key)
+        identity::revoke_key(self.begin().await?, id, audit).await
     }
 
     #[tracing::instrument(skip_all, err)]
     async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
-        identity::touch_keys(&self.writer, used).await
+        identity::touch_keys(self.begin().await?, used).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1224,7 +1250,7 @@ impl Store for SqliteStore {
         principal: &meatspace_domain::identity::PrincipalRef,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        identity::ensure_principal(&self.writer, principal, now).await
+        identity::ensure_principal(self.begin_statement().await?, principal, now).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1279,9 +1305,7 @@ impl Store for SqliteStore {
         id: Uuid,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-        let suspended = identity::suspend_worker(self.begin().await?, id, audit).await?;
-        self.announce_credential(id);
-        Ok(suspended)
+        identity::suspend_worker(self.begin().await?, id, audit).await
     }
 
     #[tracing::instrument(skip(self, audit), err)]
@@ -1300,10 +1324,7 @@ impl Store for SqliteStore {
         token_hash: TokenHash,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<Worker>, StoreError> {
-        let worker =
-            identity::rotate_worker_token(self.begin().await?, id, token_hash, audit).await?;
-        self.announce_credential(id);
-        Ok(worker)
+        identity::rotate_worker_token(self.begin().await?, id, token_hash, audit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1322,7 +1343,7 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
-        identity::append_audit(&self.writer, &audit).await
+        identity::append_audit(self.begin_statement().await?, &audit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1339,7 +1360,7 @@ impl Store for SqliteStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        identity::purge_audit(&self.writer, before, limit).await
+        identity::purge_audit(self.begin_statement().await?, before, limit).await
     }
 }
 

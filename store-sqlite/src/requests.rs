@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 /// As on PostgreSQL; the caller's `BEGIN IMMEDIATE` serializes writers.
 pub(crate) async fn claim(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut crate::WriteTx,
     request: &TaskRequest,
 ) -> Result<TaskRequest, StoreError> {
     sqlx::query(

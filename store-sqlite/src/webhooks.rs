@@ -8,6 +8,8 @@ use meatspace_store::webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookStat
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
+use crate::WriteTx;
+
 fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
@@ -25,7 +27,7 @@ fn uuid(s: &str) -> Result<Uuid, StoreError> {
 }
 
 pub(crate) async fn insert(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut WriteTx,
     task_id: Uuid,
     url: &str,
     now: DateTime<Utc>,
@@ -66,12 +68,11 @@ pub(crate) async fn get(pool: &SqlitePool, task_id: Uuid) -> Result<Option<Webho
 }
 
 pub(crate) async fn claim_due(
-    writer: &SqlitePool,
+    tx: &mut WriteTx,
     now: DateTime<Utc>,
     lease_until: DateTime<Utc>,
     limit: u32,
 ) -> Result<Vec<DueWebhook>, StoreError> {
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
     let rows = sqlx::query(
         "SELECT w.task_id, w.url, w.delivered_event_id, w.attempts, w.failing_since \
          FROM webhooks w JOIN tasks t ON t.id = w.task_id \
@@ -81,7 +82,7 @@ pub(crate) async fn claim_due(
     )
     .bind(ms(now))
     .bind(i64::from(limit))
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
@@ -89,7 +90,7 @@ pub(crate) async fn claim_due(
         sqlx::query("UPDATE webhooks SET next_attempt_at = ? WHERE task_id = ?")
             .bind(ms(lease_until))
             .bind(&id)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
         out.push(DueWebhook {
             task_id: uuid(&id)?,
@@ -99,7 +100,6 @@ pub(crate) async fn claim_due(
             failing_since: opt_from_ms(r.try_get("failing_since")?)?,
         });
     }
-    tx.commit().await?;
     Ok(out)
 }
 
@@ -115,7 +115,7 @@ pub(crate) async fn next_attempt(pool: &SqlitePool) -> Result<Option<DateTime<Ut
 }
 
 pub(crate) async fn record(
-    writer: &SqlitePool,
+    tx: &mut WriteTx,
     task_id: Uuid,
     outcome: &WebhookOutcome,
     now: DateTime<Utc>,
@@ -155,6 +155,6 @@ pub(crate) async fn record(
         .bind(ms(now))
         .bind(id),
     };
-    q.execute(writer).await?;
+    q.execute(&mut **tx).await?;
     Ok(())
 }

@@ -1,0 +1,260 @@
+//! The SQLite writer's group commit, on a real file: writes queued together
+//! commit in one transaction, a write refused or failing on its own is
+//! undone alone while its batch-mates commit, and a failed `COMMIT` fails
+//! every write of its batch and writes none of them.
+//!
+//! The tests run on tokio's single-threaded test runtime, where every write
+//! spawned before the first await is queued before the writer task runs
+//! again: the writer then takes them together, as it does under load.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::future::join_all;
+use meatspace_domain::{Command, Policy, TaskState};
+use meatspace_store::engine::Backend as _;
+use meatspace_store::token::{self, TokenHash};
+use meatspace_store::{ConnectOptions, NewTask, Store, StoreError};
+use meatspace_store_sqlite::SqliteStore;
+use uuid::Uuid;
+
+async fn store(dir: &tempfile::TempDir) -> SqliteStore {
+    let url = format!("sqlite://{}", dir.path().join("group.db").display());
+    let options = ConnectOptions {
+        max_connections: 4,
+        acquire_timeout: Duration::from_secs(30),
+    };
+    SqliteStore::connect(&url, Policy::default(), &options)
+        .await
+        .expect("open the store")
+}
+
+fn new_task(id: Uuid, now: DateTime<Utc>) -> NewTask {
+    NewTask {
+        id,
+        description: "water the plants".into(),
+        agent_token_hash: TokenHash::of(&token::generate("mst_")),
+        created_at: now,
+        expires_at: now + TimeDelta::hours(1),
+        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+    }
+}
+
+async fn new_worker(store: &SqliteStore, now: DateTime<Utc>) -> Uuid {
+    let id = Uuid::new_v4();
+    let hash = TokenHash::of(&token::generate("msw_"));
+    store
+        .create_worker(id, "Ada", hash, now)
+        .await
+        .expect("create a worker");
+    id
+}
+
+/// Twenty creates, eight claims of one open task, a create of an id that
+/// exists and four redemptions of one invite, all at once: fewer commits
+/// than half the writes, every create landed, exactly one claim and one
+/// redemption won, and what each loser wrote before it lost is gone.
+#[tokio::test]
+async fn queued_writes_share_commits_and_a_losing_write_fails_alone() {
+    const CREATES: usize = 20;
+    const CLAIMS: usize = 8;
+    const REDEMPTIONS: usize = 4;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = store(&dir).await;
+    let now = Utc::now();
+    let open = store
+        .create_task(new_task(Uuid::new_v4(), now))
+        .await
+        .expect("create");
+    store
+        .apply(open.id, Command::Publish, now)
+        .await
+        .expect("publish");
+    let mut workers = Vec::new();
+    for _ in 0..CLAIMS {
+        workers.push(new_worker(&store, now).await);
+    }
+    let invite = Uuid::new_v4();
+    store
+        .create_invite(
+            invite,
+            TokenHash::of("code"),
+            now + TimeDelta::hours(1),
+            meatspace_store::NewAudit {
+                at: now,
+                principal_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+                action: meatspace_domain::identity::AuditAction::InviteCreated,
+                target: format!("invite:{invite}"),
+                address: None,
+                detail: None,
+            },
+        )
+        .await
+        .expect("create an invite");
+    let before = store.write_counts();
+
+    let creates: Vec<_> = (0..CREATES)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create_task(new_task(Uuid::new_v4(), now)).await })
+        })
+        .collect();
+    let claims: Vec<_> = workers
+        .iter()
+        .map(|&worker| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let claimed = store.apply(open.id, Command::Claim { worker }, now).await;
+                (worker, claimed)
+            })
+        })
+        .collect();
+    let duplicate = {
+        let store = store.clone();
+        tokio::spawn(async move { store.create_task(new_task(open.id, now)).await })
+    };
+    let redemptions: Vec<_> = (0..REDEMPTIONS)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let worker = Uuid::new_v4();
+                let hash = TokenHash::of(&token::generate("msw_"));
+                let redeemed = store.redeem_invite(invite, worker, "Bo", hash, now).await;
+                (worker, redeemed)
+            })
+        })
+        .collect();
+
+    let creates: Vec<_> = join_all(creates)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let claims: Vec<_> = join_all(claims)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let duplicate = duplicate.await.unwrap();
+    let redemptions: Vec<_> = join_all(redemptions)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+
+    for created in &creates {
+        let task = created.as_ref().expect("every create commits");
+        let stored = store.task(task.id).await.expect("read").expect("landed");
+        assert_eq!(stored.state, TaskState::Draft);
+    }
+    let winners: Vec<Uuid> = claims
+        .iter()
+        .filter(|(_, claimed)| claimed.is_ok())
+        .map(|(worker, _)| *worker)
+        .collect();
+    assert_eq!(winners.len(), 1, "exactly one claim wins: {winners:?}");
+    for (_, claimed) in &claims {
+        if let Err(e) = claimed {
+            assert!(
+                matches!(e, StoreError::Refused(_)),
+                "a losing claim is refused: {e}"
+            );
+        }
+    }
+    let stored = store.task(open.id).await.expect("read").expect("task");
+    assert_eq!(stored.worker_id, Some(winners[0]));
+    assert_eq!(stored.state, TaskState::Assigned);
+    assert!(
+        matches!(duplicate, Err(StoreError::Database(_))),
+        "a create of an existing id fails: {duplicate:?}"
+    );
+    assert_eq!(
+        stored.description, "water the plants",
+        "the failed create left the task it collided with as it was"
+    );
+    let mut redeemed = 0;
+    for (worker, outcome) in &redemptions {
+        let kept = store.worker_token_hash(*worker).await.expect("read");
+        match outcome.as_ref().expect("a redemption answers") {
+            Some(_) => {
+                redeemed += 1;
+                assert!(kept.is_some(), "the winner's worker is stored");
+            }
+            None => assert!(kept.is_none(), "a losing redemption's worker is undone"),
+        }
+    }
+    assert_eq!(redeemed, 1, "exactly one redemption wins");
+
+    let after = store.write_counts();
+    let writes = after.writes - before.writes;
+    let commits = after.commits - before.commits;
+    assert_eq!(
+        writes,
+        u64::try_from(CREATES + 2).unwrap(),
+        "every create, one claim and one redemption committed"
+    );
+    assert!(
+        commits * 2 < writes,
+        "queued writes share commits: {writes} writes in {commits} commits"
+    );
+}
+
+/// A write that breaks a deferred foreign key commits into the batch, so the
+/// batch's `COMMIT` fails: every write queued with it gets the error, none
+/// of them is written, and the next write commits as usual.
+#[tokio::test]
+async fn a_failed_commit_fails_every_write_of_its_batch() {
+    const CREATES: usize = 6;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = store(&dir).await;
+    let now = Utc::now();
+
+    let orphan = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin_write().await?;
+            sqlx::query("PRAGMA defer_foreign_keys = ON")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO events (task_id, type, actor, created_at, data) \
+                 VALUES ('no such task', 'task.published', 'agent', 0, '{}')",
+            )
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await
+        })
+    };
+    let ids: Vec<Uuid> = (0..CREATES).map(|_| Uuid::new_v4()).collect();
+    let creates: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create_task(new_task(id, now)).await })
+        })
+        .collect();
+
+    let orphan = orphan.await.unwrap();
+    assert!(orphan.is_err(), "the orphan's commit fails");
+    for (id, created) in ids.iter().zip(join_all(creates).await) {
+        assert!(
+            created.unwrap().is_err(),
+            "a write of the failed batch is answered with its error"
+        );
+        assert!(
+            store.task(*id).await.expect("read").is_none(),
+            "and is not written"
+        );
+    }
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(store.pool())
+        .await
+        .expect("count events");
+    assert_eq!(events, 0, "the orphan event is not written");
+
+    let task = store
+        .create_task(new_task(Uuid::new_v4(), now))
+        .await
+        .expect("the next write commits");
+    assert!(store.task(task.id).await.expect("read").is_some());
+}
