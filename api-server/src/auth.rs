@@ -193,6 +193,24 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// A [`Caller`] whose key has the `operator` scope (403 otherwise): what
+/// every route of the operator API takes.
+#[derive(Debug, Clone)]
+pub struct Operator(pub Caller);
+
+impl FromRequestParts<AppState> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        caller.require(Scope::Operator)?;
+        Ok(Operator(caller))
+    }
+}
+
 /// Records, at most once a minute, that the turned-off development key was
 /// sent (an operator wants to know who still uses it).
 async fn audit_refused_dev_key(state: &AppState, parts: &Parts) {

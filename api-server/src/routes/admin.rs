@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::{checked_text, decode_id_cursor, page_limit};
 use crate::AppState;
-use crate::auth::{Caller, issue_key, issue_worker_token};
+use crate::auth::{Caller, Operator, issue_key, issue_worker_token};
 use crate::error::ApiError;
 use crate::error::responses::{AdminActionErrors, AdminListErrors};
 use crate::extract::{Json, Path, Query};
@@ -43,11 +43,6 @@ const MAX_NAME_CHARS: usize = 200;
 pub const DEFAULT_ROTATION_GRACE_SECONDS: u64 = 86_400;
 /// Longest grace period: a week.
 pub const MAX_ROTATION_GRACE_SECONDS: u64 = 7 * 86_400;
-
-/// An operator: a key with the `operator` scope.
-fn operator(caller: &Caller) -> Result<(), ApiError> {
-    caller.require(Scope::Operator)
-}
 
 fn no_such(what: &str) -> ApiError {
     ApiError::NotFound(format!("no such {what}"))
@@ -121,11 +116,10 @@ pub struct KeyWithSecret {
     responses((status = 201, body = KeyWithSecret), AdminActionErrors))]
 async fn create_key(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Json(req): Json<CreateKeyRequest>,
 ) -> Result<Response, ApiError> {
-    operator(&caller)?;
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
     let now = clock::now();
     if req.expires_at.is_some_and(|at| at <= now) {
@@ -229,10 +223,9 @@ pub struct KeyPage {
     responses((status = 200, body = KeyPage), AdminListErrors))]
 async fn list_keys(
     State(state): State<AppState>,
-    caller: Caller,
+    _: Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<KeyPage>, ApiError> {
-    operator(&caller)?;
     let (after, limit) = q.parts()?;
     let keys = state.store.api_keys(after, limit + 1).await?;
     let (keys, next_cursor) = page(keys, limit, |k| k.id);
@@ -249,10 +242,9 @@ async fn list_keys(
     responses((status = 200, body = KeyView), AdminActionErrors))]
 async fn get_key(
     State(state): State<AppState>,
-    caller: Caller,
+    _: Operator,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<KeyView>, ApiError> {
-    operator(&caller)?;
     let key = state
         .store
         .api_key(id)
@@ -278,13 +270,12 @@ pub struct RotateKeyRequest {
     responses((status = 200, body = KeyWithSecret), AdminActionErrors))]
 async fn rotate_key(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    operator(&caller)?;
     let req = super::invites::optional_json::<RotateKeyRequest>(&headers, &body)?;
     let grace = req.grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
     if grace > MAX_ROTATION_GRACE_SECONDS {
@@ -348,13 +339,12 @@ pub struct RevokedKey {
     responses((status = 200, body = RevokedKey), AdminActionErrors))]
 async fn revoke_key(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<RevokedKey>, ApiError> {
-    operator(&caller)?;
     let req = super::invites::optional_json::<RevokeKeyRequest>(&headers, &body)?;
     let audit = caller.audit(
         AuditAction::KeyRevoked,
@@ -433,10 +423,9 @@ pub struct WorkerPage {
     responses((status = 200, body = WorkerPage), AdminListErrors))]
 pub(crate) async fn list_workers(
     State(state): State<AppState>,
-    caller: Caller,
+    _: Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<WorkerPage>, ApiError> {
-    operator(&caller)?;
     let (after, limit) = q.parts()?;
     let workers = state.store.workers(after, limit + 1).await?;
     let (workers, next_cursor) = page(workers, limit, |w| w.id);
@@ -463,13 +452,12 @@ pub struct SuspendRequest {
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn suspend_worker(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    operator(&caller)?;
     let req = super::invites::optional_json::<SuspendRequest>(&headers, &body)?;
     let reason = super::checked_optional_text("reason", req.reason.as_deref(), 1000)?;
     let audit = caller.audit(
@@ -506,11 +494,10 @@ async fn suspend_worker(
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn reinstate_worker(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    operator(&caller)?;
     let audit = caller.audit(
         AuditAction::WorkerReinstated,
         format!("worker:{id}"),
@@ -539,11 +526,10 @@ pub struct RotatedWorkerToken {
     responses((status = 200, body = RotatedWorkerToken), AdminActionErrors))]
 async fn rotate_worker_token(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
-    operator(&caller)?;
     let (worker_token, hash) = issue_worker_token(id);
     let audit = caller.audit(
         AuditAction::WorkerTokenRotated,
@@ -607,10 +593,9 @@ pub struct InvitePage {
     responses((status = 200, body = InvitePage), AdminListErrors))]
 pub(crate) async fn list_invites(
     State(state): State<AppState>,
-    caller: Caller,
+    _: Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<InvitePage>, ApiError> {
-    operator(&caller)?;
     let (after, limit) = q.parts()?;
     let invites = state.store.invites(after, limit + 1).await?;
     let (invites, next_cursor) = page(invites, limit, |i| i.id);
@@ -627,11 +612,10 @@ pub(crate) async fn list_invites(
     responses((status = 200, body = InviteView), AdminActionErrors))]
 async fn revoke_invite(
     State(state): State<AppState>,
-    caller: Caller,
+    Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<InviteView>, ApiError> {
-    operator(&caller)?;
     let audit = caller.audit(
         AuditAction::InviteRevoked,
         format!("invite:{id}"),
@@ -708,10 +692,9 @@ pub struct AuditPage {
     responses((status = 200, body = AuditPage), AdminListErrors))]
 async fn list_audit(
     State(state): State<AppState>,
-    caller: Caller,
+    _: Operator,
     Query(q): Query<AuditQuery>,
 ) -> Result<axum::Json<AuditPage>, ApiError> {
-    operator(&caller)?;
     let limit = page_limit(q.limit, 50, 200)?;
     let before = q
         .cursor
