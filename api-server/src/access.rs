@@ -80,7 +80,8 @@ pub async fn store_configured_key(store: &dyn Store, key: &str) -> anyhow::Resul
     new.name = "configured operator key".to_owned();
     // One principal for every replica that stores it: derived from the key id.
     new.principal.id = Uuid::from_u128(id.as_u128() ^ 0x6f70_6572_6174_6f72);
-    new.new_principal = store.principal(new.principal.id).await?.is_none();
+    // (`new_principal` stays set: the store makes it unless another
+    // replica did.)
     Ok(store.insert_configured_key(new).await?)
 }
 

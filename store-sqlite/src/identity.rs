@@ -160,6 +160,24 @@ pub(crate) async fn insert_configured_key(mut tx: Tx, new: NewApiKey) -> Result<
         tx.rollback().await?;
         return Ok(false);
     }
+    // Every replica given the key derives the same principal: whichever
+    // stores it first makes it.
+    if new.new_principal {
+        sqlx::query(
+            "INSERT INTO principals (id, kind, name, created_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(new.principal.id.to_string())
+        .bind(new.principal.kind.as_str())
+        .bind(&new.principal.name)
+        .bind(ms(new.created_at))
+        .execute(&mut *tx)
+        .await?;
+    }
+    let new = NewApiKey {
+        new_principal: false,
+        ..new
+    };
     insert_key(&mut tx, &new).await?;
     tx.commit().await?;
     Ok(true)

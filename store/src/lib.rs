@@ -547,7 +547,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn create_api_key(&self, new: NewApiKey, audit: NewAudit) -> Result<ApiKey, StoreError>;
 
     /// Stores `new` unless a key with its id exists (the key given in
-    /// configuration at start-up); true when it was stored.
+    /// configuration at start-up); true when it was stored. Its principal,
+    /// when `new_principal`, is made unless it exists: every replica given
+    /// the key derives the same one.
     async fn insert_configured_key(&self, new: NewApiKey) -> Result<bool, StoreError>;
 
     /// A key with its digests, revoked or not.
