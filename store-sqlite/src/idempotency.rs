@@ -4,63 +4,12 @@
 
 use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
-use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
-use sqlx::Row;
 
 fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
-fn from_ms(v: i64) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::from_timestamp_millis(v).ok_or_else(|| StoreError::Corrupt(format!("timestamp {v}")))
-}
-
 type Tx = crate::WriteTx;
-
-/// The key's record; the write transaction (BEGIN IMMEDIATE) already
-/// serialises claims.
-pub(crate) async fn lock(
-    tx: &mut Tx,
-    claim: &IdempotencyClaim,
-) -> Result<Option<IdempotencyRecord>, StoreError> {
-    let row = sqlx::query(
-        "SELECT fingerprint, state, status, response, locked_until, expires_at \
-         FROM idempotency_keys WHERE scope = ? AND key = ?",
-    )
-    .bind(&claim.scope[..])
-    .bind(&claim.key)
-    .fetch_optional(&mut **tx)
-    .await?;
-    row.map(|row| {
-        Ok(IdempotencyRecord {
-            fingerprint: row.try_get("fingerprint")?,
-            state: row.try_get("state")?,
-            status: row.try_get("status")?,
-            response: row.try_get("response")?,
-            locked_until: from_ms(row.try_get("locked_until")?)?,
-            expires_at: from_ms(row.try_get("expires_at")?)?,
-        })
-    })
-    .transpose()
-}
-
-/// Writes the key as in flight for `claim`, over whatever record it had.
-pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT OR REPLACE INTO idempotency_keys \
-         (scope, key, fingerprint, state, status, response, created_at, locked_until, expires_at) \
-         VALUES (?, ?, ?, 'in_flight', NULL, NULL, ?, ?, ?)",
-    )
-    .bind(&claim.scope[..])
-    .bind(&claim.key)
-    .bind(&claim.fingerprint[..])
-    .bind(ms(claim.now))
-    .bind(ms(claim.now + claim.lease))
-    .bind(ms(claim.now + claim.ttl))
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
 
 pub(crate) async fn complete(
     tx: &mut Tx,

@@ -27,10 +27,9 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use meatspace_domain::{
-    Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
-    TaskState,
+    Command, Event, EventType, Issue, IssueKind, IssueStatus, Policy, Task, TaskState,
 };
-use meatspace_store::engine;
+use meatspace_store::engine::{self, Backend as _};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
     Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
@@ -39,10 +38,12 @@ use meatspace_store::{
 
 mod idempotency;
 mod identity;
+pub mod inline;
 mod requests;
 mod webhooks;
 mod writer;
 
+pub use inline::{Inline, InlineTx};
 pub use writer::{WriteCounts, WriteTx};
 
 /// The migrations of this backend, embedded at build time. sqlx records each
@@ -163,7 +164,7 @@ impl SqliteStore {
         let probe = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect.read_only(true))
+            .connect_with(connect.clone().read_only(true))
             .await?;
         let (changes, _) = broadcast::channel(1024);
         let versions = std::sync::Arc::<TaskVersions>::default();
@@ -171,7 +172,18 @@ impl SqliteStore {
             changes: changes.clone(),
             versions: versions.clone(),
         };
-        let writes = writer::Writer::spawn(writer.clone(), announcer, options.acquire_timeout);
+        let opener = writer::Opener {
+            path: connect.get_filename().to_owned(),
+            busy_timeout: options.acquire_timeout,
+        };
+        let inline = opener.open()?;
+        let writes = writer::Writer::spawn(
+            writer.clone(),
+            inline,
+            opener,
+            announcer,
+            options.acquire_timeout,
+        );
         Ok(Self {
             writer,
             writes,
@@ -186,6 +198,18 @@ impl SqliteStore {
     /// The write pool, for tests and tools that need raw SQL.
     pub fn pool(&self) -> &SqlitePool {
         &self.writer
+    }
+
+    /// Runs `write` as one of the writer's inline jobs (see [`inline`]): in
+    /// a batch with the writes queued with it, on the writer's connection,
+    /// answered after the commit that holds it. For tests and tools that
+    /// need raw SQL ([`Inline::execute`]) in a batch.
+    pub async fn write_inline<T, F>(&self, write: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Inline) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.writes.run(write).await
     }
 
     /// How many writes this store has committed, in how many commits.
@@ -205,343 +229,65 @@ impl SqliteStore {
     async fn begin_statement(&self) -> Result<WriteTx, StoreError> {
         self.writes.begin_statement().await
     }
+}
 
-    async fn write(tx: &mut WriteTx, before: &Task, d: Decision) -> Result<Applied, StoreError> {
-        let Decision {
-            mut task,
-            events: new_events,
-            issue_changes,
-            photo,
-            applied,
-        } = d;
-        let now = task.updated_at;
-        let id = task.id.to_string();
-        tx.touch(task.id);
-        if let Some(p) = &photo {
-            sqlx::query("INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES (?, ?, ?, ?, ?)")
-                .bind(p.id.to_string())
-                .bind(&id)
-                .bind(&p.content_type)
-                .bind(&p.bytes)
-                .bind(ms(now))
-                .execute(&mut **tx)
-                .await?;
-        }
-        let mut events = Vec::with_capacity(new_events.len());
-        for e in new_events {
-            let event_id: i64 = sqlx::query_scalar(
-                "INSERT INTO events (task_id, type, actor, created_at, data) VALUES (?, ?, ?, ?, ?) RETURNING id",
-            )
-            .bind(&id)
-            .bind(e.kind.as_str())
-            .bind(e.actor.as_str())
-            .bind(ms(now))
-            .bind(e.data.to_string())
-            .fetch_one(&mut **tx)
-            .await?;
-            events.push(e.stored(event_id, task.id, now));
-        }
-        if let Some(last) = events.last() {
-            task.last_event_id = last.id;
-        }
-        for change in issue_changes {
-            match change {
-                IssueChange::Open { kind } => {
-                    let event_id = events
-                        .iter()
-                        .find(|e| e.kind == EventType::WorkerIssue)
-                        .map(|e| e.id)
-                        .ok_or_else(|| StoreError::Corrupt("issue without its event".into()))?;
-                    sqlx::query("INSERT INTO issues (event_id, task_id, kind, status) VALUES (?, ?, ?, 'open')")
-                        .bind(event_id)
-                        .bind(&id)
-                        .bind(kind.as_str())
-                        .execute(&mut **tx)
-                        .await?;
-                }
-                IssueChange::Resolve {
-                    event_id,
-                    resolution,
-                } => {
-                    sqlx::query(
-                        "UPDATE issues SET status = 'resolved', resolution = ?, resolved_at = ? \
-                         WHERE event_id = ? AND status = 'open'",
-                    )
-                    .bind(resolution)
-                    .bind(ms(now))
-                    .bind(event_id)
-                    .execute(&mut **tx)
-                    .await?;
-                }
-                IssueChange::CloseAll { resolution } => {
-                    sqlx::query(
-                        "UPDATE issues SET status = 'closed', resolution = ?, resolved_at = ? \
-                         WHERE task_id = ? AND status = 'open'",
-                    )
-                    .bind(resolution)
-                    .bind(ms(now))
-                    .bind(&id)
-                    .execute(&mut **tx)
-                    .await?;
-                }
-            }
-        }
-        let updated = sqlx::query(
-            "UPDATE tasks SET state = ?, worker_id = ?, updated_at = ?, published_at = ?, \
-             assigned_at = ?, started_at = ?, ended_at = ?, start_by = ?, active_until = ?, \
-             next_deadline = ?, open_issues = ?, last_event_id = ?, expires_at = ? \
-             WHERE id = ? AND state = ?",
-        )
-        .bind(task.state.as_str())
-        .bind(task.worker_id.map(|w| w.to_string()))
-        .bind(ms(task.updated_at))
-        .bind(opt_ms(task.published_at))
-        .bind(opt_ms(task.assigned_at))
-        .bind(opt_ms(task.started_at))
-        .bind(opt_ms(task.ended_at))
-        .bind(opt_ms(task.start_by))
-        .bind(opt_ms(task.active_until))
-        .bind(opt_ms(task.next_deadline()))
-        .bind(task.open_issues)
-        .bind(task.last_event_id)
-        .bind(ms(task.expires_at))
-        .bind(&id)
-        .bind(before.state.as_str())
-        .execute(&mut **tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Err(StoreError::Corrupt(format!(
-                "task {} changed under its lock",
-                task.id
-            )));
-        }
-        Ok(Applied {
-            task,
-            events,
-            applied,
-        })
+/// A row of either driver, read by column name: sqlx's for reads, the
+/// writer's rusqlite for the engine's writes (see [`inline`]), so that each
+/// table's codec is written once.
+pub(crate) trait Cells {
+    fn str(&self, column: &str) -> Result<Option<&str>, StoreError>;
+    fn int(&self, column: &str) -> Result<Option<i64>, StoreError>;
+
+    fn text(&self, column: &str) -> Result<&str, StoreError> {
+        self.str(column)?
+            .ok_or_else(|| StoreError::Corrupt(format!("{column} is NULL")))
+    }
+
+    fn integer(&self, column: &str) -> Result<i64, StoreError> {
+        self.int(column)?
+            .ok_or_else(|| StoreError::Corrupt(format!("{column} is NULL")))
+    }
+
+    fn time(&self, column: &str) -> Result<DateTime<Utc>, StoreError> {
+        from_ms(self.integer(column)?)
+    }
+
+    fn opt_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        opt_from_ms(self.int(column)?)
     }
 }
 
-/// The SQL of [`meatspace_store::engine`]'s command path. SQLite takes the
-/// defaults: every command runs under the write lock (`BEGIN IMMEDIATE`),
-/// as one write of the writer's batch.
-#[async_trait]
-impl engine::Backend for SqliteStore {
-    type Tx = WriteTx;
-
-    async fn begin_write(&self) -> Result<Self::Tx, StoreError> {
-        self.begin().await
+impl Cells for SqliteRow {
+    fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
+        Ok(self.try_get(column)?)
     }
 
-    async fn lock_task(
-        &self,
-        tx: &mut Self::Tx,
-        task_id: Uuid,
-    ) -> Result<Option<Task>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
-            .bind(task_id.to_string())
-            .fetch_optional(&mut **tx)
-            .await?;
-        row.as_ref().map(task_from_row).transpose()
-    }
-
-    async fn read_issue(
-        &self,
-        tx: &mut Self::Tx,
-        task_id: Uuid,
-        event_id: i64,
-    ) -> Result<Option<Issue>, StoreError> {
-        let row = sqlx::query("SELECT * FROM issues WHERE event_id = ? AND task_id = ?")
-            .bind(event_id)
-            .bind(task_id.to_string())
-            .fetch_optional(&mut **tx)
-            .await?;
-        row.as_ref().map(issue_from_row).transpose()
-    }
-
-    async fn write_decision(
-        &self,
-        tx: &mut Self::Tx,
-        before: &Task,
-        decision: Decision,
-    ) -> Result<Applied, StoreError> {
-        Self::write(tx, before, decision).await
-    }
-
-    async fn insert_draft(
-        &self,
-        tx: &mut Self::Tx,
-        task: &Task,
-        agent_token_hash: &TokenHash,
-        owner_id: Uuid,
-    ) -> Result<(), StoreError> {
-        // Noted first: a write whose caller is cancelled mid-statement may
-        // still commit, and is announced then.
-        tx.touch(task.id);
-        insert_task(tx, task, agent_token_hash, owner_id).await
-    }
-
-    async fn insert_webhook(
-        &self,
-        tx: &mut Self::Tx,
-        task_id: Uuid,
-        url: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        crate::webhooks::insert(tx, task_id, url, now).await
-    }
-
-    async fn claim_request(
-        &self,
-        tx: &mut Self::Tx,
-        request: &meatspace_store::requests::TaskRequest,
-    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
-        crate::requests::claim(tx, request).await
-    }
-
-    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
-        let (task, agent_token_hash) = new.clone().into_draft();
-        tx.touch(new.id);
-        insert_task(tx, &task, &agent_token_hash, new.owner_id).await
-    }
-
-    async fn lock_idempotency_key(
-        &self,
-        tx: &mut Self::Tx,
-        claim: &meatspace_store::idempotency::IdempotencyClaim,
-    ) -> Result<Option<meatspace_store::idempotency::IdempotencyRecord>, StoreError> {
-        crate::idempotency::lock(tx, claim).await
-    }
-
-    async fn take_idempotency_key(
-        &self,
-        tx: &mut Self::Tx,
-        claim: &meatspace_store::idempotency::IdempotencyClaim,
-    ) -> Result<(), StoreError> {
-        crate::idempotency::take(tx, claim).await
-    }
-
-    async fn insert_worker(
-        &self,
-        tx: &mut Self::Tx,
-        worker: &Worker,
-        token_hash: &TokenHash,
-    ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
-            .bind(worker.id.to_string())
-            .bind(&worker.name)
-            .bind(&token_hash.0[..])
-            .bind(ms(worker.created_at))
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn use_invite(
-        &self,
-        tx: &mut Self::Tx,
-        invite_id: Uuid,
-        worker_id: Uuid,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        // One writer at a time (BEGIN IMMEDIATE): a second redemption sees
-        // used_at set and changes nothing.
-        let used = sqlx::query(
-            "UPDATE worker_invites SET used_at = ?, worker_id = ? \
-             WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL AND expires_at > ?",
-        )
-        .bind(ms(now))
-        .bind(worker_id.to_string())
-        .bind(invite_id.to_string())
-        .bind(ms(now))
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
-        Ok(used == 1)
-    }
-
-    /// Nothing left to do: the writer announced the task after the commit,
-    /// before it answered (see [`writer`]).
-    fn after_create(&self, _task_id: Uuid, _committed: bool) {}
-
-    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.commit().await
-    }
-
-    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        tx.rollback().await
-    }
-
-    /// Nothing left to do: the writer announced the task after the commit,
-    /// before it answered (see [`writer`]), even if this caller has gone.
-    fn after_commit(&self, _task_id: Uuid, _applied: Option<&Applied>) {}
-
-    async fn lock_due(
-        &self,
-        tx: &mut Self::Tx,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<Task>, StoreError> {
-        // The write lock (`BEGIN IMMEDIATE`) covers every row.
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE next_deadline IS NOT NULL AND next_deadline <= ? \
-             ORDER BY next_deadline LIMIT ?"
-        ))
-        .bind(ms(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut **tx)
-        .await?;
-        rows.iter().map(task_from_row).collect()
+    fn int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.try_get(column)?)
     }
 }
 
-/// Inserts a new draft task row (every create goes through here).
-async fn insert_task(
-    conn: &mut sqlx::SqliteConnection,
-    task: &Task,
-    agent_token_hash: &TokenHash,
-    owner_id: Uuid,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-         expires_at, next_deadline, owner_id) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(task.id.to_string())
-    .bind(&task.description)
-    .bind(&agent_token_hash.0[..])
-    .bind(ms(task.created_at))
-    .bind(ms(task.created_at))
-    .bind(ms(task.expires_at))
-    .bind(opt_ms(task.next_deadline()))
-    .bind(owner_id.to_string())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
-    let state_name: &str = row.try_get("state")?;
+fn task_from_row(row: &impl Cells) -> Result<Task, StoreError> {
+    let state_name = row.text("state")?;
+    let open_issues = row.integer("open_issues")?;
     Ok(Task {
-        id: uuid(row.try_get("id")?)?,
-        description: row.try_get("description")?,
+        id: uuid(row.text("id")?)?,
+        description: row.text("description")?.to_owned(),
         state: TaskState::parse(state_name)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state_name:?}")))?,
-        worker_id: row
-            .try_get::<Option<&str>, _>("worker_id")?
-            .map(uuid)
-            .transpose()?,
-        created_at: from_ms(row.try_get("created_at")?)?,
-        updated_at: from_ms(row.try_get("updated_at")?)?,
-        published_at: opt_from_ms(row.try_get("published_at")?)?,
-        assigned_at: opt_from_ms(row.try_get("assigned_at")?)?,
-        started_at: opt_from_ms(row.try_get("started_at")?)?,
-        ended_at: opt_from_ms(row.try_get("ended_at")?)?,
-        expires_at: from_ms(row.try_get("expires_at")?)?,
-        start_by: opt_from_ms(row.try_get("start_by")?)?,
-        active_until: opt_from_ms(row.try_get("active_until")?)?,
-        open_issues: row.try_get("open_issues")?,
-        last_event_id: row.try_get("last_event_id")?,
+        worker_id: row.str("worker_id")?.map(uuid).transpose()?,
+        created_at: row.time("created_at")?,
+        updated_at: row.time("updated_at")?,
+        published_at: row.opt_time("published_at")?,
+        assigned_at: row.opt_time("assigned_at")?,
+        started_at: row.opt_time("started_at")?,
+        ended_at: row.opt_time("ended_at")?,
+        expires_at: row.time("expires_at")?,
+        start_by: row.opt_time("start_by")?,
+        active_until: row.opt_time("active_until")?,
+        open_issues: i32::try_from(open_issues)
+            .map_err(|_| StoreError::Corrupt(format!("open_issues {open_issues}")))?,
+        last_event_id: row.integer("last_event_id")?,
     })
 }
 
@@ -561,18 +307,18 @@ fn event_data(row: &SqliteRow) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))
 }
 
-fn issue_from_row(row: &SqliteRow) -> Result<Issue, StoreError> {
-    let kind: &str = row.try_get("kind")?;
-    let status: &str = row.try_get("status")?;
+fn issue_from_row(row: &impl Cells) -> Result<Issue, StoreError> {
+    let kind = row.text("kind")?;
+    let status = row.text("status")?;
     Ok(Issue {
-        event_id: row.try_get("event_id")?,
-        task_id: uuid(row.try_get("task_id")?)?,
+        event_id: row.integer("event_id")?,
+        task_id: uuid(row.text("task_id")?)?,
         kind: IssueKind::parse(kind)
             .ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
         status: IssueStatus::parse(status)
             .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
-        resolution: row.try_get("resolution")?,
-        resolved_at: opt_from_ms(row.try_get("resolved_at")?)?,
+        resolution: row.str("resolution")?.map(str::to_owned),
+        resolved_at: row.opt_time("resolved_at")?,
     })
 }
 
@@ -587,7 +333,10 @@ impl Store for SqliteStore {
         new: NewTask,
         webhook_url: &str,
     ) -> Result<Task, StoreError> {
-        engine::create_task_with_webhook(self, new, webhook_url).await
+        let url = webhook_url.to_owned();
+        self.writes
+            .run(move |db| inline::now(engine::create_task_with_webhook(db, new, &url)))
+            .await
     }
 
     async fn webhook(
@@ -629,7 +378,10 @@ impl Store for SqliteStore {
         &self,
         claim: &meatspace_store::idempotency::IdempotencyClaim,
     ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
-        engine::idempotency_begin(self, claim).await
+        let claim = claim.clone();
+        self.writes
+            .run(move |db| inline::now(engine::idempotency_begin(db, &claim)))
+            .await
     }
 
     async fn idempotency_complete(
@@ -673,10 +425,17 @@ impl Store for SqliteStore {
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let owner_id = new.owner_id;
         let (task, agent_token_hash) = new.into_draft();
-        let mut tx = self.begin_statement().await?;
-        engine::Backend::insert_draft(self, &mut tx, &task, &agent_token_hash, owner_id).await?;
-        tx.commit().await?;
-        Ok(task)
+        self.writes
+            .run(move |db| {
+                inline::now(async {
+                    let mut tx = db.begin_write().await?;
+                    db.insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
+                        .await?;
+                    db.commit(tx).await?;
+                    Ok(task)
+                })
+            })
+            .await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -707,7 +466,10 @@ impl Store for SqliteStore {
         command: Command,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        engine::apply(self, task_id, command, None, now, &self.policy).await
+        let policy = self.policy;
+        self.writes
+            .run(move |db| inline::now(engine::apply(db, task_id, command, None, now, &policy)))
+            .await
     }
 
     #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
@@ -718,7 +480,10 @@ impl Store for SqliteStore {
         by: meatspace_domain::identity::ActedBy,
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
-        engine::apply(self, task_id, command, Some(by), now, &self.policy).await
+        let policy = self.policy;
+        self.writes
+            .run(move |db| inline::now(engine::apply(db, task_id, command, Some(by), now, &policy)))
+            .await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -919,7 +684,10 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Applied>, StoreError> {
-        engine::reconcile_due(self, now, limit, &self.policy).await
+        let policy = self.policy;
+        self.writes
+            .run(move |db| inline::now(engine::reconcile_due(db, now, limit, &policy)))
+            .await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1076,7 +844,9 @@ impl Store for SqliteStore {
             created_at: now,
             suspended_at: None,
         };
-        engine::redeem_invite(self, invite_id, worker, &token_hash).await
+        self.writes
+            .run(move |db| inline::now(engine::redeem_invite(db, invite_id, worker, &token_hash)))
+            .await
     }
 
     #[tracing::instrument(skip(self, secret_hash), err)]
@@ -1174,7 +944,10 @@ impl Store for SqliteStore {
         new: NewTask,
         request: &meatspace_store::requests::TaskRequest,
     ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
-        engine::create_requested_task(self, new, request).await
+        let request = request.clone();
+        self.writes
+            .run(move |db| inline::now(engine::create_requested_task(db, new, &request)))
+            .await
     }
 
     async fn task_request(

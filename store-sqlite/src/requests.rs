@@ -1,37 +1,10 @@
 //! Tasks requested from Kubernetes, in SQLite: the SQL and its codecs only.
 //! Why a request row exists is [`meatspace_store::requests`]'s.
 
-use chrono::DateTime;
 use meatspace_store::StoreError;
 use meatspace_store::requests::TaskRequest;
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 use uuid::Uuid;
-
-/// As on PostgreSQL; the caller's `BEGIN IMMEDIATE` serializes writers.
-pub(crate) async fn claim(
-    tx: &mut crate::WriteTx,
-    request: &TaskRequest,
-) -> Result<TaskRequest, StoreError> {
-    sqlx::query(
-        "INSERT INTO task_requests (resource_uid, task_id, namespace, name, created_at) \
-         VALUES (?, ?, ?, ?, ?) ON CONFLICT (resource_uid) DO NOTHING",
-    )
-    .bind(&request.resource_uid)
-    .bind(request.task_id.to_string())
-    .bind(&request.namespace)
-    .bind(&request.name)
-    .bind(request.created_at.timestamp_millis())
-    .execute(&mut **tx)
-    .await?;
-    let row = sqlx::query(
-        "SELECT resource_uid, task_id, namespace, name, created_at FROM task_requests \
-         WHERE resource_uid = ?",
-    )
-    .bind(&request.resource_uid)
-    .fetch_one(&mut **tx)
-    .await?;
-    from_row(&row)
-}
 
 pub(crate) async fn get(
     pool: &SqlitePool,
@@ -67,15 +40,13 @@ pub(crate) async fn requested_among(
     Ok(found)
 }
 
-fn from_row(row: &sqlx::sqlite::SqliteRow) -> Result<TaskRequest, StoreError> {
-    let created_at: i64 = row.try_get("created_at")?;
+pub(crate) fn from_row(row: &impl crate::Cells) -> Result<TaskRequest, StoreError> {
     Ok(TaskRequest {
-        resource_uid: row.try_get("resource_uid")?,
-        task_id: parse_uuid(row.try_get("task_id")?)?,
-        namespace: row.try_get("namespace")?,
-        name: row.try_get("name")?,
-        created_at: DateTime::from_timestamp_millis(created_at)
-            .ok_or_else(|| StoreError::Corrupt(format!("timestamp {created_at}")))?,
+        resource_uid: row.text("resource_uid")?.to_owned(),
+        task_id: parse_uuid(row.text("task_id")?)?,
+        namespace: row.text("namespace")?.to_owned(),
+        name: row.text("name")?.to_owned(),
+        created_at: row.time("created_at")?,
     })
 }
 

@@ -26,25 +26,6 @@ fn uuid(s: &str) -> Result<Uuid, StoreError> {
     Uuid::parse_str(s).map_err(|_| StoreError::Corrupt(format!("uuid {s:?}")))
 }
 
-pub(crate) async fn insert(
-    tx: &mut WriteTx,
-    task_id: Uuid,
-    url: &str,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO webhooks (task_id, url, state, next_attempt_at, updated_at) \
-         VALUES (?, ?, 'active', ?, ?)",
-    )
-    .bind(task_id.to_string())
-    .bind(url)
-    .bind(ms(now))
-    .bind(ms(now))
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 pub(crate) async fn get(pool: &SqlitePool, task_id: Uuid) -> Result<Option<Webhook>, StoreError> {
     let row = sqlx::query(
         "SELECT url, state, delivered_event_id, attempts, next_attempt_at, failing_since, last_error \

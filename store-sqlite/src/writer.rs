@@ -26,10 +26,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use meatspace_store::{Change, StoreError, TaskVersions};
+use rusqlite::Connection;
 use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use uuid::Uuid;
+
+use crate::inline::{Inline, failure, lost_batch};
 
 /// The most writes one transaction holds: enough that a burst of writes
 /// pays a commit per few dozen, few enough that a write queued behind a
@@ -41,8 +44,15 @@ pub(crate) const MAX_BATCH: usize = 64;
 /// time, by the acquire timeout).
 const QUEUE: usize = 1024;
 
-/// A write's place in the queue.
-struct Ticket {
+/// A write's place in the queue: a write that borrows the sqlx connection
+/// for its statements, or an inline job the writer runs itself.
+enum Ticket {
+    Lend(Turn),
+    Inline(Box<dyn Job>),
+}
+
+/// A lending write's place in the queue.
+struct Turn {
     /// Where the writer sends the transaction when the write's turn comes.
     turn: oneshot::Sender<Result<WriteTx, StoreError>>,
     /// The write is one statement (see [`Writer::begin_statement`]).
@@ -51,6 +61,47 @@ struct Ticket {
 
 /// How a write answers: through its own channel, once its batch is settled.
 type Reply = oneshot::Sender<Result<(), StoreError>>;
+
+/// How an inline job that committed into its batch answers, once the batch
+/// is settled: with the batch's outcome.
+pub(crate) type Settle = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// An inline write (see [`crate::inline`]), queued.
+pub(crate) trait Job: Send {
+    /// Runs the write on `db`, unless its caller has gone (`None`); how to
+    /// answer it once its batch is settled.
+    fn run(self: Box<Self>, db: &Inline) -> Option<Settle>;
+
+    /// Answers the write with `e` without running it.
+    fn fail(self: Box<Self>, e: StoreError);
+}
+
+/// A closure as an inline [`Job`], and where its result goes.
+struct Closure<F, T> {
+    write: F,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<F, T> Job for Closure<F, T>
+where
+    F: FnOnce(&Inline) -> Result<T, StoreError> + Send,
+    T: Send + 'static,
+{
+    fn run(self: Box<Self>, db: &Inline) -> Option<Settle> {
+        let Closure { write, reply } = *self;
+        if reply.is_closed() {
+            return None;
+        }
+        let out = write(db);
+        Some(Box::new(move |settled: Result<(), StoreError>| {
+            let _ = reply.send(settled.and(out));
+        }))
+    }
+
+    fn fail(self: Box<Self>, e: StoreError) {
+        let _ = self.reply.send(Err(e));
+    }
+}
 
 /// Where a committed write's tasks are announced, after their commit: the
 /// same counters and channel the store reads.
@@ -98,12 +149,27 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer task on the current runtime. It acquires `pool`'s
-    /// connection for each batch and returns it after the commit, so that
-    /// tools with raw SQL on the pool still get their turn.
-    pub(crate) fn spawn(pool: SqlitePool, announcer: Announcer, wait: Duration) -> Self {
+    /// connection for each batch of lending writes and returns it after the
+    /// commit, so that tools with raw SQL on the pool still get their turn;
+    /// inline jobs run on `inline`, its own connection (reopened with
+    /// `opener` if a job panicked with it).
+    pub(crate) fn spawn(
+        pool: SqlitePool,
+        inline: Connection,
+        opener: Opener,
+        announcer: Announcer,
+        wait: Duration,
+    ) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
         let counters = Arc::<Counters>::default();
-        tokio::spawn(serve(pool, jobs, announcer, counters.clone()));
+        let writer = WriterTask {
+            pool,
+            inline: Some(inline),
+            opener,
+            announcer,
+            counters: counters.clone(),
+        };
+        tokio::spawn(writer.serve(jobs));
         Writer {
             queue,
             counters,
@@ -135,10 +201,10 @@ impl Writer {
 
     async fn enqueue(&self, one_statement: bool) -> Result<WriteTx, StoreError> {
         let (turn_tx, turn) = oneshot::channel();
-        let ticket = Ticket {
+        let ticket = Ticket::Lend(Turn {
             turn: turn_tx,
             one_statement,
-        };
+        });
         let wait = async {
             self.queue.send(ticket).await.map_err(|_| gone())?;
             turn.await.map_err(|_| gone())?
@@ -147,6 +213,30 @@ impl Writer {
             Ok(tx) => tx,
             // A transaction handed over just now is dropped with `turn` and
             // handed back as abandoned.
+            Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+        }
+    }
+
+    /// Runs `write` as an inline job (see [`crate::inline`]): in the writer's
+    /// batch, on its own connection, answered after the commit that holds it
+    /// (or at once, if it wrote nothing). A write still queued when the
+    /// wait runs out is not run.
+    pub(crate) async fn run<T, F>(&self, write: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Inline) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Closure { write, reply });
+        let wait = async {
+            self.queue
+                .send(Ticket::Inline(job))
+                .await
+                .map_err(|_| gone())?;
+            answer.await.map_err(|_| gone())?
+        };
+        match tokio::time::timeout(self.wait, wait).await {
+            Ok(out) => out,
             Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
         }
     }
@@ -248,27 +338,74 @@ impl DerefMut for WriteTx {
     }
 }
 
-/// The writer task: a batch for every write that finds the queue empty.
-async fn serve(
+/// How the writer opens its own connection: the store's file, with the
+/// pragmas of the store's other connections.
+#[derive(Debug, Clone)]
+pub(crate) struct Opener {
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) busy_timeout: Duration,
+}
+
+impl Opener {
+    pub(crate) fn open(&self) -> Result<Connection, StoreError> {
+        let conn = Connection::open(&self.path).map_err(failure)?;
+        conn.busy_timeout(self.busy_timeout).map_err(failure)?;
+        // The journal mode (WAL) is the file's; these are the connection's.
+        conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL")
+            .map_err(failure)?;
+        Ok(conn)
+    }
+}
+
+/// The writer task's state: its connections and where it reports.
+struct WriterTask {
     pool: SqlitePool,
-    mut jobs: mpsc::Receiver<Ticket>,
+    /// The inline jobs' connection; lent to the blocking thread that runs
+    /// a batch of them, `None` after a job panicked with it.
+    inline: Option<Connection>,
+    opener: Opener,
     announcer: Announcer,
     counters: Arc<Counters>,
-) {
-    while let Some(first) = jobs.recv().await {
-        if first.turn.is_closed() {
-            continue;
+}
+
+impl WriterTask {
+    /// A batch for every write that finds the queue empty: inline jobs
+    /// commit with the inline jobs queued with them, lending writes with
+    /// the lending writes (each kind on its own connection, one batch at a
+    /// time, so the two never wait for each other's lock).
+    async fn serve(mut self, mut jobs: mpsc::Receiver<Ticket>) {
+        let mut next = None;
+        loop {
+            let first = match next.take() {
+                Some(ticket) => ticket,
+                None => match jobs.recv().await {
+                    Some(ticket) => ticket,
+                    None => return,
+                },
+            };
+            next = match first {
+                Ticket::Lend(turn) => self.lend(turn, &mut jobs).await,
+                Ticket::Inline(job) => self.inline(job, &mut jobs).await,
+            };
         }
-        let conn = match pool.acquire().await {
+    }
+
+    /// Serves a batch of lending writes starting with `first`; the queued
+    /// write of the other kind that ended it, if one did.
+    async fn lend(&mut self, first: Turn, jobs: &mut mpsc::Receiver<Ticket>) -> Option<Ticket> {
+        if first.turn.is_closed() {
+            return None;
+        }
+        let conn = match self.pool.acquire().await {
             Ok(conn) => conn,
             Err(e) => {
                 let _ = first.turn.send(Err(e.into()));
-                continue;
+                return None;
             }
         };
         let mut batch = Batch {
-            announcer: announcer.clone(),
-            counters: counters.clone(),
+            announcer: self.announcer.clone(),
+            counters: self.counters.clone(),
             conn: Some(conn),
             open: false,
             written: false,
@@ -278,17 +415,154 @@ async fn serve(
         };
         let mut next = Some(first);
         let mut taken = 0;
-        while let Some(ticket) = next.take() {
+        let mut other = None;
+        while let Some(turn) = next.take() {
             taken += 1;
-            if !batch.serve(ticket).await {
+            if !batch.serve(turn).await {
                 break;
             }
             if taken < MAX_BATCH {
                 // What is queued now, never what might come: no timer.
-                next = jobs.try_recv().ok();
+                match jobs.try_recv() {
+                    Ok(Ticket::Lend(turn)) => next = Some(turn),
+                    Ok(inline) => other = Some(inline),
+                    Err(_) => {}
+                }
             }
         }
         batch.commit().await;
+        other
+    }
+
+    /// Runs a batch of inline jobs starting with `first` on a blocking
+    /// thread; the queued write of the other kind that ended it, if one did.
+    async fn inline(
+        &mut self,
+        first: Box<dyn Job>,
+        jobs: &mut mpsc::Receiver<Ticket>,
+    ) -> Option<Ticket> {
+        let mut batch = vec![first];
+        let mut other = None;
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(Ticket::Inline(job)) => batch.push(job),
+                Ok(lend) => {
+                    other = Some(lend);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let conn = match self.inline.take().map_or_else(|| self.opener.open(), Ok) {
+            Ok(conn) => conn,
+            Err(e) => {
+                for job in batch {
+                    job.fail(same_error(&e));
+                }
+                return other;
+            }
+        };
+        let announcer = self.announcer.clone();
+        let counters = self.counters.clone();
+        let ran = tokio::task::spawn_blocking(move || {
+            let db = Inline::new(conn);
+            run_inline(&db, batch, &announcer, &counters);
+            db.into_connection()
+        })
+        .await;
+        // A job that panicked took the connection (and its open
+        // transaction) down with it: its batch's callers see the writer
+        // gone, and the next batch opens a new connection.
+        self.inline = ran.ok();
+        other
+    }
+}
+
+/// Runs inline jobs in one transaction and commits it: each in its own
+/// savepoint, undone alone when it fails or writes nothing; then announces
+/// what the committed ones changed and answers them.
+fn run_inline(db: &Inline, jobs: Vec<Box<dyn Job>>, announcer: &Announcer, counters: &Counters) {
+    let mut waiting: Vec<Settle> = Vec::new();
+    let mut touched = Vec::new();
+    let mut open = false;
+    let mut jobs = jobs.into_iter();
+    while let Some(job) = jobs.next() {
+        if !open {
+            if let Err(e) = db.execute("BEGIN IMMEDIATE") {
+                // The file is locked (another process) or failing: what is
+                // left of the batch would wait the same, so it fails alike.
+                for job in std::iter::once(job).chain(jobs.by_ref()) {
+                    job.fail(same_error(&e));
+                }
+                break;
+            }
+            open = true;
+        }
+        let Some(settle) = job.run(db) else {
+            continue;
+        };
+        let done = db.take_job();
+        let lost = !db.in_transaction();
+        if done.committed && !lost {
+            waiting.push(settle);
+            touched.extend(done.touched);
+            continue;
+        }
+        let undone = if done.began && !lost {
+            db.undo()
+        } else {
+            Ok(())
+        };
+        if lost || done.in_doubt || undone.is_err() {
+            // The transaction is gone or in doubt: nothing of the batch so
+            // far can be trusted to commit.
+            let e = lost_batch();
+            abort_inline(db, &mut waiting, &e);
+            touched.clear();
+            open = false;
+            if done.committed {
+                settle(Err(same_error(&e)));
+                continue;
+            }
+        }
+        // It wrote nothing: its answer (a refusal, an error) is final.
+        settle(Ok(()));
+    }
+    if !open {
+        return;
+    }
+    match db.execute("COMMIT") {
+        Ok(()) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            let writes = u64::try_from(waiting.len()).unwrap_or(u64::MAX);
+            counters.writes.fetch_add(writes, Ordering::Relaxed);
+            tracing::trace!(writes, "committed a batch of inline writes");
+            for change in touched {
+                announcer.announce(change);
+            }
+            for settle in waiting {
+                settle(Ok(()));
+            }
+        }
+        // A failed COMMIT may leave the transaction open (SQLITE_BUSY); it
+        // is rolled back, so that no answer lies.
+        Err(e) => abort_inline(db, &mut waiting, &e),
+    }
+}
+
+/// Rolls the inline batch's transaction back and answers every write
+/// committed into it with `e`.
+fn abort_inline(db: &Inline, waiting: &mut Vec<Settle>, e: &StoreError) {
+    if db.in_transaction() {
+        // Failing too leaves the connection in a transaction, which the next
+        // batch's BEGIN reports.
+        let _ = db.execute("ROLLBACK");
+    }
+    if !waiting.is_empty() {
+        tracing::warn!(writes = waiting.len(), error = %e, "a batch of writes was rolled back");
+    }
+    for settle in waiting.drain(..) {
+        settle(Err(same_error(e)));
     }
 }
 
@@ -315,8 +589,8 @@ struct Batch {
 impl Batch {
     /// Serves one write; false when the batch cannot go on (the connection
     /// was leaked with a write, or a rollback failed).
-    async fn serve(&mut self, ticket: Ticket) -> bool {
-        let Ticket {
+    async fn serve(&mut self, ticket: Turn) -> bool {
+        let Turn {
             turn,
             one_statement,
         } = ticket;

@@ -16,6 +16,7 @@ use meatspace_store::engine::Backend as _;
 use meatspace_store::token::{self, TokenHash};
 use meatspace_store::{ConnectOptions, NewTask, Store, StoreError};
 use meatspace_store_sqlite::SqliteStore;
+use meatspace_store_sqlite::inline;
 use uuid::Uuid;
 
 async fn store(dir: &tempfile::TempDir) -> SqliteStore {
@@ -212,17 +213,19 @@ async fn a_failed_commit_fails_every_write_of_its_batch() {
     let orphan = {
         let store = store.clone();
         tokio::spawn(async move {
-            let mut tx = store.begin_write().await?;
-            sqlx::query("PRAGMA defer_foreign_keys = ON")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "INSERT INTO events (task_id, type, actor, created_at, data) \
-                 VALUES ('no such task', 'task.published', 'agent', 0, '{}')",
-            )
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await
+            store
+                .write_inline(|db| {
+                    inline::now(async {
+                        let tx = db.begin_write().await?;
+                        db.execute("PRAGMA defer_foreign_keys = ON")?;
+                        db.execute(
+                            "INSERT INTO events (task_id, type, actor, created_at, data) \
+                             VALUES ('no such task', 'task.published', 'agent', 0, '{}')",
+                        )?;
+                        db.commit(tx).await
+                    })
+                })
+                .await
         })
     };
     let ids: Vec<Uuid> = (0..CREATES).map(|_| Uuid::new_v4()).collect();
