@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use chrono::TimeDelta;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use meatspace_domain::{Event, clock};
 use meatspace_store::Store;
 use meatspace_store::secret::{ServerKey, webhook_signature};
@@ -147,16 +147,9 @@ impl Webhooks {
         // covered by the max_sleep bound.
         let mut changes = self.store.changes().await.ok();
         while !shutdown.is_requested() {
-            match self.pass().await {
-                Ok(true) => continue,
-                Ok(false) => backoff.reset(),
-                Err(e) => {
-                    metrics::failed(NAME, e.metric_label());
-                    tracing::warn!(error = %e, "webhook delivery pass failed; retrying");
-                    backoff.wait(&mut shutdown).await;
-                    continue;
-                }
-            }
+            // A claim is a write: it is made only when an endpoint is due,
+            // never on every change of a task that has no webhook (most
+            // tasks), which would double the store's writes.
             let sleep = match self.store.next_webhook_attempt().await {
                 Ok(Some(at)) => (at - clock::now())
                     .to_std()
@@ -166,6 +159,14 @@ impl Webhooks {
                 Err(_) => Duration::from_secs(1),
             };
             if sleep.is_zero() {
+                match self.pass().await {
+                    Ok(()) => backoff.reset(),
+                    Err(e) => {
+                        metrics::failed(NAME, e.metric_label());
+                        tracing::warn!(error = %e, "webhook delivery pass failed; retrying");
+                        backoff.wait(&mut shutdown).await;
+                    }
+                }
                 continue;
             }
             tokio::select! {
@@ -177,16 +178,22 @@ impl Webhooks {
                         None => std::future::pending().await,
                     }
                 } => {
-                    if changed.is_none() {
-                        changes = self.store.changes().await.ok();
+                    match changed {
+                        // Every change queued meanwhile is answered by the
+                        // same look at what is due.
+                        Some(_) => while let Some(Some(_)) =
+                            changes.as_mut().and_then(|c| c.next().now_or_never())
+                        {},
+                        None => changes = self.store.changes().await.ok(),
                     }
                 }
             }
         }
     }
 
-    /// Claims and delivers one batch; true if it was full.
-    async fn pass(&self) -> Result<bool, Error> {
+    /// Claims and delivers one batch (the loop claims again while more are
+    /// due).
+    async fn pass(&self) -> Result<(), Error> {
         let now = clock::now();
         // The lease outlasts one claim's worth of attempts.
         let lease = TimeDelta::from_std(self.settings.timeout * 3)
@@ -207,7 +214,7 @@ impl Webhooks {
                 .await;
             metrics::reconciled(NAME, started.elapsed());
             results.into_iter().collect::<Result<Vec<()>, Error>>()?;
-            Ok(n >= BATCH as usize)
+            Ok(())
         }
         .instrument(span)
         .await

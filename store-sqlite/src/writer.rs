@@ -137,6 +137,19 @@ struct Counters {
     commits: AtomicU64,
 }
 
+impl Counters {
+    /// A commit of `writes` writes: counted here and in the process's
+    /// metrics (`meatspace_sqlite_writes_total`, `…_commits_total`).
+    fn committed(&self, writes: usize) {
+        let writes = u64::try_from(writes).unwrap_or(u64::MAX);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(writes, Ordering::Relaxed);
+        metrics::counter!("meatspace_sqlite_commits_total").increment(1);
+        metrics::counter!("meatspace_sqlite_writes_total").increment(writes);
+        tracing::trace!(writes, "committed a batch of writes");
+    }
+}
+
 /// The handle writes queue on; cloned with the store.
 #[derive(Debug, Clone)]
 pub(crate) struct Writer {
@@ -169,7 +182,13 @@ impl Writer {
             announcer,
             counters: counters.clone(),
         };
-        tokio::spawn(writer.serve(jobs));
+        // A thread of its own, not a task: a batch's statements never wait,
+        // and the writer never queues behind the requests it serves.
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || writer.serve(jobs, &runtime))
+            .expect("a thread for the SQLite writer");
         Writer {
             queue,
             counters,
@@ -372,20 +391,22 @@ impl WriterTask {
     /// A batch for every write that finds the queue empty: inline jobs
     /// commit with the inline jobs queued with them, lending writes with
     /// the lending writes (each kind on its own connection, one batch at a
-    /// time, so the two never wait for each other's lock).
-    async fn serve(mut self, mut jobs: mpsc::Receiver<Ticket>) {
+    /// time, so the two never wait for each other's lock). Lending batches
+    /// run on `runtime` (sqlx's statements are async); inline ones here.
+    /// Returns when every handle to the writer is gone.
+    fn serve(mut self, mut jobs: mpsc::Receiver<Ticket>, runtime: &tokio::runtime::Handle) {
         let mut next = None;
         loop {
             let first = match next.take() {
                 Some(ticket) => ticket,
-                None => match jobs.recv().await {
+                None => match jobs.blocking_recv() {
                     Some(ticket) => ticket,
                     None => return,
                 },
             };
             next = match first {
-                Ticket::Lend(turn) => self.lend(turn, &mut jobs).await,
-                Ticket::Inline(job) => self.inline(job, &mut jobs).await,
+                Ticket::Lend(turn) => runtime.block_on(self.lend(turn, &mut jobs)),
+                Ticket::Inline(job) => self.inline(job, &mut jobs),
             };
         }
     }
@@ -434,13 +455,9 @@ impl WriterTask {
         other
     }
 
-    /// Runs a batch of inline jobs starting with `first` on a blocking
-    /// thread; the queued write of the other kind that ended it, if one did.
-    async fn inline(
-        &mut self,
-        first: Box<dyn Job>,
-        jobs: &mut mpsc::Receiver<Ticket>,
-    ) -> Option<Ticket> {
+    /// Runs a batch of inline jobs starting with `first`; the queued write
+    /// of the other kind that ended it, if one did.
+    fn inline(&mut self, first: Box<dyn Job>, jobs: &mut mpsc::Receiver<Ticket>) -> Option<Ticket> {
         let mut batch = vec![first];
         let mut other = None;
         while batch.len() < MAX_BATCH {
@@ -462,18 +479,16 @@ impl WriterTask {
                 return other;
             }
         };
-        let announcer = self.announcer.clone();
-        let counters = self.counters.clone();
-        let ran = tokio::task::spawn_blocking(move || {
-            let db = Inline::new(conn);
-            run_inline(&db, batch, &announcer, &counters);
-            db.into_connection()
-        })
-        .await;
-        // A job that panicked took the connection (and its open
-        // transaction) down with it: its batch's callers see the writer
-        // gone, and the next batch opens a new connection.
-        self.inline = ran.ok();
+        let db = Inline::new(conn);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_inline(&db, batch, &self.announcer, &self.counters);
+        }));
+        // A job that panicked leaves its batch's callers (dropped unanswered)
+        // seeing the writer gone; its connection, and the transaction left
+        // open on it, is closed, and the next batch opens a new one. So is a
+        // connection a failed rollback left in a transaction.
+        let conn = db.into_connection();
+        self.inline = (ran.is_ok() && conn.is_autocommit()).then_some(conn);
         other
     }
 }
@@ -533,10 +548,7 @@ fn run_inline(db: &Inline, jobs: Vec<Box<dyn Job>>, announcer: &Announcer, count
     }
     match db.execute("COMMIT") {
         Ok(()) => {
-            counters.commits.fetch_add(1, Ordering::Relaxed);
-            let writes = u64::try_from(waiting.len()).unwrap_or(u64::MAX);
-            counters.writes.fetch_add(writes, Ordering::Relaxed);
-            tracing::trace!(writes, "committed a batch of inline writes");
+            counters.committed(waiting.len());
             for change in touched {
                 announcer.announce(change);
             }
@@ -713,10 +725,7 @@ impl Batch {
         match committed {
             Ok(()) => {
                 self.open = false;
-                self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                let writes = u64::try_from(self.waiting.len()).unwrap_or(u64::MAX);
-                self.counters.writes.fetch_add(writes, Ordering::Relaxed);
-                tracing::trace!(writes, "committed a batch of writes");
+                self.counters.committed(self.waiting.len());
                 for change in self.touched.drain(..) {
                     self.announcer.announce(change);
                 }

@@ -442,6 +442,14 @@ async fn bench_backend(
         mib(server.memory_kib("VmHWM")),
         memory_answers(&server, &http).await?
     );
+    let commits = metric(&server, &http, "meatspace_sqlite_commits_total").await?;
+    if commits > 0 {
+        let writes = metric(&server, &http, "meatspace_sqlite_writes_total").await?;
+        println!(
+            "  SQLite writer: {writes} writes in {commits} commits ({:.1} per commit)",
+            writes as f64 / commits as f64
+        );
+    }
     server.stop().await?;
 
     // Every production server restarts: poll again after a restart on the
@@ -588,6 +596,11 @@ async fn http_limits(
 
 /// The server's count of empty polls it answered from memory.
 async fn memory_answers(server: &Server, http: &Client) -> Result<u64> {
+    metric(server, http, "meatspace_feed_memory_answers_total").await
+}
+
+/// An unlabelled counter of the server's metrics; 0 when it has none yet.
+async fn metric(server: &Server, http: &Client, name: &str) -> Result<u64> {
     let text = http
         .get(format!("{}/metrics", server.metrics_url))
         .send()
@@ -598,7 +611,8 @@ async fn memory_answers(server: &Server, http: &Client) -> Result<u64> {
     Ok(text
         .lines()
         .find_map(|l| {
-            l.strip_prefix("meatspace_feed_memory_answers_total")?
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
                 .trim()
                 .parse::<f64>()
                 .ok()
