@@ -57,6 +57,11 @@ const NAME: &str = "webhooks";
 const BATCH: u32 = 64;
 /// Events sent per endpoint per claim.
 const EVENTS_PER_CLAIM: u32 = 100;
+/// The least time between two looks at what is due that task changes
+/// prompt: under load every write is a change, and one look (a read of the
+/// store) answers all the changes of this long, at the cost of as much
+/// delay before a delivery.
+const LOOK_EVERY: Duration = Duration::from_millis(20);
 
 /// How webhooks are delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +155,7 @@ impl Webhooks {
             // A claim is a write: it is made only when an endpoint is due,
             // never on every change of a task that has no webhook (most
             // tasks), which would double the store's writes.
+            let looked = tokio::time::Instant::now();
             let sleep = match self.store.next_webhook_attempt().await {
                 Ok(Some(at)) => (at - clock::now())
                     .to_std()
@@ -179,11 +185,17 @@ impl Webhooks {
                     }
                 } => {
                     match changed {
-                        // Every change queued meanwhile is answered by the
-                        // same look at what is due.
-                        Some(_) => while let Some(Some(_)) =
-                            changes.as_mut().and_then(|c| c.next().now_or_never())
-                        {},
+                        // Every change until the next look is answered by
+                        // that look.
+                        Some(_) => {
+                            tokio::select! {
+                                () = shutdown.requested() => {}
+                                () = tokio::time::sleep_until(looked + LOOK_EVERY) => {}
+                            }
+                            while let Some(Some(_)) =
+                                changes.as_mut().and_then(|c| c.next().now_or_never())
+                            {}
+                        }
                         None => changes = self.store.changes().await.ok(),
                     }
                 }

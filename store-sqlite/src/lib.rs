@@ -176,14 +176,14 @@ impl SqliteStore {
             path: connect.get_filename().to_owned(),
             busy_timeout: options.acquire_timeout,
         };
-        let inline = opener.open()?;
+        let inline = opener.open_writer()?;
         let writes = writer::Writer::spawn(
             writer.clone(),
             inline,
             opener,
             announcer,
             options.acquire_timeout,
-        );
+        )?;
         Ok(Self {
             writer,
             writes,
