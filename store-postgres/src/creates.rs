@@ -128,7 +128,7 @@ async fn write_groups(
 }
 
 /// Makes more of an error of the same kind (sqlx errors do not clone).
-fn share(e: &StoreError) -> impl Fn() -> StoreError + use<> {
+pub(super) fn share(e: &StoreError) -> impl Fn() -> StoreError + use<> {
     let unavailable = e.is_unavailable();
     let message = e.to_string();
     move || {

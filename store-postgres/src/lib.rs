@@ -41,8 +41,10 @@ use meatspace_store::{
     Session, Store, StoreError, TaskVersions, Worker, stored_event,
 };
 
+use crate::commands::Commands;
 use crate::creates::{Creates, NewRow};
 
+mod commands;
 mod creates;
 mod idempotency;
 mod identity;
@@ -82,6 +84,8 @@ pub struct PgStore {
     outages: Arc<Outages>,
     /// Concurrent creates are written together (see [`Creates`]).
     creates: Creates,
+    /// So are concurrent commands' conditional writes (see [`Commands`]).
+    commands: Commands,
 }
 
 /// When the database was last seen unreachable.
@@ -168,6 +172,7 @@ impl PgStore {
             .connect_lazy(url)?;
         Ok(Self {
             creates: Creates::start(pool.clone(), CHANNEL),
+            commands: Commands::start(pool.clone()),
             pool,
             probe,
             policy,
@@ -846,7 +851,7 @@ impl engine::Backend for PgStore {
         if !fits_one_statement(&decision) {
             return Ok(Conditional::NeedsLock);
         }
-        let written = Self::write_in_one_statement(&self.pool, before, decision).await;
+        let written = self.commands.write(before.clone(), decision).await;
         // Whatever the answer, the statement may have committed.
         self.versions.bump(before.id);
         match written {

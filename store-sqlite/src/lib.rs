@@ -2,11 +2,12 @@
 //! SQL, migrations and codecs; every decision is the engine's
 //! ([`meatspace_store::engine`], with its default methods).
 //!
-//! SQLite has one writer at a time, so the store keeps a single-connection
-//! write pool and a separate read pool, and every write goes through one
-//! [writer task](writer) that owns the write connection: writes queue
-//! in-process instead of spinning on the busy handler, and the writes queued
-//! together commit together, each in a savepoint of its own. Write
+//! SQLite has one writer at a time, so the store keeps a separate read pool,
+//! and every write goes through one [writer thread](writer) that owns the
+//! write connections: writes queue in-process instead of spinning on the
+//! busy handler, and the writes queued together commit together, each in a
+//! savepoint of its own. The engine's writes run on that thread itself, on
+//! a rusqlite connection ([`inline`]); the rest borrow sqlx's. Write
 //! transactions start with `BEGIN IMMEDIATE`, so even a second process on
 //! the same file takes the write lock before it reads the row it will
 //! change; that gives the same guarantees as PostgreSQL's row locks.

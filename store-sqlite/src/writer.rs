@@ -2,23 +2,37 @@
 //!
 //! SQLite commits one transaction at a time, and what a commit costs (its
 //! WAL frames, the lock taken and handed on, the round trips of `BEGIN` and
-//! `COMMIT`) does not grow with what the transaction holds. So one task
-//! owns the write connection and serves writes in turn: it takes every write
-//! queued at that moment (at most [`MAX_BATCH`]), runs each on the open
-//! transaction inside a savepoint of its own, and commits them together.
-//! A lone write never waits for company: when nothing else is queued the
-//! transaction commits at once.
+//! `COMMIT`) does not grow with what the transaction holds. So one thread,
+//! `sqlite-writer`, serves every write of the store in turn: it takes every
+//! write queued at that moment (at most [`MAX_BATCH`]), runs each on the
+//! open transaction inside a savepoint of its own, and commits them
+//! together. A lone write never waits for company: when nothing else is
+//! queued the transaction commits at once.
 //!
-//! A write is a [`WriteTx`]: the caller (the engine, with its own SQL) holds
-//! the connection while it runs its statements, then hands it back with
-//! [`WriteTx::commit`] or [`WriteTx::rollback`] (dropping it rolls back
-//! too). A rollback undoes that write alone, back to its savepoint, and is
-//! answered at once. A commit is answered only after the `COMMIT` that holds
-//! it, and only after the tasks it touched are announced (their change
-//! counters bumped and the change broadcast) — so an answered write is as
-//! durable, and as visible to the process's caches, as one committed alone.
-//! If the `COMMIT` fails, every write of the batch gets the error and none
-//! is written.
+//! Writes come in two kinds, each with its connection:
+//!
+//! - **Inline jobs** ([`Writer::run`], see [`crate::inline`]): the engine's
+//!   writes, the hot path. The writer thread runs each itself, on a
+//!   rusqlite connection it owns; a statement is a call, not a round trip.
+//! - **Lending writes** ([`Writer::begin`]): the rest (identity, webhooks'
+//!   cursors, sessions, retention), written with sqlx. The writer lends the
+//!   write pool's connection to the caller inside the batch's transaction,
+//!   as a [`WriteTx`]; the caller runs its statements, then hands it back
+//!   with [`WriteTx::commit`] or [`WriteTx::rollback`] (dropping it rolls
+//!   back too).
+//!
+//! A batch holds one kind (the queue's order is kept: a write of the other
+//! kind ends the batch and starts the next), so the two connections never
+//! wait for each other's lock.
+//!
+//! A write that fails or is refused is undone alone, back to its
+//! savepoint, and answered at once. A committed write is answered only after
+//! the `COMMIT` that holds it, and only after the tasks it touched are
+//! announced (their change counters bumped and the change broadcast) — so
+//! an answered write is as durable, and as visible to the process's caches,
+//! as one committed alone. If the `COMMIT` fails, or SQLite drops the
+//! transaction under a failing write, every write of the batch gets the
+//! error and none is written.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -389,11 +403,11 @@ impl Opener {
     }
 }
 
-/// The writer task's state: its connections and where it reports.
+/// The writer thread's state: its connections and where it reports.
 struct WriterTask {
     pool: SqlitePool,
-    /// The inline jobs' connection; lent to the blocking thread that runs
-    /// a batch of them, `None` after a job panicked with it.
+    /// The inline jobs' connection; `None` after a job panicked with it
+    /// (the next batch opens another).
     inline: Option<Connection>,
     opener: Opener,
     announcer: Announcer,

@@ -1,0 +1,154 @@
+//! A command's conditional write on PostgreSQL, grouped: writes that arrive
+//! while others are being written share one transaction. They pay one
+//! commit and one notification signal between them: PostgreSQL serializes
+//! the commits that notify (a lock on the notification queue, held to the
+//! end of each), so under load that lock is what each write of a task's
+//! lifecycle would otherwise wait on, as creates did before
+//! [`crate::creates`] grouped them.
+//!
+//! Each write in a group is still its own conditional statement
+//! ([`PgStore::write_in_one_statement`]): it writes only if its task is
+//! still as it was decided on, and otherwise writes nothing and leaves the
+//! transaction as it was, so one write's lost race is never another's. A
+//! group locks its tasks in the order of their ids, as every group does, so
+//! two groups never wait for each other in a cycle.
+//!
+//! Nothing waits to fill a group. A writer takes the first write queued
+//! and whatever else is queued at that moment (up to [`MAX_GROUP`]); a lone
+//! write is written at once, in its own statement and transaction, as
+//! before grouping. [`WRITERS`] groups can be in flight at once. Every write
+//! is answered only after its group commits. A group that fails for
+//! anything but an outage is written again one write at a time, so one
+//! write's fault is never another's.
+
+use std::sync::Arc;
+
+use meatspace_domain::{Decision, Task};
+use meatspace_store::{Applied, StoreError};
+use sqlx::PgPool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::PgStore;
+use crate::creates::share;
+
+/// Groups written at once (each takes a pooled connection).
+const WRITERS: usize = 4;
+/// Most writes in one transaction.
+const MAX_GROUP: usize = 32;
+
+/// What a conditional write did: the write, or `None` when its task had
+/// changed and nothing was written.
+type Outcome = Result<Option<Applied>, StoreError>;
+
+#[derive(Debug)]
+struct Queued {
+    before: Task,
+    decision: Decision,
+    done: oneshot::Sender<Outcome>,
+}
+
+/// The queue of conditional writes and its writers; the writers stop when
+/// the last clone of the queue is dropped.
+#[derive(Debug, Clone)]
+pub(super) struct Commands {
+    queue: mpsc::UnboundedSender<Queued>,
+}
+
+impl Commands {
+    /// Starts the writers, which use `pool`.
+    pub fn start(pool: PgPool) -> Self {
+        let (queue, queued) = mpsc::unbounded_channel();
+        let queued = Arc::new(Mutex::new(queued));
+        for _ in 0..WRITERS {
+            tokio::spawn(write_groups(pool.clone(), Arc::clone(&queued)));
+        }
+        Commands { queue }
+    }
+
+    /// Writes `decision`, decided on `before`, if the task is still
+    /// `before`; returns once committed.
+    pub async fn write(&self, before: Task, decision: Decision) -> Outcome {
+        let (done, answer) = oneshot::channel();
+        self.queue
+            .send(Queued {
+                before,
+                decision,
+                done,
+            })
+            .map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable(sqlx::Error::PoolClosed)
+}
+
+/// One writer: takes a group off the queue, writes it, answers its writes.
+async fn write_groups(pool: PgPool, queued: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>) {
+    loop {
+        let mut group = {
+            let mut queued = queued.lock().await;
+            let Some(first) = queued.recv().await else {
+                return;
+            };
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match queued.try_recv() {
+                    Ok(next) => group.push(next),
+                    Err(_) => break,
+                }
+            }
+            group
+        };
+        // Callers that went away need no write.
+        group.retain(|q| !q.done.is_closed());
+        if group.len() <= 1 {
+            for q in group {
+                let alone = PgStore::write_in_one_statement(&pool, &q.before, q.decision).await;
+                let _ = q.done.send(alone);
+            }
+            continue;
+        }
+        group.sort_by_key(|q| q.before.id);
+        match write_group(&pool, &group).await {
+            Ok(outcomes) => {
+                for (q, outcome) in group.into_iter().zip(outcomes) {
+                    let _ = q.done.send(Ok(outcome));
+                }
+            }
+            Err(e) if !e.is_unavailable() => {
+                // Find the fault's owner: each alone. Nothing of the group
+                // was committed.
+                for q in group {
+                    let alone = PgStore::write_in_one_statement(&pool, &q.before, q.decision).await;
+                    let _ = q.done.send(alone);
+                }
+            }
+            Err(e) => {
+                let shared = share(&e);
+                let mut group = group.into_iter();
+                if let Some(q) = group.next() {
+                    let _ = q.done.send(Err(e));
+                }
+                for q in group {
+                    let _ = q.done.send(Err(shared()));
+                }
+            }
+        }
+    }
+}
+
+/// Writes the group's conditional statements in one transaction, in order,
+/// and commits them; each write's outcome.
+async fn write_group(pool: &PgPool, group: &[Queued]) -> Result<Vec<Option<Applied>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let mut outcomes = Vec::with_capacity(group.len());
+    for q in group {
+        let written =
+            PgStore::write_in_one_statement(&mut *tx, &q.before, q.decision.clone()).await?;
+        outcomes.push(written);
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
