@@ -213,14 +213,21 @@ impl SqliteStore {
         self.writes.run(write).await
     }
 
+    /// How many writes wait for the writer now.
+    pub fn queued_writes(&self) -> usize {
+        self.writes.queued()
+    }
+
     /// How many writes this store has committed, in how many commits.
     pub fn write_counts(&self) -> WriteCounts {
         self.writes.counts()
     }
 
-    /// Waits for a write's turn (see [`writer`]): every write of the store
-    /// begins here, and ends with the [`WriteTx`]'s commit or rollback.
-    async fn begin(&self) -> Result<WriteTx, StoreError> {
+    /// Waits for a lending write's turn (see [`writer`]): every write of
+    /// the store that is not an inline job begins here, and ends with the
+    /// [`WriteTx`]'s commit or rollback. Public for tests and tools that
+    /// need raw sqlx SQL in the writer's batch.
+    pub async fn begin_write(&self) -> Result<WriteTx, StoreError> {
         self.writes.begin().await
     }
 
@@ -353,7 +360,7 @@ impl Store for SqliteStore {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let out = crate::webhooks::claim_due(&mut tx, now, lease_until, limit).await?;
         tx.commit().await?;
         Ok(out)
@@ -698,7 +705,7 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM tasks WHERE ended_at IS NOT NULL AND ended_at < ? ORDER BY ended_at LIMIT ?",
         )
@@ -764,7 +771,7 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let sessions = sqlx::query(
             "DELETE FROM worker_sessions WHERE id IN \
              (SELECT id FROM worker_sessions WHERE expires_at <= ? LIMIT ?)",
@@ -822,7 +829,7 @@ impl Store for SqliteStore {
         expires_at: DateTime<Utc>,
         audit: meatspace_store::NewAudit,
     ) -> Result<(), StoreError> {
-        identity::create_invite(self.begin().await?, id, code_hash, expires_at, audit).await
+        identity::create_invite(self.begin_write().await?, id, code_hash, expires_at, audit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -968,7 +975,7 @@ impl Store for SqliteStore {
         new: meatspace_store::NewApiKey,
         audit: meatspace_store::NewAudit,
     ) -> Result<meatspace_store::ApiKey, StoreError> {
-        identity::create_key(self.begin().await?, new, audit).await
+        identity::create_key(self.begin_write().await?, new, audit).await
     }
 
     #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
@@ -976,7 +983,7 @@ impl Store for SqliteStore {
         &self,
         new: meatspace_store::NewApiKey,
     ) -> Result<bool, StoreError> {
-        identity::insert_configured_key(self.begin().await?, new).await
+        identity::insert_configured_key(self.begin_write().await?, new).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1001,7 +1008,14 @@ impl Store for SqliteStore {
         previous_valid_until: DateTime<Utc>,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
-        identity::rotate_key(self.begin().await?, id, digest, previous_valid_until, audit).await
+        identity::rotate_key(
+            self.begin_write().await?,
+            id,
+            digest,
+            previous_valid_until,
+            audit,
+        )
+        .await
     }
 
     #[tracing::instrument(skip(self, audit), err)]
@@ -1010,12 +1024,12 @@ impl Store for SqliteStore {
         id: Uuid,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
-        identity::revoke_key(self.begin().await?, id, audit).await
+        identity::revoke_key(self.begin_write().await?, id, audit).await
     }
 
     #[tracing::instrument(skip_all, err)]
     async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
-        identity::touch_keys(self.begin().await?, used).await
+        identity::touch_keys(self.begin_write().await?, used).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1079,7 +1093,7 @@ impl Store for SqliteStore {
         id: Uuid,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-        identity::suspend_worker(self.begin().await?, id, audit).await
+        identity::suspend_worker(self.begin_write().await?, id, audit).await
     }
 
     #[tracing::instrument(skip(self, audit), err)]
@@ -1088,7 +1102,7 @@ impl Store for SqliteStore {
         id: Uuid,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<Worker>, StoreError> {
-        identity::reinstate_worker(self.begin().await?, id, audit).await
+        identity::reinstate_worker(self.begin_write().await?, id, audit).await
     }
 
     #[tracing::instrument(skip(self, token_hash, audit), err)]
@@ -1098,7 +1112,7 @@ impl Store for SqliteStore {
         token_hash: TokenHash,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<Worker>, StoreError> {
-        identity::rotate_worker_token(self.begin().await?, id, token_hash, audit).await
+        identity::rotate_worker_token(self.begin_write().await?, id, token_hash, audit).await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -1112,7 +1126,7 @@ impl Store for SqliteStore {
         id: Uuid,
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<Invite>, StoreError> {
-        identity::revoke_invite(self.begin().await?, id, audit).await
+        identity::revoke_invite(self.begin_write().await?, id, audit).await
     }
 
     #[tracing::instrument(skip(self), err)]

@@ -210,6 +210,11 @@ impl Writer {
         })
     }
 
+    /// Writes waiting in the queue (not the batch being written).
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.max_capacity() - self.queue.capacity()
+    }
+
     pub(crate) fn counts(&self) -> WriteCounts {
         WriteCounts {
             writes: self.counters.writes.load(Ordering::Relaxed),
@@ -577,6 +582,13 @@ fn run_inline(db: &Inline, jobs: Vec<Box<dyn Job>>, announcer: &Announcer, count
     if !open {
         return;
     }
+    if waiting.is_empty() {
+        // Nothing to keep (every job was refused, failed or gone).
+        if db.execute("ROLLBACK").is_err() {
+            tracing::warn!("an empty batch of writes could not be rolled back");
+        }
+        return;
+    }
     match db.execute("COMMIT") {
         Ok(()) => {
             counters.committed(waiting.len());
@@ -750,6 +762,12 @@ impl Batch {
     /// Commits what the batch holds, announces its tasks, answers its writes.
     async fn commit(mut self) {
         if !self.open {
+            return;
+        }
+        if self.waiting.is_empty() {
+            // Nothing to keep: every write of the batch was undone or gone.
+            self.open = false;
+            self.broken |= self.exec("ROLLBACK").await.is_err();
             return;
         }
         let committed = self.exec("COMMIT").await;

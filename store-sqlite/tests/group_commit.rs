@@ -3,9 +3,10 @@
 //! undone alone while its batch-mates commit, and a failed `COMMIT` fails
 //! every write of its batch and writes none of them.
 //!
-//! The tests run on tokio's single-threaded test runtime, where every write
-//! spawned before the first await is queued before the writer task runs
-//! again: the writer then takes them together, as it does under load.
+//! Each test first holds the writer on a write of its own ([`hold`]) and
+//! waits until the writes under test are all queued behind it: the writer
+//! then takes them together, as it does under load. Both kinds of write
+//! are covered: inline jobs (the engine's writes) and lending writes.
 
 use std::time::Duration;
 
@@ -28,6 +29,32 @@ async fn store(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::connect(&url, Policy::default(), &options)
         .await
         .expect("open the store")
+}
+
+/// Holds the writer thread inside a write until the returned sender is
+/// used or dropped, so that the writes queued meanwhile form the next batch.
+async fn hold(store: &SqliteStore) -> std::sync::mpsc::Sender<()> {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let (running, started) = tokio::sync::oneshot::channel();
+    let store = store.clone();
+    tokio::spawn(async move {
+        store
+            .write_inline(move |_| {
+                let _ = running.send(());
+                let _ = held.recv();
+                Ok(())
+            })
+            .await
+    });
+    started.await.expect("the writer runs the holding write");
+    release
+}
+
+/// Waits until `n` writes are queued behind the held writer.
+async fn queued(store: &SqliteStore, n: usize) {
+    while store.queued_writes() < n {
+        tokio::task::yield_now().await;
+    }
 }
 
 fn new_task(id: Uuid, now: DateTime<Utc>) -> NewTask {
@@ -92,6 +119,7 @@ async fn queued_writes_share_commits_and_a_losing_write_fails_alone() {
         )
         .await
         .expect("create an invite");
+    let release = hold(&store).await;
     let before = store.write_counts();
 
     let creates: Vec<_> = (0..CREATES)
@@ -125,6 +153,8 @@ async fn queued_writes_share_commits_and_a_losing_write_fails_alone() {
             })
         })
         .collect();
+    queued(&store, CREATES + CLAIMS + 1 + REDEMPTIONS).await;
+    drop(release);
 
     let creates: Vec<_> = join_all(creates)
         .await
@@ -202,13 +232,15 @@ async fn queued_writes_share_commits_and_a_losing_write_fails_alone() {
 
 /// A write that breaks a deferred foreign key commits into the batch, so the
 /// batch's `COMMIT` fails: every write queued with it gets the error, none
-/// of them is written, and the next write commits as usual.
+/// of them is written, and the next write commits as usual. The orphan is
+/// an inline job, as the creates are.
 #[tokio::test]
 async fn a_failed_commit_fails_every_write_of_its_batch() {
     const CREATES: usize = 6;
     let dir = tempfile::tempdir().expect("temporary directory");
     let store = store(&dir).await;
     let now = Utc::now();
+    let release = hold(&store).await;
 
     let orphan = {
         let store = store.clone();
@@ -218,10 +250,7 @@ async fn a_failed_commit_fails_every_write_of_its_batch() {
                     inline::now(async {
                         let tx = db.begin_write().await?;
                         db.execute("PRAGMA defer_foreign_keys = ON")?;
-                        db.execute(
-                            "INSERT INTO events (task_id, type, actor, created_at, data) \
-                             VALUES ('no such task', 'task.published', 'agent', 0, '{}')",
-                        )?;
+                        db.execute(ORPHAN_EVENT)?;
                         db.commit(tx).await
                     })
                 })
@@ -236,6 +265,8 @@ async fn a_failed_commit_fails_every_write_of_its_batch() {
             tokio::spawn(async move { store.create_task(new_task(id, now)).await })
         })
         .collect();
+    queued(&store, 1 + CREATES).await;
+    drop(release);
 
     let orphan = orphan.await.unwrap();
     assert!(orphan.is_err(), "the orphan's commit fails");
@@ -249,15 +280,124 @@ async fn a_failed_commit_fails_every_write_of_its_batch() {
             "and is not written"
         );
     }
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-        .fetch_one(store.pool())
-        .await
-        .expect("count events");
-    assert_eq!(events, 0, "the orphan event is not written");
+    assert_eq!(
+        count(&store, "events").await,
+        0,
+        "the orphan event is not written"
+    );
 
     let task = store
         .create_task(new_task(Uuid::new_v4(), now))
         .await
         .expect("the next write commits");
     assert!(store.task(task.id).await.expect("read").is_some());
+}
+
+/// The same for lending writes (sqlx's connection, lent inside the batch):
+/// a lending write that breaks a deferred foreign key fails the lending
+/// writes queued with it, and a refused one is undone alone.
+#[tokio::test]
+async fn lending_writes_share_commits_and_a_failed_commit_fails_them_all() {
+    const AUDITS: usize = 6;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = store(&dir).await;
+
+    // First a batch that commits: audits and one write that rolls back.
+    let release = hold(&store).await;
+    let before = store.write_counts();
+    let audits: Vec<_> = (0..AUDITS)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.append_audit(audit()).await })
+        })
+        .collect();
+    let undone = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin_write().await?;
+            sqlx::query(
+                "INSERT INTO audit (at, principal_id, action, target) \
+                 VALUES (0, ?, 'key.created', 'key:undone')",
+            )
+            .bind(meatspace_domain::identity::DEVELOPMENT_PRINCIPAL.to_string())
+            .execute(&mut *tx)
+            .await?;
+            tx.rollback().await
+        })
+    };
+    queued(&store, AUDITS + 1).await;
+    drop(release);
+    for appended in join_all(audits).await {
+        appended.unwrap().expect("an audit row commits");
+    }
+    undone.await.unwrap().expect("a rollback is answered");
+    let after = store.write_counts();
+    assert_eq!(
+        after.writes - before.writes,
+        AUDITS as u64,
+        "the audits committed"
+    );
+    assert_eq!(after.commits - before.commits, 1, "in one commit");
+    assert_eq!(count(&store, "audit").await, AUDITS as i64);
+
+    // Then a batch whose COMMIT fails.
+    let release = hold(&store).await;
+    let orphan = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin_write().await?;
+            sqlx::query("PRAGMA defer_foreign_keys = ON")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(ORPHAN_EVENT).execute(&mut *tx).await?;
+            tx.commit().await
+        })
+    };
+    let audits: Vec<_> = (0..AUDITS)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.append_audit(audit()).await })
+        })
+        .collect();
+    queued(&store, 1 + AUDITS).await;
+    drop(release);
+    assert!(orphan.await.unwrap().is_err(), "the orphan's commit fails");
+    for appended in join_all(audits).await {
+        assert!(
+            appended.unwrap().is_err(),
+            "a write of the failed batch is answered with its error"
+        );
+    }
+    assert_eq!(
+        count(&store, "audit").await,
+        AUDITS as i64,
+        "none of them is written"
+    );
+    assert_eq!(count(&store, "events").await, 0, "nor the orphan");
+    store
+        .append_audit(audit())
+        .await
+        .expect("the next write commits");
+}
+
+/// An event of no task: it breaks a (deferred) foreign key.
+const ORPHAN_EVENT: &str = "INSERT INTO events (task_id, type, actor, created_at, data) \
+     VALUES ('no such task', 'task.published', 'agent', 0, '{}')";
+
+fn audit() -> meatspace_store::NewAudit {
+    meatspace_store::NewAudit {
+        at: Utc::now(),
+        principal_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+        action: meatspace_domain::identity::AuditAction::KeyCreated,
+        target: "key:test".into(),
+        address: None,
+        detail: None,
+    }
+}
+
+async fn count(store: &SqliteStore, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(store.pool())
+        .await
+        .expect("count rows")
 }
