@@ -58,7 +58,7 @@ const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updat
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    /// The write connection's pool: the writer task takes its one
+    /// The write connection's pool: the writer thread takes its one
     /// connection for each batch (and [`SqliteStore::pool`] for raw SQL).
     writer: SqlitePool,
     /// Where every write of the store queues for its turn.

@@ -175,8 +175,9 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer task on the current runtime. It acquires `pool`'s
-    /// connection for each batch of lending writes and returns it after the
+    /// Starts the writer thread, which runs lending batches on the current
+    /// runtime. It acquires `pool`'s connection for each batch of lending
+    /// writes and returns it after the
     /// commit, so that tools with raw SQL on the pool still get their turn;
     /// inline jobs run on `inline`, its own connection (reopened with
     /// `opener` if a job panicked with it).
@@ -189,7 +190,7 @@ impl Writer {
     ) -> Result<Self, StoreError> {
         let (queue, jobs) = mpsc::channel(QUEUE);
         let counters = Arc::<Counters>::default();
-        let writer = WriterTask {
+        let writer = WriterThread {
             pool,
             inline: Some(inline),
             opener,
@@ -280,7 +281,8 @@ impl Writer {
     }
 }
 
-/// The writer task is gone (its runtime is shutting down).
+/// The writer thread is gone (the store is closing, or its runtime is
+/// shutting down).
 fn gone() -> StoreError {
     StoreError::Unavailable(sqlx::Error::PoolClosed)
 }
@@ -409,7 +411,7 @@ impl Opener {
 }
 
 /// The writer thread's state: its connections and where it reports.
-struct WriterTask {
+struct WriterThread {
     pool: SqlitePool,
     /// The inline jobs' connection; `None` after a job panicked with it
     /// (the next batch opens another).
@@ -419,7 +421,7 @@ struct WriterTask {
     counters: Arc<Counters>,
 }
 
-impl WriterTask {
+impl WriterThread {
     /// A batch for every write that finds the queue empty: inline jobs
     /// commit with the inline jobs queued with them, lending writes with
     /// the lending writes (each kind on its own connection, one batch at a
@@ -797,7 +799,7 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        // Open here only when the writer task is cancelled (the runtime
+        // Open here only when the lending batch is cancelled (the runtime
         // shuts down): never return the connection to the pool inside a
         // transaction, or in a state a failed rollback left.
         if (self.open || self.broken)
