@@ -29,7 +29,7 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::PgStore;
-use crate::creates::share;
+use crate::creates::{next_group, share};
 
 /// Groups written at once (each takes a pooled connection).
 const WRITERS: usize = 4;
@@ -86,21 +86,7 @@ fn closed() -> StoreError {
 
 /// One writer: takes a group off the queue, writes it, answers its writes.
 async fn write_groups(pool: PgPool, queued: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>) {
-    loop {
-        let mut group = {
-            let mut queued = queued.lock().await;
-            let Some(first) = queued.recv().await else {
-                return;
-            };
-            let mut group = vec![first];
-            while group.len() < MAX_GROUP {
-                match queued.try_recv() {
-                    Ok(next) => group.push(next),
-                    Err(_) => break,
-                }
-            }
-            group
-        };
+    while let Some(mut group) = next_group(&queued, MAX_GROUP).await {
         // Callers that went away need no write.
         group.retain(|q| !q.done.is_closed());
         if group.len() <= 1 {

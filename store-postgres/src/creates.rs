@@ -83,21 +83,7 @@ async fn write_groups(
     channel: &'static str,
     queued: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
 ) {
-    loop {
-        let group = {
-            let mut queued = queued.lock().await;
-            let Some(first) = queued.recv().await else {
-                return;
-            };
-            let mut group = vec![first];
-            while group.len() < MAX_GROUP {
-                match queued.try_recv() {
-                    Ok(next) => group.push(next),
-                    Err(_) => break,
-                }
-            }
-            group
-        };
+    while let Some(group) = next_group(&queued, MAX_GROUP).await {
         let written = insert(&pool, channel, group.iter().map(|q| &q.row)).await;
         match written {
             Err(e) if group.len() > 1 && !e.is_unavailable() => {
@@ -125,6 +111,25 @@ async fn write_groups(
             }
         }
     }
+}
+
+/// The next group off a queue that writers share: the first item queued
+/// and whatever else is queued at that moment, at most `max`; `None` once
+/// the queue is closed and empty.
+pub(super) async fn next_group<T>(
+    queued: &Mutex<mpsc::UnboundedReceiver<T>>,
+    max: usize,
+) -> Option<Vec<T>> {
+    let mut queued = queued.lock().await;
+    let first = queued.recv().await?;
+    let mut group = vec![first];
+    while group.len() < max {
+        match queued.try_recv() {
+            Ok(next) => group.push(next),
+            Err(_) => break,
+        }
+    }
+    Some(group)
 }
 
 /// Makes more of an error of the same kind (sqlx errors do not clone).
