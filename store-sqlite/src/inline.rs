@@ -120,7 +120,7 @@ impl Inline {
     }
 
     /// Runs one cached statement; the number of rows it changed.
-    fn exec(&self, sql: &str, params: impl Params) -> Result<usize, StoreError> {
+    pub(crate) fn exec(&self, sql: &str, params: impl Params) -> Result<usize, StoreError> {
         let conn = self.conn();
         let mut statement = conn.prepare_cached(sql).map_err(failure)?;
         statement.execute(params).map_err(failure)
@@ -143,7 +143,7 @@ impl Inline {
     }
 
     /// Every row of a cached query, decoded.
-    fn all<T>(
+    pub(crate) fn all<T>(
         &self,
         sql: &str,
         params: impl Params,
@@ -156,6 +156,19 @@ impl Inline {
         while let Some(row) = rows.next().map_err(failure)? {
             out.push(decode(row)?);
         }
+        Ok(out)
+    }
+
+    /// Runs `statements` as this job's one write: in its savepoint, and
+    /// committed into the batch unless they fail (the writer then undoes
+    /// them).
+    pub(crate) fn one_write<T>(
+        &self,
+        statements: impl FnOnce(&Inline) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = now(self.begin_write())?;
+        let out = statements(self)?;
+        now(self.commit(tx))?;
         Ok(out)
     }
 
@@ -204,7 +217,7 @@ impl Inline {
 
     /// Writes `d`, decided on `before`: the task, its events, issue changes
     /// and photo.
-    fn write(&self, before: &Task, d: Decision) -> Result<Applied, StoreError> {
+    fn write_decision_rows(&self, before: &Task, d: Decision) -> Result<Applied, StoreError> {
         let Decision {
             mut task,
             events: new_events,
@@ -363,7 +376,7 @@ impl Backend for Inline {
         before: &Task,
         decision: Decision,
     ) -> Result<Applied, StoreError> {
-        self.write(before, decision)
+        self.write_decision_rows(before, decision)
     }
 
     async fn commit(&self, _tx: Self::Tx) -> Result<(), StoreError> {

@@ -360,10 +360,9 @@ impl Store for SqliteStore {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let out = crate::webhooks::claim_due(&mut tx, now, lease_until, limit).await?;
-        tx.commit().await?;
-        Ok(out)
+        self.writes
+            .run(move |db| db.one_write(|db| webhooks::claim_due(db, now, lease_until, limit)))
+            .await
     }
 
     async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -376,10 +375,10 @@ impl Store for SqliteStore {
         outcome: &meatspace_store::webhooks::WebhookOutcome,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_statement().await?;
-        let out = crate::webhooks::record(&mut tx, task_id, outcome, now).await?;
-        tx.commit().await?;
-        Ok(out)
+        let outcome = outcome.clone();
+        self.writes
+            .run(move |db| db.one_write(|db| webhooks::record(db, task_id, &outcome, now)))
+            .await
     }
 
     async fn idempotency_begin(
@@ -399,17 +398,19 @@ impl Store for SqliteStore {
         status: u16,
         response: &[u8],
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_statement().await?;
-        let out = crate::idempotency::complete(&mut tx, scope, key, status, response).await?;
-        tx.commit().await?;
-        Ok(out)
+        let (scope, key, response) = (*scope, key.to_owned(), response.to_vec());
+        self.writes
+            .run(move |db| {
+                db.one_write(|db| idempotency::complete(db, &scope, &key, status, &response))
+            })
+            .await
     }
 
     async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        let mut tx = self.begin_statement().await?;
-        let out = crate::idempotency::release(&mut tx, scope, key).await?;
-        tx.commit().await?;
-        Ok(out)
+        let (scope, key) = (*scope, key.to_owned());
+        self.writes
+            .run(move |db| db.one_write(|db| idempotency::release(db, &scope, &key)))
+            .await
     }
 
     async fn purge_idempotency_keys(
@@ -417,10 +418,9 @@ impl Store for SqliteStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let mut tx = self.begin_statement().await?;
-        let out = crate::idempotency::purge(&mut tx, before, limit).await?;
-        tx.commit().await?;
-        Ok(out)
+        self.writes
+            .run(move |db| db.one_write(|db| idempotency::purge(db, before, limit)))
+            .await
     }
 
     #[tracing::instrument(skip(self), err)]
@@ -614,21 +614,22 @@ impl Store for SqliteStore {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Worker, StoreError> {
-        let mut tx = self.begin_statement().await?;
-        sqlx::query("INSERT INTO workers (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)")
-            .bind(id.to_string())
-            .bind(name)
-            .bind(&token_hash.0[..])
-            .bind(ms(now))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Worker {
+        let worker = Worker {
             id,
             name: name.to_owned(),
             created_at: now,
             suspended_at: None,
-        })
+        };
+        self.writes
+            .run(move |db| {
+                inline::now(async {
+                    let mut tx = db.begin_write().await?;
+                    db.insert_worker(&mut tx, &worker, &token_hash).await?;
+                    db.commit(tx).await?;
+                    Ok(worker)
+                })
+            })
+            .await
     }
 
     #[tracing::instrument(skip(self), err)]

@@ -1,5 +1,5 @@
 //! Webhook endpoints and their delivery cursors in SQLite: the SQL and its
-//! codecs only (claims under the write lock). The model is
+//! codecs only (claims and cursors are inline jobs, under the write lock). The model is
 //! [`meatspace_store::webhooks`]'s.
 
 use chrono::{DateTime, Utc};
@@ -8,7 +8,8 @@ use meatspace_store::webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookStat
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use crate::WriteTx;
+use crate::Cells;
+use crate::inline::Inline;
 
 fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
@@ -48,40 +49,40 @@ pub(crate) async fn get(pool: &SqlitePool, task_id: Uuid) -> Result<Option<Webho
     .transpose()
 }
 
-pub(crate) async fn claim_due(
-    tx: &mut WriteTx,
+/// Claims the due endpoints until `lease_until`; the caller's write (an
+/// inline job) holds the write lock.
+pub(crate) fn claim_due(
+    db: &Inline,
     now: DateTime<Utc>,
     lease_until: DateTime<Utc>,
     limit: u32,
 ) -> Result<Vec<DueWebhook>, StoreError> {
-    let rows = sqlx::query(
+    let due = db.all(
         "SELECT w.task_id, w.url, w.delivered_event_id, w.attempts, w.failing_since \
          FROM webhooks w JOIN tasks t ON t.id = w.task_id \
          WHERE w.next_attempt_at IS NOT NULL AND w.next_attempt_at <= ? \
            AND w.state <> 'disabled' AND t.last_event_id > w.delivered_event_id \
          ORDER BY w.next_attempt_at LIMIT ?",
-    )
-    .bind(ms(now))
-    .bind(i64::from(limit))
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let id: String = r.try_get("task_id")?;
-        sqlx::query("UPDATE webhooks SET next_attempt_at = ? WHERE task_id = ?")
-            .bind(ms(lease_until))
-            .bind(&id)
-            .execute(&mut **tx)
-            .await?;
-        out.push(DueWebhook {
-            task_id: uuid(&id)?,
-            url: r.try_get("url")?,
-            delivered_event_id: r.try_get("delivered_event_id")?,
-            attempts: r.try_get("attempts")?,
-            failing_since: opt_from_ms(r.try_get("failing_since")?)?,
-        });
+        (ms(now), i64::from(limit)),
+        |row| {
+            let attempts = row.integer("attempts")?;
+            Ok(DueWebhook {
+                task_id: uuid(row.text("task_id")?)?,
+                url: row.text("url")?.to_owned(),
+                delivered_event_id: row.integer("delivered_event_id")?,
+                attempts: i32::try_from(attempts)
+                    .map_err(|_| StoreError::Corrupt(format!("attempts {attempts}")))?,
+                failing_since: row.opt_time("failing_since")?,
+            })
+        },
+    )?;
+    for d in &due {
+        db.exec(
+            "UPDATE webhooks SET next_attempt_at = ? WHERE task_id = ?",
+            (ms(lease_until), d.task_id.to_string()),
+        )?;
     }
-    Ok(out)
+    Ok(due)
 }
 
 pub(crate) async fn next_attempt(pool: &SqlitePool) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -95,47 +96,37 @@ pub(crate) async fn next_attempt(pool: &SqlitePool) -> Result<Option<DateTime<Ut
     opt_from_ms(v)
 }
 
-pub(crate) async fn record(
-    tx: &mut WriteTx,
+pub(crate) fn record(
+    db: &Inline,
     task_id: Uuid,
     outcome: &WebhookOutcome,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let id = task_id.to_string();
-    let q = match outcome {
+    match outcome {
         WebhookOutcome::Delivered {
             event_id,
             next_attempt_at,
-        } => sqlx::query(
+        } => db.exec(
             "UPDATE webhooks SET state = 'active', delivered_event_id = max(delivered_event_id, ?), \
              attempts = 0, failing_since = NULL, last_error = NULL, next_attempt_at = ?, updated_at = ? \
              WHERE task_id = ? AND state <> 'disabled'",
-        )
-        .bind(event_id)
-        .bind(next_attempt_at.map(ms))
-        .bind(ms(now))
-        .bind(id),
+            (event_id, next_attempt_at.map(ms), ms(now), id),
+        ),
         WebhookOutcome::Failed {
             error,
             next_attempt_at,
-        } => sqlx::query(
+        } => db.exec(
             "UPDATE webhooks SET state = 'failing', attempts = attempts + 1, \
              failing_since = COALESCE(failing_since, ?), last_error = ?, next_attempt_at = ?, updated_at = ? \
              WHERE task_id = ? AND state <> 'disabled'",
-        )
-        .bind(ms(now))
-        .bind(error)
-        .bind(ms(*next_attempt_at))
-        .bind(ms(now))
-        .bind(id),
-        WebhookOutcome::Disabled { error } => sqlx::query(
+            (ms(now), error, ms(*next_attempt_at), ms(now), id),
+        ),
+        WebhookOutcome::Disabled { error } => db.exec(
             "UPDATE webhooks SET state = 'disabled', last_error = ?, next_attempt_at = NULL, \
              updated_at = ? WHERE task_id = ?",
-        )
-        .bind(error)
-        .bind(ms(now))
-        .bind(id),
-    };
-    q.execute(&mut **tx).await?;
+            (error, ms(now), id),
+        ),
+    }?;
     Ok(())
 }
