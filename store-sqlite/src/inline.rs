@@ -2,9 +2,11 @@
 //!
 //! The engine's writes (every command on a task, creates, requested tasks,
 //! idempotency claims, invite redemptions, reconciles) are the store's hot
-//! path. They run as *inline jobs*: closures that the writer runs one after
-//! another, on a blocking thread, against a rusqlite connection it owns,
-//! inside the batch's transaction (see [`crate::writer`]). A statement then
+//! path, with a few others beside them (idempotency records, webhook claims
+//! and cursors, worker registration). They run as *inline jobs*: closures
+//! that the writer runs one after another, on its own thread, against a
+//! rusqlite connection it owns, inside the batch's transaction (see
+//! [`crate::writer`]). A statement then
 //! costs a function call into SQLite, not a round trip to sqlx's connection
 //! thread and back (three or four per command, each a pair of wake-ups on a
 //! busy machine), and a write queued behind another costs no wake-up at all.
