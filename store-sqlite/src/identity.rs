@@ -115,14 +115,19 @@ pub(crate) fn invite_from_row(row: &SqliteRow) -> Result<Invite, StoreError> {
 }
 
 async fn insert_key(tx: &mut SqliteConnection, new: &NewApiKey) -> Result<(), StoreError> {
+    // A configured key's principal is derived from its name, so a replica
+    // given the same key may have made it already (fresh ids never meet).
     if new.new_principal {
-        sqlx::query("INSERT INTO principals (id, kind, name, created_at) VALUES (?, ?, ?, ?)")
-            .bind(new.principal.id.to_string())
-            .bind(new.principal.kind.as_str())
-            .bind(&new.principal.name)
-            .bind(ms(new.created_at))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO principals (id, kind, name, created_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(new.principal.id.to_string())
+        .bind(new.principal.kind.as_str())
+        .bind(&new.principal.name)
+        .bind(ms(new.created_at))
+        .execute(&mut *tx)
+        .await?;
     }
     sqlx::query(
         "INSERT INTO api_keys (id, principal_id, name, scopes, digest, expires_at, created_at) \
@@ -160,24 +165,6 @@ pub(crate) async fn insert_configured_key(mut tx: Tx, new: NewApiKey) -> Result<
         tx.rollback().await?;
         return Ok(false);
     }
-    // Every replica given the key derives the same principal: whichever
-    // stores it first makes it.
-    if new.new_principal {
-        sqlx::query(
-            "INSERT INTO principals (id, kind, name, created_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(new.principal.id.to_string())
-        .bind(new.principal.kind.as_str())
-        .bind(&new.principal.name)
-        .bind(ms(new.created_at))
-        .execute(&mut *tx)
-        .await?;
-    }
-    let new = NewApiKey {
-        new_principal: false,
-        ..new
-    };
     insert_key(&mut tx, &new).await?;
     tx.commit().await?;
     Ok(true)
