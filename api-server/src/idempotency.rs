@@ -275,23 +275,28 @@ fn header_string(h: &HeaderMap, name: header::HeaderName) -> Option<String> {
 }
 
 /// The key: 1-255 visible ASCII characters. The draft defines the field as
-/// a Structured Field string (`"…"`); a bare token is accepted too.
+/// a Structured Field string (`"…"`); a bare token is accepted too. The
+/// limit is on the field as sent, quotes included, as the OpenAPI document
+/// states it: a quoted 255-character key is 257 characters and refused.
 fn parse_key(raw: &HeaderValue) -> Result<String, ApiError> {
     let bad = || {
         ApiError::bad_request(
             "invalid-idempotency-key",
-            format!("Idempotency-Key must be 1-{MAX_KEY_LEN} visible ASCII characters"),
+            format!(
+                "Idempotency-Key must be 1-{MAX_KEY_LEN} visible ASCII characters, quotes included"
+            ),
         )
     };
-    let s = raw.to_str().map_err(|_| bad())?.trim();
-    let s = s
+    let sent = raw.to_str().map_err(|_| bad())?;
+    if sent.len() > MAX_KEY_LEN {
+        return Err(bad());
+    }
+    let sent = sent.trim();
+    let s = sent
         .strip_prefix('"')
         .and_then(|s| s.strip_suffix('"'))
-        .unwrap_or(s);
-    if s.is_empty()
-        || s.len() > MAX_KEY_LEN
-        || !s.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
-    {
+        .unwrap_or(sent);
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
         return Err(bad());
     }
     Ok(s.to_owned())
@@ -383,7 +388,7 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
         for (status, what) in [
             (
                 "400",
-                "Malformed request, or an Idempotency-Key that is not 1-255 visible ASCII characters",
+                "Malformed request, or an Idempotency-Key that is not 1-255 visible ASCII characters (quotes included)",
             ),
             (
                 "409",
@@ -433,6 +438,9 @@ mod tests {
         assert_eq!(ok("\"\""), None);
         assert_eq!(ok(&"k".repeat(256)), None);
         assert!(ok(&"k".repeat(255)).is_some());
+        // The quotes count: what the document's maxLength measures.
+        assert_eq!(ok(&format!("\"{}\"", "k".repeat(254))), None);
+        assert!(ok(&format!("\"{}\"", "k".repeat(253))).is_some());
     }
 
     #[test]
