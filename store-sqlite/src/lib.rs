@@ -37,6 +37,8 @@ use meatspace_store::{
     Session, Store, StoreError, TaskVersions, Worker, stored_event,
 };
 
+mod checkpoint;
+pub use checkpoint::CheckpointCounts;
 mod idempotency;
 mod identity;
 pub mod inline;
@@ -221,6 +223,12 @@ impl SqliteStore {
     /// How many writes this store has committed, in how many commits.
     pub fn write_counts(&self) -> WriteCounts {
         self.writes.counts()
+    }
+
+    /// How many WAL checkpoints ran off the writer's path, and how many
+    /// times the writer caught up (see [`checkpoint`]).
+    pub fn checkpoint_counts(&self) -> CheckpointCounts {
+        self.writes.checkpoint_counts()
     }
 
     /// Waits for a lending write's turn (see [`writer`]): every write of

@@ -46,6 +46,7 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
+use crate::checkpoint::{self, Checkpoints};
 use crate::inline::{Inline, failure, lost_batch};
 
 /// The most writes one transaction holds: enough that a burst of writes
@@ -169,6 +170,7 @@ impl Counters {
 pub(crate) struct Writer {
     queue: mpsc::Sender<Ticket>,
     counters: Arc<Counters>,
+    checkpointed: checkpoint::CheckpointCounter,
     /// How long a write waits for its turn before the store reports the
     /// database unavailable (as a pool's acquire timeout does).
     wait: Duration,
@@ -190,12 +192,16 @@ impl Writer {
     ) -> Result<Self, StoreError> {
         let (queue, jobs) = mpsc::channel(QUEUE);
         let counters = Arc::<Counters>::default();
+        let checkpoints = Checkpoints::spawn(opener.open()?)
+            .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+        let checkpointed = checkpoints.counter();
         let writer = WriterThread {
             pool,
             inline: Some(inline),
             opener,
             announcer,
             counters: counters.clone(),
+            checkpoints,
         };
         // A thread of its own, not a task: a batch's statements never wait,
         // and the writer never queues behind the requests it serves.
@@ -207,8 +213,13 @@ impl Writer {
         Ok(Writer {
             queue,
             counters,
+            checkpointed,
             wait,
         })
+    }
+
+    pub(crate) fn checkpoint_counts(&self) -> checkpoint::CheckpointCounts {
+        self.checkpointed.counts()
     }
 
     /// Writes waiting in the queue (not the batch being written).
@@ -397,14 +408,15 @@ impl Opener {
     }
 
     /// The inline jobs' connection: as [`Opener::open`], with a page cache
-    /// (8 MiB) that holds the pages a burst of writes goes back to. It
-    /// checkpoints the WAL itself, in the COMMIT that crosses SQLite's
-    /// threshold: a checkpoint on another connection copies pages while
-    /// the writer appends more, never finishes, and never lets the WAL
-    /// start over (it grew by 70 MB a second under load).
+    /// (8 MiB) that holds the pages a burst of writes goes back to. Its
+    /// WAL checkpoints run between batches, the heavy part on another
+    /// thread (see [`crate::checkpoint`]); its own auto-checkpoint, in the
+    /// `COMMIT`, is only the backstop.
     pub(crate) fn open_writer(&self) -> Result<Connection, StoreError> {
         let conn = self.open()?;
         conn.execute_batch("PRAGMA cache_size = -8192")
+            .map_err(failure)?;
+        conn.pragma_update(None, "wal_autocheckpoint", checkpoint::BACKSTOP_PAGES)
             .map_err(failure)?;
         Ok(conn)
     }
@@ -419,6 +431,9 @@ struct WriterThread {
     opener: Opener,
     announcer: Announcer,
     counters: Arc<Counters>,
+    /// The WAL's checkpoints, run off the writer's path (see
+    /// [`crate::checkpoint`]).
+    checkpoints: Checkpoints,
 }
 
 impl WriterThread {
@@ -442,6 +457,7 @@ impl WriterThread {
                 Ticket::Lend(turn) => runtime.block_on(self.lend(turn, &mut jobs)),
                 Ticket::Inline(job) => self.inline(job, &mut jobs),
             };
+            self.checkpoints.after_batch(self.inline.as_ref());
         }
     }
 

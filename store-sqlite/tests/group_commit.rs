@@ -1,7 +1,8 @@
 //! The SQLite writer's group commit, on a real file: writes queued together
 //! commit in one transaction, a write refused or failing on its own is
 //! undone alone while its batch-mates commit, and a failed `COMMIT` fails
-//! every write of its batch and writes none of them.
+//! every write of its batch and writes none of them. The WAL's checkpoints
+//! run off the writer's path and the WAL still starts over.
 //!
 //! Each test first holds the writer on a write of its own ([`hold`]) and
 //! waits until the writes under test are all queued behind it: the writer
@@ -400,4 +401,40 @@ async fn count(store: &SqliteStore, table: &str) -> i64 {
         .fetch_one(store.pool())
         .await
         .expect("count rows")
+}
+
+/// A stream of creates, 32 at a time, until the writer has caught up with
+/// the checkpoint thread five times: every catch-up lets the WAL start
+/// over, so the WAL file stays within the writer's own auto-checkpoint
+/// (4,000 pages), although the creates wrote more than that. Without the
+/// writer's catch-up a checkpoint on another connection never finishes
+/// and the WAL grows by every write; without the thread nothing counts.
+#[tokio::test]
+async fn checkpoints_run_off_the_writer_and_the_wal_starts_over() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = store(&dir).await;
+    let now = Utc::now();
+    let mut creates = 0;
+    while store.checkpoint_counts().catch_ups < 5 {
+        assert!(
+            creates < 100_000,
+            "{creates} creates and only {:?}",
+            store.checkpoint_counts()
+        );
+        let batch = (0..32).map(|_| store.create_task(new_task(Uuid::new_v4(), now)));
+        for created in join_all(batch).await {
+            created.expect("a create");
+        }
+        creates += 32;
+    }
+    let counts = store.checkpoint_counts();
+    assert!(counts.passes >= counts.catch_ups, "{counts:?}");
+    let wal = std::fs::metadata(dir.path().join("group.db-wal"))
+        .expect("the WAL file")
+        .len();
+    let page = 4096;
+    assert!(
+        wal <= (4000 + 256) * page,
+        "the WAL grew to {wal} bytes over {creates} creates ({counts:?})"
+    );
 }
