@@ -50,8 +50,9 @@ pub struct CheckpointCounts {
     pub catch_ups: u64,
 }
 
+/// What the thread and the writer share; the store reads the counts.
 #[derive(Debug, Default)]
-struct Shared {
+pub(crate) struct Shared {
     /// The thread asked the writer to finish: set only after a pass, by the
     /// thread, and cleared only by the writer, after its checkpoint.
     catch_up: AtomicBool,
@@ -81,8 +82,8 @@ impl Checkpoints {
     }
 
     /// A handle on the counts, for the store to read.
-    pub(crate) fn counter(&self) -> CheckpointCounter {
-        CheckpointCounter(self.shared.clone())
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 
     /// After a batch was committed and answered, with `writer` (the
@@ -136,15 +137,11 @@ fn passes(conn: &Connection, nudged: &Receiver<()>, shared: &Shared) {
     }
 }
 
-/// Reads the counts of a running checkpoint thread.
-#[derive(Debug, Clone)]
-pub(crate) struct CheckpointCounter(Arc<Shared>);
-
-impl CheckpointCounter {
+impl Shared {
     pub(crate) fn counts(&self) -> CheckpointCounts {
         CheckpointCounts {
-            passes: self.0.passes.load(Ordering::Relaxed),
-            catch_ups: self.0.catch_ups.load(Ordering::Relaxed),
+            passes: self.passes.load(Ordering::Relaxed),
+            catch_ups: self.catch_ups.load(Ordering::Relaxed),
         }
     }
 }

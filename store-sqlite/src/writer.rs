@@ -170,7 +170,7 @@ impl Counters {
 pub(crate) struct Writer {
     queue: mpsc::Sender<Ticket>,
     counters: Arc<Counters>,
-    checkpointed: checkpoint::CheckpointCounter,
+    checkpointed: Arc<checkpoint::Shared>,
     /// How long a write waits for its turn before the store reports the
     /// database unavailable (as a pool's acquire timeout does).
     wait: Duration,
@@ -194,7 +194,7 @@ impl Writer {
         let counters = Arc::<Counters>::default();
         let checkpoints = Checkpoints::spawn(opener.open()?)
             .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
-        let checkpointed = checkpoints.counter();
+        let checkpointed = checkpoints.shared();
         let writer = WriterThread {
             pool,
             inline: Some(inline),
