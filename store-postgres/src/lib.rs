@@ -196,7 +196,7 @@ impl PgStore {
     ) -> Result<Applied, StoreError> {
         if fits_one_statement(&d) {
             let task_id = before.id;
-            return Self::write_in_one_statement(&mut **tx, before, d)
+            return Self::write_one(&mut **tx, before, &d)
                 .await?
                 .ok_or_else(|| {
                     // Impossible while we hold the row lock; refuse rather
@@ -326,29 +326,35 @@ impl PgStore {
 }
 
 impl PgStore {
-    /// Writes a decision that [`fits_one_statement`] with one statement (so
-    /// one round trip), on the condition that the task is still exactly as
-    /// `before` shows it: same state and same `last_event_id`. Returns
-    /// `None`, having written nothing, when it is not.
+    /// Writes decisions that [`fits_one_statement`], each decided on its
+    /// task as `before` shows it, with one statement (so one round trip)
+    /// for all of them: the tasks must be distinct and in ascending id
+    /// order. Each write is conditional on its own: it writes only if its
+    /// task is still exactly as `before` shows it (same state and same
+    /// `last_event_id`), and otherwise writes nothing and gets `None`,
+    /// taking nothing of the others down. The outcomes are in `writes`'
+    /// order.
     ///
-    /// The statement, in order of its data dependencies:
+    /// The statement takes arrays with one element per write (and one per
+    /// event); in order of its data dependencies:
     ///
-    /// 1. `lk` locks the task row (`FOR UPDATE`) if it still has the state
-    ///    and last event id the decision was made on. When another
-    ///    transaction holds the lock, it waits; under READ COMMITTED,
-    ///    PostgreSQL then re-checks the `WHERE` against the newest version
-    ///    of the row (EvalPlanQual) and skips the row if it no longer
-    ///    matches (or was deleted). So `lk` has one row exactly when this
-    ///    statement holds the lock on the task as it was read.
-    /// 2. `ev` inserts the events, one per decided event crossed with
-    ///    `lk`: none unless the lock is held. Their ids are drawn from the
-    ///    identity sequence only then, in the decision's order (the sorted
-    ///    rows are inserted one by one), so one task's event ids become
-    ///    visible in ascending order, as DESIGN ("Events") requires: every
-    ///    other writer of the task appends only while holding the same lock.
-    /// 3. `closed` closes the open issues (a terminal or lapsed decision),
-    ///    `up` writes the task (its `last_event_id` the newest event's), and
-    ///    the notification is sent, each only if `lk` has its row.
+    /// 1. `r` is the writes, numbered `n` in order.
+    /// 2. `lk` locks (`FOR UPDATE`), in id order, the task rows that still
+    ///    have the state and last event id their write was decided on. When
+    ///    another transaction holds a lock, it waits; under READ COMMITTED,
+    ///    PostgreSQL then re-checks the join against the newest version of
+    ///    the row (EvalPlanQual) and skips the row if it no longer matches
+    ///    (or was deleted). So `lk` has a write's row exactly when this
+    ///    statement holds the lock on that task as it was read.
+    /// 3. `ev` inserts the events of the writes in `lk`, in their order.
+    ///    Their ids are drawn from the identity sequence only then, row by
+    ///    row, so one task's event ids become visible in ascending order, as
+    ///    DESIGN ("Events") requires: every other writer of the task appends
+    ///    only while holding the same lock.
+    /// 4. `closed` closes the open issues (a terminal or lapsed decision),
+    ///    `up` writes the task (its `last_event_id` the newest of its
+    ///    events), and the notification is sent, each only for the writes in
+    ///    `lk`.
     ///
     /// Why `(state, last_event_id)` is enough to tell "unchanged": every
     /// decision [`decide`](meatspace_domain::decide) accepts appends at least one event (each arm of
@@ -359,111 +365,192 @@ impl PgStore {
     /// the task since `before` was read moved its `last_event_id`. Issues
     /// of the task change only together with the task row (under its lock,
     /// with an event), so they too are as `before` was read; and purge
-    /// deletes the row, which leaves `lk` empty.
+    /// deletes the row, which leaves `lk` without it.
     ///
-    /// Run on its own (autocommit, [`PgStore::apply`]'s optimistic path),
-    /// the statement is its own transaction and commits the lock, events,
-    /// issues, task and notification together. Run inside a transaction
-    /// that already holds the lock ([`PgStore::write`]), `lk` just finds
-    /// the row it holds.
+    /// Run on its own (autocommit), the statement is its own transaction
+    /// and commits the locks, events, issues, tasks and notifications
+    /// together. Run inside a transaction that already holds a lock
+    /// ([`PgStore::write`]), `lk` just finds the row it holds. The grouped
+    /// writes ([`crate::commands`]) run it in a transaction of their own.
+    ///
+    /// The `= ANY($1)` conditions keep every lookup of `tasks` and `issues`
+    /// on an index: without them the planner, which cannot see how many
+    /// writes the arrays hold, may scan the whole table.
     async fn write_in_one_statement<'c, E>(
         conn: E,
+        writes: &[(&Task, &Decision)],
+    ) -> Result<Vec<Option<Applied>>, StoreError>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        debug_assert!(writes.windows(2).all(|w| w[0].0.id < w[1].0.id));
+        let n = writes.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut was = Vec::with_capacity(n);
+        let mut last = Vec::with_capacity(n);
+        let mut states = Vec::with_capacity(n);
+        let mut workers = Vec::with_capacity(n);
+        let mut nows = Vec::with_capacity(n);
+        let mut published = Vec::with_capacity(n);
+        let mut assigned = Vec::with_capacity(n);
+        let mut started = Vec::with_capacity(n);
+        let mut ended = Vec::with_capacity(n);
+        let mut start_by = Vec::with_capacity(n);
+        let mut active_until = Vec::with_capacity(n);
+        let mut deadlines = Vec::with_capacity(n);
+        let mut open_issues = Vec::with_capacity(n);
+        let mut expires = Vec::with_capacity(n);
+        let mut closes = Vec::with_capacity(n);
+        // The events, each with the number of its write.
+        let (mut event_of, mut kinds, mut actors, mut data) = (vec![], vec![], vec![], vec![]);
+        for (number, (before, d)) in (1i64..).zip(writes) {
+            debug_assert!(fits_one_statement(d));
+            let task = &d.task;
+            ids.push(before.id);
+            was.push(before.state.as_str());
+            last.push(before.last_event_id);
+            states.push(task.state.as_str());
+            workers.push(task.worker_id);
+            nows.push(task.updated_at);
+            published.push(task.published_at);
+            assigned.push(task.assigned_at);
+            started.push(task.started_at);
+            ended.push(task.ended_at);
+            start_by.push(task.start_by);
+            active_until.push(task.active_until);
+            deadlines.push(task.next_deadline());
+            open_issues.push(task.open_issues);
+            expires.push(task.expires_at);
+            closes.push(d.issue_changes.iter().find_map(|c| match c {
+                IssueChange::CloseAll { resolution } => Some(resolution.as_str()),
+                _ => None,
+            }));
+            for e in &d.events {
+                event_of.push(number);
+                kinds.push(e.kind.as_str());
+                actors.push(e.actor.as_str());
+                data.push(&e.data);
+            }
+        }
+        let rows = sqlx::query(
+            "WITH r AS MATERIALIZED ( \
+               SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], \
+                 $5::uuid[], $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], \
+                 $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::timestamptz[], \
+                 $13::timestamptz[], $14::int[], $15::timestamptz[], $16::text[]) \
+               WITH ORDINALITY AS r(id, was, last, state, worker_id, now, published_at, \
+                 assigned_at, started_at, ended_at, start_by, active_until, next_deadline, \
+                 open_issues, expires_at, close, n)), \
+             lk AS MATERIALIZED ( \
+               SELECT t.id, r.n FROM r JOIN tasks t \
+                 ON t.id = r.id AND t.state = r.was AND t.last_event_id = r.last \
+               WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t), \
+             ev AS ( \
+               INSERT INTO events (task_id, type, actor, created_at, data) \
+               SELECT lk.id, e.type, e.actor, r.now, e.data \
+               FROM UNNEST($17::bigint[], $18::text[], $19::text[], $20::jsonb[]) \
+                 WITH ORDINALITY AS e(n, type, actor, data, k) \
+               JOIN lk ON lk.n = e.n JOIN r ON r.n = e.n \
+               ORDER BY e.k RETURNING id, task_id), \
+             closed AS ( \
+               UPDATE issues SET status = 'closed', resolution = r.close, resolved_at = r.now \
+               FROM r JOIN lk ON lk.n = r.n \
+               WHERE r.close IS NOT NULL AND issues.task_id = r.id \
+                 AND issues.task_id = ANY($1) AND issues.status = 'open'), \
+             up AS ( \
+               UPDATE tasks SET state = r.state, worker_id = r.worker_id, updated_at = r.now, \
+                 published_at = r.published_at, assigned_at = r.assigned_at, \
+                 started_at = r.started_at, ended_at = r.ended_at, start_by = r.start_by, \
+                 active_until = r.active_until, next_deadline = r.next_deadline, \
+                 open_issues = r.open_issues, expires_at = r.expires_at, \
+                 last_event_id = COALESCE( \
+                   (SELECT max(ev.id) FROM ev WHERE ev.task_id = tasks.id), tasks.last_event_id) \
+               FROM r JOIN lk ON lk.n = r.n \
+               WHERE tasks.id = r.id AND tasks.id = ANY($1) RETURNING r.n) \
+             SELECT up.n IS NOT NULL AS updated, \
+               ARRAY(SELECT ev.id FROM ev WHERE ev.task_id = r.id ORDER BY ev.id) AS ids, \
+               CASE WHEN up.n IS NOT NULL THEN pg_notify($21, r.id::text) END AS notified \
+             FROM r LEFT JOIN up ON up.n = r.n ORDER BY r.n",
+        )
+        .bind(&ids)
+        .bind(&was)
+        .bind(&last)
+        .bind(&states)
+        .bind(&workers)
+        .bind(&nows)
+        .bind(&published)
+        .bind(&assigned)
+        .bind(&started)
+        .bind(&ended)
+        .bind(&start_by)
+        .bind(&active_until)
+        .bind(&deadlines)
+        .bind(&open_issues)
+        .bind(&expires)
+        .bind(&closes)
+        .bind(&event_of)
+        .bind(&kinds)
+        .bind(&actors)
+        .bind(&data)
+        .bind(CHANNEL)
+        .fetch_all(conn)
+        .await?;
+        if rows.len() != n {
+            return Err(StoreError::Corrupt(format!(
+                "{} outcomes of {n} writes",
+                rows.len()
+            )));
+        }
+        writes
+            .iter()
+            .zip(rows)
+            .map(|((_, d), row)| {
+                let updated: bool = row.try_get("updated")?;
+                let event_ids: Vec<i64> = row.try_get("ids")?;
+                match (updated, event_ids.len()) {
+                    (false, 0) => return Ok(None),
+                    (true, k) if k == d.events.len() => {}
+                    _ => {
+                        return Err(StoreError::Corrupt(format!(
+                            "task {}: updated {updated} and {} of {} events written",
+                            d.task.id,
+                            event_ids.len(),
+                            d.events.len()
+                        )));
+                    }
+                }
+                let mut task = d.task.clone();
+                let now = task.updated_at;
+                let events: Vec<Event> = d
+                    .events
+                    .iter()
+                    .cloned()
+                    .zip(event_ids)
+                    .map(|(e, id)| e.stored(id, task.id, now))
+                    .collect();
+                if let Some(newest) = events.last() {
+                    task.last_event_id = newest.id;
+                }
+                Ok(Some(Applied {
+                    task,
+                    events,
+                    applied: d.applied,
+                }))
+            })
+            .collect()
+    }
+
+    /// [`PgStore::write_in_one_statement`] of one decision.
+    async fn write_one<'c, E>(
+        conn: E,
         before: &Task,
-        d: Decision,
+        d: &Decision,
     ) -> Result<Option<Applied>, StoreError>
     where
         E: sqlx::Executor<'c, Database = Postgres>,
     {
-        debug_assert!(fits_one_statement(&d));
-        let Decision {
-            mut task,
-            events: new_events,
-            issue_changes,
-            applied,
-            photo: _,
-        } = d;
-        let now = task.updated_at;
-        let close = issue_changes.into_iter().find_map(|c| match c {
-            IssueChange::CloseAll { resolution } => Some(resolution),
-            _ => None,
-        });
-        let kinds: Vec<&str> = new_events.iter().map(|e| e.kind.as_str()).collect();
-        let actors: Vec<&str> = new_events.iter().map(|e| e.actor.as_str()).collect();
-        let data: Vec<&serde_json::Value> = new_events.iter().map(|e| &e.data).collect();
-        let row = sqlx::query(
-            "WITH lk AS MATERIALIZED ( \
-               SELECT id FROM tasks WHERE id = $1 AND state = $7 AND last_event_id = $20 \
-               FOR UPDATE), \
-             ev AS ( \
-               INSERT INTO events (task_id, type, actor, created_at, data) \
-               SELECT lk.id, u.type, u.actor, $5, u.data \
-               FROM lk CROSS JOIN \
-                 UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(type, actor, data, n) \
-               ORDER BY u.n RETURNING id), \
-             closed AS ( \
-               UPDATE issues SET status = 'closed', resolution = $6, resolved_at = $5 \
-               WHERE $6::text IS NOT NULL AND task_id = $1 AND status = 'open' \
-                 AND EXISTS (SELECT 1 FROM lk)), \
-             up AS ( \
-               UPDATE tasks SET state = $8, worker_id = $9, updated_at = $5, published_at = $10, \
-                 assigned_at = $11, started_at = $12, ended_at = $13, start_by = $14, \
-                 active_until = $15, next_deadline = $16, open_issues = $17, \
-                 last_event_id = COALESCE((SELECT max(id) FROM ev), tasks.last_event_id), \
-                 expires_at = $18 \
-               WHERE id = $1 AND EXISTS (SELECT 1 FROM lk) RETURNING id) \
-             SELECT ARRAY(SELECT id FROM ev ORDER BY id) AS ids, \
-               (SELECT count(*) FROM up) AS updated, \
-               (SELECT pg_notify($19, id::text) FROM up) AS notified",
-        )
-        .bind(task.id)
-        .bind(&kinds)
-        .bind(&actors)
-        .bind(&data)
-        .bind(now)
-        .bind(close)
-        .bind(before.state.as_str())
-        .bind(task.state.as_str())
-        .bind(task.worker_id)
-        .bind(task.published_at)
-        .bind(task.assigned_at)
-        .bind(task.started_at)
-        .bind(task.ended_at)
-        .bind(task.start_by)
-        .bind(task.active_until)
-        .bind(task.next_deadline())
-        .bind(task.open_issues)
-        .bind(task.expires_at)
-        .bind(CHANNEL)
-        .bind(before.last_event_id)
-        .fetch_one(conn)
-        .await?;
-        let ids: Vec<i64> = row.try_get("ids")?;
-        let updated: i64 = row.try_get("updated")?;
-        match (updated, ids.len()) {
-            (0, 0) => return Ok(None),
-            (1, n) if n == new_events.len() => {}
-            _ => {
-                return Err(StoreError::Corrupt(format!(
-                    "task {}: {updated} rows and {} of {} events written",
-                    task.id,
-                    ids.len(),
-                    new_events.len()
-                )));
-            }
-        }
-        let events: Vec<Event> = new_events
-            .into_iter()
-            .zip(ids)
-            .map(|(e, id)| e.stored(id, task.id, now))
-            .collect();
-        if let Some(last) = events.last() {
-            task.last_event_id = last.id;
-        }
-        Ok(Some(Applied {
-            task,
-            events,
-            applied,
-        }))
+        let mut written = Self::write_in_one_statement(conn, &[(before, d)]).await?;
+        Ok(written.pop().flatten())
     }
 
     /// Writes the controller's decisions for a batch of locked tasks with a

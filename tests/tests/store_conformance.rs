@@ -137,6 +137,7 @@ conformance! {
         concurrent_creates_each_land_and_are_announced,
         a_failing_create_among_concurrent_ones_fails_alone,
         racing_claims_have_exactly_one_winner,
+        racing_claims_on_many_tasks_have_one_winner_each,
         racing_endings_leave_one_terminal_state_and_event,
         pollers_see_every_event_of_concurrent_appenders,
         pollers_see_every_event_of_many_appenders_to_one_task,
@@ -2142,6 +2143,85 @@ async fn racing_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
     }
 }
 
+/// Claims of many tasks at once, three workers racing for each, then every
+/// winner's start and complete at once: writes to different tasks that
+/// arrive together (which PostgreSQL writes in one statement) each get
+/// their own outcome, a lost race takes no other write down, and every
+/// task's feed is its own events in order.
+async fn racing_claims_on_many_tasks_have_one_winner_each(store: Arc<dyn Store>) {
+    const TASKS: usize = 16;
+    let workers = [
+        worker(&*store).await,
+        worker(&*store).await,
+        worker(&*store).await,
+    ];
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        tasks.push(task_in(&*store, TaskState::Open).await.0.id);
+    }
+    let jobs: Vec<BoxFuture<'static, (Uuid, Uuid, Outcome)>> = tasks
+        .iter()
+        .flat_map(|&id| workers.iter().map(move |&w| (id, w)))
+        .map(|(id, w)| {
+            let store = store.clone();
+            let job = async move { (id, w, store.apply(id, claim(w), at(10)).await) };
+            Box::pin(job) as BoxFuture<'static, _>
+        })
+        .collect();
+    let mut winners = std::collections::HashMap::new();
+    for (id, w, outcome) in race(jobs).await {
+        match outcome {
+            Ok(a) => {
+                assert_eq!((a.task.id, a.task.worker_id), (id, Some(w)));
+                assert_eq!(kinds(&a.events), [EventType::TaskAssigned]);
+                assert!(winners.insert(id, w).is_none(), "task {id}: two winners");
+            }
+            Err(StoreError::Refused(refusal)) => {
+                assert_eq!(refusal, wrong("claim", TaskState::Assigned), "task {id}")
+            }
+            Err(e) => panic!("task {id}: a claim failed with {e}"),
+        }
+    }
+    assert_eq!(winners.len(), TASKS, "every task has a winner");
+    let done = |w| complete(w, None);
+    for (command, secs) in [(start as fn(Uuid) -> Command, 11), (done, 12)] {
+        let jobs: Vec<BoxFuture<'static, (Uuid, Outcome)>> = winners
+            .iter()
+            .map(|(&id, &w)| {
+                let store = store.clone();
+                let job = async move { (id, store.apply(id, command(w), at(secs)).await) };
+                Box::pin(job) as BoxFuture<'static, _>
+            })
+            .collect();
+        for (id, outcome) in race(jobs).await {
+            let applied = outcome.unwrap_or_else(|e| panic!("task {id}: {e}"));
+            assert_eq!(applied.task.id, id);
+        }
+    }
+    for (&id, &w) in &winners {
+        let stored = read(&*store, id).await.expect("task");
+        assert_eq!(
+            (stored.state, stored.worker_id),
+            (TaskState::Completed, Some(w))
+        );
+        let feed = all_events(&*store, id).await;
+        let expected = [
+            EventType::TaskPublished,
+            EventType::TaskAssigned,
+            EventType::TaskStarted,
+            EventType::TaskCompleted,
+        ];
+        assert_eq!(kinds(&feed), expected, "task {id}");
+        assert!(feed.iter().all(|e| e.task_id == id), "task {id}: {feed:?}");
+        assert!(
+            feed.windows(2).all(|p| p[0].id < p[1].id),
+            "task {id}: {feed:?}"
+        );
+        assert_eq!(stored.last_event_id, feed[3].id, "task {id}");
+        assert_eq!(feed[1].data["worker_id"], json!(w));
+    }
+}
+
 /// The assigned worker completes and stops, the agent cancels twice (directly
 /// and by answering an issue), and the controller expires the task twice
 /// (one command, one sweep), all at once: exactly one of them wins.
@@ -2605,7 +2685,7 @@ async fn apply_while_another_writer_commits(
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query LIKE 'WITH lk AS MATERIALIZED%'",
+             AND wait_event_type = 'Lock' AND query LIKE 'WITH r AS MATERIALIZED%'",
         )
         .fetch_one(&watcher)
         .await
