@@ -1215,7 +1215,7 @@ impl Store for PgStore {
         crate::idempotency::purge(&self.pool, before, limit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
         if let Err(e) = sqlx::query("SELECT 1").execute(&self.probe).await {
             self.outages.failed_now();
@@ -1224,7 +1224,7 @@ impl Store for PgStore {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let owner_id = new.owner_id;
         let (task, agent_token_hash) = new.into_draft();
@@ -1246,7 +1246,7 @@ impl Store for PgStore {
         Ok(task)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError> {
         let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))
             .bind(id)
@@ -1255,7 +1255,7 @@ impl Store for PgStore {
         row.as_ref().map(task_from_row).transpose()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
         let bytes: Option<Vec<u8>> = sqlx::query_scalar(
             "SELECT agent_token_hash FROM tasks WHERE id = $1 \
@@ -1287,7 +1287,7 @@ impl Store for PgStore {
     /// The engine ([`meatspace_store::engine::apply`]) runs both and makes
     /// every decision; this store provides the SQL (its
     /// [`engine::Backend`] implementation, below).
-    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
         task_id: Uuid,
@@ -1297,7 +1297,7 @@ impl Store for PgStore {
         engine::apply(self, task_id, command, None, now, &self.policy).await
     }
 
-    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply_by(
         &self,
         task_id: Uuid,
@@ -1308,7 +1308,7 @@ impl Store for PgStore {
         engine::apply(self, task_id, command, Some(by), now, &self.policy).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn events(
         &self,
         task_id: Uuid,
@@ -1378,7 +1378,7 @@ impl Store for PgStore {
         Some(&self.versions)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
         let rows = sqlx::query("SELECT * FROM issues WHERE task_id = $1 ORDER BY event_id")
             .bind(task_id)
@@ -1387,7 +1387,7 @@ impl Store for PgStore {
         rows.iter().map(issue_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError> {
         let row = sqlx::query(
             "SELECT id, task_id, content_type, data, created_at FROM photos WHERE id = $1 AND task_id = $2",
@@ -1418,7 +1418,7 @@ impl Store for PgStore {
         Ok(u64::try_from(bytes).unwrap_or(0))
     }
 
-    #[tracing::instrument(skip(self, token_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
     async fn create_worker(
         &self,
         id: Uuid,
@@ -1443,7 +1443,7 @@ impl Store for PgStore {
         })
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
         let bytes: Option<Vec<u8>> = sqlx::query_scalar(
             "SELECT token_hash FROM workers WHERE id = $1 AND suspended_at IS NULL",
@@ -1454,7 +1454,7 @@ impl Store for PgStore {
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn open_tasks(
         &self,
         cursor: Option<OpenTasksCursor>,
@@ -1478,7 +1478,7 @@ impl Store for PgStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2"
@@ -1490,7 +1490,7 @@ impl Store for PgStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
@@ -1499,7 +1499,7 @@ impl Store for PgStore {
         .await?)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn reconcile_due(
         &self,
         now: DateTime<Utc>,
@@ -1508,7 +1508,7 @@ impl Store for PgStore {
         engine::reconcile_due(self, now, limit, &self.policy).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_ended_before(
         &self,
         cutoff: DateTime<Utc>,
@@ -1554,7 +1554,7 @@ impl Store for PgStore {
         Ok(deleted)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn forget_purged_before(
         &self,
         cutoff: DateTime<Utc>,
@@ -1582,7 +1582,7 @@ impl Store for PgStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
         let sessions = sqlx::query(
             "DELETE FROM worker_sessions WHERE id IN \
@@ -1638,7 +1638,7 @@ impl Store for PgStore {
         Ok(stream.boxed())
     }
 
-    #[tracing::instrument(skip(self, code_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, code_hash), err)]
     async fn create_invite(
         &self,
         id: Uuid,
@@ -1649,12 +1649,12 @@ impl Store for PgStore {
         identity::create_invite(self.pool.begin().await?, id, code_hash, expires_at, audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
         identity::invite(&self.pool, id).await
     }
 
-    #[tracing::instrument(skip(self, token_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
     async fn redeem_invite(
         &self,
         invite_id: Uuid,
@@ -1672,7 +1672,7 @@ impl Store for PgStore {
         engine::redeem_invite(self, invite_id, worker, &token_hash).await
     }
 
-    #[tracing::instrument(skip(self, secret_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, secret_hash), err)]
     async fn create_session(
         &self,
         id: Uuid,
@@ -1695,7 +1695,7 @@ impl Store for PgStore {
         Ok(())
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
         let row = sqlx::query(
             "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
@@ -1724,7 +1724,7 @@ impl Store for PgStore {
         .transpose()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
         let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = $1")
             .bind(id)
@@ -1734,7 +1734,7 @@ impl Store for PgStore {
         Ok(deleted > 0)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = $1 \
@@ -1747,7 +1747,7 @@ impl Store for PgStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
@@ -1778,7 +1778,7 @@ impl Store for PgStore {
         crate::requests::requested_among(&self.pool, task_ids).await
     }
 
-    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
     async fn create_api_key(
         &self,
         new: meatspace_store::NewApiKey,
@@ -1787,7 +1787,7 @@ impl Store for PgStore {
         identity::create_key(self.pool.begin().await?, new, audit).await
     }
 
-    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
     async fn insert_configured_key(
         &self,
         new: meatspace_store::NewApiKey,
@@ -1795,12 +1795,12 @@ impl Store for PgStore {
         identity::insert_configured_key(self.pool.begin().await?, new).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn api_key(&self, id: Uuid) -> Result<Option<meatspace_store::KeyRecord>, StoreError> {
         identity::key(&self.pool, id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn api_keys(
         &self,
         after: Option<Uuid>,
@@ -1809,7 +1809,7 @@ impl Store for PgStore {
         identity::keys(&self.pool, after, limit).await
     }
 
-    #[tracing::instrument(skip(self, digest, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, digest, audit), err)]
     async fn rotate_api_key(
         &self,
         id: Uuid,
@@ -1827,7 +1827,7 @@ impl Store for PgStore {
         .await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn revoke_api_key(
         &self,
         id: Uuid,
@@ -1836,12 +1836,12 @@ impl Store for PgStore {
         identity::revoke_key(self.pool.begin().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip_all, err)]
+    #[tracing::instrument(level = "debug", skip_all, err)]
     async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
         identity::touch_keys(&self.pool, used).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn ensure_principal(
         &self,
         principal: &meatspace_domain::identity::PrincipalRef,
@@ -1850,7 +1850,7 @@ impl Store for PgStore {
         identity::ensure_principal(&self.pool, principal, now).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn principal(
         &self,
         id: Uuid,
@@ -1858,12 +1858,12 @@ impl Store for PgStore {
         identity::principal(&self.pool, id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
         identity::task_owner(&self.pool, task_id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn owned_tasks(
         &self,
         owner: Uuid,
@@ -1883,17 +1883,17 @@ impl Store for PgStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError> {
         identity::worker(&self.pool, id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
         identity::workers(&self.pool, after, limit).await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn suspend_worker(
         &self,
         id: Uuid,
@@ -1902,7 +1902,7 @@ impl Store for PgStore {
         identity::suspend_worker(self.pool.begin().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn reinstate_worker(
         &self,
         id: Uuid,
@@ -1911,7 +1911,7 @@ impl Store for PgStore {
         identity::reinstate_worker(self.pool.begin().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip(self, token_hash, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, token_hash, audit), err)]
     async fn rotate_worker_token(
         &self,
         id: Uuid,
@@ -1921,12 +1921,12 @@ impl Store for PgStore {
         identity::rotate_worker_token(self.pool.begin().await?, id, token_hash, audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
         identity::invites(&self.pool, after, limit).await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn revoke_invite(
         &self,
         id: Uuid,
@@ -1935,12 +1935,12 @@ impl Store for PgStore {
         identity::revoke_invite(self.pool.begin().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
         identity::append_audit(&self.pool, &audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn audit(
         &self,
         filter: &meatspace_store::AuditFilter,
@@ -1948,7 +1948,7 @@ impl Store for PgStore {
         identity::audit(&self.pool, filter).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_audit_before(
         &self,
         before: DateTime<Utc>,

@@ -431,13 +431,13 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.probe).await?;
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(task_id = %new.id), err)]
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         let owner_id = new.owner_id;
         let (task, agent_token_hash) = new.into_draft();
@@ -454,7 +454,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError> {
         let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
             .bind(id.to_string())
@@ -463,7 +463,7 @@ impl Store for SqliteStore {
         row.as_ref().map(task_from_row).transpose()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
         let bytes: Option<Vec<u8>> = sqlx::query_scalar(
             "SELECT agent_token_hash FROM tasks WHERE id = ?1 \
@@ -475,7 +475,7 @@ impl Store for SqliteStore {
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
-    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
         task_id: Uuid,
@@ -488,7 +488,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self, command), fields(command = command.name()), err(level = "debug"))]
+    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply_by(
         &self,
         task_id: Uuid,
@@ -502,7 +502,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn events(
         &self,
         task_id: Uuid,
@@ -574,7 +574,7 @@ impl Store for SqliteStore {
         Some(&self.versions)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
         let rows = sqlx::query("SELECT * FROM issues WHERE task_id = ? ORDER BY event_id")
             .bind(task_id.to_string())
@@ -583,7 +583,7 @@ impl Store for SqliteStore {
         rows.iter().map(issue_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError> {
         let row = sqlx::query(
             "SELECT id, task_id, content_type, data, created_at FROM photos WHERE id = ? AND task_id = ?",
@@ -614,7 +614,7 @@ impl Store for SqliteStore {
         Ok(u64::try_from(bytes).unwrap_or(0))
     }
 
-    #[tracing::instrument(skip(self, token_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
     async fn create_worker(
         &self,
         id: Uuid,
@@ -640,7 +640,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
         let bytes: Option<Vec<u8>> = sqlx::query_scalar(
             "SELECT token_hash FROM workers WHERE id = ? AND suspended_at IS NULL",
@@ -651,7 +651,7 @@ impl Store for SqliteStore {
         Ok(bytes.as_deref().and_then(TokenHash::from_slice))
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn open_tasks(
         &self,
         cursor: Option<OpenTasksCursor>,
@@ -673,7 +673,7 @@ impl Store for SqliteStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?"
@@ -685,7 +685,7 @@ impl Store for SqliteStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let v: Option<i64> = sqlx::query_scalar(
             "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
@@ -695,7 +695,7 @@ impl Store for SqliteStore {
         opt_from_ms(v)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn reconcile_due(
         &self,
         now: DateTime<Utc>,
@@ -707,7 +707,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_ended_before(
         &self,
         cutoff: DateTime<Utc>,
@@ -747,7 +747,7 @@ impl Store for SqliteStore {
         Ok(deleted)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn forget_purged_before(
         &self,
         cutoff: DateTime<Utc>,
@@ -778,7 +778,7 @@ impl Store for SqliteStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
         let mut tx = self.begin_write().await?;
         let sessions = sqlx::query(
@@ -830,7 +830,7 @@ impl Store for SqliteStore {
         Ok(stream.boxed())
     }
 
-    #[tracing::instrument(skip(self, code_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, code_hash), err)]
     async fn create_invite(
         &self,
         id: Uuid,
@@ -841,12 +841,12 @@ impl Store for SqliteStore {
         identity::create_invite(self.begin_write().await?, id, code_hash, expires_at, audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
         identity::invite(&self.reader, id).await
     }
 
-    #[tracing::instrument(skip(self, token_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
     async fn redeem_invite(
         &self,
         invite_id: Uuid,
@@ -866,7 +866,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(skip(self, secret_hash), err)]
+    #[tracing::instrument(level = "debug", skip(self, secret_hash), err)]
     async fn create_session(
         &self,
         id: Uuid,
@@ -890,7 +890,7 @@ impl Store for SqliteStore {
         tx.commit().await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
         let row = sqlx::query(
             "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
@@ -919,7 +919,7 @@ impl Store for SqliteStore {
         .transpose()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
         let mut tx = self.begin_statement().await?;
         let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = ?")
@@ -931,7 +931,7 @@ impl Store for SqliteStore {
         Ok(deleted > 0)
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = ? \
@@ -944,7 +944,7 @@ impl Store for SqliteStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
@@ -978,7 +978,7 @@ impl Store for SqliteStore {
         crate::requests::requested_among(&self.reader, task_ids).await
     }
 
-    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
     async fn create_api_key(
         &self,
         new: meatspace_store::NewApiKey,
@@ -987,7 +987,7 @@ impl Store for SqliteStore {
         identity::create_key(self.begin_write().await?, new, audit).await
     }
 
-    #[tracing::instrument(skip_all, fields(key_id = %new.id), err)]
+    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
     async fn insert_configured_key(
         &self,
         new: meatspace_store::NewApiKey,
@@ -995,12 +995,12 @@ impl Store for SqliteStore {
         identity::insert_configured_key(self.begin_write().await?, new).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn api_key(&self, id: Uuid) -> Result<Option<meatspace_store::KeyRecord>, StoreError> {
         identity::key(&self.reader, id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn api_keys(
         &self,
         after: Option<Uuid>,
@@ -1009,7 +1009,7 @@ impl Store for SqliteStore {
         identity::keys(&self.reader, after, limit).await
     }
 
-    #[tracing::instrument(skip(self, digest, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, digest, audit), err)]
     async fn rotate_api_key(
         &self,
         id: Uuid,
@@ -1027,7 +1027,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn revoke_api_key(
         &self,
         id: Uuid,
@@ -1036,12 +1036,12 @@ impl Store for SqliteStore {
         identity::revoke_key(self.begin_write().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip_all, err)]
+    #[tracing::instrument(level = "debug", skip_all, err)]
     async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
         identity::touch_keys(self.begin_write().await?, used).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn ensure_principal(
         &self,
         principal: &meatspace_domain::identity::PrincipalRef,
@@ -1050,7 +1050,7 @@ impl Store for SqliteStore {
         identity::ensure_principal(self.begin_statement().await?, principal, now).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn principal(
         &self,
         id: Uuid,
@@ -1058,12 +1058,12 @@ impl Store for SqliteStore {
         identity::principal(&self.reader, id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
         identity::task_owner(&self.reader, task_id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn owned_tasks(
         &self,
         owner: Uuid,
@@ -1086,17 +1086,17 @@ impl Store for SqliteStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError> {
         identity::worker(&self.reader, id).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
         identity::workers(&self.reader, after, limit).await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn suspend_worker(
         &self,
         id: Uuid,
@@ -1105,7 +1105,7 @@ impl Store for SqliteStore {
         identity::suspend_worker(self.begin_write().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn reinstate_worker(
         &self,
         id: Uuid,
@@ -1114,7 +1114,7 @@ impl Store for SqliteStore {
         identity::reinstate_worker(self.begin_write().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip(self, token_hash, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, token_hash, audit), err)]
     async fn rotate_worker_token(
         &self,
         id: Uuid,
@@ -1124,12 +1124,12 @@ impl Store for SqliteStore {
         identity::rotate_worker_token(self.begin_write().await?, id, token_hash, audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
         identity::invites(&self.reader, after, limit).await
     }
 
-    #[tracing::instrument(skip(self, audit), err)]
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn revoke_invite(
         &self,
         id: Uuid,
@@ -1138,12 +1138,12 @@ impl Store for SqliteStore {
         identity::revoke_invite(self.begin_write().await?, id, audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
         identity::append_audit(self.begin_statement().await?, &audit).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn audit(
         &self,
         filter: &meatspace_store::AuditFilter,
@@ -1151,7 +1151,7 @@ impl Store for SqliteStore {
         identity::audit(&self.reader, filter).await
     }
 
-    #[tracing::instrument(skip(self), err)]
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_audit_before(
         &self,
         before: DateTime<Utc>,
