@@ -32,7 +32,9 @@
 #   CARGO_TARGET_DIR       where the release build goes (default ./target)
 #   MEATSPACE_IMAGE_BINARIES  a directory with both binaries already built: no
 #                          cargo build (the revision label then says nothing
-#                          of where they came from)
+#                          of where they came from); scripts/test gives the
+#                          debug binaries it built, so a test run compiles
+#                          the workspace once
 #   MEATSPACE_TOOLS_CACHE  cache root (default $HOME/.cache/meatspace-tools)
 set -euo pipefail
 
@@ -111,9 +113,13 @@ cmd_meatspace() {
   fi
 
   local rootfs=$WORK/rootfs b
+  command -v strip >/dev/null || die "strip is not installed (binutils)"
   for b in meatspace-api-server meatspace-controller; do
     [[ -x $bindir/$b ]] || die "$bindir/$b is missing"
     install -D -m 0755 "$bindir/$b" "$rootfs/usr/local/bin/$b"
+    # Debug binaries carry line tables; the image needs none (the symbol
+    # table stays, so a backtrace still names its functions).
+    strip --strip-debug "$rootfs/usr/local/bin/$b"
   done
   # The libraries the binaries link, at their own paths.
   local lib

@@ -4,6 +4,8 @@
 # controller-runtime's envtest uses them: etcd, kube-apiserver and helm.
 #
 # Usage:   BIN=$(scripts/k8s-tools.sh | tail -1)
+#          scripts/k8s-tools.sh --check   exit 0 when all three are cached, 1 when
+#                                         not (no lock taken, nothing built)
 #
 # Binaries are cached outside the repo, keyed by version:
 #   ${MEATSPACE_TOOLS_CACHE:-$HOME/.cache/meatspace-tools}/<name>-<version>/bin/<binary>
@@ -53,7 +55,12 @@ link_combined() {
   ln -sfn "$etcd_bin" "$combined_dir/etcd"
   ln -sfn "$helm_bin" "$combined_dir/helm"
 }
-if [[ -x $apiserver_bin && -x $etcd_bin && -x $helm_bin ]]; then
+cached() { [[ -x $apiserver_bin && -x $etcd_bin && -x $helm_bin ]]; }
+if [[ ${1:-} == --check ]]; then
+  cached
+  exit
+fi
+if cached; then
   [[ -L $combined_dir/kube-apiserver && -L $combined_dir/etcd && -L $combined_dir/helm ]] || link_combined
   echo "$combined_dir"
   exit 0
@@ -64,7 +71,9 @@ log "using $GO_CMD ($("$GO_CMD" version))"
 
 # Static, reproducible-ish builds; modules resolved from go.mod files we write.
 export CGO_ENABLED=0
-export GOFLAGS="-mod=mod -buildvcs=false"
+# -dwarf=false: the binaries are linked with -w (no DWARF) anyway, and the
+# compiler would otherwise still generate it for every package.
+export GOFLAGS="-mod=mod -buildvcs=false -gcflags=all=-dwarf=false"
 
 mkdir -p "$CACHE_ROOT"
 # Serialise concurrent builders (parallel test jobs may all call this script).
@@ -212,9 +221,16 @@ EOF
 }
 
 # Re-check under the lock: another process may have built them meanwhile.
-[[ -x $etcd_bin ]] || build_etcd
-[[ -x $helm_bin ]] || build_helm
-[[ -x $apiserver_bin ]] || build_kube_apiserver
+# The three are separate module graphs, built side by side: one build's
+# single-threaded steps (module downloads, go mod tidy, the link) leave a
+# core to the others.
+builds=()
+[[ -x $etcd_bin ]] || { build_etcd & builds+=("etcd:$!"); }
+[[ -x $helm_bin ]] || { build_helm & builds+=("helm:$!"); }
+[[ -x $apiserver_bin ]] || { build_kube_apiserver & builds+=("kube-apiserver:$!"); }
+failed=()
+for b in "${builds[@]}"; do wait "${b#*:}" || failed+=("${b%%:*}"); done
+((${#failed[@]} == 0)) || die "building ${failed[*]} failed (messages above)"
 
 # Sanity: each binary must run and report its version.
 "$etcd_bin" --version >/dev/null || die "$etcd_bin does not run"

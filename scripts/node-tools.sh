@@ -10,6 +10,8 @@
 # Debian's libseccomp-dev).
 #
 # Usage:   NODE_BIN=$(scripts/node-tools.sh | tail -1)
+#          scripts/node-tools.sh --check   exit 0 when these and k8s-tools.sh's
+#                                          binaries are cached, 1 when not
 #
 # Binaries are cached outside the repo, keyed by version:
 #   ${MEATSPACE_TOOLS_CACHE:-$HOME/.cache/meatspace-tools}/<name>-<version>/bin/<binary>
@@ -62,6 +64,11 @@ link_combined() {
   for b in etcd kube-apiserver helm; do ln -sfn "$(readlink -f "$cp_bin/$b")" "$combined_dir/$b"; done
 }
 
+if [[ ${1:-} == --check ]]; then
+  all_built && "$SCRIPT_DIR/k8s-tools.sh" --check
+  exit
+fi
+
 # The control-plane binaries first (their own cache and lock).
 CP_BIN=$("$SCRIPT_DIR/k8s-tools.sh" | tail -n 1) || die "k8s-tools.sh failed"
 
@@ -80,7 +87,8 @@ find_go() {
 GO_CMD=$(find_go) || die "no Go toolchain found (set GO=/path/to/go)"
 log "using $GO_CMD ($("$GO_CMD" version))"
 export CGO_ENABLED=0
-export GOFLAGS="-mod=mod -buildvcs=false"
+# As k8s-tools.sh: no DWARF from the compiler for binaries linked with -w.
+export GOFLAGS="-mod=mod -buildvcs=false -gcflags=all=-dwarf=false"
 
 mkdir -p "$CACHE_ROOT"
 exec 9>"$CACHE_ROOT/.build-node.lock"
@@ -217,10 +225,19 @@ build_runc() {
   log "cached $runc_bin ($((SECONDS - start))s)"
 }
 
-[[ -x $runc_bin ]] || build_runc
-[[ -x $containerd_dir/containerd && -x $containerd_dir/ctr && -x $containerd_dir/containerd-shim-runc-v2 ]] || build_containerd
-[[ -x $coredns_bin ]] || build_coredns
-all_built || build_k8s_node
+# Separate module graphs, built side by side as in k8s-tools.sh; the
+# Kubernetes binaries share most of their packages with kube-apiserver's
+# build (Go's build cache).
+builds=()
+[[ -x $runc_bin ]] || { build_runc & builds+=("runc:$!"); }
+[[ -x $containerd_dir/containerd && -x $containerd_dir/ctr && -x $containerd_dir/containerd-shim-runc-v2 ]] \
+  || { build_containerd & builds+=("containerd:$!"); }
+[[ -x $coredns_bin ]] || { build_coredns & builds+=("coredns:$!"); }
+k8s_node_built() { local b; for b in "${K8S_NODE_BINS[@]}"; do [[ -x $k8s_dir/$b ]] || return 1; done; }
+k8s_node_built || { build_k8s_node & builds+=("kube-node:$!"); }
+failed=()
+for b in "${builds[@]}"; do wait "${b#*:}" || failed+=("${b%%:*}"); done
+((${#failed[@]} == 0)) || die "building ${failed[*]} failed (messages above)"
 
 "$k8s_dir/kubelet" --version >/dev/null || die "kubelet does not run"
 "$containerd_dir/containerd" --version >/dev/null || die "containerd does not run"

@@ -206,7 +206,7 @@ pub(crate) async fn keys(
         "SELECT {KEY_COLUMNS} FROM api_keys k JOIN principals p ON p.id = k.principal_id \
          WHERE k.id > $1 ORDER BY k.id LIMIT $2"
     ))
-    .bind(after.unwrap_or(Uuid::nil()))
+    .bind(after.unwrap_or_default())
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
@@ -360,7 +360,7 @@ pub(crate) async fn workers(
     let rows = sqlx::query(&format!(
         "SELECT {WORKER_COLUMNS} FROM workers WHERE id > $1 ORDER BY id LIMIT $2"
     ))
-    .bind(after.unwrap_or(Uuid::nil()))
+    .bind(after.unwrap_or_default())
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
@@ -495,7 +495,7 @@ pub(crate) async fn invites(
     let rows = sqlx::query(&format!(
         "SELECT {INVITE_COLUMNS} FROM worker_invites WHERE id > $1 ORDER BY id LIMIT $2"
     ))
-    .bind(after.unwrap_or(Uuid::nil()))
+    .bind(after.unwrap_or_default())
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;

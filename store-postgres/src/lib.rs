@@ -1483,7 +1483,7 @@ impl Store for PgStore {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2"
         ))
-        .bind(after.unwrap_or(Uuid::nil()))
+        .bind(after.unwrap_or_default())
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
