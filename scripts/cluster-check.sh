@@ -3,7 +3,9 @@
 # (scripts/image.sh), a one-node cluster (scripts/cluster.sh), and the chart
 # installed, tested, broken and upgraded in it with traffic flowing:
 #
-#   1. the image: built from this commit's release binaries, its size printed
+#   1. the image: built from this commit's binaries (the release build, or
+#      the ones MEATSPACE_IMAGE_BINARIES names: scripts/test gives it the
+#      debug binaries it built for the other suites), its size printed
 #   2. helm install with the bundled PostgreSQL (an image built here) into a
 #      namespace that enforces the "restricted" Pod Security Standard: every
 #      pod Ready (the time it took is printed); helm test passes
@@ -28,6 +30,8 @@
 #
 # Environment:
 #   CARGO_TARGET_DIR               target dir of the release build (scripts/test's)
+#   MEATSPACE_IMAGE_BINARIES       a directory with both binaries built: the image
+#                                  holds these and no release build runs (image.sh)
 #   MEATSPACE_CLUSTER_CHECK_KEEP   1: leave the cluster running (prints its env file)
 set -euo pipefail
 
@@ -265,7 +269,9 @@ log "7. helm upgrade to $UPGRADE_TAG with traffic"
 traffic() {
   local out=$WORK/traffic sent=0 ok=0 retried=0 failed=0 round=0
   mkdir -p "$out"; : >"$out/tasks"; : >"$out/failures"
-  # req METHOD URL [DATA] — one logical request; prints the body.
+  # req METHOD URL [DATA] — one logical request; its body is left in
+  # $out/body. Called in this shell, never in a command substitution: a
+  # subshell's counts would be lost, and its failures with them.
   req() {
     local method=$1 url=$2 data=${3:-} code ra attempt
     for attempt in 1 2 3 4 5 6 7 8 9 10; do
@@ -275,7 +281,7 @@ traffic() {
       [[ -n ${AUTH:-} ]] && args+=(-H "authorization: Bearer $AUTH")
       [[ -n $data ]] && args+=(-H 'content-type: application/json' -d "$data")
       read -r code ra < <(curl "${args[@]}" 2>/dev/null || echo "000 ")
-      if [[ $code == 2* ]]; then ok=$((ok + 1)); cat "$out/body"; return 0; fi
+      if [[ $code == 2* ]]; then ok=$((ok + 1)); return 0; fi
       if [[ $code == 503 && -n $ra ]]; then retried=$((retried + 1)); sleep "$ra"; continue; fi
       failed=$((failed + 1))
       printf '%s %s %s -> %s %s\n' "$(date +%T.%3N)" "$method" "$url" "$code" "$(head -c 200 "$out/body" 2>/dev/null)" >>"$out/failures"
@@ -283,15 +289,15 @@ traffic() {
     done
     failed=$((failed + 1)); echo "$method $url: 503 ten times" >>"$out/failures"; return 1
   }
-  local deadline=$((SECONDS + 600)) body id token
+  local deadline=$((SECONDS + 600)) id token
   while [[ ! -e $WORK/stop ]] && ((round < 3000 && SECONDS < deadline)); do
     round=$((round + 1))
     IKEY=traffic-$round-$RANDOM; AUTH=""
-    if body=$(req POST "$H/api/v1/tasks" "{\"description\":\"traffic $round\",\"expires_in_seconds\":3600}"); then
-      id=$(jq -r .task.id <<<"$body"); token=$(jq -r .agent_token <<<"$body")
+    if req POST "$H/api/v1/tasks" "{\"description\":\"traffic $round\",\"expires_in_seconds\":3600}"; then
+      id=$(jq -r .task.id "$out/body"); token=$(jq -r .agent_token "$out/body")
       echo "$id $token" >>"$out/tasks"
       AUTH=$token; IKEY=feed-$round
-      req GET "$H/api/v1/tasks/$id/events?after=0" >/dev/null || true
+      req GET "$H/api/v1/tasks/$id/events?after=0" || true
     fi
     printf '%s %s %s %s\n' "$sent" "$ok" "$retried" "$failed" >"$out/counts"
   done
@@ -309,15 +315,18 @@ fi
 # `--wait` returns once the new pods are Ready; the old ones may still be
 # draining (preStop, graceful shutdown). Traffic goes on until they are
 # gone and a few more requests were answered by the new pods alone.
+# A kubectl that fails answers nothing (not "none"), and no_old_pods is false.
 old_pods() {
-  k get pods -l "app.kubernetes.io/instance=$RELEASE" \
-    -o jsonpath='{range .items[*]}{.spec.containers[0].image}{"\n"}{end}' | grep -c ":$APP_TAG\$" || true
+  local images
+  images=$(k get pods -l "app.kubernetes.io/instance=$RELEASE" \
+    -o jsonpath='{range .items[*]}{.spec.containers[0].image}{"\n"}{end}') || return 1
+  grep -c ":$APP_TAG\$" <<<"$images" || true
 }
-no_old_pods() { [[ $(old_pods) -eq 0 ]]; }
+no_old_pods() { local n; n=$(old_pods) && [[ $n -eq 0 ]]; }
 if wait_until 90 no_old_pods; then
   pass "every meatspace pod runs $UPGRADE_TAG"
 else
-  fail "$(old_pods) pod(s) still run $APP_TAG 90 s after the rollout"
+  fail "$(old_pods || echo "(kubectl failed)") pod(s) still run $APP_TAG 90 s after the rollout"
 fi
 read -r SENT_AT _ <"$WORK/traffic/counts"
 sent_since() { local sent; read -r sent _ <"$WORK/traffic/counts"; ((sent >= SENT_AT + $1)); }

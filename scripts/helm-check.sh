@@ -35,6 +35,8 @@
 #   MEATSPACE_TEST_POSTGRES_URL  admin URL of a PostgreSQL server (required for part 8;
 #                              scripts/postgres.sh start DIR writes it to DIR/env)
 #   MEATSPACE_K8S_BIN          directory with helm (default: helm on PATH, else k8s-tools.sh)
+#   MEATSPACE_BIN_DIR          directory with the built meatspace binaries (scripts/test's);
+#                              else part 8 builds them
 #   KUBECTL                    kubectl binary (default: kubectl on PATH)
 #   MEATSPACE_HELM_CHECK_KEEP  set to 1 to keep the work directory and namespaces
 #
@@ -224,6 +226,32 @@ output_is() {
   printf '[helm-check]     %s printed %s, expected %s\n' "$1" "${got:-nothing}" "$want" >&2
   return 1
 }
+# env_value FILE NAME — the literal value of env variable NAME in a rendering.
+env_value() { grep -A1 -E "name: $2\$" "$1" | sed -n 's/^ *value: //p'; }
+# refused MESSAGE VALUES-SET OUT [ARGS...] — helm template fails and says
+# MESSAGE (a rendering that fails for another reason, a mistyped --set say,
+# proves nothing).
+refused() {
+  local want=$1; shift
+  if render "$@"; then
+    printf '[helm-check]     the %s values rendered\n' "$1" >&2
+    return 1
+  fi
+  grep -qF -- "$want" "$2.err" && return 0
+  printf '[helm-check]     the rendering failed, but not saying "%s": %s\n' "$want" "$(head -c 400 "$2.err")" >&2
+  return 1
+}
+# absent NAMESPACE OBJECT — kubectl answers that the object is not found (a
+# kubectl that fails for another reason proves nothing).
+absent() {
+  if k -n "$1" get "$2" -o name >/dev/null 2>"$WORK/absent.err"; then
+    printf '[helm-check]     %s exists in %s\n' "$2" "$1" >&2
+    return 1
+  fi
+  grep -q '(NotFound)' "$WORK/absent.err" && return 0
+  printf '[helm-check]     kubectl get %s failed: %s\n' "$2" "$(head -c 400 "$WORK/absent.err")" >&2
+  return 1
+}
 # false_switches FILE — how many of MEATSPACE_MIRROR_ENABLED and
 # MEATSPACE_LEADER_ELECTION are set to "false".
 false_switches() {
@@ -262,22 +290,22 @@ else
 fi
 if render default "$WORK/requests.yaml" --set controller.mirror.requests.enabled=true; then
   expect_rule "requests on: the mirror defaults to a namespace of its own" \
-    grep -A1 'name: MEATSPACE_MIRROR_NAMESPACE$' "$WORK/requests.yaml" | grep -qF "value: \"$NS-tasks\""
+    output_is "\"$NS-tasks\"" env_value "$WORK/requests.yaml" MEATSPACE_MIRROR_NAMESPACE
 else
   fail "helm template with requests enabled" "$WORK/requests.yaml.err"
 fi
 expect_rule "requests on: the release namespace is refused as the mirror's" \
-  not render default "$WORK/requests-here.yaml" --set controller.mirror.requests.enabled=true \
+  refused "give the mirror a namespace of its own" \
+    default "$WORK/requests-here.yaml" --set controller.mirror.requests.enabled=true \
     --set "controller.mirror.namespace=$NS"
 if [[ -f $WORK/default.yaml ]]; then
   expect_rule "default: MEATSPACE_PUBLIC_URL is the in-cluster Service" \
-    grep -A1 'name: MEATSPACE_PUBLIC_URL$' "$WORK/default.yaml" \
-    | grep -qF "value: \"http://meatspace-api-server.$NS.svc\""
+    output_is "\"http://meatspace-api-server.$NS.svc\"" env_value "$WORK/default.yaml" MEATSPACE_PUBLIC_URL
 fi
 if render default "$WORK/ingress.yaml" --set ingress.enabled=true \
      --set 'ingress.tls[0].secretName=t' --set 'ingress.tls[0].hosts[0]=meatspace.example.test'; then
   expect_rule "ingress with TLS: MEATSPACE_PUBLIC_URL is its https host" \
-    grep -A1 'name: MEATSPACE_PUBLIC_URL$' "$WORK/ingress.yaml" | grep -qF 'value: "https://meatspace.example.test"'
+    output_is '"https://meatspace.example.test"' env_value "$WORK/ingress.yaml" MEATSPACE_PUBLIC_URL
 else
   fail "helm template with an Ingress" "$WORK/ingress.yaml.err"
 fi
@@ -295,8 +323,6 @@ secret_kept() {
     secret && named && /helm\.sh\/resource-policy: keep/ { kept = 1 }
     END { exit !kept }' "$1"
 }
-# env_value FILE NAME — the literal value of env variable NAME in a rendering.
-env_value() { grep -A1 -E "name: $2\$" "$1" | sed -n 's/^ *value: //p'; }
 # env_secret FILE NAME — "secret/key" that env variable NAME is read from.
 env_secret() {
   grep -A4 -E "name: $2\$" "$1" | awk '/^ *name: /&&NR>1{n=$2} /^ *key: /{print n"/"$2}'
@@ -659,12 +685,16 @@ check_local_controller() {
   fi
   command -v psql >/dev/null || { fail "part 8 needs psql"; return; }
   command -v jq >/dev/null || { fail "part 8 needs jq"; return; }
-  log "   building meatspace-controller and meatspace-api-server"
-  if ! (cd "$ROOT" && cargo build -p meatspace-controller -p meatspace-api-server) >"$WORK/build.log" 2>&1; then
-    fail "cargo build -p meatspace-controller -p meatspace-api-server" "$WORK/build.log"
-    return
+  # The binaries scripts/test built (MEATSPACE_BIN_DIR), else a build of them.
+  local bin=${MEATSPACE_BIN_DIR:-}
+  if [[ -z $bin ]]; then
+    log "   building meatspace-controller and meatspace-api-server"
+    if ! (cd "$ROOT" && cargo build --workspace --bins --locked) >"$WORK/build.log" 2>&1; then
+      fail "cargo build --workspace --bins" "$WORK/build.log"
+      return
+    fi
+    bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug
   fi
-  local bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug
   [[ -x $bin/meatspace-controller && -x $bin/meatspace-api-server ]] \
     || { fail "the built binaries are not in $bin"; return; }
 
@@ -809,8 +839,7 @@ if $INSTALLED; then
     done
     k -n "$MIRROR_NS" get role/meatspace-controller-mirror >/dev/null 2>&1 \
       || fail "upgrade: the mirror Role is not in $MIRROR_NS"
-    k -n "$NS" get role/meatspace-controller-mirror >/dev/null 2>&1 \
-      && fail "upgrade: the mirror Role is still in $NS"
+    expect_rule "upgrade: the mirror Role is no longer in $NS" absent "$NS" role/meatspace-controller-mirror
     expect_rule "upgrade: the dev key is the one from the values" \
       test "$(secret_value meatspace dev-key)" = "msd_all-options-dev-key-0123456789"
     API_SA=meatspace-api
