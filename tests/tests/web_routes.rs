@@ -15,6 +15,7 @@ api_tests!(
     session_forms_from_other_origins_are_refused,
     invites_need_the_dev_key_and_a_valid_lifetime,
     an_invite_signs_a_person_in_once,
+    a_revoked_invite_link_shows_no_form,
     pages_need_a_session_and_forms_their_token,
     the_pages_live_feed_takes_a_capped_place,
 );
@@ -358,6 +359,51 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
         .await
         .expect("page");
     assert_eq!(fake.status(), StatusCode::GONE);
+}
+
+/// A revoked link answers as a used one does: 410 and no form, for the page
+/// as for its submission.
+async fn a_revoked_invite_link_shows_no_form(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = no_redirects();
+    let created = srv
+        .dev(Method::POST, "/api/v1/workers/invites")
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let url = str_at(&created, "/invite_url");
+    let id = str_at(&created, "/id");
+    let page = http.get(&url).send().await.expect("invite page");
+    assert_eq!(page.status(), StatusCode::OK, "a fresh link shows its form");
+    let pre = cookie_pair(&page, "ms_presession")
+        .expect("a pre-session cookie")
+        .0;
+    let csrf = csrf_of(&page.text().await.expect("page"));
+
+    srv.dev(
+        Method::POST,
+        &format!("/api/v1/workers/invites/{id}/revoke"),
+    )
+    .expect_json(StatusCode::OK)
+    .await;
+
+    let page = http.get(&url).send().await.expect("invite page");
+    assert_eq!(page.status(), StatusCode::GONE);
+    let text = page.text().await.expect("page");
+    assert!(text.contains("revoked"), "the page says why: {text}");
+    assert!(!text.contains("name=\"name\""), "no sign-up form: {text}");
+    // A submission that passes the session and origin checks (the form was
+    // fetched before the revocation): refused for the revocation.
+    let post = http
+        .post(&url)
+        .header(COOKIE, &pre)
+        .header("origin", &srv.base_url)
+        .header("sec-fetch-site", "same-origin")
+        .form(&[("csrf", csrf.as_str()), ("name", "Eve")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(post.status(), StatusCode::GONE);
+    assert_eq!(srv.counts().await.workers, 0);
 }
 
 async fn pages_need_a_session_and_forms_their_token(db: Db) {

@@ -524,19 +524,22 @@ fn invite_gone() -> AppError {
     AppError::Page(
         StatusCode::GONE,
         "Invite not valid",
-        "This invite link is not valid: it was already used, it expired, or it was copied \
-         incompletely. Ask for a new one."
+        "This invite link is not valid: it was already used, it expired, it was revoked, or it \
+         was copied incompletely. Ask for a new one."
             .into(),
     )
 }
 
-/// The invite, if the code is genuine, unused and unexpired.
+/// The invite, if the code is genuine, unused, unrevoked and unexpired: the
+/// page and its form answer alike, so a link that cannot sign anyone up
+/// never shows the form.
 async fn live_invite(state: &AppState, code: &str) -> Result<Uuid, AppError> {
     let gone = invite_gone;
     let id = credential_subject(code, INVITE_PREFIX).ok_or_else(gone)?;
     let invite = state.store.invite(id).await?.ok_or_else(gone)?;
     if !invite.code_hash.verify(code)
         || invite.used_at.is_some()
+        || invite.revoked_at.is_some()
         || invite.expires_at <= clock::now()
     {
         return Err(gone());
