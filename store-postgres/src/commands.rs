@@ -32,7 +32,7 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::PgStore;
-use crate::creates::{next_group, share};
+use crate::creates::{GroupKind, count_fallback, count_group, next_group, share};
 
 /// Groups written at once (each takes a pooled connection). Two: while one
 /// group is written the next one gathers, and larger groups are cheaper
@@ -103,6 +103,7 @@ async fn write_groups(pool: PgPool, queued: Arc<Mutex<mpsc::UnboundedReceiver<Qu
             continue;
         }
         group.sort_by_key(|q| q.before.id);
+        count_group(GroupKind::Command, group.len());
         match write_group(&pool, &group).await {
             Ok(outcomes) => {
                 for (q, outcome) in group.into_iter().zip(outcomes) {
@@ -112,6 +113,7 @@ async fn write_groups(pool: PgPool, queued: Arc<Mutex<mpsc::UnboundedReceiver<Qu
             Err(e) if !e.is_unavailable() => {
                 // Find the fault's owner: each alone. Nothing of the group
                 // was committed.
+                count_fallback(GroupKind::Command);
                 for q in group {
                     let alone = PgStore::write_one(&pool, &q.before, &q.decision).await;
                     let _ = q.done.send(alone);

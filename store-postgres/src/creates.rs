@@ -84,10 +84,12 @@ async fn write_groups(
     queued: Arc<Mutex<mpsc::UnboundedReceiver<Queued>>>,
 ) {
     while let Some(group) = next_group(&queued, MAX_GROUP).await {
+        count_group(GroupKind::Create, group.len());
         let written = insert(&pool, channel, group.iter().map(|q| &q.row)).await;
         match written {
             Err(e) if group.len() > 1 && !e.is_unavailable() => {
                 // Find the fault's owner: each alone.
+                count_fallback(GroupKind::Create);
                 for q in group {
                     let alone = insert(&pool, channel, std::iter::once(&q.row)).await;
                     let _ = q.done.send(alone);
@@ -111,6 +113,45 @@ async fn write_groups(
             }
         }
     }
+}
+
+/// What a group of writes holds, as the metrics label it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GroupKind {
+    Create,
+    Command,
+}
+
+impl GroupKind {
+    fn label(self) -> &'static str {
+        match self {
+            GroupKind::Create => "create",
+            GroupKind::Command => "command",
+        }
+    }
+}
+
+/// Counter of groups of two or more writes written together, by kind.
+pub const GROUPS: &str = "meatspace_pg_write_groups_total";
+/// Counter of the writes in those groups, by kind.
+pub const GROUPED_WRITES: &str = "meatspace_pg_grouped_writes_total";
+/// Counter of groups that failed for something other than an outage and
+/// were written again one write at a time, by kind. Each is a fault of one
+/// write (or of the grouped statement itself): never expected in steady
+/// state, and what a test of grouping asserts stays zero.
+pub const GROUP_FALLBACKS: &str = "meatspace_pg_write_group_fallbacks_total";
+
+/// Counts a group about to be written (a lone write is no group).
+pub(super) fn count_group(kind: GroupKind, size: usize) {
+    if size > 1 {
+        metrics::counter!(GROUPS, "kind" => kind.label()).increment(1);
+        metrics::counter!(GROUPED_WRITES, "kind" => kind.label()).increment(size as u64);
+    }
+}
+
+/// Counts a group written again one write at a time.
+pub(super) fn count_fallback(kind: GroupKind) {
+    metrics::counter!(GROUP_FALLBACKS, "kind" => kind.label()).increment(1);
 }
 
 /// The next group off a queue that writers share: the first item queued

@@ -11,6 +11,7 @@ pub mod browser;
 pub mod k8s;
 pub mod pg;
 pub mod process;
+pub mod prometheus;
 pub mod server;
 
 use std::sync::Arc;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use meatspace_tests::Db;
+use meatspace_tests::prometheus::counter;
 use meatspace_tests::server::{ActiveTask, Expect, TestServer, ids, types};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -85,8 +86,11 @@ async fn racing_endings_leave_one_terminal_state_and_event(db: Db) {
     let (mut worker_wins, mut agent_wins) = (0, 0);
     let mut rounds = 0;
     // A race one side always wins would make this test weaker than it
-    // looks: more rounds until each side has won at least once.
-    while rounds < MAX_ROUNDS && (worker_wins == 0 || agent_wins == 0) {
+    // looks: more rounds until each side has won at least once (and, on
+    // PostgreSQL, until racing writes were grouped).
+    while rounds < MAX_ROUNDS
+        && (worker_wins == 0 || agent_wins == 0 || !commands_grouped(srv, db).await)
+    {
         rounds += 1;
         let tasks = join_all(
             (0..RACES).map(|i| async move { srv.active_task(&format!("Contested {i}")).await }),
@@ -150,6 +154,48 @@ async fn racing_endings_leave_one_terminal_state_and_event(db: Db) {
         worker_wins > 0 && agent_wins > 0,
         "one side won all {} races: nothing was raced",
         rounds * RACES
+    );
+    if db == Db::Postgres {
+        assert_commands_grouped(srv).await;
+    }
+}
+
+/// Whether PostgreSQL has written commands in groups so far (SQLite: true,
+/// it groups in its own way, tested in store-sqlite's group_commit).
+async fn commands_grouped(srv: &TestServer, db: Db) -> bool {
+    if db != Db::Postgres {
+        return true;
+    }
+    let text = srv.metrics().send().await.unwrap().text().await.unwrap();
+    counter(
+        &text,
+        "meatspace_pg_write_groups_total",
+        &[("kind", "command")],
+    ) >= 1.0
+}
+
+/// On PostgreSQL, concurrent commands' writes share statements: the races
+/// above made groups of two or more, and no group was written again one
+/// write at a time (a grouped statement that fails for any reason would be,
+/// and every answer would still look right). The counters are the
+/// process's, so other tests' writes add to them too; none of this suite's
+/// provokes a fallback.
+async fn assert_commands_grouped(srv: &TestServer) {
+    let text = srv.metrics().send().await.unwrap().text().await.unwrap();
+    let command = [("kind", "command")];
+    let groups = counter(&text, "meatspace_pg_write_groups_total", &command);
+    let grouped = counter(&text, "meatspace_pg_grouped_writes_total", &command);
+    let fallbacks = counter(&text, "meatspace_pg_write_group_fallbacks_total", &[]);
+    println!(
+        "PostgreSQL: {groups} groups of commands held {grouped} writes; {fallbacks} fallbacks"
+    );
+    assert!(
+        groups >= 1.0 && grouped >= 2.0 * groups,
+        "racing commands were never written together: {groups} groups, {grouped} writes"
+    );
+    assert_eq!(
+        fallbacks, 0.0,
+        "a group was written again one write at a time"
     );
 }
 
