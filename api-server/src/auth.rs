@@ -527,18 +527,19 @@ pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, 
 
 /// Token digests already read from the store, by the id of the task or
 /// worker a token names, so that a client's requests do not each read its
-/// digest again. [`AppState`] holds two: `worker_digests`
-/// ([`DigestCache::for_workers`]) and `agent_digests`
-/// ([`DigestCache::for_agents`]). Only digests that exist are kept (read
+/// digest again: workers' in [`Credentials::workers`]
+/// ([`DigestCache::for_workers`]), agents' in [`AppState`]'s
+/// `agent_digests` ([`DigestCache::for_agents`]). Only digests that exist are kept (read
 /// from the store, or [remembered](DigestCache::remember) once the create
 /// that stored them committed): an unknown id is read every time, so a
 /// token is never refused on the word of the cache.
 ///
 /// Why a cached digest gives the answer the store would give:
 ///
-/// - **Worker tokens.** A worker's digest never changes and a worker is
-///   never removed: the store has no statement that updates or deletes a
-///   worker. Kept for good.
+/// - **Worker tokens.** A worker is never removed, and its digest changes
+///   only when an operator rotates its token; that rotation, like a
+///   suspension, is announced and drops the entry (below). Otherwise kept
+///   for good.
 /// - **Agent tokens.** A task's digest is written once, when the task is
 ///   created, and never updated. Retention's purge deletes the task but
 ///   keeps the digest as a tombstone (`purged_tasks`), and

@@ -51,9 +51,17 @@ async fn hold(store: &SqliteStore) -> std::sync::mpsc::Sender<()> {
     release
 }
 
-/// Waits until `n` writes are queued behind the held writer.
+/// Waits until `n` writes are queued behind the held writer; a write that
+/// never reaches the queue fails the test instead of hanging it.
 async fn queued(store: &SqliteStore, n: usize) {
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + LIMIT;
     while store.queued_writes() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} writes queued after {LIMIT:?}",
+            store.queued_writes()
+        );
         tokio::task::yield_now().await;
     }
 }

@@ -577,8 +577,20 @@ async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
         .await
         .expect("get_task answers");
     assert_eq!(result.is_error, Some(true), "{result:?}");
-    let text = serde_json::to_string(&result).unwrap();
-    assert!(text.contains("404"), "{text}");
+    // The tool's structured problem: the API's status and kind, not a text
+    // that merely mentions 404 somewhere.
+    let problem = result
+        .structured_content
+        .as_ref()
+        .and_then(|v| v.get("problem"))
+        .unwrap_or_else(|| panic!("a structured problem: {result:?}"));
+    assert_eq!(problem["status"], 404, "{problem}");
+    assert!(
+        problem["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("not-found")),
+        "{problem}"
+    );
     client.cancel().await.ok();
 }
 
