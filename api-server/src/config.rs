@@ -102,13 +102,6 @@ pub struct Config {
     #[arg(long, env = "MEATSPACE_MAX_PHOTO_DIMENSION", default_value_t = 8192)]
     pub max_photo_dimension: u32,
 
-    /// Most events one task's feed may hold. Past it, messages, photos,
-    /// issues, answers and extensions are refused with 409
-    /// (`task-event-limit`); the task can still be completed, stopped or
-    /// cancelled.
-    #[arg(long, env = "MEATSPACE_MAX_EVENTS_PER_TASK", default_value_t = 2_000,
-          value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
-    pub max_events_per_task: u64,
     /// Largest photo in pixels in all (width × height), read from the
     /// image header before anything is decoded.
     #[arg(long, env = "MEATSPACE_MAX_PHOTO_PIXELS", default_value_t = crate::photo::DEFAULT_MAX_PIXELS,
@@ -325,7 +318,6 @@ impl std::fmt::Debug for Config {
             .field("embedded_controller", &self.embedded_controller)
             .field("max_photo_bytes", &self.max_photo_bytes)
             .field("max_photo_dimension", &self.max_photo_dimension)
-            .field("max_events_per_task", &self.max_events_per_task)
             .field("max_photo_pixels", &self.max_photo_pixels)
             .field("max_photo_bytes_per_task", &self.max_photo_bytes_per_task)
             .field("photo_decode_memory_bytes", &self.photo_decode_memory_bytes)

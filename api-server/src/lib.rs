@@ -114,40 +114,19 @@ pub struct Shared {
     pub agent_digests: auth::DigestCache,
     /// The origin of absolute links and the cookie `Secure` decision.
     pub public_origin: public_url::PublicOrigin,
-    /// Most events one task's feed may hold: past it, commands that only
-    /// add to the feed are refused ([`meatspace_domain::over_event_limit`]).
-    pub max_task_events: u64,
 }
 
 impl AppState {
-    /// Runs a command on a task now and returns the change.
+    /// Runs a command on a task now and returns the change. The store's
+    /// engine decides it, limits included (a full feed refuses additions
+    /// from every surface alike).
     pub async fn act(
         &self,
         task_id: Uuid,
         command: Command,
     ) -> Result<axum::Json<TaskChange>, ApiError> {
-        self.check_event_limit(task_id, &command).await?;
         let applied = self.store.apply(task_id, command, clock::now()).await?;
         Ok(axum::Json(applied.into()))
-    }
-
-    /// Storage per task is bounded: the JSON API, the web app and MCP all
-    /// act through [`AppState::act`] and [`AppState::act_by`]. Writers
-    /// racing past the check at once can add one event each beyond the
-    /// limit, no more.
-    async fn check_event_limit(&self, task_id: Uuid, command: &Command) -> Result<(), ApiError> {
-        if command.is_limited() {
-            let limit = self.max_task_events;
-            if self.store.count_events(task_id, limit).await? >= limit {
-                let task = self
-                    .store
-                    .task(task_id)
-                    .await?
-                    .ok_or_else(ApiError::task_not_found)?;
-                return Err(meatspace_domain::over_event_limit(&task, command, limit).into());
-            }
-        }
-        Ok(())
     }
 
     /// [`AppState::act`] for an agent-side action, which its events
@@ -158,7 +137,6 @@ impl AppState {
         command: Command,
         by: meatspace_domain::identity::ActedBy,
     ) -> Result<axum::Json<TaskChange>, ApiError> {
-        self.check_event_limit(task_id, &command).await?;
         let applied = self
             .store
             .apply_by(task_id, command, by, clock::now())

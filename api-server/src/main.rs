@@ -195,7 +195,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
         credentials,
         agent_digests: DigestCache::for_agents(),
         public_origin,
-        max_task_events: config.max_events_per_task,
     });
     tracing::info!(%addr, embedded_controller = controller.is_some(), "listening");
     let mut serve_options = config.serve_options();

@@ -115,9 +115,11 @@ impl Command {
     /// `needs_nothing_means_the_context_is_not_read` test holds every
     /// command to that.
     pub fn needs(&self) -> Needs {
+        let events = self.is_limited();
         match self {
             Command::RespondToIssue { issue_event_id, .. } => Needs {
                 issue: Some(*issue_event_id),
+                events,
             },
             Command::Publish
             | Command::Cancel { .. }
@@ -130,7 +132,10 @@ impl Command {
             | Command::Stop { .. }
             | Command::Reconcile
             | Command::Extend(_)
-            | Command::Release { .. } => Needs::default(),
+            | Command::Release { .. } => Needs {
+                issue: None,
+                events,
+            },
         }
     }
 
@@ -181,6 +186,10 @@ pub struct Needs {
     /// The issue opened by the `worker.issue` event with this id, if it is
     /// one of this task's.
     pub issue: Option<i64>,
+    /// How many events the task's feed holds, counted up to
+    /// [`Policy::max_task_events`]: every command that adds to the feed
+    /// ([`Command::is_limited`]).
+    pub events: bool,
 }
 
 impl Needs {
@@ -196,6 +205,9 @@ impl Needs {
 pub struct Context {
     /// The issue a `RespondToIssue` command refers to, if it exists on this task.
     pub issue: Option<Issue>,
+    /// The events the task's feed holds, counted up to
+    /// [`Policy::max_task_events`] (when [`Needs::events`]).
+    pub events: u64,
 }
 
 /// Changes to the issues table that go with a decision.
@@ -267,23 +279,6 @@ pub enum Refusal {
     EventLimit { limit: u64 },
 }
 
-/// Why `command`, which [`Command::is_limited`], is refused on `task`, whose
-/// feed already holds `limit` events or more. The checks that come first in
-/// [`decide`] keep their answers (another worker's task is not found, an
-/// ended task is terminal), so the limit reveals nothing about a task to
-/// someone who may not act on it.
-pub fn over_event_limit(task: &Task, command: &Command, limit: u64) -> Refusal {
-    if let Some(worker) = command.acting_worker()
-        && task.worker_id != Some(worker)
-    {
-        return Refusal::NotYourTask;
-    }
-    if task.state.is_terminal() {
-        return Refusal::Terminal { state: task.state };
-    }
-    Refusal::EventLimit { limit }
-}
-
 /// Decides the effect of `command` on `task` at `now`.
 pub fn decide(
     task: &Task,
@@ -301,6 +296,13 @@ pub fn decide(
     }
     if task.state.is_terminal() {
         return Err(Refusal::Terminal { state: task.state });
+    }
+    // Storage per task is bounded. After the two checks above, so that the
+    // limit reveals nothing to someone who may not act on the task.
+    if command.is_limited() && ctx.events >= policy.max_task_events {
+        return Err(Refusal::EventLimit {
+            limit: policy.max_task_events,
+        });
     }
     let action = command.name();
     let wrong_state = || Refusal::WrongState {
@@ -704,12 +706,15 @@ mod tests {
             resolution: None,
             resolved_at: None,
         };
+        // And a feed past any limit.
         let loaded = [
             Context {
                 issue: Some(issue(IssueStatus::Open)),
+                events: u64::MAX,
             },
             Context {
                 issue: Some(issue(IssueStatus::Resolved)),
+                events: u64::MAX,
             },
         ];
         let policy = Policy::default();
@@ -751,6 +756,18 @@ mod tests {
                 _ => None,
             };
             assert_eq!(command.needs().issue, expected, "{}", command.name());
+        }
+    }
+
+    #[test]
+    fn an_addition_to_the_feed_needs_its_count() {
+        for command in every_command() {
+            assert_eq!(
+                command.needs().events,
+                command.is_limited(),
+                "{}",
+                command.name()
+            );
         }
     }
 
@@ -799,28 +816,65 @@ mod tests {
 
     #[test]
     fn the_event_limit_answers_after_whose_task_and_whether_it_ended() {
+        let policy = Policy {
+            max_task_events: 5,
+            ..Policy::default()
+        };
+        let full = Context {
+            events: 5,
+            ..Context::default()
+        };
         let mut t = task(TaskState::Active);
         t.worker_id = Some(W);
         let msg = |worker| Command::Message {
             worker,
             text: "x".into(),
         };
+        let refusal = |t: &Task, ctx: &Context, command: Command| {
+            decide(t, ctx, command, at(10), &policy).err()
+        };
+        let below = Context {
+            events: 4,
+            ..Context::default()
+        };
+        assert_eq!(refusal(&t, &below, msg(W)), None, "room for one more");
         assert_eq!(
-            over_event_limit(&t, &msg(W), 5),
-            Refusal::EventLimit { limit: 5 }
+            refusal(&t, &full, msg(W)),
+            Some(Refusal::EventLimit { limit: 5 })
         );
-        assert_eq!(over_event_limit(&t, &msg(OTHER), 5), Refusal::NotYourTask);
+        let photo = Command::Photo {
+            worker: W,
+            photo: NewPhoto {
+                id: Uuid::nil(),
+                content_type: "image/png".into(),
+                width: 1,
+                height: 1,
+                bytes: vec![0],
+            },
+        };
+        assert_eq!(
+            refusal(&t, &full, photo),
+            Some(Refusal::EventLimit { limit: 5 }),
+            "a photo is refused as a message is"
+        );
+        assert_eq!(refusal(&t, &full, msg(OTHER)), Some(Refusal::NotYourTask));
         let extend = Command::Extend(Extension::By(chrono::TimeDelta::hours(1)));
         assert_eq!(
-            over_event_limit(&t, &extend, 5),
-            Refusal::EventLimit { limit: 5 }
+            refusal(&t, &full, extend),
+            Some(Refusal::EventLimit { limit: 5 })
         );
+        // Endings are not additions: a full feed can still end.
+        let complete = Command::Complete {
+            worker: W,
+            note: None,
+        };
+        assert_eq!(refusal(&t, &full, complete), None);
         t.state = TaskState::Completed;
         assert_eq!(
-            over_event_limit(&t, &msg(W), 5),
-            Refusal::Terminal {
+            refusal(&t, &full, msg(W)),
+            Some(Refusal::Terminal {
                 state: TaskState::Completed
-            }
+            })
         );
     }
 
@@ -1177,6 +1231,7 @@ mod tests {
                 resolution: None,
                 resolved_at: None,
             }),
+            ..Context::default()
         }
     }
 

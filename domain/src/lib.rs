@@ -27,7 +27,6 @@ pub mod webhook_url;
 
 pub use command::{
     Command, Context, Decision, Extension, IssueChange, Needs, NewPhoto, Refusal, decide,
-    over_event_limit,
 };
 pub use event::{Actor, Event, EventType, NewEvent};
 pub use issue::{Issue, IssueAction, IssueKind, IssueStatus};

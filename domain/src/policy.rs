@@ -18,6 +18,10 @@ pub struct Policy {
     pub start_timeout: TimeDelta,
     /// How long a task may stay active before it expires.
     pub active_time_limit: TimeDelta,
+    /// Most events one task's feed may hold: past it, commands that only
+    /// add to the feed ([`Command::is_limited`](crate::Command::is_limited))
+    /// are refused, whichever surface sends them.
+    pub max_task_events: u64,
 }
 
 /// A policy whose values contradict each other.
@@ -117,6 +121,14 @@ pub struct PolicyArgs {
     #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_ACTIVE_TIME_LIMIT_SECONDS", default_value_t = 24 * 3600,
           value_parser = clap::value_parser!(u32).range(1..)))]
     pub active_time_limit_seconds: u32,
+    /// Most events one task's feed may hold. Past it, messages, photos,
+    /// issues, answers and extensions are refused with 409
+    /// (`task-event-limit`), from every surface (API, web app, MCP, photo
+    /// uploads, requested tasks); the task can still be completed, stopped
+    /// or cancelled.
+    #[cfg_attr(feature = "clap", arg(long, env = "MEATSPACE_MAX_EVENTS_PER_TASK", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(10..=1_000_000)))]
+    pub max_events_per_task: u64,
 }
 
 impl Default for PolicyArgs {
@@ -127,6 +139,7 @@ impl Default for PolicyArgs {
             max_lifetime_seconds: 30 * 24 * 3600,
             start_timeout_seconds: 3600,
             active_time_limit_seconds: 24 * 3600,
+            max_events_per_task: 2_000,
         }
     }
 }
@@ -140,6 +153,7 @@ impl From<PolicyArgs> for Policy {
             max_lifetime: s(a.max_lifetime_seconds),
             start_timeout: s(a.start_timeout_seconds),
             active_time_limit: s(a.active_time_limit_seconds),
+            max_task_events: a.max_events_per_task,
         }
     }
 }

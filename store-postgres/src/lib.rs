@@ -747,6 +747,19 @@ impl engine::Backend for PgStore {
         row.as_ref().map(issue_from_row).transpose()
     }
 
+    async fn count_events(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        up_to: u64,
+    ) -> Result<u64, StoreError> {
+        count_events(&mut **tx, task_id, up_to).await
+    }
+
+    async fn count_events_unlocked(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
+        count_events(&self.pool, task_id, up_to).await
+    }
+
     async fn write_decision(
         &self,
         tx: &mut Self::Tx,
@@ -1572,14 +1585,7 @@ impl Store for PgStore {
     }
 
     async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = $1 LIMIT $2) AS e",
-        )
-        .bind(task_id)
-        .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        count_events(&self.pool, task_id, up_to).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -2159,6 +2165,23 @@ async fn reconnect(
         }
         backoff = (backoff * 2).min(RECONNECT_MAX);
     }
+}
+
+/// How many events the task's feed holds, counted up to `up_to` (the
+/// count stops there: a full feed costs no more to count than the limit).
+async fn count_events<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    task_id: Uuid,
+    up_to: u64,
+) -> Result<u64, StoreError> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = $1 LIMIT $2) AS e",
+    )
+    .bind(task_id)
+    .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
+    .fetch_one(executor)
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 #[cfg(test)]

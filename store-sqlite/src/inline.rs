@@ -372,6 +372,29 @@ impl Backend for Inline {
         )
     }
 
+    async fn count_events(
+        &self,
+        _tx: &mut Self::Tx,
+        task_id: Uuid,
+        up_to: u64,
+    ) -> Result<u64, StoreError> {
+        self.count_events_unlocked(task_id, up_to).await
+    }
+
+    /// On the writer's connection, like every read here: under the write
+    /// lock, so no other writer's events can come in between.
+    async fn count_events_unlocked(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
+        let n = self.one(
+            "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = ? LIMIT ?)",
+            (
+                task_id.to_string(),
+                i64::try_from(up_to).unwrap_or(i64::MAX),
+            ),
+            |row| row.get::<_, i64>(0).map_err(failure),
+        )?;
+        Ok(n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
+    }
+
     async fn write_decision(
         &self,
         _tx: &mut Self::Tx,

@@ -63,6 +63,19 @@ pub trait Backend: Send + Sync {
         event_id: i64,
     ) -> Result<Option<Issue>, StoreError>;
 
+    /// How many events the task's feed holds, counted up to `up_to`, in
+    /// `tx` (which holds the task's lock).
+    async fn count_events(
+        &self,
+        tx: &mut Self::Tx,
+        task_id: Uuid,
+        up_to: u64,
+    ) -> Result<u64, StoreError>;
+
+    /// The same count without a transaction, for an optimistic decision
+    /// (see [`apply`]).
+    async fn count_events_unlocked(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError>;
+
     /// Writes `decision`, decided on `before`, in `tx` (which holds the
     /// task's lock): the task, its events, issue changes and photo.
     async fn write_decision(
@@ -200,7 +213,7 @@ pub trait Backend: Send + Sync {
     }
 
     /// Whether the engine should try [`Backend::write_if_unchanged`] for
-    /// this command (which needs nothing beyond the task). A hint for speed:
+    /// this command (which needs no issue). A hint for speed:
     /// false for commands whose decision never fits the conditional write.
     fn writes_optimistically(&self, _command: &Command) -> bool {
         false
@@ -237,8 +250,9 @@ const OPTIMISTIC_ATTEMPTS: usize = 3;
 
 /// Runs `command` on the task (see `Store::apply`).
 ///
-/// - **Optimistic** (a command that [needs](Command::needs) nothing, on a
-///   backend that [writes optimistically](Backend::writes_optimistically)):
+/// - **Optimistic** (a command that [needs](Command::needs) no issue, on a
+///   backend that [writes optimistically](Backend::writes_optimistically);
+///   a feed's count it needs is read first, without a lock):
 ///   first on the backend's copy of the task, without reading it (a refusal
 ///   or a stale copy is no answer: the task is read next), then up to
 ///   [`OPTIMISTIC_ATTEMPTS`] times on the task read without a lock; each
@@ -257,8 +271,21 @@ pub async fn apply<B: Backend + ?Sized>(
     let decide = |task: &Task, ctx: &Context, command: Command| {
         decide(task, ctx, command, now, policy).map(|d| attributed(d, by))
     };
-    if command.needs().is_empty() && backend.writes_optimistically(&command) {
-        let no_context = Context::default();
+    let needs = command.needs();
+    if needs.issue.is_none() && backend.writes_optimistically(&command) {
+        // The feed's count, read without a lock: writers racing past the
+        // limit at once can each add one event beyond it, no more (each
+        // counted before the others' commits).
+        let no_context = if needs.events {
+            Context {
+                events: backend
+                    .count_events_unlocked(task_id, policy.max_task_events)
+                    .await?,
+                ..Context::default()
+            }
+        } else {
+            Context::default()
+        };
         if let Some(copy) = backend.unlocked_copy(task_id)
             && let Ok(decision) = decide(&copy, &no_context, command.clone())
         {
@@ -316,7 +343,7 @@ async fn apply_locked<B: Backend + ?Sized>(
         backend.rollback(tx).await?;
         return Err(StoreError::NotFound);
     };
-    let ctx = load_context(backend, &mut tx, task_id, &command).await?;
+    let ctx = load_context(backend, &mut tx, task_id, &command, policy).await?;
     let decision = match decide(&task, &ctx, command, now, policy) {
         Ok(decision) => attributed(decision, by),
         Err(refusal) => {
@@ -450,7 +477,7 @@ pub async fn reconcile_due<B: Backend + ?Sized>(
         // Reconciling needs nothing beyond the task (no read happens here);
         // asked all the same, so that a rule that starts to need more is
         // loaded on this path too.
-        let ctx = load_context(backend, &mut tx, task.id, &Command::Reconcile).await?;
+        let ctx = load_context(backend, &mut tx, task.id, &Command::Reconcile, policy).await?;
         match decide(&task, &ctx, Command::Reconcile, now, policy) {
             Ok(decision) => decided.push((task, decision)),
             Err(refusal) => {
@@ -472,11 +499,17 @@ pub async fn load_context<B: Backend + ?Sized>(
     tx: &mut B::Tx,
     task_id: Uuid,
     command: &Command,
+    policy: &Policy,
 ) -> Result<Context, StoreError> {
     let needs = command.needs();
     let mut ctx = Context::default();
     if let Some(event_id) = needs.issue {
         ctx.issue = backend.read_issue(tx, task_id, event_id).await?;
+    }
+    if needs.events {
+        ctx.events = backend
+            .count_events(tx, task_id, policy.max_task_events)
+            .await?;
     }
     Ok(ctx)
 }

@@ -94,8 +94,6 @@ pub struct ServerOptions {
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
     /// `MEATSPACE_PUBLIC_URL` (default: none, as on loopback).
     pub public_origin: meatspace_api::public_url::PublicOrigin,
-    /// `MEATSPACE_MAX_EVENTS_PER_TASK` (the binary's default).
-    pub max_task_events: u64,
     /// `MEATSPACE_DEV_KEY_ENABLED` (the binary's default: on).
     pub dev_key_enabled: bool,
 }
@@ -112,7 +110,6 @@ impl Default for ServerOptions {
             integrations: Integrations::new(ServerKey::generate().0),
             mcp_allowed_hosts: Default::default(),
             public_origin: meatspace_api::public_url::PublicOrigin::FromRequest,
-            max_task_events: 2_000,
             dev_key_enabled: true,
         }
     }
@@ -142,7 +139,6 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
         credentials,
         agent_digests: DigestCache::for_agents(),
         public_origin: options.public_origin.clone(),
-        max_task_events: options.max_task_events,
     });
     (state, dev_key)
 }

@@ -32,7 +32,9 @@ use meatspace_api::ServeOptions;
 use meatspace_api::rate_limit::RateLimitSettings;
 use meatspace_domain::{Policy, clock};
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, str_at, types};
+use meatspace_tests::server::{
+    Expect, ServerOptions, TestServer, header_str, images, str_at, types,
+};
 use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
 use serde_json::{Value, json};
@@ -703,7 +705,10 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
     let srv = TestServer::start_with(
         db,
         ServerOptions {
-            max_task_events: LIMIT,
+            policy: Policy {
+                max_task_events: LIMIT,
+                ..Policy::default()
+            },
             ..ServerOptions::default()
         },
     )
@@ -730,6 +735,24 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
     assert!(
         str_at(&refused, "/detail").contains("10 events"),
         "{refused}"
+    );
+    // A photo is refused the same way (it once went around the check).
+    let photo = srv
+        .worker(&t.worker_token)
+        .post(&worker_path(t.task_id, "/photos"))
+        .header("content-type", "image/png")
+        .body(images::png(8, 8))
+        .expect_problem(StatusCode::CONFLICT)
+        .await;
+    assert_eq!(
+        (str_at(&photo, "/type"), str_at(&photo, "/detail")),
+        (str_at(&refused, "/type"), str_at(&refused, "/detail")),
+        "a photo on a full feed is refused as a message is"
+    );
+    assert_eq!(
+        srv.feed(t.task_id, &t.agent_token).await.len() as u64,
+        LIMIT,
+        "nothing was added"
     );
     // Issues, answers and extensions are additions too.
     srv.worker(&t.worker_token)

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use meatspace_api::rate_limit::RateLimitSettings;
+use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, uuid_at};
 use reqwest::StatusCode;
@@ -873,7 +874,10 @@ async fn a_full_feed_refuses_extensions_as_a_tool_error(db: Db) {
     let srv = TestServer::start_with(
         db,
         ServerOptions {
-            max_task_events: 10,
+            policy: Policy {
+                max_task_events: 10,
+                ..Policy::default()
+            },
             ..ServerOptions::default()
         },
     )

@@ -65,6 +65,7 @@ fn policy() -> Policy {
         max_lifetime: TimeDelta::days(30),
         start_timeout: TimeDelta::seconds(START_TIMEOUT),
         active_time_limit: TimeDelta::seconds(ACTIVE_LIMIT),
+        ..Policy::default()
     }
 }
 

@@ -311,7 +311,7 @@ pub fn document(state: &AppState) -> Value {
             "photo_bytes_per_task": state.photo_limits.max_task_bytes,
             "photo_types": ACCEPTED_TYPES,
             "events_page": MAX_EVENTS_PAGE,
-            "events_per_task": state.max_task_events,
+            "events_per_task": state.policy.max_task_events,
             "events_per_task_note": "past it, messages, photos, issues, answers and extensions are refused with 409 problem type task-event-limit; complete, stop and cancel still work",
             "events_wait_seconds": MAX_WAIT_SECONDS,
             "rate_limit": rate_limit(state)
