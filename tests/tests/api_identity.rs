@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_tests::server::{
     DEV_KEY_HEADER, Expect, PROBLEM_TYPE_BASE, ServerOptions, TestServer, str_at, uuid_at,
 };
@@ -65,6 +66,14 @@ async fn create_with(srv: &TestServer, key: &str, description: &str) -> (Uuid, S
         .expect_json(StatusCode::CREATED)
         .await;
     (uuid_at(&made, "/task/id"), str_at(&made, "/agent_token"))
+}
+
+/// The `previous_valid_until` of a rotation's answer, as a time.
+fn valid_until(rotated: &Value) -> DateTime<Utc> {
+    let text = str_at(rotated, "/key/previous_valid_until");
+    DateTime::parse_from_rfc3339(&text)
+        .unwrap_or_else(|e| panic!("previous_valid_until {text:?}: {e}"))
+        .with_timezone(&Utc)
 }
 
 fn slug(problem: &Value) -> String {
@@ -305,10 +314,19 @@ async fn a_rotated_secret_works_for_its_grace_period_only(db: Db) {
             .json(&json!({ "grace_seconds": grace }))
             .expect_json(StatusCode::OK)
     };
+    let before = Utc::now();
     let first = rotate(3600).await;
+    let after = Utc::now();
     let second_secret = str_at(&first, "/secret");
     assert!(second_secret.starts_with(&format!("msk_{}_", key.id.simple())));
-    assert!(first["key"]["previous_valid_until"].is_string());
+    // The grace ends an hour after the rotation, by the server's clock.
+    let until = valid_until(&first);
+    let hour = TimeDelta::hours(1);
+    assert!(
+        before + hour - TimeDelta::seconds(1) <= until
+            && until <= after + hour + TimeDelta::seconds(1),
+        "previous_valid_until {until} is not an hour after the rotation ({before} .. {after})"
+    );
     // During the grace period both work.
     assert!(
         works(key.secret.clone()).await,
@@ -324,7 +342,38 @@ async fn a_rotated_secret_works_for_its_grace_period_only(db: Db) {
         "the replaced secret after its grace"
     );
     assert!(!works(key.secret.clone()).await, "two rotations back");
-    assert!(works(third_secret).await);
+    assert!(works(third_secret.clone()).await);
+
+    // A short grace, watched to its end: the replaced secret is refused once
+    // previous_valid_until has passed, and not before. (Real time: the
+    // server's clock is the wall clock.)
+    let fourth = rotate(2).await;
+    let until = valid_until(&fourth);
+    eventually(
+        Duration::from_secs(30),
+        "the replaced secret refused after its grace",
+        || {
+            let works = &works;
+            let third_secret = third_secret.clone();
+            async move {
+                let worked = works(third_secret).await;
+                // The server decided before this answer arrived: a refusal
+                // seen now was decided at or before now.
+                let answered_at = Utc::now();
+                if worked {
+                    None
+                } else {
+                    assert!(
+                        answered_at >= until,
+                        "refused by {answered_at}, before the grace ended at {until}"
+                    );
+                    Some(())
+                }
+            }
+        },
+    )
+    .await;
+    assert!(works(str_at(&fourth, "/secret")).await);
     srv.dev(Method::POST, &format!("/api/v1/keys/{}/rotate", key.id))
         .json(&json!({ "grace_seconds": 999_999_999 }))
         .expect_problem(StatusCode::UNPROCESSABLE_ENTITY)
@@ -664,7 +713,7 @@ async fn keys_are_stored_only_as_digests(db: Db) {
 }
 
 /// A second API server on the same PostgreSQL database hears of a revoked
-/// key, a rotated-away secret and a suspended worker from the change
+/// key, a suspended worker and a rotated-away secret from the change
 /// stream and refuses them at once, although it had them in memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn revocations_reach_a_second_replica_at_once() {
@@ -672,6 +721,7 @@ async fn revocations_reach_a_second_replica_at_once() {
     let replica = TestDb::replica(&first.db);
     let second = TestServer::start_on(Db::Postgres, replica, ServerOptions::default()).await;
     let key = agent_key(&first, "replicated").await;
+    let rotating = agent_key(&first, "rotating").await;
     let (task, _) = create_with(&second, &key.secret, "x").await;
     let (worker, worker_token) = first.register_worker("Ada").await;
     // Both credentials are now in the second server's memory, and so is
@@ -685,6 +735,11 @@ async fn revocations_reach_a_second_replica_at_once() {
         second
             .worker(&worker_token)
             .get("/api/v1/worker/tasks")
+            .expect_json(StatusCode::OK)
+            .await;
+        second
+            .agent(&rotating.secret)
+            .get("/api/v1/tasks")
             .expect_json(StatusCode::OK)
             .await;
     }
@@ -735,6 +790,37 @@ async fn revocations_reach_a_second_replica_at_once() {
         "suspended worker refused by the replica after {:?}",
         since.elapsed()
     );
+
+    // Rotated on the first with no grace: the replica refuses the old
+    // secret it had in memory, and takes the new one.
+    let rotated = first
+        .dev(
+            Method::POST,
+            &format!("/api/v1/keys/{}/rotate", rotating.id),
+        )
+        .json(&json!({ "grace_seconds": 0 }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let since = Instant::now();
+    eventually(
+        Duration::from_secs(5),
+        "the replica refuses the rotated-away secret",
+        || async {
+            (status(second.agent(&rotating.secret).get("/api/v1/tasks")).await
+                == StatusCode::UNAUTHORIZED)
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "rotated-away secret refused by the replica after {:?}",
+        since.elapsed()
+    );
+    second
+        .agent(&str_at(&rotated, "/secret"))
+        .get("/api/v1/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
 }
 
 /// The binary, as an operator runs it: `bootstrap-operator` prints a first
