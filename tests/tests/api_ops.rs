@@ -48,7 +48,8 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
         assert_eq!(res.status(), StatusCode::OK, "{probe}");
     }
     // A task created, published, claimed and started, then read.
-    let ok = |res: reqwest::Response| async move {
+    let ok = |req: reqwest::RequestBuilder| async move {
+        let res = req.send().await.unwrap();
         let status = res.status();
         let body: serde_json::Value = res.json().await.unwrap_or_default();
         assert!(status.is_success(), "{status}: {body}");
@@ -57,49 +58,31 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
     let created = ok(http
         .post(api.url("/api/v1/tasks"))
         .header(DEV_KEY_HEADER, KEY)
-        .json(&json!({ "description": "Measure the shed" }))
-        .send()
-        .await
-        .unwrap())
+        .json(&json!({ "description": "Measure the shed" })))
     .await;
     let task = str_at(&created, "/task/id");
     let token = str_at(&created, "/agent_token");
     ok(http
         .post(api.url(&format!("/api/v1/tasks/{task}/publish")))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap())
+        .bearer_auth(&token))
     .await;
     let worker = ok(http
         .post(api.url("/api/v1/workers"))
         .header(DEV_KEY_HEADER, KEY)
-        .json(&json!({ "name": "Ada" }))
-        .send()
-        .await
-        .unwrap())
+        .json(&json!({ "name": "Ada" })))
     .await;
     let worker_token = str_at(&worker, "/worker_token");
     for action in ["claim", "start"] {
         ok(http
             .post(api.url(&format!("/api/v1/worker/tasks/{task}/{action}")))
-            .bearer_auth(&worker_token)
-            .send()
-            .await
-            .unwrap())
+            .bearer_auth(&worker_token))
         .await;
     }
     for path in [
         format!("/api/v1/tasks/{task}"),
         format!("/api/v1/tasks/{task}/events?after=0"),
     ] {
-        ok(http
-            .get(api.url(&path))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap())
-        .await;
+        ok(http.get(api.url(&path)).bearer_auth(&token)).await;
     }
     let stray = format!("/api/v1/tasks/{}/nonsense", Uuid::new_v4());
     let res = http.get(api.url(&stray)).send().await.unwrap();
