@@ -2167,20 +2167,17 @@ async fn reconnect(
     }
 }
 
-/// How many events the task's feed holds, counted up to `up_to` (the
-/// count stops there: a full feed costs no more to count than the limit).
+/// [`meatspace_store::engine::COUNT_EVENTS_SQL`] on `executor`.
 async fn count_events<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     task_id: Uuid,
     up_to: u64,
 ) -> Result<u64, StoreError> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = $1 LIMIT $2) AS e",
-    )
-    .bind(task_id)
-    .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
-    .fetch_one(executor)
-    .await?;
+    let n: i64 = sqlx::query_scalar(meatspace_store::engine::COUNT_EVENTS_SQL)
+        .bind(task_id)
+        .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
+        .fetch_one(executor)
+        .await?;
     Ok(u64::try_from(n).unwrap_or(0))
 }
 

@@ -385,7 +385,7 @@ impl Backend for Inline {
     /// lock, so no other writer's events can come in between.
     async fn count_events_unlocked(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
         let n = self.one(
-            "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = ? LIMIT ?)",
+            meatspace_store::engine::COUNT_EVENTS_SQL,
             (
                 task_id.to_string(),
                 i64::try_from(up_to).unwrap_or(i64::MAX),

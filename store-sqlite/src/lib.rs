@@ -768,13 +768,11 @@ impl Store for SqliteStore {
     }
 
     async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = ? LIMIT ?)",
-        )
-        .bind(task_id.to_string())
-        .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
-        .fetch_one(&self.reader)
-        .await?;
+        let n: i64 = sqlx::query_scalar(meatspace_store::engine::COUNT_EVENTS_SQL)
+            .bind(task_id.to_string())
+            .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
+            .fetch_one(&self.reader)
+            .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 

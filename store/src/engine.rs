@@ -41,6 +41,12 @@ pub enum Conditional {
     NeedsLock,
 }
 
+/// The count behind [`Backend::count_events`], in SQL both databases
+/// accept: `$1` the task's id, `$2` where counting stops (a full feed costs
+/// no more to count than the limit).
+pub const COUNT_EVENTS_SQL: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = $1 LIMIT $2) AS e";
+
 /// The SQL a backend provides to the engine, and the hooks it may override.
 #[async_trait]
 pub trait Backend: Send + Sync {
@@ -64,7 +70,8 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<Issue>, StoreError>;
 
     /// How many events the task's feed holds, counted up to `up_to`, in
-    /// `tx` (which holds the task's lock).
+    /// `tx` (which holds the task's lock); both backends run
+    /// [`COUNT_EVENTS_SQL`].
     async fn count_events(
         &self,
         tx: &mut Self::Tx,
