@@ -743,53 +743,25 @@ async fn revocations_reach_a_second_replica_at_once() {
             .expect_json(StatusCode::OK)
             .await;
     }
-    let status =
-        |req: reqwest::RequestBuilder| async move { req.send().await.expect("send").status() };
-
     first
         .dev(Method::POST, &format!("/api/v1/keys/{}/revoke", key.id))
         .expect_json(StatusCode::OK)
         .await;
-    let since = Instant::now();
-    eventually(
-        Duration::from_secs(5),
-        "the replica refuses the revoked key",
-        || async {
-            (status(
-                second
-                    .agent(&key.secret)
-                    .get(&format!("/api/v1/tasks/{task}/events?after=0")),
-            )
-            .await
-                == StatusCode::UNAUTHORIZED)
-                .then_some(())
-        },
-    )
+    refused_by("revoked key", || {
+        second
+            .agent(&key.secret)
+            .get(&format!("/api/v1/tasks/{task}/events?after=0"))
+    })
     .await;
-    println!(
-        "revoked key refused by the replica after {:?}",
-        since.elapsed()
-    );
 
     first
         .dev(Method::POST, &format!("/api/v1/workers/{worker}/suspend"))
         .expect_json(StatusCode::OK)
         .await;
-    let since = Instant::now();
-    eventually(
-        Duration::from_secs(5),
-        "the replica refuses the suspended worker",
-        || async {
-            (status(second.worker(&worker_token).get("/api/v1/worker/tasks")).await
-                == StatusCode::UNAUTHORIZED)
-                .then_some(())
-        },
-    )
+    refused_by("suspended worker", || {
+        second.worker(&worker_token).get("/api/v1/worker/tasks")
+    })
     .await;
-    println!(
-        "suspended worker refused by the replica after {:?}",
-        since.elapsed()
-    );
 
     // Rotated on the first with no grace: the replica refuses the old
     // secret it had in memory, and takes the new one.
@@ -801,26 +773,31 @@ async fn revocations_reach_a_second_replica_at_once() {
         .json(&json!({ "grace_seconds": 0 }))
         .expect_json(StatusCode::OK)
         .await;
-    let since = Instant::now();
-    eventually(
-        Duration::from_secs(5),
-        "the replica refuses the rotated-away secret",
-        || async {
-            (status(second.agent(&rotating.secret).get("/api/v1/tasks")).await
-                == StatusCode::UNAUTHORIZED)
-                .then_some(())
-        },
-    )
+    refused_by("rotated-away secret", || {
+        second.agent(&rotating.secret).get("/api/v1/tasks")
+    })
     .await;
-    println!(
-        "rotated-away secret refused by the replica after {:?}",
-        since.elapsed()
-    );
     second
         .agent(&str_at(&rotated, "/secret"))
         .get("/api/v1/tasks")
         .expect_json(StatusCode::OK)
         .await;
+}
+
+/// Waits (a few seconds at most) until the replica answers `request` 401,
+/// and prints how long that took.
+async fn refused_by(what: &str, request: impl Fn() -> reqwest::RequestBuilder) {
+    let since = Instant::now();
+    eventually(
+        Duration::from_secs(5),
+        &format!("the replica refuses the {what}"),
+        || async {
+            (request().send().await.expect("send").status() == StatusCode::UNAUTHORIZED)
+                .then_some(())
+        },
+    )
+    .await;
+    println!("{what} refused by the replica after {:?}", since.elapsed());
 }
 
 /// The binary, as an operator runs it: `bootstrap-operator` prints a first
