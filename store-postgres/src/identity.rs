@@ -44,19 +44,19 @@ async fn announce_credential(conn: &mut PgConnection, id: Uuid) -> Result<(), St
     Ok(())
 }
 
-async fn insert_audit(conn: &mut PgConnection, audit: &NewAudit) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO audit (at, principal_id, action, target, address, detail) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(audit.at)
-    .bind(audit.principal_id)
-    .bind(audit.action.as_str())
-    .bind(&audit.target)
-    .bind(&audit.address)
-    .bind(&audit.detail)
-    .execute(conn)
-    .await?;
+pub(crate) async fn insert_audit(
+    conn: &mut PgConnection,
+    audit: &NewAudit,
+) -> Result<(), StoreError> {
+    sqlx::query(meatspace_store::identity::INSERT_AUDIT_SQL)
+        .bind(audit.at)
+        .bind(audit.principal_id)
+        .bind(audit.action.as_str())
+        .bind(&audit.target)
+        .bind(&audit.address)
+        .bind(&audit.detail)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -377,10 +377,12 @@ async fn worker_in(conn: &mut PgConnection, id: Uuid) -> Result<Option<Worker>, 
     row.as_ref().map(worker_from_row).transpose()
 }
 
+/// Suspends the worker in the caller's transaction (see
+/// `Backend::suspend_worker_rows`).
 pub(crate) async fn suspend_worker(
-    mut tx: Tx,
+    tx: &mut PgConnection,
     id: Uuid,
-    audit: NewAudit,
+    audit: &NewAudit,
 ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
     let suspended =
         sqlx::query("UPDATE workers SET suspended_at = $1 WHERE id = $2 AND suspended_at IS NULL")
@@ -390,24 +392,22 @@ pub(crate) async fn suspend_worker(
             .await?
             .rows_affected();
     if suspended == 1 {
-        insert_audit(&mut tx, &audit).await?;
+        insert_audit(&mut *tx, audit).await?;
     }
     sqlx::query("DELETE FROM worker_sessions WHERE worker_id = $1")
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let Some(worker) = worker_in(&mut tx, id).await? else {
-        tx.rollback().await?;
+    let Some(worker) = worker_in(&mut *tx, id).await? else {
         return Ok(None);
     };
-    announce_credential(&mut tx, id).await?;
+    announce_credential(&mut *tx, id).await?;
     let held: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM tasks WHERE worker_id = $1 AND state IN ('assigned', 'active')",
     )
     .bind(id)
     .fetch_all(&mut *tx)
     .await?;
-    tx.commit().await?;
     Ok(Some((worker, held)))
 }
 

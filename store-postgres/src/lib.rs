@@ -829,6 +829,23 @@ impl engine::Backend for PgStore {
         crate::idempotency::take(tx, claim).await
     }
 
+    async fn insert_audit(
+        &self,
+        tx: &mut Self::Tx,
+        audit: &meatspace_store::NewAudit,
+    ) -> Result<(), StoreError> {
+        identity::insert_audit(tx, audit).await
+    }
+
+    async fn suspend_worker_rows(
+        &self,
+        tx: &mut Self::Tx,
+        worker_id: Uuid,
+        audit: &meatspace_store::NewAudit,
+    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
+        identity::suspend_worker(tx, worker_id, audit).await
+    }
+
     async fn insert_worker(
         &self,
         tx: &mut Self::Tx,
@@ -1167,7 +1184,7 @@ impl Store for PgStore {
         new: NewTask,
         webhook_url: &str,
     ) -> Result<Task, StoreError> {
-        engine::create_task_with_webhook(self, new, webhook_url).await
+        engine::create_task(self, new, Some(webhook_url)).await
     }
 
     async fn webhook(
@@ -1319,6 +1336,17 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError> {
         engine::apply(self, task_id, command, Some(by), now, &self.policy).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, command, audit), fields(command = command.name()), err(level = "debug"))]
+    async fn apply_audited(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Applied, StoreError> {
+        engine::apply_audited(self, task_id, command, by, &audit, &self.policy).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1904,8 +1932,8 @@ impl Store for PgStore {
         &self,
         id: Uuid,
         audit: meatspace_store::NewAudit,
-    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-        identity::suspend_worker(self.pool.begin().await?, id, audit).await
+    ) -> Result<Option<Worker>, StoreError> {
+        engine::suspend_worker(self, id, &audit, &self.policy).await
     }
 
     #[tracing::instrument(level = "debug", skip(self, audit), err)]

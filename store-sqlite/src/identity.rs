@@ -17,7 +17,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
-use crate::{from_ms, ms, opt_from_ms, opt_ms, uuid};
+use crate::{Cells, from_ms, ms, opt_from_ms, opt_ms, uuid};
 
 type Tx = crate::WriteTx;
 
@@ -25,7 +25,7 @@ const KEY_COLUMNS: &str = "k.id, k.name, k.scopes, k.digest, k.previous_digest, 
     k.previous_valid_until, k.expires_at, k.created_at, k.rotated_at, k.last_used_at, \
     k.revoked_at, p.id AS principal_id, p.kind AS principal_kind, p.name AS principal_name";
 
-const WORKER_COLUMNS: &str = "id, name, created_at, suspended_at";
+pub(crate) const WORKER_COLUMNS: &str = "id, name, created_at, suspended_at";
 
 const INVITE_COLUMNS: &str =
     "id, code_hash, created_at, expires_at, used_at, revoked_at, created_by";
@@ -34,18 +34,15 @@ pub(crate) async fn insert_audit(
     conn: &mut SqliteConnection,
     audit: &NewAudit,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO audit (at, principal_id, action, target, address, detail) \
-         VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(ms(audit.at))
-    .bind(audit.principal_id.to_string())
-    .bind(audit.action.as_str())
-    .bind(&audit.target)
-    .bind(&audit.address)
-    .bind(audit.detail.as_ref().map(|d| d.to_string()))
-    .execute(conn)
-    .await?;
+    sqlx::query(meatspace_store::identity::INSERT_AUDIT_SQL)
+        .bind(ms(audit.at))
+        .bind(audit.principal_id.to_string())
+        .bind(audit.action.as_str())
+        .bind(&audit.target)
+        .bind(&audit.address)
+        .bind(audit.detail.as_ref().map(|d| d.to_string()))
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -91,12 +88,12 @@ fn key_from_row(row: &SqliteRow) -> Result<KeyRecord, StoreError> {
     })
 }
 
-pub(crate) fn worker_from_row(row: &SqliteRow) -> Result<Worker, StoreError> {
+pub(crate) fn worker_from_row(row: &impl Cells) -> Result<Worker, StoreError> {
     Ok(Worker {
-        id: uuid(row.try_get("id")?)?,
-        name: row.try_get("name")?,
-        created_at: from_ms(row.try_get("created_at")?)?,
-        suspended_at: opt_from_ms(row.try_get("suspended_at")?)?,
+        id: uuid(row.text("id")?)?,
+        name: row.text("name")?.to_owned(),
+        created_at: row.time("created_at")?,
+        suspended_at: row.opt_time("suspended_at")?,
     })
 }
 
@@ -367,41 +364,6 @@ async fn worker_in(tx: &mut SqliteConnection, id: Uuid) -> Result<Option<Worker>
     .fetch_optional(tx)
     .await?;
     row.as_ref().map(worker_from_row).transpose()
-}
-
-pub(crate) async fn suspend_worker(
-    mut tx: Tx,
-    id: Uuid,
-    audit: NewAudit,
-) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-    let suspended =
-        sqlx::query("UPDATE workers SET suspended_at = ? WHERE id = ? AND suspended_at IS NULL")
-            .bind(ms(audit.at))
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-    if suspended == 1 {
-        insert_audit(&mut tx, &audit).await?;
-    }
-    sqlx::query("DELETE FROM worker_sessions WHERE worker_id = ?")
-        .bind(id.to_string())
-        .execute(&mut *tx)
-        .await?;
-    let Some(worker) = worker_in(&mut tx, id).await? else {
-        tx.rollback().await?;
-        return Ok(None);
-    };
-    tx.touch_credential(id);
-    let held: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'active')",
-    )
-    .bind(id.to_string())
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    let held = held.iter().map(|t| uuid(t)).collect::<Result<_, _>>()?;
-    Ok(Some((worker, held)))
 }
 
 pub(crate) async fn reinstate_worker(

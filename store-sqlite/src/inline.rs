@@ -25,11 +25,12 @@ use meatspace_store::engine::Backend;
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use meatspace_store::requests::TaskRequest;
 use meatspace_store::token::TokenHash;
-use meatspace_store::{Applied, Change, NewTask, StoreError, Worker};
+use meatspace_store::{Applied, Change, NewAudit, NewTask, StoreError, Worker};
 use rusqlite::{Connection, Params, Row};
 use uuid::Uuid;
 
-use crate::{Cells, TASK_COLUMNS, from_ms, issue_from_row, ms, opt_ms, task_from_row};
+use crate::identity::{WORKER_COLUMNS, worker_from_row};
+use crate::{Cells, TASK_COLUMNS, from_ms, issue_from_row, ms, opt_ms, task_from_row, uuid};
 
 /// Runs an engine write on an [`Inline`] backend to its end: its statements
 /// never wait, so one poll finishes it.
@@ -574,6 +575,53 @@ impl Backend for Inline {
             ),
         )?;
         Ok(used == 1)
+    }
+
+    async fn insert_audit(&self, _tx: &mut Self::Tx, audit: &NewAudit) -> Result<(), StoreError> {
+        self.exec(
+            meatspace_store::identity::INSERT_AUDIT_SQL,
+            (
+                ms(audit.at),
+                audit.principal_id.to_string(),
+                audit.action.as_str(),
+                &audit.target,
+                &audit.address,
+                audit.detail.as_ref().map(|d| d.to_string()),
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn suspend_worker_rows(
+        &self,
+        tx: &mut Self::Tx,
+        worker_id: Uuid,
+        audit: &NewAudit,
+    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
+        let id = worker_id.to_string();
+        let suspended = self.exec(
+            "UPDATE workers SET suspended_at = ? WHERE id = ? AND suspended_at IS NULL",
+            (ms(audit.at), &id),
+        )?;
+        if suspended == 1 {
+            self.insert_audit(tx, audit).await?;
+        }
+        self.exec("DELETE FROM worker_sessions WHERE worker_id = ?", [&id])?;
+        let Some(worker) = self.one(
+            &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE id = ?"),
+            [&id],
+            |row| worker_from_row(row),
+        )?
+        else {
+            return Ok(None);
+        };
+        self.state().touched.push(Change::Credential(worker_id));
+        let held = self.all(
+            "SELECT id FROM tasks WHERE worker_id = ? AND state IN ('assigned', 'active')",
+            [&id],
+            |row| uuid(row.text("id")?),
+        )?;
+        Ok(Some((worker, held)))
     }
 
     /// Nothing left to do: the writer announces the task after the batch's

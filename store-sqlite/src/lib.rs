@@ -351,7 +351,7 @@ impl Store for SqliteStore {
     ) -> Result<Task, StoreError> {
         let url = webhook_url.to_owned();
         self.writes
-            .run(move |db| inline::now(engine::create_task_with_webhook(db, new, &url)))
+            .run(move |db| inline::now(engine::create_task(db, new, Some(&url))))
             .await
     }
 
@@ -439,18 +439,8 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(level = "debug", skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let owner_id = new.owner_id;
-        let (task, agent_token_hash) = new.into_draft();
         self.writes
-            .run(move |db| {
-                inline::now(async {
-                    let mut tx = db.begin_write().await?;
-                    db.insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
-                        .await?;
-                    db.commit(tx).await?;
-                    Ok(task)
-                })
-            })
+            .run(move |db| inline::now(engine::create_task(db, new, None)))
             .await
     }
 
@@ -499,6 +489,24 @@ impl Store for SqliteStore {
         let policy = self.policy;
         self.writes
             .run(move |db| inline::now(engine::apply(db, task_id, command, Some(by), now, &policy)))
+            .await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, command, audit), fields(command = command.name()), err(level = "debug"))]
+    async fn apply_audited(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        audit: meatspace_store::NewAudit,
+    ) -> Result<Applied, StoreError> {
+        let policy = self.policy;
+        self.writes
+            .run(move |db| {
+                inline::now(engine::apply_audited(
+                    db, task_id, command, by, &audit, &policy,
+                ))
+            })
             .await
     }
 
@@ -1099,8 +1107,11 @@ impl Store for SqliteStore {
         &self,
         id: Uuid,
         audit: meatspace_store::NewAudit,
-    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-        identity::suspend_worker(self.begin_write().await?, id, audit).await
+    ) -> Result<Option<Worker>, StoreError> {
+        let policy = self.policy;
+        self.writes
+            .run(move |db| inline::now(engine::suspend_worker(db, id, &audit, &policy)))
+            .await
     }
 
     #[tracing::instrument(level = "debug", skip(self, audit), err)]

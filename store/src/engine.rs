@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::idempotency::{self, IdempotencyBegin, IdempotencyClaim, IdempotencyRecord};
 use crate::requests::TaskRequest;
 use crate::token::TokenHash;
-use crate::{Applied, NewTask, StoreError, Worker};
+use crate::{Applied, NewAudit, NewTask, StoreError, Worker};
 
 /// What a [`Backend::write_if_unchanged`] did.
 // Returned by value once per write and matched at once: boxing the large
@@ -207,6 +207,21 @@ pub trait Backend: Send + Sync {
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
 
+    /// Appends `audit` to the audit trail in `tx`: the row commits with the
+    /// action it records, or neither does.
+    async fn insert_audit(&self, tx: &mut Self::Tx, audit: &NewAudit) -> Result<(), StoreError>;
+
+    /// Suspends the worker in `tx` with its audit row (only when it was not
+    /// suspended already), ends its sessions and announces its credential
+    /// after the commit; answers the worker and the ids of the tasks it
+    /// holds (assigned or active), or `None` when no such worker exists.
+    async fn suspend_worker_rows(
+        &self,
+        tx: &mut Self::Tx,
+        worker_id: Uuid,
+        audit: &NewAudit,
+    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError>;
+
     /// After the commit of a new task was attempted (`committed` says
     /// whether it answered success; it may have committed all the same).
     fn after_create(&self, task_id: Uuid, committed: bool);
@@ -300,7 +315,7 @@ pub async fn apply<B: Backend + ?Sized>(
                 Conditional::Written(applied) => return Ok(applied),
                 Conditional::Changed => {}
                 Conditional::NeedsLock => {
-                    return apply_locked(backend, task_id, command, by, now, policy).await;
+                    return apply_locked(backend, task_id, command, by, None, now, policy).await;
                 }
             }
         }
@@ -317,7 +332,30 @@ pub async fn apply<B: Backend + ?Sized>(
             }
         }
     }
-    apply_locked(backend, task_id, command, by, now, policy).await
+    apply_locked(backend, task_id, command, by, None, now, policy).await
+}
+
+/// Applies `command` as [`apply`] does, and appends `audit` to the audit
+/// trail in the same transaction (an operator's action on a task it does
+/// not own): both commit, or neither. Always the locked path.
+pub async fn apply_audited<B: Backend + ?Sized>(
+    backend: &B,
+    task_id: Uuid,
+    command: Command,
+    by: ActedBy,
+    audit: &NewAudit,
+    policy: &Policy,
+) -> Result<Applied, StoreError> {
+    apply_locked(
+        backend,
+        task_id,
+        command,
+        Some(by),
+        Some(audit),
+        audit.at,
+        policy,
+    )
+    .await
 }
 
 /// `decision` with `by` recorded in each of its agent events' data, so the
@@ -336,12 +374,14 @@ fn attributed(mut decision: Decision, by: Option<ActedBy>) -> Decision {
 }
 
 /// The locked path of [`apply`]: one transaction that locks the task before
-/// it reads it and what the command needs.
+/// it reads it and what the command needs, and writes `audit` with the
+/// decision when there is one.
 async fn apply_locked<B: Backend + ?Sized>(
     backend: &B,
     task_id: Uuid,
     command: Command,
     by: Option<ActedBy>,
+    audit: Option<&NewAudit>,
     now: DateTime<Utc>,
     policy: &Policy,
 ) -> Result<Applied, StoreError> {
@@ -359,6 +399,9 @@ async fn apply_locked<B: Backend + ?Sized>(
         }
     };
     let applied = backend.write_decision(&mut tx, &task, decision).await?;
+    if let Some(audit) = audit {
+        backend.insert_audit(&mut tx, audit).await?;
+    }
     match backend.commit(tx).await {
         Ok(()) => {
             backend.after_commit(task_id, Some(&applied));
@@ -371,12 +414,14 @@ async fn apply_locked<B: Backend + ?Sized>(
     }
 }
 
-/// Creates a draft task and its webhook endpoint in one transaction (see
-/// `Store::create_task_with_webhook`).
-pub async fn create_task_with_webhook<B: Backend + ?Sized>(
+/// Creates a draft task, and its webhook endpoint when it has one, in one
+/// transaction (see `Store::create_task` and
+/// `Store::create_task_with_webhook`). PostgreSQL overrides the plain
+/// create with a grouped insert of concurrent creates.
+pub async fn create_task<B: Backend + ?Sized>(
     backend: &B,
     new: NewTask,
-    webhook_url: &str,
+    webhook_url: Option<&str>,
 ) -> Result<Task, StoreError> {
     let owner_id = new.owner_id;
     let (task, agent_token_hash) = new.into_draft();
@@ -384,9 +429,11 @@ pub async fn create_task_with_webhook<B: Backend + ?Sized>(
     backend
         .insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
         .await?;
-    backend
-        .insert_webhook(&mut tx, task.id, webhook_url, task.created_at)
-        .await?;
+    if let Some(url) = webhook_url {
+        backend
+            .insert_webhook(&mut tx, task.id, url, task.created_at)
+            .await?;
+    }
     let committed = backend.commit(tx).await;
     backend.after_create(task.id, committed.is_ok());
     committed?;
@@ -466,6 +513,58 @@ pub async fn redeem_invite<B: Backend + ?Sized>(
     }
     backend.commit(tx).await?;
     Ok(Some(worker))
+}
+
+/// Suspends a worker (see `Store::suspend_worker`): one transaction that
+/// suspends it with its audit row and releases every task it holds
+/// ([`Command::Release`], decided here like any command), so no task is
+/// left held by a suspended worker whatever fails. `None` when no such
+/// worker exists.
+pub async fn suspend_worker<B: Backend + ?Sized>(
+    backend: &B,
+    worker_id: Uuid,
+    audit: &NewAudit,
+    policy: &Policy,
+) -> Result<Option<Worker>, StoreError> {
+    let now = audit.at;
+    let mut tx = backend.begin_write().await?;
+    let Some((worker, held)) = backend
+        .suspend_worker_rows(&mut tx, worker_id, audit)
+        .await?
+    else {
+        backend.rollback(tx).await?;
+        return Ok(None);
+    };
+    let mut released = Vec::with_capacity(held.len());
+    for task_id in held {
+        let command = Command::Release { worker: worker_id };
+        let Some(task) = backend.lock_task(&mut tx, task_id).await? else {
+            continue;
+        };
+        let ctx = load_context(backend, &mut tx, task_id, &command, policy).await?;
+        match decide(&task, &ctx, command, now, policy) {
+            Ok(decision) => released.push(backend.write_decision(&mut tx, &task, decision).await?),
+            // It moved on between the list and its lock (the worker's
+            // last act committed first): nothing to release.
+            Err(refusal) => {
+                tracing::debug!(%task_id, %refusal, "a suspended worker's task had moved on");
+            }
+        }
+    }
+    match backend.commit(tx).await {
+        Ok(()) => {
+            for applied in &released {
+                backend.after_commit(applied.task.id, Some(applied));
+            }
+            Ok(Some(worker))
+        }
+        Err(e) => {
+            for applied in &released {
+                backend.after_commit(applied.task.id, None);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Applies what is due at `now` to at most `limit` due tasks (see

@@ -104,6 +104,11 @@ impl NewApiKey {
     }
 }
 
+/// The insert of a [`NewAudit`], in SQL both databases accept: `at`,
+/// `principal_id`, `action`, `target`, `address`, `detail` as `$1`…`$6`.
+pub const INSERT_AUDIT_SQL: &str = "INSERT INTO audit (at, principal_id, action, target, address, detail) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+
 /// An entry to append to the audit trail, in the transaction of the action
 /// it records.
 #[derive(Debug, Clone, PartialEq)]

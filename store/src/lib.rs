@@ -294,6 +294,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         now: DateTime<Utc>,
     ) -> Result<Applied, StoreError>;
 
+    /// [`Store::apply_by`] with `audit` appended to the audit trail in the
+    /// same transaction (an operator acting on a task it does not own): the
+    /// command and its audit row commit together or not at all. The time
+    /// of the command is the audit row's.
+    async fn apply_audited(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        audit: NewAudit,
+    ) -> Result<Applied, StoreError>;
+
     /// Events of a task with `id > after`, ascending, at most `limit`.
     async fn events(&self, task_id: Uuid, after: i64, limit: u32)
     -> Result<Vec<Event>, StoreError>;
@@ -611,15 +623,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Workers ordered by id, after `after`.
     async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError>;
 
-    /// Suspends a worker and ends its sessions. Returns the worker and
-    /// the tasks it holds (assigned or active), which the caller releases;
+    /// Suspends a worker, ends its sessions and releases every task it
+    /// holds (assigned or active; `task.unassigned`, reason
+    /// `worker_suspended`), all in one transaction with the audit row.
     /// `None` when there is no such worker. Suspending twice keeps the
     /// first time and writes no second audit entry.
-    async fn suspend_worker(
-        &self,
-        id: Uuid,
-        audit: NewAudit,
-    ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError>;
+    async fn suspend_worker(&self, id: Uuid, audit: NewAudit)
+    -> Result<Option<Worker>, StoreError>;
 
     /// Lifts a suspension. `None` when there is no such worker.
     async fn reinstate_worker(

@@ -153,6 +153,8 @@ conformance! {
         replicas_starting_together_migrate_once,
         stored_data_reveals_no_token,
         commands_act_on_changes_made_through_another_store,
+        an_audited_action_commits_with_its_audit_row_or_not_at_all,
+        suspending_a_worker_releases_its_tasks_in_the_same_transaction,
     ],
 }
 
@@ -3078,5 +3080,183 @@ async fn worker_tasks_and_newest_open_tasks(store: Arc<dyn Store>) {
             .await
             .expect("list")
             .is_empty()
+    );
+}
+
+// ---- audited actions ----------------------------------------------------------------
+
+/// Runs `sql` (one or more statements) on the test's database, beside the
+/// store: for a trigger that makes a write fail.
+async fn raw_sql(db: &TestDb, sql: &str) {
+    use sqlx::Connection;
+    if db.url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(&db.url)
+            .await
+            .expect("connect");
+        sqlx::raw_sql(sql).execute(&mut conn).await.expect(sql);
+    } else {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        sqlx::raw_sql(sql).execute(&mut conn).await.expect(sql);
+    }
+}
+
+/// A trigger that fails every insert into `table` (whose rows match
+/// `when`, an SQL condition on `NEW`), named `name`.
+fn refuse_inserts(db: &TestDb, name: &str, table: &str, when: &str) -> String {
+    if db.url.starts_with("sqlite:") {
+        format!(
+            "CREATE TRIGGER {name} BEFORE INSERT ON {table} WHEN {when} \
+             BEGIN SELECT RAISE(ABORT, '{name}'); END;"
+        )
+    } else {
+        format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION '{name}'; END $$; \
+             CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW WHEN ({when}) \
+             EXECUTE FUNCTION {name}();"
+        )
+    }
+}
+
+fn drop_refusal(db: &TestDb, name: &str, table: &str) -> String {
+    if db.url.starts_with("sqlite:") {
+        format!("DROP TRIGGER {name};")
+    } else {
+        format!("DROP TRIGGER {name} ON {table}; DROP FUNCTION {name}();")
+    }
+}
+
+fn operator_audit(
+    action: meatspace_domain::identity::AuditAction,
+    target: String,
+    secs: i64,
+) -> meatspace_store::NewAudit {
+    meatspace_store::NewAudit {
+        at: at(secs),
+        principal_id: OPERATOR,
+        action,
+        target,
+        address: Some("127.0.0.1".into()),
+        detail: None,
+    }
+}
+
+const OPERATOR: Uuid = Uuid::from_u128(0x0e0e_0e0e);
+
+async fn audit_targets(store: &dyn Store) -> Vec<String> {
+    let filter = meatspace_store::AuditFilter {
+        principal: Some(OPERATOR),
+        since: None,
+        until: None,
+        before: None,
+        limit: 100,
+    };
+    let entries = store.audit(&filter).await.expect("audit");
+    entries.into_iter().map(|e| e.target).collect()
+}
+
+/// An operator's cancel of a task it does not own and its audit row are
+/// one transaction: when the audit row cannot be written, the task is not
+/// cancelled; when it can, both are there.
+async fn an_audited_action_commits_with_its_audit_row_or_not_at_all(db: &TestDb) {
+    let store = db.store(policy()).await;
+    let s = &*store;
+    let (task, _) = task_in(s, TaskState::Open).await;
+    let by = meatspace_domain::identity::ActedBy::ApiKey {
+        principal_id: OPERATOR,
+        key_id: Uuid::from_u128(7),
+    };
+    let cancelled_by_operator = || {
+        operator_audit(
+            meatspace_domain::identity::AuditAction::TaskCancelledByOperator,
+            format!("task:{}", task.id),
+            5,
+        )
+    };
+
+    raw_sql(db, &refuse_inserts(db, "refuse_audit", "audit", "1 = 1")).await;
+    let before = snapshot(s, task.id).await;
+    let failed = s
+        .apply_audited(task.id, cancel(), by, cancelled_by_operator())
+        .await;
+    assert!(
+        matches!(failed, Err(StoreError::Database(_))),
+        "the audit row's failure fails the cancel: {failed:?}"
+    );
+    assert_eq!(
+        snapshot(s, task.id).await,
+        before,
+        "nothing of the cancel is left when its audit row failed"
+    );
+    assert_eq!(audit_targets(s).await, Vec::<String>::new());
+
+    raw_sql(db, &drop_refusal(db, "refuse_audit", "audit")).await;
+    let done = s
+        .apply_audited(task.id, cancel(), by, cancelled_by_operator())
+        .await
+        .expect("the cancel");
+    assert_eq!(done.task.state, TaskState::Cancelled);
+    assert_eq!(
+        done.task.ended_at,
+        Some(at(5)),
+        "the audit row's time is the command's"
+    );
+    assert_eq!(done.events[0].data["by"]["principal_id"], json!(OPERATOR));
+    assert_eq!(audit_targets(s).await, [format!("task:{}", task.id)]);
+}
+
+/// Suspending a worker releases the tasks it holds in the suspension's own
+/// transaction: a release that cannot be written leaves the worker
+/// unsuspended and its task held, never a suspended worker still holding it.
+async fn suspending_a_worker_releases_its_tasks_in_the_same_transaction(db: &TestDb) {
+    let store = db.store(policy()).await;
+    let s = &*store;
+    let (assigned, w) = task_in(s, TaskState::Assigned).await;
+    let suspension = || {
+        operator_audit(
+            meatspace_domain::identity::AuditAction::WorkerSuspended,
+            format!("worker:{w}"),
+            5,
+        )
+    };
+
+    let release = refuse_inserts(
+        db,
+        "refuse_release",
+        "events",
+        "NEW.type = 'task.unassigned'",
+    );
+    raw_sql(db, &release).await;
+    let before = snapshot(s, assigned.id).await;
+    let failed = s.suspend_worker(w, suspension()).await;
+    assert!(
+        matches!(failed, Err(StoreError::Database(_))),
+        "the release's failure fails the suspension: {failed:?}"
+    );
+    assert_eq!(snapshot(s, assigned.id).await, before);
+    let worker = s.worker(w).await.expect("worker").expect("it exists");
+    assert_eq!(worker.suspended_at, None, "the suspension rolled back");
+    assert_eq!(audit_targets(s).await, Vec::<String>::new());
+
+    raw_sql(db, &drop_refusal(db, "refuse_release", "events")).await;
+    let worker = s
+        .suspend_worker(w, suspension())
+        .await
+        .expect("suspend")
+        .expect("the worker exists");
+    assert_eq!(worker.suspended_at, Some(at(5)));
+    let task = read(s, assigned.id).await.expect("task");
+    assert_eq!(task.state, TaskState::Open);
+    assert_eq!(task.worker_id, None);
+    let last = all_events(s, assigned.id).await.pop().expect("an event");
+    assert_eq!(last.kind, EventType::TaskUnassigned);
+    assert_eq!(last.data["reason"], "worker_suspended");
+    assert_eq!(audit_targets(s).await, [format!("worker:{w}")]);
+    assert_eq!(
+        s.suspend_worker(Uuid::new_v4(), suspension())
+            .await
+            .expect("suspend"),
+        None,
+        "no such worker"
     );
 }

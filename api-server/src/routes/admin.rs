@@ -390,17 +390,18 @@ async fn cancel_owned(
             let command = Command::Cancel {
                 reason: Some("the owner's API key was revoked".into()),
             };
-            match state.store.apply(task.id, command, clock::now()).await {
-                Ok(_) => {
-                    cancelled += 1;
-                    let entry = caller.audit(
-                        AuditAction::TaskCancelledByOperator,
-                        format!("task:{}", task.id),
-                        Some(address.0.to_string()),
-                        None,
-                    );
-                    state.store.append_audit(entry).await?;
-                }
+            let entry = caller.audit(
+                AuditAction::TaskCancelledByOperator,
+                format!("task:{}", task.id),
+                Some(address.0.to_string()),
+                None,
+            );
+            match state
+                .store
+                .apply_audited(task.id, command, caller.acted_by(), entry)
+                .await
+            {
+                Ok(_) => cancelled += 1,
                 // Ended meanwhile.
                 Err(meatspace_store::StoreError::Refused(_)) => {}
                 Err(e) => return Err(e.into()),
@@ -466,24 +467,12 @@ async fn suspend_worker(
         Some(address.0.to_string()),
         reason.map(|r| serde_json::json!({ "reason": r })),
     );
-    let (worker, held) = state
+    let worker = state
         .store
         .suspend_worker(id, audit)
         .await?
         .ok_or_else(|| no_such("worker"))?;
     state.credentials.workers.forget(id);
-    for task in held {
-        match state
-            .store
-            .apply(task, Command::Release { worker: id }, clock::now())
-            .await
-        {
-            // Released, or it moved on meanwhile (ended, or the worker's
-            // last act raced the suspension).
-            Ok(_) | Err(meatspace_store::StoreError::Refused(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
     Ok(axum::Json(worker))
 }
 

@@ -261,11 +261,10 @@ async fn cancel_task(
     AgentAuth(id, by): AgentAuth,
     address: ClientAddress,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let cancelled = state
-        .act_by(id, Command::Cancel { reason: None }, by)
-        .await?;
+    let command = Command::Cancel { reason: None };
     // An operator's key cancelling a task its principal does not own is a
-    // privileged action: the audit trail records it.
+    // privileged action: the audit trail records it, in the cancel's own
+    // transaction. (A task's owner never changes.)
     if let meatspace_domain::identity::ActedBy::ApiKey { principal_id, .. } = by
         && state.store.task_owner(id).await? != Some(principal_id)
     {
@@ -277,9 +276,10 @@ async fn cancel_task(
             address: Some(address.0.to_string()),
             detail: None,
         };
-        state.store.append_audit(entry).await?;
+        let applied = state.store.apply_audited(id, command, by, entry).await?;
+        return Ok(axum::Json(applied.into()));
     }
-    Ok(cancelled)
+    state.act_by(id, command, by).await
 }
 
 /// Body of `POST /api/v1/tasks/{task_id}/extend`: exactly one of the two.
