@@ -46,7 +46,10 @@ use crate::creates::{Creates, NewRow};
 
 mod commands;
 mod creates;
+mod dialect;
 mod idempotency;
+// Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/identity.rs"]
 mod identity;
 mod requests;
 mod webhooks;
@@ -843,7 +846,32 @@ impl engine::Backend for PgStore {
         worker_id: Uuid,
         audit: &meatspace_store::NewAudit,
     ) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-        identity::suspend_worker(tx, worker_id, audit).await
+        let suspended = sqlx::query(
+            "UPDATE workers SET suspended_at = $1 WHERE id = $2 AND suspended_at IS NULL",
+        )
+        .bind(audit.at)
+        .bind(worker_id)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if suspended == 1 {
+            identity::insert_audit(tx, audit).await?;
+        }
+        sqlx::query("DELETE FROM worker_sessions WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&mut **tx)
+            .await?;
+        let Some(worker) = identity::worker_in(tx, worker_id).await? else {
+            return Ok(None);
+        };
+        dialect::announce_credential(tx, worker_id).await?;
+        let held: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM tasks WHERE worker_id = $1 AND state IN ('assigned', 'active')",
+        )
+        .bind(worker_id)
+        .fetch_all(&mut **tx)
+        .await?;
+        Ok(Some((worker, held)))
     }
 
     async fn insert_worker(
@@ -1872,7 +1900,7 @@ impl Store for PgStore {
 
     #[tracing::instrument(level = "debug", skip_all, err)]
     async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
-        identity::touch_keys(&self.pool, used).await
+        dialect::touch_keys(&self.pool, used).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1881,7 +1909,7 @@ impl Store for PgStore {
         principal: &meatspace_domain::identity::PrincipalRef,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        identity::ensure_principal(&self.pool, principal, now).await
+        identity::ensure_principal(self.pool.begin().await?, principal, now).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1905,16 +1933,7 @@ impl Store for PgStore {
         cursor: Option<OpenTasksCursor>,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError> {
-        let (created_at, id) = identity::cursor_binds(cursor);
-        let rows = sqlx::query(&identity::owned_tasks_sql(TASK_COLUMNS))
-            .bind(owner)
-            .bind(identity::state_name(state))
-            .bind(created_at)
-            .bind(id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(task_from_row).collect()
+        identity::owned_tasks(&self.pool, owner, state, cursor, limit).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1971,7 +1990,7 @@ impl Store for PgStore {
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
-        identity::append_audit(&self.pool, &audit).await
+        identity::append_audit(self.pool.begin().await?, &audit).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1988,7 +2007,7 @@ impl Store for PgStore {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        identity::purge_audit(&self.pool, before, limit).await
+        identity::purge_audit(self.pool.begin().await?, before, limit).await
     }
 }
 
@@ -2033,7 +2052,7 @@ async fn listen(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
 
 /// A notification's payload: a task id, or `credential:<id>`.
 fn parse_change(payload: &str) -> Option<Change> {
-    match payload.strip_prefix(identity::CREDENTIAL_PREFIX) {
+    match payload.strip_prefix(dialect::CREDENTIAL_PREFIX) {
         Some(id) => id.parse().ok().map(Change::Credential),
         None => payload.parse().ok().map(Change::Task),
     }

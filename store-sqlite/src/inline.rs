@@ -29,7 +29,7 @@ use meatspace_store::{Applied, Change, NewAudit, NewTask, StoreError, Worker};
 use rusqlite::{Connection, Params, Row};
 use uuid::Uuid;
 
-use crate::identity::{WORKER_COLUMNS, worker_from_row};
+use crate::identity::WORKER_COLUMNS;
 use crate::{Cells, TASK_COLUMNS, from_ms, issue_from_row, ms, opt_ms, task_from_row, uuid};
 
 /// Runs an engine write on an [`Inline`] backend to its end: its statements
@@ -610,7 +610,14 @@ impl Backend for Inline {
         let Some(worker) = self.one(
             &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE id = ?"),
             [&id],
-            |row| worker_from_row(row),
+            |row| {
+                Ok(Worker {
+                    id: uuid(row.text("id")?)?,
+                    name: row.text("name")?.to_owned(),
+                    created_at: row.time("created_at")?,
+                    suspended_at: row.opt_time("suspended_at")?,
+                })
+            },
         )?
         else {
             return Ok(None);

@@ -39,7 +39,10 @@ use meatspace_store::{
 
 mod checkpoint;
 pub use checkpoint::CheckpointCounts;
+mod dialect;
 mod idempotency;
+// Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/identity.rs"]
 mod identity;
 pub mod inline;
 mod requests;
@@ -1044,7 +1047,7 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(level = "debug", skip_all, err)]
     async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
-        identity::touch_keys(self.begin_write().await?, used).await
+        dialect::touch_keys(self.begin_write().await?, used).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1077,19 +1080,7 @@ impl Store for SqliteStore {
         cursor: Option<OpenTasksCursor>,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError> {
-        let sql = identity::owned_tasks_sql(TASK_COLUMNS, state.is_some());
-        let (created_at, id) = identity::cursor_binds(cursor);
-        let mut q = sqlx::query(&sql).bind(owner.to_string());
-        if let Some(state) = identity::state_name(state) {
-            q = q.bind(state);
-        }
-        let rows = q
-            .bind(created_at)
-            .bind(id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(task_from_row).collect()
+        identity::owned_tasks(&self.reader, owner, state, cursor, limit).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]

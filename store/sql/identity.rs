@@ -1,60 +1,50 @@
-//! SQL of identity and access on PostgreSQL: principals, API keys, worker
-//! suspension, invite listing and revocation, and the audit trail. Each
-//! privileged write runs in one transaction with the audit row that
-//! records it, and a write that takes a credential's power away sends
-//! `credential:<id>` on the change channel in that transaction, so every
-//! replica hears of it when it commits.
+//! SQL of identity and access: principals, API keys, worker suspension
+//! and token rotation, invites, and the audit trail.
+//!
+//! One source for both backends: each compiles this file as its own
+//! `identity` module (`#[path]` in its `lib.rs`), on top of its `dialect`
+//! module, which says how a value is bound and read back (PostgreSQL
+//! stores ids as `uuid` and times as `timestamptz`, SQLite as text and
+//! milliseconds) and does the few things only one database does. The
+//! statements use `$n` parameters, which both accept.
+//!
+//! Each privileged write runs in one transaction with the audit row that
+//! records it, and a write that takes a credential's power away announces
+//! it ([`d::announce_credential`]) so that every process drops what it
+//! kept of it once the write commits.
 
 use chrono::{DateTime, Utc};
-use meatspace_domain::TaskState;
 use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
-use meatspace_store::identity::unknown_principal;
+use meatspace_domain::{Task, TaskState};
+use meatspace_store::identity::{INSERT_AUDIT_SQL, unknown_principal};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
     ApiKey, AuditEntry, AuditFilter, Invite, KeyRecord, NewApiKey, NewAudit, OpenTasksCursor,
     StoreError, Worker,
 };
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::Row as _;
 use uuid::Uuid;
 
-use crate::CHANNEL;
-
-type Tx = Transaction<'static, Postgres>;
-
-/// The payload that announces a credential change (a task change is the
-/// bare task id).
-pub(crate) const CREDENTIAL_PREFIX: &str = "credential:";
+use crate::dialect::{self as d, Conn, Pool, Row, Tx};
 
 const KEY_COLUMNS: &str = "k.id, k.name, k.scopes, k.digest, k.previous_digest, \
     k.previous_valid_until, k.expires_at, k.created_at, k.rotated_at, k.last_used_at, \
     k.revoked_at, p.id AS principal_id, p.kind AS principal_kind, p.name AS principal_name";
 
-const WORKER_COLUMNS: &str = "id, name, created_at, suspended_at";
+pub(crate) const WORKER_COLUMNS: &str = "id, name, created_at, suspended_at";
 
 const INVITE_COLUMNS: &str =
     "id, code_hash, created_at, expires_at, used_at, revoked_at, created_by";
 
-async fn announce_credential(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(CHANNEL)
-        .bind(format!("{CREDENTIAL_PREFIX}{id}"))
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-pub(crate) async fn insert_audit(
-    conn: &mut PgConnection,
-    audit: &NewAudit,
-) -> Result<(), StoreError> {
-    sqlx::query(meatspace_store::identity::INSERT_AUDIT_SQL)
-        .bind(audit.at)
-        .bind(audit.principal_id)
+/// Appends `audit` in the caller's transaction.
+pub(crate) async fn insert_audit(conn: &mut Conn, audit: &NewAudit) -> Result<(), StoreError> {
+    sqlx::query(INSERT_AUDIT_SQL)
+        .bind(d::time(audit.at))
+        .bind(d::id(audit.principal_id))
         .bind(audit.action.as_str())
         .bind(&audit.target)
         .bind(&audit.address)
-        .bind(&audit.detail)
+        .bind(d::json(audit.detail.as_ref()))
         .execute(conn)
         .await?;
     Ok(())
@@ -71,24 +61,24 @@ fn digest(bytes: Option<Vec<u8>>) -> Result<Option<TokenHash>, StoreError> {
         .transpose()
 }
 
-fn key_from_row(row: &PgRow) -> Result<KeyRecord, StoreError> {
+fn key_from_row(row: &Row) -> Result<KeyRecord, StoreError> {
     let scopes: &str = row.try_get("scopes")?;
     let key = ApiKey {
-        id: row.try_get("id")?,
+        id: d::read_id(row, "id")?,
         name: row.try_get("name")?,
         principal: PrincipalRef {
-            id: row.try_get("principal_id")?,
+            id: d::read_id(row, "principal_id")?,
             kind: kind(row.try_get("principal_kind")?)?,
             name: row.try_get("principal_name")?,
         },
         scopes: Scopes::from_text(scopes)
             .ok_or_else(|| StoreError::Corrupt(format!("scopes {scopes:?}")))?,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        last_used_at: row.try_get("last_used_at")?,
-        revoked_at: row.try_get("revoked_at")?,
-        rotated_at: row.try_get("rotated_at")?,
-        previous_valid_until: row.try_get("previous_valid_until")?,
+        created_at: d::read_time(row, "created_at")?,
+        expires_at: d::read_opt_time(row, "expires_at")?,
+        last_used_at: d::read_opt_time(row, "last_used_at")?,
+        revoked_at: d::read_opt_time(row, "revoked_at")?,
+        rotated_at: d::read_opt_time(row, "rotated_at")?,
+        previous_valid_until: d::read_opt_time(row, "previous_valid_until")?,
     };
     Ok(KeyRecord {
         key,
@@ -98,30 +88,30 @@ fn key_from_row(row: &PgRow) -> Result<KeyRecord, StoreError> {
     })
 }
 
-fn worker_from_row(row: &PgRow) -> Result<Worker, StoreError> {
+fn worker_from_row(row: &Row) -> Result<Worker, StoreError> {
     Ok(Worker {
-        id: row.try_get("id")?,
+        id: d::read_id(row, "id")?,
         name: row.try_get("name")?,
-        created_at: row.try_get("created_at")?,
-        suspended_at: row.try_get("suspended_at")?,
+        created_at: d::read_time(row, "created_at")?,
+        suspended_at: d::read_opt_time(row, "suspended_at")?,
     })
 }
 
-fn invite_from_row(row: &PgRow) -> Result<Invite, StoreError> {
+pub(crate) fn invite_from_row(row: &Row) -> Result<Invite, StoreError> {
     let hash: Vec<u8> = row.try_get("code_hash")?;
     Ok(Invite {
-        id: row.try_get("id")?,
+        id: d::read_id(row, "id")?,
         code_hash: TokenHash::from_slice(&hash)
             .ok_or_else(|| StoreError::Corrupt("invite code digest".into()))?,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        used_at: row.try_get("used_at")?,
-        revoked_at: row.try_get("revoked_at")?,
-        created_by: row.try_get("created_by")?,
+        created_at: d::read_time(row, "created_at")?,
+        expires_at: d::read_time(row, "expires_at")?,
+        used_at: d::read_opt_time(row, "used_at")?,
+        revoked_at: d::read_opt_time(row, "revoked_at")?,
+        created_by: d::read_id(row, "created_by")?,
     })
 }
 
-async fn insert_key(tx: &mut PgConnection, new: &NewApiKey) -> Result<(), StoreError> {
+async fn insert_key(tx: &mut Conn, new: &NewApiKey) -> Result<(), StoreError> {
     // A configured key's principal is derived from its name, so a replica
     // given the same key may have made it already (fresh ids never meet).
     if new.new_principal {
@@ -129,10 +119,10 @@ async fn insert_key(tx: &mut PgConnection, new: &NewApiKey) -> Result<(), StoreE
             "INSERT INTO principals (id, kind, name, created_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (id) DO NOTHING",
         )
-        .bind(new.principal.id)
+        .bind(d::id(new.principal.id))
         .bind(new.principal.kind.as_str())
         .bind(&new.principal.name)
-        .bind(new.created_at)
+        .bind(d::time(new.created_at))
         .execute(&mut *tx)
         .await?;
     }
@@ -140,13 +130,13 @@ async fn insert_key(tx: &mut PgConnection, new: &NewApiKey) -> Result<(), StoreE
         "INSERT INTO api_keys (id, principal_id, name, scopes, digest, expires_at, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
-    .bind(new.id)
-    .bind(new.principal.id)
+    .bind(d::id(new.id))
+    .bind(d::id(new.principal.id))
     .bind(&new.name)
     .bind(new.scopes.to_text())
     .bind(&new.digest.0[..])
-    .bind(new.expires_at)
-    .bind(new.created_at)
+    .bind(d::opt_time(new.expires_at))
+    .bind(d::time(new.created_at))
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -164,13 +154,9 @@ pub(crate) async fn create_key(
 }
 
 pub(crate) async fn insert_configured_key(mut tx: Tx, new: NewApiKey) -> Result<bool, StoreError> {
-    // Replicas starting at once with the same configured key: the lock
-    // makes the second see the first's row instead of failing on it.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('meatspace configured key'))")
-        .execute(&mut *tx)
-        .await?;
-    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM api_keys WHERE id = $1")
-        .bind(new.id)
+    d::serialize_configured_keys(&mut tx).await?;
+    let exists = sqlx::query("SELECT 1 FROM api_keys WHERE id = $1")
+        .bind(d::id(new.id))
         .fetch_optional(&mut *tx)
         .await?;
     if exists.is_some() {
@@ -182,23 +168,23 @@ pub(crate) async fn insert_configured_key(mut tx: Tx, new: NewApiKey) -> Result<
     Ok(true)
 }
 
-async fn key_in(conn: &mut PgConnection, id: Uuid) -> Result<Option<KeyRecord>, StoreError> {
+async fn key_in(conn: &mut Conn, id: Uuid) -> Result<Option<KeyRecord>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {KEY_COLUMNS} FROM api_keys k JOIN principals p ON p.id = k.principal_id \
          WHERE k.id = $1"
     ))
-    .bind(id)
+    .bind(d::id(id))
     .fetch_optional(conn)
     .await?;
     row.as_ref().map(key_from_row).transpose()
 }
 
-pub(crate) async fn key(pool: &PgPool, id: Uuid) -> Result<Option<KeyRecord>, StoreError> {
+pub(crate) async fn key(pool: &Pool, id: Uuid) -> Result<Option<KeyRecord>, StoreError> {
     key_in(&mut *pool.acquire().await?, id).await
 }
 
 pub(crate) async fn keys(
-    pool: &PgPool,
+    pool: &Pool,
     after: Option<Uuid>,
     limit: u32,
 ) -> Result<Vec<ApiKey>, StoreError> {
@@ -206,7 +192,7 @@ pub(crate) async fn keys(
         "SELECT {KEY_COLUMNS} FROM api_keys k JOIN principals p ON p.id = k.principal_id \
          WHERE k.id > $1 ORDER BY k.id LIMIT $2"
     ))
-    .bind(after.unwrap_or_default())
+    .bind(d::id(after.unwrap_or_default()))
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
@@ -226,16 +212,16 @@ pub(crate) async fn rotate_key(
         "UPDATE api_keys SET previous_digest = digest, previous_valid_until = $1, digest = $2, \
          rotated_at = $3 WHERE id = $4 AND revoked_at IS NULL",
     )
-    .bind(previous_valid_until)
+    .bind(d::time(previous_valid_until))
     .bind(&new_digest.0[..])
-    .bind(audit.at)
-    .bind(id)
+    .bind(d::time(audit.at))
+    .bind(d::id(id))
     .execute(&mut *tx)
     .await?
     .rows_affected();
     if rotated == 1 {
         insert_audit(&mut tx, &audit).await?;
-        announce_credential(&mut tx, id).await?;
+        d::announce_credential(&mut tx, id).await?;
     }
     let key = key_in(&mut tx, id).await?;
     tx.commit().await?;
@@ -249,41 +235,24 @@ pub(crate) async fn revoke_key(
 ) -> Result<Option<ApiKey>, StoreError> {
     let revoked =
         sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(audit.at)
-            .bind(id)
+            .bind(d::time(audit.at))
+            .bind(d::id(id))
             .execute(&mut *tx)
             .await?
             .rows_affected();
     if revoked == 1 {
         insert_audit(&mut tx, &audit).await?;
     }
-    // Announced even when it was revoked already: a replica that missed
+    // Announced even when it was revoked already: a process that missed
     // the first announcement (or cached in between) drops it now.
-    announce_credential(&mut tx, id).await?;
+    d::announce_credential(&mut tx, id).await?;
     let key = key_in(&mut tx, id).await?;
     tx.commit().await?;
     Ok(key.map(|k| k.key))
 }
 
-pub(crate) async fn touch_keys(
-    pool: &PgPool,
-    used: &[(Uuid, DateTime<Utc>)],
-) -> Result<(), StoreError> {
-    let (ids, ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = used.iter().copied().unzip();
-    sqlx::query(
-        "UPDATE api_keys k SET last_used_at = u.at \
-         FROM UNNEST($1::uuid[], $2::timestamptz[]) AS u(id, at) \
-         WHERE k.id = u.id AND (k.last_used_at IS NULL OR k.last_used_at < u.at)",
-    )
-    .bind(ids)
-    .bind(ats)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
 pub(crate) async fn ensure_principal(
-    pool: &PgPool,
+    mut tx: Tx,
     p: &PrincipalRef,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
@@ -291,23 +260,24 @@ pub(crate) async fn ensure_principal(
         "INSERT INTO principals (id, kind, name, created_at) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (id) DO NOTHING",
     )
-    .bind(p.id)
+    .bind(d::id(p.id))
     .bind(p.kind.as_str())
     .bind(&p.name)
-    .bind(now)
-    .execute(pool)
+    .bind(d::time(now))
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
-pub(crate) async fn principal(pool: &PgPool, id: Uuid) -> Result<Option<PrincipalRef>, StoreError> {
+pub(crate) async fn principal(pool: &Pool, id: Uuid) -> Result<Option<PrincipalRef>, StoreError> {
     let row = sqlx::query("SELECT id, kind, name FROM principals WHERE id = $1")
-        .bind(id)
+        .bind(d::id(id))
         .fetch_optional(pool)
         .await?;
     row.map(|r| {
         Ok(PrincipalRef {
-            id: r.try_get("id")?,
+            id: d::read_id(&r, "id")?,
             kind: kind(r.try_get("kind")?)?,
             name: r.try_get("name")?,
         })
@@ -315,100 +285,68 @@ pub(crate) async fn principal(pool: &PgPool, id: Uuid) -> Result<Option<Principa
     .transpose()
 }
 
-pub(crate) async fn task_owner(pool: &PgPool, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT owner_id FROM tasks WHERE id = $1")
-            .bind(task_id)
-            .fetch_optional(pool)
-            .await?,
-    )
+pub(crate) async fn task_owner(pool: &Pool, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+    let row = sqlx::query("SELECT owner_id FROM tasks WHERE id = $1")
+        .bind(d::id(task_id))
+        .fetch_optional(pool)
+        .await?;
+    row.map(|r| d::read_id(&r, "owner_id")).transpose()
 }
 
-/// `owner`'s tasks newest first: binds owner ($1), state ($2, NULL for
-/// any), the cursor ($3, $4) and the limit ($5).
-pub(crate) fn owned_tasks_sql(columns: &str) -> String {
-    format!(
-        "SELECT {columns} FROM tasks WHERE owner_id = $1 AND ($2::text IS NULL OR state = $2) \
-         AND (created_at, id) < ($3, $4) ORDER BY created_at DESC, id DESC LIMIT $5"
-    )
+/// `owner`'s tasks (in `state`, when given) newest first, after `cursor`.
+pub(crate) async fn owned_tasks(
+    pool: &Pool,
+    owner: Uuid,
+    state: Option<TaskState>,
+    cursor: Option<OpenTasksCursor>,
+    limit: u32,
+) -> Result<Vec<Task>, StoreError> {
+    let (created_at, id) = match cursor {
+        Some(c) => (d::time(c.created_at), d::id(c.id)),
+        None => d::past_every_task(),
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT {} FROM tasks WHERE owner_id = $1 AND ($2 IS NULL OR state = $2) \
+         AND (created_at, id) < ($3, $4) ORDER BY created_at DESC, id DESC LIMIT $5",
+        crate::TASK_COLUMNS
+    ))
+    .bind(d::id(owner))
+    .bind(state.map(TaskState::as_str))
+    .bind(created_at)
+    .bind(id)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(crate::task_from_row).collect()
 }
 
-pub(crate) fn cursor_binds(cursor: Option<OpenTasksCursor>) -> (DateTime<Utc>, Uuid) {
-    match cursor {
-        Some(c) => (c.created_at, c.id),
-        // Past every task: the last second of year 9999, the largest id.
-        None => (
-            DateTime::from_timestamp(253_402_300_799, 0).unwrap_or_default(),
-            Uuid::max(),
-        ),
-    }
-}
-
-pub(crate) fn state_name(state: Option<TaskState>) -> Option<&'static str> {
-    state.map(TaskState::as_str)
-}
-
-pub(crate) async fn worker(pool: &PgPool, id: Uuid) -> Result<Option<Worker>, StoreError> {
+pub(crate) async fn worker(pool: &Pool, id: Uuid) -> Result<Option<Worker>, StoreError> {
     worker_in(&mut *pool.acquire().await?, id).await
 }
 
 pub(crate) async fn workers(
-    pool: &PgPool,
+    pool: &Pool,
     after: Option<Uuid>,
     limit: u32,
 ) -> Result<Vec<Worker>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {WORKER_COLUMNS} FROM workers WHERE id > $1 ORDER BY id LIMIT $2"
     ))
-    .bind(after.unwrap_or_default())
+    .bind(d::id(after.unwrap_or_default()))
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
     rows.iter().map(worker_from_row).collect()
 }
 
-async fn worker_in(conn: &mut PgConnection, id: Uuid) -> Result<Option<Worker>, StoreError> {
+pub(crate) async fn worker_in(conn: &mut Conn, id: Uuid) -> Result<Option<Worker>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {WORKER_COLUMNS} FROM workers WHERE id = $1"
     ))
-    .bind(id)
+    .bind(d::id(id))
     .fetch_optional(conn)
     .await?;
     row.as_ref().map(worker_from_row).transpose()
-}
-
-/// Suspends the worker in the caller's transaction (see
-/// `Backend::suspend_worker_rows`).
-pub(crate) async fn suspend_worker(
-    tx: &mut PgConnection,
-    id: Uuid,
-    audit: &NewAudit,
-) -> Result<Option<(Worker, Vec<Uuid>)>, StoreError> {
-    let suspended =
-        sqlx::query("UPDATE workers SET suspended_at = $1 WHERE id = $2 AND suspended_at IS NULL")
-            .bind(audit.at)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-    if suspended == 1 {
-        insert_audit(&mut *tx, audit).await?;
-    }
-    sqlx::query("DELETE FROM worker_sessions WHERE worker_id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    let Some(worker) = worker_in(&mut *tx, id).await? else {
-        return Ok(None);
-    };
-    announce_credential(&mut *tx, id).await?;
-    let held: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM tasks WHERE worker_id = $1 AND state IN ('assigned', 'active')",
-    )
-    .bind(id)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(Some((worker, held)))
 }
 
 pub(crate) async fn reinstate_worker(
@@ -419,7 +357,7 @@ pub(crate) async fn reinstate_worker(
     let lifted = sqlx::query(
         "UPDATE workers SET suspended_at = NULL WHERE id = $1 AND suspended_at IS NOT NULL",
     )
-    .bind(id)
+    .bind(d::id(id))
     .execute(&mut *tx)
     .await?
     .rows_affected();
@@ -439,7 +377,7 @@ pub(crate) async fn rotate_worker_token(
 ) -> Result<Option<Worker>, StoreError> {
     let rotated = sqlx::query("UPDATE workers SET token_hash = $1 WHERE id = $2")
         .bind(&token_hash.0[..])
-        .bind(id)
+        .bind(d::id(id))
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -448,7 +386,7 @@ pub(crate) async fn rotate_worker_token(
         return Ok(None);
     }
     insert_audit(&mut tx, &audit).await?;
-    announce_credential(&mut tx, id).await?;
+    d::announce_credential(&mut tx, id).await?;
     let worker = worker_in(&mut tx, id).await?;
     tx.commit().await?;
     Ok(worker)
@@ -465,11 +403,11 @@ pub(crate) async fn create_invite(
         "INSERT INTO worker_invites (id, code_hash, created_at, expires_at, created_by) \
          VALUES ($1, $2, $3, $4, $5)",
     )
-    .bind(id)
+    .bind(d::id(id))
     .bind(&code_hash.0[..])
-    .bind(audit.at)
-    .bind(expires_at)
-    .bind(audit.principal_id)
+    .bind(d::time(audit.at))
+    .bind(d::time(expires_at))
+    .bind(d::id(audit.principal_id))
     .execute(&mut *tx)
     .await?;
     insert_audit(&mut tx, &audit).await?;
@@ -477,25 +415,29 @@ pub(crate) async fn create_invite(
     Ok(())
 }
 
-pub(crate) async fn invite(pool: &PgPool, id: Uuid) -> Result<Option<Invite>, StoreError> {
+async fn invite_in(conn: &mut Conn, id: Uuid) -> Result<Option<Invite>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {INVITE_COLUMNS} FROM worker_invites WHERE id = $1"
     ))
-    .bind(id)
-    .fetch_optional(pool)
+    .bind(d::id(id))
+    .fetch_optional(conn)
     .await?;
     row.as_ref().map(invite_from_row).transpose()
 }
 
+pub(crate) async fn invite(pool: &Pool, id: Uuid) -> Result<Option<Invite>, StoreError> {
+    invite_in(&mut *pool.acquire().await?, id).await
+}
+
 pub(crate) async fn invites(
-    pool: &PgPool,
+    pool: &Pool,
     after: Option<Uuid>,
     limit: u32,
 ) -> Result<Vec<Invite>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {INVITE_COLUMNS} FROM worker_invites WHERE id > $1 ORDER BY id LIMIT $2"
     ))
-    .bind(after.unwrap_or_default())
+    .bind(d::id(after.unwrap_or_default()))
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
@@ -511,48 +453,44 @@ pub(crate) async fn revoke_invite(
         "UPDATE worker_invites SET revoked_at = $1 \
          WHERE id = $2 AND revoked_at IS NULL AND used_at IS NULL",
     )
-    .bind(audit.at)
-    .bind(id)
+    .bind(d::time(audit.at))
+    .bind(d::id(id))
     .execute(&mut *tx)
     .await?
     .rows_affected();
     if revoked == 1 {
         insert_audit(&mut tx, &audit).await?;
     }
-    let row = sqlx::query(&format!(
-        "SELECT {INVITE_COLUMNS} FROM worker_invites WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let invite = invite_in(&mut tx, id).await?;
     tx.commit().await?;
-    row.as_ref().map(invite_from_row).transpose()
+    Ok(invite)
 }
 
-pub(crate) async fn append_audit(pool: &PgPool, audit: &NewAudit) -> Result<(), StoreError> {
-    insert_audit(&mut *pool.acquire().await?, audit).await
+pub(crate) async fn append_audit(mut tx: Tx, audit: &NewAudit) -> Result<(), StoreError> {
+    insert_audit(&mut tx, audit).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
-pub(crate) async fn audit(pool: &PgPool, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+pub(crate) async fn audit(pool: &Pool, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
     let rows = sqlx::query(
         "SELECT a.id, a.at, a.principal_id, a.action, a.target, a.address, a.detail, \
          p.kind AS principal_kind, p.name AS principal_name \
          FROM audit a LEFT JOIN principals p ON p.id = a.principal_id \
-         WHERE ($1::uuid IS NULL OR a.principal_id = $1) \
-         AND ($2::timestamptz IS NULL OR a.at >= $2) \
-         AND ($3::timestamptz IS NULL OR a.at < $3) AND ($4::bigint IS NULL OR a.id < $4) \
+         WHERE ($1 IS NULL OR a.principal_id = $1) AND ($2 IS NULL OR a.at >= $2) \
+         AND ($3 IS NULL OR a.at < $3) AND ($4 IS NULL OR a.id < $4) \
          ORDER BY a.id DESC LIMIT $5",
     )
-    .bind(f.principal)
-    .bind(f.since)
-    .bind(f.until)
+    .bind(f.principal.map(d::id))
+    .bind(d::opt_time(f.since))
+    .bind(d::opt_time(f.until))
     .bind(f.before)
     .bind(i64::from(f.limit))
     .fetch_all(pool)
     .await?;
     rows.iter()
         .map(|r| {
-            let id: Uuid = r.try_get("principal_id")?;
+            let id = d::read_id(r, "principal_id")?;
             let principal = match r.try_get::<Option<&str>, _>("principal_kind")? {
                 Some(k) => PrincipalRef {
                     id,
@@ -564,30 +502,31 @@ pub(crate) async fn audit(pool: &PgPool, f: &AuditFilter) -> Result<Vec<AuditEnt
             let action: &str = r.try_get("action")?;
             Ok(AuditEntry {
                 id: r.try_get("id")?,
-                at: r.try_get("at")?,
+                at: d::read_time(r, "at")?,
                 principal,
                 action: AuditAction::parse(action)
                     .ok_or_else(|| StoreError::Corrupt(format!("audit action {action:?}")))?,
                 target: r.try_get("target")?,
                 address: r.try_get("address")?,
-                detail: r.try_get("detail")?,
+                detail: d::read_json(r, "detail")?,
             })
         })
         .collect()
 }
 
 pub(crate) async fn purge_audit(
-    pool: &PgPool,
+    mut tx: Tx,
     before: DateTime<Utc>,
     limit: u32,
 ) -> Result<u64, StoreError> {
     let deleted = sqlx::query(
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < $1 ORDER BY id LIMIT $2)",
     )
-    .bind(before)
+    .bind(d::time(before))
     .bind(i64::from(limit))
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
+    tx.commit().await?;
     Ok(deleted)
 }

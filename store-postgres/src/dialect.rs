@@ -1,0 +1,107 @@
+//! What the SQL shared with SQLite (`store/sql/`) needs of PostgreSQL: the
+//! connection types, how a value is bound and read back (ids are `uuid`,
+//! times `timestamptz`, JSON `jsonb`: as they are), and what only this
+//! database does.
+
+use chrono::{DateTime, Utc};
+use meatspace_store::StoreError;
+use sqlx::Row as _;
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
+use uuid::Uuid;
+
+use crate::CHANNEL;
+
+pub(crate) type Pool = PgPool;
+pub(crate) type Conn = PgConnection;
+pub(crate) type Row = PgRow;
+pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// The payload that announces a credential change (a task change is the
+/// bare task id).
+pub(crate) const CREDENTIAL_PREFIX: &str = "credential:";
+
+// ---- values as bound ----------------------------------------------------------------
+
+pub(crate) fn id(v: Uuid) -> Uuid {
+    v
+}
+
+pub(crate) fn time(v: DateTime<Utc>) -> DateTime<Utc> {
+    v
+}
+
+pub(crate) fn opt_time(v: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    v
+}
+
+pub(crate) fn json(v: Option<&serde_json::Value>) -> Option<&serde_json::Value> {
+    v
+}
+
+// ---- values as read back --------------------------------------------------------------
+
+pub(crate) fn read_id(row: &Row, column: &str) -> Result<Uuid, StoreError> {
+    Ok(row.try_get(column)?)
+}
+
+pub(crate) fn read_time(row: &Row, column: &str) -> Result<DateTime<Utc>, StoreError> {
+    Ok(row.try_get(column)?)
+}
+
+pub(crate) fn read_opt_time(row: &Row, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+    Ok(row.try_get(column)?)
+}
+
+pub(crate) fn read_json(row: &Row, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
+    Ok(row.try_get(column)?)
+}
+
+/// A keyset cursor past every task: the last second of year 9999 and the
+/// largest id.
+pub(crate) fn past_every_task() -> (DateTime<Utc>, Uuid) {
+    (
+        DateTime::from_timestamp(253_402_300_799, 0).unwrap_or_default(),
+        Uuid::max(),
+    )
+}
+
+// ---- what only PostgreSQL does ------------------------------------------------------
+
+/// Sends `credential:<id>` on the change channel in `tx`: every replica
+/// hears of it when `tx` commits.
+pub(crate) async fn announce_credential(tx: &mut Tx, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(format!("{CREDENTIAL_PREFIX}{id}"))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Replicas starting at once with the same configured key: the lock makes
+/// the second see the first's row instead of failing on it.
+pub(crate) async fn serialize_configured_keys(tx: &mut Tx) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('meatspace configured key'))")
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Records when each key was last used, in one statement for the batch;
+/// an older time never overwrites a newer one.
+pub(crate) async fn touch_keys(
+    pool: &Pool,
+    used: &[(Uuid, DateTime<Utc>)],
+) -> Result<(), StoreError> {
+    let (ids, ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = used.iter().copied().unzip();
+    sqlx::query(
+        "UPDATE api_keys k SET last_used_at = u.at \
+         FROM UNNEST($1::uuid[], $2::timestamptz[]) AS u(id, at) \
+         WHERE k.id = u.id AND (k.last_used_at IS NULL OR k.last_used_at < u.at)",
+    )
+    .bind(ids)
+    .bind(ats)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

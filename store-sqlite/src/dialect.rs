@@ -1,0 +1,96 @@
+//! What the SQL shared with PostgreSQL (`store/sql/`) needs of SQLite: the
+//! connection types, how a value is bound and read back (ids as text,
+//! times as milliseconds since the epoch, JSON as text), and what only
+//! this database does.
+
+use chrono::{DateTime, Utc};
+use meatspace_store::StoreError;
+use sqlx::Row as _;
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use uuid::Uuid;
+
+use crate::{from_ms, ms, opt_from_ms, opt_ms, uuid};
+
+pub(crate) type Pool = SqlitePool;
+pub(crate) type Conn = SqliteConnection;
+pub(crate) type Row = SqliteRow;
+/// A write of the store's single writer (see [`crate::writer`]).
+pub(crate) type Tx = crate::WriteTx;
+
+// ---- values as bound ----------------------------------------------------------------
+
+pub(crate) fn id(v: Uuid) -> String {
+    v.to_string()
+}
+
+pub(crate) fn time(v: DateTime<Utc>) -> i64 {
+    ms(v)
+}
+
+pub(crate) fn opt_time(v: Option<DateTime<Utc>>) -> Option<i64> {
+    opt_ms(v)
+}
+
+pub(crate) fn json(v: Option<&serde_json::Value>) -> Option<String> {
+    v.map(|v| v.to_string())
+}
+
+// ---- values as read back --------------------------------------------------------------
+
+pub(crate) fn read_id(row: &Row, column: &str) -> Result<Uuid, StoreError> {
+    uuid(row.try_get(column)?)
+}
+
+pub(crate) fn read_time(row: &Row, column: &str) -> Result<DateTime<Utc>, StoreError> {
+    from_ms(row.try_get(column)?)
+}
+
+pub(crate) fn read_opt_time(row: &Row, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+    opt_from_ms(row.try_get(column)?)
+}
+
+pub(crate) fn read_json(row: &Row, column: &str) -> Result<Option<serde_json::Value>, StoreError> {
+    let text: Option<&str> = row.try_get(column)?;
+    text.map(serde_json::from_str)
+        .transpose()
+        .map_err(|_| StoreError::Corrupt(format!("{column} is not JSON")))
+}
+
+/// A keyset cursor past every task: the largest time, and an id after
+/// every id ('~' sorts after every hex digit and hyphen).
+pub(crate) fn past_every_task() -> (i64, String) {
+    (i64::MAX, "~".to_owned())
+}
+
+// ---- what only SQLite does ----------------------------------------------------------
+
+/// Has the writer announce the credential after `tx` commits, before the
+/// write is answered.
+pub(crate) async fn announce_credential(tx: &mut Tx, id: Uuid) -> Result<(), StoreError> {
+    tx.touch_credential(id);
+    Ok(())
+}
+
+/// Nothing to do: the writer runs one write at a time.
+pub(crate) async fn serialize_configured_keys(_tx: &mut Tx) -> Result<(), StoreError> {
+    Ok(())
+}
+
+/// Records when each key was last used; an older time never overwrites a
+/// newer one.
+pub(crate) async fn touch_keys(
+    mut tx: Tx,
+    used: &[(Uuid, DateTime<Utc>)],
+) -> Result<(), StoreError> {
+    for (key, at) in used {
+        sqlx::query(
+            "UPDATE api_keys SET last_used_at = $1 \
+             WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)",
+        )
+        .bind(ms(*at))
+        .bind(id(*key))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
