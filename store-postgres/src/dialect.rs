@@ -15,6 +15,22 @@ pub(crate) type Pool = PgPool;
 pub(crate) type Conn = PgConnection;
 pub(crate) type Row = PgRow;
 pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+pub(crate) type Store = crate::PgStore;
+
+/// Where reads go.
+pub(crate) fn reader(store: &Store) -> &Pool {
+    &store.pool
+}
+
+/// A write transaction.
+pub(crate) async fn begin(store: &Store) -> Result<Tx, StoreError> {
+    Ok(store.pool.begin().await?)
+}
+
+/// A write transaction of one statement.
+pub(crate) async fn begin_statement(store: &Store) -> Result<Tx, StoreError> {
+    begin(store).await
+}
 
 /// The payload that announces a credential change (a task change is the
 /// bare task id).
@@ -90,7 +106,7 @@ pub(crate) async fn serialize_configured_keys(tx: &mut Tx) -> Result<(), StoreEr
 /// Records when each key was last used, in one statement for the batch;
 /// an older time never overwrites a newer one.
 pub(crate) async fn touch_keys(
-    pool: &Pool,
+    store: &Store,
     used: &[(Uuid, DateTime<Utc>)],
 ) -> Result<(), StoreError> {
     let (ids, ats): (Vec<Uuid>, Vec<DateTime<Utc>>) = used.iter().copied().unzip();
@@ -101,7 +117,7 @@ pub(crate) async fn touch_keys(
     )
     .bind(ids)
     .bind(ats)
-    .execute(pool)
+    .execute(&store.pool)
     .await?;
     Ok(())
 }

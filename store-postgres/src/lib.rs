@@ -37,8 +37,8 @@ use meatspace_domain::{
 use meatspace_store::engine::{self, Conditional};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, Backend, Change, ConnectOptions, FeedRead, Invite, NewTask, OpenTasksCursor, Photo,
-    Session, Store, StoreError, TaskVersions, Worker, stored_event,
+    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Session,
+    Store, StoreError, TaskVersions, Worker, stored_event,
 };
 
 use crate::commands::Commands;
@@ -1700,22 +1700,6 @@ impl Store for PgStore {
         Ok(stream.boxed())
     }
 
-    #[tracing::instrument(level = "debug", skip(self, code_hash), err)]
-    async fn create_invite(
-        &self,
-        id: Uuid,
-        code_hash: TokenHash,
-        expires_at: DateTime<Utc>,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<(), StoreError> {
-        identity::create_invite(self.pool.begin().await?, id, code_hash, expires_at, audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
-        identity::invite(&self.pool, id).await
-    }
-
     #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
     async fn redeem_invite(
         &self,
@@ -1840,112 +1824,6 @@ impl Store for PgStore {
         crate::requests::requested_among(&self.pool, task_ids).await
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
-    async fn create_api_key(
-        &self,
-        new: meatspace_store::NewApiKey,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<meatspace_store::ApiKey, StoreError> {
-        identity::create_key(self.pool.begin().await?, new, audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
-    async fn insert_configured_key(
-        &self,
-        new: meatspace_store::NewApiKey,
-    ) -> Result<bool, StoreError> {
-        identity::insert_configured_key(self.pool.begin().await?, new).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn api_key(&self, id: Uuid) -> Result<Option<meatspace_store::KeyRecord>, StoreError> {
-        identity::key(&self.pool, id).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn api_keys(
-        &self,
-        after: Option<Uuid>,
-        limit: u32,
-    ) -> Result<Vec<meatspace_store::ApiKey>, StoreError> {
-        identity::keys(&self.pool, after, limit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, digest, audit), err)]
-    async fn rotate_api_key(
-        &self,
-        id: Uuid,
-        digest: TokenHash,
-        previous_valid_until: DateTime<Utc>,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
-        identity::rotate_key(
-            self.pool.begin().await?,
-            id,
-            digest,
-            previous_valid_until,
-            audit,
-        )
-        .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, audit), err)]
-    async fn revoke_api_key(
-        &self,
-        id: Uuid,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<meatspace_store::ApiKey>, StoreError> {
-        identity::revoke_key(self.pool.begin().await?, id, audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip_all, err)]
-    async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
-        dialect::touch_keys(&self.pool, used).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn ensure_principal(
-        &self,
-        principal: &meatspace_domain::identity::PrincipalRef,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        identity::ensure_principal(self.pool.begin().await?, principal, now).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn principal(
-        &self,
-        id: Uuid,
-    ) -> Result<Option<meatspace_domain::identity::PrincipalRef>, StoreError> {
-        identity::principal(&self.pool, id).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
-        identity::task_owner(&self.pool, task_id).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn owned_tasks(
-        &self,
-        owner: Uuid,
-        state: Option<TaskState>,
-        cursor: Option<OpenTasksCursor>,
-        limit: u32,
-    ) -> Result<Vec<Task>, StoreError> {
-        identity::owned_tasks(&self.pool, owner, state, cursor, limit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError> {
-        identity::worker(&self.pool, id).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
-        identity::workers(&self.pool, after, limit).await
-    }
-
     #[tracing::instrument(level = "debug", skip(self, audit), err)]
     async fn suspend_worker(
         &self,
@@ -1953,61 +1831,6 @@ impl Store for PgStore {
         audit: meatspace_store::NewAudit,
     ) -> Result<Option<Worker>, StoreError> {
         engine::suspend_worker(self, id, &audit, &self.policy).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, audit), err)]
-    async fn reinstate_worker(
-        &self,
-        id: Uuid,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<Worker>, StoreError> {
-        identity::reinstate_worker(self.pool.begin().await?, id, audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, token_hash, audit), err)]
-    async fn rotate_worker_token(
-        &self,
-        id: Uuid,
-        token_hash: TokenHash,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<Worker>, StoreError> {
-        identity::rotate_worker_token(self.pool.begin().await?, id, token_hash, audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
-        identity::invites(&self.pool, after, limit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, audit), err)]
-    async fn revoke_invite(
-        &self,
-        id: Uuid,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<Invite>, StoreError> {
-        identity::revoke_invite(self.pool.begin().await?, id, audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn append_audit(&self, audit: meatspace_store::NewAudit) -> Result<(), StoreError> {
-        identity::append_audit(self.pool.begin().await?, &audit).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn audit(
-        &self,
-        filter: &meatspace_store::AuditFilter,
-    ) -> Result<Vec<meatspace_store::AuditEntry>, StoreError> {
-        identity::audit(&self.pool, filter).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn purge_audit_before(
-        &self,
-        before: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        identity::purge_audit(self.pool.begin().await?, before, limit).await
     }
 }
 

@@ -16,6 +16,22 @@ pub(crate) type Conn = SqliteConnection;
 pub(crate) type Row = SqliteRow;
 /// A write of the store's single writer (see [`crate::writer`]).
 pub(crate) type Tx = crate::WriteTx;
+pub(crate) type Store = crate::SqliteStore;
+
+/// Where reads go: the pool of read-only connections.
+pub(crate) fn reader(store: &Store) -> &Pool {
+    &store.reader
+}
+
+/// A write of the store's writer.
+pub(crate) async fn begin(store: &Store) -> Result<Tx, StoreError> {
+    store.begin_write().await
+}
+
+/// A write of one statement, which the writer may group with others.
+pub(crate) async fn begin_statement(store: &Store) -> Result<Tx, StoreError> {
+    store.begin_statement().await
+}
 
 // ---- values as bound ----------------------------------------------------------------
 
@@ -79,9 +95,10 @@ pub(crate) async fn serialize_configured_keys(_tx: &mut Tx) -> Result<(), StoreE
 /// Records when each key was last used; an older time never overwrites a
 /// newer one.
 pub(crate) async fn touch_keys(
-    mut tx: Tx,
+    store: &Store,
     used: &[(Uuid, DateTime<Utc>)],
 ) -> Result<(), StoreError> {
+    let mut tx = begin(store).await?;
     for (key, at) in used {
         sqlx::query(
             "UPDATE api_keys SET last_used_at = $1 \

@@ -19,8 +19,8 @@ use meatspace_domain::{Task, TaskState};
 use meatspace_store::identity::{INSERT_AUDIT_SQL, unknown_principal};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    ApiKey, AuditEntry, AuditFilter, Invite, KeyRecord, NewApiKey, NewAudit, OpenTasksCursor,
-    StoreError, Worker,
+    ApiKey, AuditEntry, AuditFilter, IdentityStore, Invite, KeyRecord, NewApiKey, NewAudit,
+    OpenTasksCursor, StoreError, Worker,
 };
 use sqlx::Row as _;
 use uuid::Uuid;
@@ -529,4 +529,165 @@ pub(crate) async fn purge_audit(
     .rows_affected();
     tx.commit().await?;
     Ok(deleted)
+}
+
+// ---- the store's interface ------------------------------------------------------------
+
+#[async_trait::async_trait]
+impl IdentityStore for d::Store {
+    #[tracing::instrument(level = "debug", skip(self, code_hash, audit), err)]
+    async fn create_invite(
+        &self,
+        id: Uuid,
+        code_hash: TokenHash,
+        expires_at: DateTime<Utc>,
+        audit: NewAudit,
+    ) -> Result<(), StoreError> {
+        create_invite(d::begin(self).await?, id, code_hash, expires_at, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
+        invite(d::reader(self), id).await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
+    async fn create_api_key(&self, new: NewApiKey, audit: NewAudit) -> Result<ApiKey, StoreError> {
+        create_key(d::begin(self).await?, new, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(key_id = %new.id), err)]
+    async fn insert_configured_key(&self, new: NewApiKey) -> Result<bool, StoreError> {
+        insert_configured_key(d::begin(self).await?, new).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn api_key(&self, id: Uuid) -> Result<Option<KeyRecord>, StoreError> {
+        key(d::reader(self), id).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn api_keys(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<ApiKey>, StoreError> {
+        keys(d::reader(self), after, limit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, digest, audit), err)]
+    async fn rotate_api_key(
+        &self,
+        id: Uuid,
+        digest: TokenHash,
+        previous_valid_until: DateTime<Utc>,
+        audit: NewAudit,
+    ) -> Result<Option<ApiKey>, StoreError> {
+        rotate_key(
+            d::begin(self).await?,
+            id,
+            digest,
+            previous_valid_until,
+            audit,
+        )
+        .await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn revoke_api_key(
+        &self,
+        id: Uuid,
+        audit: NewAudit,
+    ) -> Result<Option<ApiKey>, StoreError> {
+        revoke_key(d::begin(self).await?, id, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(keys = used.len()), err)]
+    async fn touch_api_keys(&self, used: &[(Uuid, DateTime<Utc>)]) -> Result<(), StoreError> {
+        d::touch_keys(self, used).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn ensure_principal(
+        &self,
+        principal: &PrincipalRef,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        ensure_principal(d::begin_statement(self).await?, principal, now).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn principal(&self, id: Uuid) -> Result<Option<PrincipalRef>, StoreError> {
+        principal(d::reader(self), id).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn task_owner(&self, task_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+        task_owner(d::reader(self), task_id).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn owned_tasks(
+        &self,
+        owner: Uuid,
+        state: Option<TaskState>,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        owned_tasks(d::reader(self), owner, state, cursor, limit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn worker(&self, id: Uuid) -> Result<Option<Worker>, StoreError> {
+        worker(d::reader(self), id).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
+        workers(d::reader(self), after, limit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn reinstate_worker(
+        &self,
+        id: Uuid,
+        audit: NewAudit,
+    ) -> Result<Option<Worker>, StoreError> {
+        reinstate_worker(d::begin(self).await?, id, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, token_hash, audit), err)]
+    async fn rotate_worker_token(
+        &self,
+        id: Uuid,
+        token_hash: TokenHash,
+        audit: NewAudit,
+    ) -> Result<Option<Worker>, StoreError> {
+        rotate_worker_token(d::begin(self).await?, id, token_hash, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
+        invites(d::reader(self), after, limit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn revoke_invite(&self, id: Uuid, audit: NewAudit) -> Result<Option<Invite>, StoreError> {
+        revoke_invite(d::begin(self).await?, id, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn append_audit(&self, audit: NewAudit) -> Result<(), StoreError> {
+        append_audit(d::begin_statement(self).await?, &audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        audit(d::reader(self), filter).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn purge_audit_before(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        purge_audit(d::begin_statement(self).await?, before, limit).await
+    }
 }

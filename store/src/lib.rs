@@ -256,7 +256,7 @@ pub struct Session {
 
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+pub trait Store: IdentityStore + std::fmt::Debug + 'static {
     fn backend(&self) -> Backend;
 
     /// Checks the database answers (readiness).
@@ -468,19 +468,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
-    /// Records an invite whose code hashes to `code_hash`, made by
-    /// `audit.principal_id`, with its audit entry.
-    async fn create_invite(
-        &self,
-        id: Uuid,
-        code_hash: TokenHash,
-        expires_at: DateTime<Utc>,
-        audit: NewAudit,
-    ) -> Result<(), StoreError>;
-
-    /// An invite, used or not, expired or not.
-    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError>;
-
     /// In one transaction: marks the invite used and registers the worker
     /// it creates. `None` (and nothing written) when the invite does not
     /// exist, was used already or expired before `now`; of several
@@ -550,10 +537,35 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// leaves those to the resource that asked for them).
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
 
-    // Identity and access (issue 21). Every privileged write takes the
-    // audit entry that records it and writes both in one transaction, and
-    // every write that takes a credential's power away announces
-    // [`Change::Credential`] on commit.
+    /// Suspends a worker, ends its sessions and releases every task it
+    /// holds (assigned or active; `task.unassigned`, reason
+    /// `worker_suspended`), all in one transaction with the audit row.
+    /// `None` when there is no such worker. Suspending twice keeps the
+    /// first time and writes no second audit entry.
+    async fn suspend_worker(&self, id: Uuid, audit: NewAudit)
+    -> Result<Option<Worker>, StoreError>;
+}
+
+/// Identity and access: keys, principals, workers' suspension and tokens,
+/// invites and the audit trail. Both backends run the same SQL for it
+/// (`store/sql/identity.rs`). Every privileged write takes the audit entry
+/// that records it and writes both in one transaction, and every write
+/// that takes a credential's power away announces [`Change::Credential`]
+/// on commit.
+#[async_trait]
+pub trait IdentityStore: Send + Sync {
+    /// Records an invite whose code hashes to `code_hash`, made by
+    /// `audit.principal_id`, with its audit entry.
+    async fn create_invite(
+        &self,
+        id: Uuid,
+        code_hash: TokenHash,
+        expires_at: DateTime<Utc>,
+        audit: NewAudit,
+    ) -> Result<(), StoreError>;
+
+    /// An invite, used or not, expired or not.
+    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError>;
 
     /// Stores a key (and its principal, when new) with its audit entry.
     async fn create_api_key(&self, new: NewApiKey, audit: NewAudit) -> Result<ApiKey, StoreError>;
@@ -623,14 +635,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Workers ordered by id, after `after`.
     async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError>;
 
-    /// Suspends a worker, ends its sessions and releases every task it
-    /// holds (assigned or active; `task.unassigned`, reason
-    /// `worker_suspended`), all in one transaction with the audit row.
-    /// `None` when there is no such worker. Suspending twice keeps the
-    /// first time and writes no second audit entry.
-    async fn suspend_worker(&self, id: Uuid, audit: NewAudit)
-    -> Result<Option<Worker>, StoreError>;
-
     /// Lifts a suspension. `None` when there is no such worker.
     async fn reinstate_worker(
         &self,
@@ -654,7 +658,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn revoke_invite(&self, id: Uuid, audit: NewAudit) -> Result<Option<Invite>, StoreError>;
 
     /// Appends an entry that records no other write (a refused
-    /// development key, an operator's cancel).
+    /// development key).
     async fn append_audit(&self, audit: NewAudit) -> Result<(), StoreError>;
 
     /// Audit entries, newest first.
