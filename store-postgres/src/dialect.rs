@@ -81,6 +81,13 @@ pub(crate) fn past_every_task() -> (DateTime<Utc>, Uuid) {
     )
 }
 
+/// A keyset cursor before every task: the epoch (chrono's earliest time is
+/// outside `timestamptz`'s range; no task is created before 1970) and the
+/// smallest id.
+pub(crate) fn before_every_task() -> (DateTime<Utc>, Uuid) {
+    (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil())
+}
+
 // ---- what only PostgreSQL does ------------------------------------------------------
 
 /// Sends `credential:<id>` on the change channel in `tx`: every replica

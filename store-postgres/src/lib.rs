@@ -37,8 +37,8 @@ use meatspace_domain::{
 use meatspace_store::engine::{self, Conditional};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Session,
-    Store, StoreError, TaskVersions, Worker, stored_event,
+    Applied, Backend, Change, ConnectOptions, NewTask, Store, StoreError, TaskReads, TaskVersions,
+    Worker, stored_event,
 };
 
 use crate::commands::Commands;
@@ -51,6 +51,8 @@ mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
 #[path = "../../store/sql/identity.rs"]
 mod identity;
+#[path = "../../store/sql/reads.rs"]
+mod reads;
 mod requests;
 mod webhooks;
 
@@ -1304,27 +1306,6 @@ impl Store for PgStore {
         Ok(task)
     }
 
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(task_from_row).transpose()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
-            "SELECT agent_token_hash FROM tasks WHERE id = $1 \
-                 UNION ALL SELECT agent_token_hash FROM purged_tasks WHERE id = $1 LIMIT 1",
-        )
-        .bind(task_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
-    }
-
     /// Two ways to the same result (see [`Store::apply`]'s contract):
     ///
     /// - **Optimistic** (most commands, two round trips, or one): read the
@@ -1377,114 +1358,8 @@ impl Store for PgStore {
         engine::apply_audited(self, task_id, command, by, &audit, &self.policy).await
     }
 
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn events(
-        &self,
-        task_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, task_id, type, actor, created_at, data FROM events \
-             WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-        )
-        .bind(task_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    async fn feed_read(
-        &self,
-        task_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Option<FeedRead>, StoreError> {
-        // One row per event, or one row with NULL event columns when the
-        // page is empty; no row when the task does not exist.
-        let rows = sqlx::query(
-            "SELECT t.agent_token_hash, t.state, t.last_event_id, \
-               e.id, e.type, e.actor, e.created_at, e.data \
-             FROM tasks t LEFT JOIN (SELECT id, type, actor, created_at, data FROM events \
-               WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3) e ON true \
-             WHERE t.id = $1 ORDER BY e.id",
-        )
-        .bind(task_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        let Some(first) = rows.first() else {
-            return Ok(None);
-        };
-        let hash: &[u8] = first.try_get("agent_token_hash")?;
-        let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
-                continue;
-            };
-            events.push(stored_event(
-                id,
-                task_id,
-                row.try_get("type")?,
-                row.try_get("created_at")?,
-                row.try_get("actor")?,
-                row.try_get("data")?,
-            )?);
-        }
-        Ok(Some(FeedRead {
-            agent_token_hash: TokenHash::from_slice(hash)
-                .ok_or_else(|| StoreError::Corrupt("agent token digest".into()))?,
-            state: state(first.try_get("state")?)?,
-            last_event_id: first.try_get("last_event_id")?,
-            events,
-        }))
-    }
-
     fn versions(&self) -> Option<&TaskVersions> {
         Some(&self.versions)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM issues WHERE task_id = $1 ORDER BY event_id")
-            .bind(task_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(issue_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, task_id, content_type, data, created_at FROM photos WHERE id = $1 AND task_id = $2",
-        )
-        .bind(photo_id)
-        .bind(task_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| {
-            Ok(Photo {
-                id: r.try_get("id")?,
-                task_id: r.try_get("task_id")?,
-                content_type: r.try_get("content_type")?,
-                bytes: r.try_get("data")?,
-                created_at: r.try_get("created_at")?,
-            })
-        })
-        .transpose()
-    }
-
-    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError> {
-        let bytes: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(SUM(octet_length(data)), 0)::BIGINT FROM photos WHERE task_id = $1",
-        )
-        .bind(task_id)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(u64::try_from(bytes).unwrap_or(0))
     }
 
     #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
@@ -1510,62 +1385,6 @@ impl Store for PgStore {
             created_at: now,
             suspended_at: None,
         })
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
-            "SELECT token_hash FROM workers WHERE id = $1 AND suspended_at IS NULL",
-        )
-        .bind(worker_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn open_tasks(
-        &self,
-        cursor: Option<OpenTasksCursor>,
-        limit: u32,
-    ) -> Result<Vec<Task>, StoreError> {
-        let (created_at, id) = match cursor {
-            Some(c) => (c.created_at, c.id),
-            // chrono's MIN_UTC is outside PostgreSQL's timestamptz range;
-            // no task is created before the epoch.
-            None => (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil()),
-        };
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND (created_at, id) > ($1, $2) \
-             ORDER BY created_at, id LIMIT $3"
-        ))
-        .bind(created_at)
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2"
-        ))
-        .bind(after.unwrap_or_default())
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?)
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1640,10 +1459,6 @@ impl Store for PgStore {
         .rows_affected())
     }
 
-    async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
-        count_events(&self.pool, task_id, up_to).await
-    }
-
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
         let sessions = sqlx::query(
@@ -1663,20 +1478,6 @@ impl Store for PgStore {
         .execute(&self.pool)
         .await?;
         Ok(sessions.rows_affected() + invites.rows_affected())
-    }
-
-    async fn last_event_of_type(
-        &self,
-        task_id: Uuid,
-        kind: EventType,
-    ) -> Result<Option<i64>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT max(id) FROM events WHERE task_id = $1 AND type = $2")
-                .bind(task_id)
-                .bind(kind.as_str())
-                .fetch_one(&self.pool)
-                .await?,
-        )
     }
 
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError> {
@@ -1716,93 +1517,6 @@ impl Store for PgStore {
             suspended_at: None,
         };
         engine::redeem_invite(self, invite_id, worker, &token_hash).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, secret_hash), err)]
-    async fn create_session(
-        &self,
-        id: Uuid,
-        worker_id: Uuid,
-        secret_hash: TokenHash,
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO worker_sessions (id, worker_id, secret_hash, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(id)
-        .bind(worker_id)
-        .bind(&secret_hash.0[..])
-        .bind(now)
-        .bind(expires_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
-        let row = sqlx::query(
-            "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
-             FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
-             WHERE s.id = $1 AND s.expires_at > $2 AND w.suspended_at IS NULL",
-        )
-        .bind(id)
-        .bind(now)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|row| {
-            let hash: Vec<u8> = row.try_get("secret_hash")?;
-            Ok(Session {
-                id: row.try_get("id")?,
-                worker: Worker {
-                    id: row.try_get("worker_id")?,
-                    name: row.try_get("name")?,
-                    created_at: row.try_get("created_at")?,
-                    suspended_at: None,
-                },
-                secret_hash: TokenHash::from_slice(&hash)
-                    .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
-                expires_at: row.try_get("expires_at")?,
-            })
-        })
-        .transpose()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
-        let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = $1")
-            .bind(id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        Ok(deleted > 0)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = $1 \
-             ORDER BY updated_at DESC, id DESC LIMIT $2"
-        ))
-        .bind(worker_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
-             ORDER BY created_at DESC, id DESC LIMIT $1"
-        ))
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(task_from_row).collect()
     }
 
     async fn create_requested_task(

@@ -78,6 +78,12 @@ pub(crate) fn past_every_task() -> (i64, String) {
     (i64::MAX, "~".to_owned())
 }
 
+/// A keyset cursor before every task: the smallest time and an id before
+/// every id.
+pub(crate) fn before_every_task() -> (i64, String) {
+    (i64::MIN, String::new())
+}
+
 // ---- what only SQLite does ----------------------------------------------------------
 
 /// Has the writer announce the credential after `tx` commits, before the

@@ -27,14 +27,12 @@ use sqlx::sqlite::{
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use meatspace_domain::{
-    Command, Event, EventType, Issue, IssueKind, IssueStatus, Policy, Task, TaskState,
-};
+use meatspace_domain::{Command, Event, Issue, IssueKind, IssueStatus, Policy, Task, TaskState};
 use meatspace_store::engine::{self, Backend as _};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, Backend, Change, ConnectOptions, FeedRead, NewTask, OpenTasksCursor, Photo, Session,
-    Store, StoreError, TaskVersions, Worker, stored_event,
+    Applied, Backend, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, Worker,
+    stored_event,
 };
 
 mod checkpoint;
@@ -45,6 +43,8 @@ mod idempotency;
 #[path = "../../store/sql/identity.rs"]
 mod identity;
 pub mod inline;
+#[path = "../../store/sql/reads.rs"]
+mod reads;
 mod requests;
 mod webhooks;
 mod writer;
@@ -447,27 +447,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
-            .bind(id.to_string())
-            .fetch_optional(&self.reader)
-            .await?;
-        row.as_ref().map(task_from_row).transpose()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
-            "SELECT agent_token_hash FROM tasks WHERE id = ?1 \
-                 UNION ALL SELECT agent_token_hash FROM purged_tasks WHERE id = ?1 LIMIT 1",
-        )
-        .bind(task_id.to_string())
-        .fetch_optional(&self.reader)
-        .await?;
-        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
-    }
-
     #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
     async fn apply(
         &self,
@@ -513,116 +492,8 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn events(
-        &self,
-        task_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, task_id, type, actor, created_at, data FROM events \
-             WHERE task_id = ? AND id > ? ORDER BY id LIMIT ?",
-        )
-        .bind(task_id.to_string())
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    async fn feed_read(
-        &self,
-        task_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Option<FeedRead>, StoreError> {
-        // One row per event, or one row with NULL event columns when the
-        // page is empty; no row when the task does not exist. One statement
-        // reads one snapshot.
-        let rows = sqlx::query(
-            "SELECT t.agent_token_hash, t.state, t.last_event_id, \
-               e.id, e.type, e.actor, e.created_at, e.data \
-             FROM tasks t LEFT JOIN (SELECT id, type, actor, created_at, data FROM events \
-               WHERE task_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3) e ON 1 \
-             WHERE t.id = ?1 ORDER BY e.id",
-        )
-        .bind(task_id.to_string())
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        let Some(first) = rows.first() else {
-            return Ok(None);
-        };
-        let hash: &[u8] = first.try_get("agent_token_hash")?;
-        let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
-                continue;
-            };
-            events.push(stored_event(
-                id,
-                task_id,
-                row.try_get("type")?,
-                from_ms(row.try_get("created_at")?)?,
-                row.try_get("actor")?,
-                event_data(row)?,
-            )?);
-        }
-        Ok(Some(FeedRead {
-            agent_token_hash: TokenHash::from_slice(hash)
-                .ok_or_else(|| StoreError::Corrupt("agent token digest".into()))?,
-            state: TaskState::parse(first.try_get("state")?)
-                .ok_or_else(|| StoreError::Corrupt("task state".into()))?,
-            last_event_id: first.try_get("last_event_id")?,
-            events,
-        }))
-    }
-
     fn versions(&self) -> Option<&TaskVersions> {
         Some(&self.versions)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM issues WHERE task_id = ? ORDER BY event_id")
-            .bind(task_id.to_string())
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(issue_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, task_id, content_type, data, created_at FROM photos WHERE id = ? AND task_id = ?",
-        )
-        .bind(photo_id.to_string())
-        .bind(task_id.to_string())
-        .fetch_optional(&self.reader)
-        .await?;
-        row.map(|r| {
-            Ok(Photo {
-                id: uuid(r.try_get("id")?)?,
-                task_id: uuid(r.try_get("task_id")?)?,
-                content_type: r.try_get("content_type")?,
-                bytes: r.try_get("data")?,
-                created_at: from_ms(r.try_get("created_at")?)?,
-            })
-        })
-        .transpose()
-    }
-
-    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError> {
-        let bytes: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(SUM(length(data)), 0) FROM photos WHERE task_id = ?",
-        )
-        .bind(task_id.to_string())
-        .fetch_one(&self.reader)
-        .await?;
-        Ok(u64::try_from(bytes).unwrap_or(0))
     }
 
     #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
@@ -649,61 +520,6 @@ impl Store for SqliteStore {
                 })
             })
             .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError> {
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar(
-            "SELECT token_hash FROM workers WHERE id = ? AND suspended_at IS NULL",
-        )
-        .bind(worker_id.to_string())
-        .fetch_optional(&self.reader)
-        .await?;
-        Ok(bytes.as_deref().and_then(TokenHash::from_slice))
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn open_tasks(
-        &self,
-        cursor: Option<OpenTasksCursor>,
-        limit: u32,
-    ) -> Result<Vec<Task>, StoreError> {
-        let (created_at, id) = match cursor {
-            Some(c) => (ms(c.created_at), c.id.to_string()),
-            None => (i64::MIN, String::new()),
-        };
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND (created_at, id) > (?, ?) \
-             ORDER BY created_at, id LIMIT ?"
-        ))
-        .bind(created_at)
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id > ? ORDER BY id LIMIT ?"
-        ))
-        .bind(after.map(|a| a.to_string()).unwrap_or_default())
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let v: Option<i64> = sqlx::query_scalar(
-            "SELECT min(next_deadline) FROM tasks WHERE next_deadline IS NOT NULL",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        opt_from_ms(v)
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -778,15 +594,6 @@ impl Store for SqliteStore {
         Ok(forgotten)
     }
 
-    async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(meatspace_store::engine::COUNT_EVENTS_SQL)
-            .bind(task_id.to_string())
-            .bind(i64::try_from(up_to).unwrap_or(i64::MAX))
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
         let mut tx = self.begin_write().await?;
@@ -808,20 +615,6 @@ impl Store for SqliteStore {
         .await?;
         tx.commit().await?;
         Ok(sessions.rows_affected() + invites.rows_affected())
-    }
-
-    async fn last_event_of_type(
-        &self,
-        task_id: Uuid,
-        kind: EventType,
-    ) -> Result<Option<i64>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT max(id) FROM events WHERE task_id = ? AND type = ?")
-                .bind(task_id.to_string())
-                .bind(kind.as_str())
-                .fetch_one(&self.reader)
-                .await?,
-        )
     }
 
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError> {
@@ -857,96 +650,6 @@ impl Store for SqliteStore {
         self.writes
             .run(move |db| inline::now(engine::redeem_invite(db, invite_id, worker, &token_hash)))
             .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, secret_hash), err)]
-    async fn create_session(
-        &self,
-        id: Uuid,
-        worker_id: Uuid,
-        secret_hash: TokenHash,
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.begin_statement().await?;
-        sqlx::query(
-            "INSERT INTO worker_sessions (id, worker_id, secret_hash, created_at, expires_at) \
-             VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(id.to_string())
-        .bind(worker_id.to_string())
-        .bind(&secret_hash.0[..])
-        .bind(ms(now))
-        .bind(ms(expires_at))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
-        let row = sqlx::query(
-            "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
-             FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
-             WHERE s.id = ? AND s.expires_at > ? AND w.suspended_at IS NULL",
-        )
-        .bind(id.to_string())
-        .bind(ms(now))
-        .fetch_optional(&self.reader)
-        .await?;
-        row.map(|row| {
-            let hash: Vec<u8> = row.try_get("secret_hash")?;
-            Ok(Session {
-                id: uuid(row.try_get("id")?)?,
-                worker: Worker {
-                    id: uuid(row.try_get("worker_id")?)?,
-                    name: row.try_get("name")?,
-                    created_at: from_ms(row.try_get("created_at")?)?,
-                    suspended_at: None,
-                },
-                secret_hash: TokenHash::from_slice(&hash)
-                    .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
-                expires_at: from_ms(row.try_get("expires_at")?)?,
-            })
-        })
-        .transpose()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
-        let mut tx = self.begin_statement().await?;
-        let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = ?")
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        tx.commit().await?;
-        Ok(deleted > 0)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = ? \
-             ORDER BY updated_at DESC, id DESC LIMIT ?"
-        ))
-        .bind(worker_id.to_string())
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(task_from_row).collect()
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
-             ORDER BY created_at DESC, id DESC LIMIT ?"
-        ))
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(task_from_row).collect()
     }
 
     async fn create_requested_task(

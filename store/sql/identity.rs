@@ -20,7 +20,7 @@ use meatspace_store::identity::{INSERT_AUDIT_SQL, unknown_principal};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
     ApiKey, AuditEntry, AuditFilter, IdentityStore, Invite, KeyRecord, NewApiKey, NewAudit,
-    OpenTasksCursor, StoreError, Worker,
+    OpenTasksCursor, Session, StoreError, Worker,
 };
 use sqlx::Row as _;
 use uuid::Uuid;
@@ -535,6 +535,72 @@ pub(crate) async fn purge_audit(
 
 #[async_trait::async_trait]
 impl IdentityStore for d::Store {
+    #[tracing::instrument(level = "debug", skip(self, secret_hash), err)]
+    async fn create_session(
+        &self,
+        id: Uuid,
+        worker_id: Uuid,
+        secret_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let mut tx = d::begin_statement(self).await?;
+        sqlx::query(
+            "INSERT INTO worker_sessions (id, worker_id, secret_hash, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(d::id(id))
+        .bind(d::id(worker_id))
+        .bind(&secret_hash.0[..])
+        .bind(d::time(now))
+        .bind(d::time(expires_at))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(
+            "SELECT s.id, s.secret_hash, s.expires_at, w.id AS worker_id, w.name, w.created_at \
+             FROM worker_sessions s JOIN workers w ON w.id = s.worker_id \
+             WHERE s.id = $1 AND s.expires_at > $2 AND w.suspended_at IS NULL",
+        )
+        .bind(d::id(id))
+        .bind(d::time(now))
+        .fetch_optional(d::reader(self))
+        .await?;
+        row.map(|row| {
+            let hash: Vec<u8> = row.try_get("secret_hash")?;
+            Ok(Session {
+                id: d::read_id(&row, "id")?,
+                worker: Worker {
+                    id: d::read_id(&row, "worker_id")?,
+                    name: row.try_get("name")?,
+                    created_at: d::read_time(&row, "created_at")?,
+                    suspended_at: None,
+                },
+                secret_hash: TokenHash::from_slice(&hash)
+                    .ok_or_else(|| StoreError::Corrupt("session secret digest".into()))?,
+                expires_at: d::read_time(&row, "expires_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let mut tx = d::begin_statement(self).await?;
+        let deleted = sqlx::query("DELETE FROM worker_sessions WHERE id = $1")
+            .bind(d::id(id))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(deleted > 0)
+    }
+
     #[tracing::instrument(level = "debug", skip(self, code_hash, audit), err)]
     async fn create_invite(
         &self,

@@ -256,21 +256,13 @@ pub struct Session {
 
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
-pub trait Store: IdentityStore + std::fmt::Debug + 'static {
+pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
     fn backend(&self) -> Backend;
 
     /// Checks the database answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError>;
-
-    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError>;
-
-    /// Digest of the task's agent token, for authentication. It outlives
-    /// the task: after retention removes it, the digest stays behind (a
-    /// tombstone), so its agent is told the task is gone, not that the token
-    /// is wrong.
-    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
 
     /// Runs `command` on the task: decides on the task as committed at one
     /// moment during the call and, if the command is accepted, writes the
@@ -306,36 +298,12 @@ pub trait Store: IdentityStore + std::fmt::Debug + 'static {
         audit: NewAudit,
     ) -> Result<Applied, StoreError>;
 
-    /// Events of a task with `id > after`, ascending, at most `limit`.
-    async fn events(&self, task_id: Uuid, after: i64, limit: u32)
-    -> Result<Vec<Event>, StoreError>;
-
-    /// The task's agent token digest, state, last event id and events with
-    /// `id > after` (at most `limit`), in one round trip and one snapshot.
-    /// `None` when the task does not exist (a purged task's tombstone is
-    /// not read here: [`Store::agent_token_hash`] is).
-    async fn feed_read(
-        &self,
-        task_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Option<FeedRead>, StoreError>;
-
     /// The change counters this store bumps after each commit that touches
     /// a task (see [`TaskVersions`]); `None` when it keeps none, and then
     /// nothing may cache what it reads.
     fn versions(&self) -> Option<&TaskVersions> {
         None
     }
-
-    /// Issues of a task, ascending by event id.
-    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError>;
-
-    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError>;
-
-    /// Bytes of every photo stored for a task (0 for none), for the
-    /// per-task cap on photo storage.
-    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError>;
 
     async fn create_worker(
         &self,
@@ -344,22 +312,6 @@ pub trait Store: IdentityStore + std::fmt::Debug + 'static {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Worker, StoreError>;
-
-    /// Digest of a worker's token, for authentication.
-    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
-
-    /// Open tasks, oldest first, after `cursor`.
-    async fn open_tasks(
-        &self,
-        cursor: Option<OpenTasksCursor>,
-        limit: u32,
-    ) -> Result<Vec<Task>, StoreError>;
-
-    /// Every task, ordered by id, after `after` (for full resyncs).
-    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError>;
-
-    /// The earliest deadline of any non-terminal task.
-    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
 
     /// Applies what is due at `now` to at most `limit` due tasks, skipping
     /// tasks another replica is working on. Returns what it changed.
@@ -389,24 +341,11 @@ pub trait Store: IdentityStore + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
-    /// How many events the task has, counting no further than `up_to`
-    /// (the per-task event limit: the count costs at most that many index
-    /// entries).
-    async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError>;
-
     /// Deletes at most `limit` sign-in records that can no longer be used:
     /// sessions expired at `now`, and invites used, revoked or expired. Returns how
     /// many went. Each sign-in adds a session and each invite a row, so
     /// without this the tables grow for ever.
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;
-
-    /// Id of the newest event of type `kind` of the task, if any (the
-    /// worker's feed starts after the last `task.unassigned`).
-    async fn last_event_of_type(
-        &self,
-        task_id: Uuid,
-        kind: meatspace_domain::EventType,
-    ) -> Result<Option<i64>, StoreError>;
 
     /// Claims an `Idempotency-Key` for a request (see [`IdempotencyBegin`]).
     async fn idempotency_begin(
@@ -481,29 +420,6 @@ pub trait Store: IdentityStore + std::fmt::Debug + 'static {
         now: DateTime<Utc>,
     ) -> Result<Option<Worker>, StoreError>;
 
-    /// Records a session of `worker_id` whose secret hashes to `secret_hash`.
-    async fn create_session(
-        &self,
-        id: Uuid,
-        worker_id: Uuid,
-        secret_hash: TokenHash,
-        now: DateTime<Utc>,
-        expires_at: DateTime<Utc>,
-    ) -> Result<(), StoreError>;
-
-    /// The session with its worker, if it exists and has not expired at `now`.
-    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError>;
-
-    /// Ends a session (sign out); false when there was none.
-    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError>;
-
-    /// Tasks assigned to the worker (now or at their end), most recently
-    /// changed first, at most `limit`.
-    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError>;
-
-    /// Open tasks, newest first, at most `limit`.
-    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError>;
-
     /// A stream of the tasks changed after the call, from any process
     /// sharing the database (PostgreSQL LISTEN/NOTIFY) or from this process
     /// (SQLite). Used to wake long polls and the controller early.
@@ -546,6 +462,79 @@ pub trait Store: IdentityStore + std::fmt::Debug + 'static {
     -> Result<Option<Worker>, StoreError>;
 }
 
+/// Reads of tasks, their feeds, issues and photos. Both backends run the
+/// same SQL for them (`store/sql/reads.rs`).
+#[async_trait]
+pub trait TaskReads: Send + Sync {
+    async fn task(&self, id: Uuid) -> Result<Option<Task>, StoreError>;
+
+    /// Digest of the task's agent token, for authentication. It outlives
+    /// the task: after retention removes it, the digest stays behind (a
+    /// tombstone), so its agent is told the task is gone, not that the token
+    /// is wrong.
+    async fn agent_token_hash(&self, task_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
+
+    /// Events of a task with `id > after`, ascending, at most `limit`.
+    async fn events(&self, task_id: Uuid, after: i64, limit: u32)
+    -> Result<Vec<Event>, StoreError>;
+
+    /// The task's agent token digest, state, last event id and events with
+    /// `id > after` (at most `limit`), in one round trip and one snapshot.
+    /// `None` when the task does not exist (a purged task's tombstone is
+    /// not read here: [`Store::agent_token_hash`] is).
+    async fn feed_read(
+        &self,
+        task_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Option<FeedRead>, StoreError>;
+
+    /// Issues of a task, ascending by event id.
+    async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError>;
+
+    async fn photo(&self, task_id: Uuid, photo_id: Uuid) -> Result<Option<Photo>, StoreError>;
+
+    /// Bytes of every photo stored for a task (0 for none), for the
+    /// per-task cap on photo storage.
+    async fn photo_bytes(&self, task_id: Uuid) -> Result<u64, StoreError>;
+
+    /// Digest of a worker's token, for authentication.
+    async fn worker_token_hash(&self, worker_id: Uuid) -> Result<Option<TokenHash>, StoreError>;
+
+    /// Open tasks, oldest first, after `cursor`.
+    async fn open_tasks(
+        &self,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// Every task, ordered by id, after `after` (for full resyncs).
+    async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError>;
+
+    /// The earliest deadline of any non-terminal task.
+    async fn next_deadline(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// How many events the task has, counting no further than `up_to`
+    /// (the per-task event limit: the count costs at most that many index
+    /// entries).
+    async fn count_events(&self, task_id: Uuid, up_to: u64) -> Result<u64, StoreError>;
+
+    /// Id of the newest event of type `kind` of the task, if any (the
+    /// worker's feed starts after the last `task.unassigned`).
+    async fn last_event_of_type(
+        &self,
+        task_id: Uuid,
+        kind: meatspace_domain::EventType,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// Tasks assigned to the worker (now or at their end), most recently
+    /// changed first, at most `limit`.
+    async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError>;
+
+    /// Open tasks, newest first, at most `limit`.
+    async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError>;
+}
+
 /// Identity and access: keys, principals, workers' suspension and tokens,
 /// invites and the audit trail. Both backends run the same SQL for it
 /// (`store/sql/identity.rs`). Every privileged write takes the audit entry
@@ -554,6 +543,22 @@ pub trait Store: IdentityStore + std::fmt::Debug + 'static {
 /// on commit.
 #[async_trait]
 pub trait IdentityStore: Send + Sync {
+    /// Records a session of `worker_id` whose secret hashes to `secret_hash`.
+    async fn create_session(
+        &self,
+        id: Uuid,
+        worker_id: Uuid,
+        secret_hash: TokenHash,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// The session with its worker, if it exists and has not expired at `now`.
+    async fn session(&self, id: Uuid, now: DateTime<Utc>) -> Result<Option<Session>, StoreError>;
+
+    /// Ends a session (sign out); false when there was none.
+    async fn delete_session(&self, id: Uuid) -> Result<bool, StoreError>;
+
     /// Records an invite whose code hashes to `code_hash`, made by
     /// `audit.principal_id`, with its audit entry.
     async fn create_invite(
