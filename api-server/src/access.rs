@@ -93,6 +93,7 @@ pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// `retention`.
 pub async fn upkeep(
     store: Arc<dyn Store>,
+    clock: meatspace_domain::clock::Clock,
     credentials: Credentials,
     retention: chrono::TimeDelta,
     closed: impl std::future::Future<Output = ()>,
@@ -108,7 +109,7 @@ pub async fn upkeep(
         if let Err(e) = credentials.key_use.flush(store.as_ref()).await {
             tracing::warn!(error = %e, "cannot record when keys were last used");
         }
-        let before = meatspace_domain::clock::now() - retention;
+        let before = clock.now() - retention;
         if let Err(e) = store.purge_audit_before(before, 1000).await {
             tracing::warn!(error = %e, "cannot trim the audit trail");
         }

@@ -83,16 +83,20 @@ pub struct Caller {
     pub scopes: Scopes,
     /// The key; `None` for the development key.
     pub key_id: Option<Uuid>,
+    /// When the request was authenticated: the time of the audit entries
+    /// it writes.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Caller {
     /// The development principal, as the development key proves it.
-    pub fn development() -> Self {
+    pub fn development(at: chrono::DateTime<chrono::Utc>) -> Self {
         Caller {
             principal: DEVELOPMENT_PRINCIPAL,
             kind: PrincipalKind::Operator,
             scopes: Scopes::new(Scope::ALL),
             key_id: None,
+            at,
         }
     }
 
@@ -140,7 +144,7 @@ impl Caller {
         detail: Option<serde_json::Value>,
     ) -> NewAudit {
         NewAudit {
-            at: meatspace_domain::clock::now(),
+            at: self.at,
             principal_id: self.principal,
             action,
             target,
@@ -185,7 +189,7 @@ impl FromRequestParts<AppState> for Caller {
             return Err(ApiError::DevKeyDisabled);
         }
         match presented.to_str() {
-            Ok(key) if state.dev_key.hash.verify(key) => Ok(Caller::development()),
+            Ok(key) if state.dev_key.hash.verify(key) => Ok(Caller::development(state.clock.now())),
             _ => Err(ApiError::Unauthorized(
                 "the development key is not valid".into(),
             )),
@@ -215,7 +219,7 @@ impl FromRequestParts<AppState> for Operator {
 /// sent (an operator wants to know who still uses it).
 async fn audit_refused_dev_key(state: &AppState, parts: &Parts) {
     use std::sync::atomic::Ordering;
-    let now = meatspace_domain::clock::now();
+    let now = state.clock.now();
     let last = state.dev_key.last_refusal_audited.load(Ordering::Relaxed);
     if now.timestamp_millis() - last < 60_000
         || state
@@ -271,7 +275,7 @@ pub async fn verify_key(state: &AppState, token: &str) -> Result<Caller, ApiErro
         .digest(id, state.store.api_key(id))
         .await?
         .ok_or_else(wrong)?;
-    let now = meatspace_domain::clock::now();
+    let now = state.clock.now();
     match record.check(token, now) {
         Ok(()) => {}
         Err(KeyRefusal::Wrong) => return Err(wrong()),
@@ -292,6 +296,7 @@ pub async fn verify_key(state: &AppState, token: &str) -> Result<Caller, ApiErro
         kind: record.key.principal.kind,
         scopes: record.key.scopes.clone(),
         key_id: Some(id),
+        at: now,
     })
 }
 
@@ -814,7 +819,7 @@ pub fn presented(state: &AppState, headers: &HeaderMap) -> Presented {
         };
         if let Some(id) = token_subject(token, KEY_PREFIX) {
             return match state.credentials.keys.cached(id) {
-                Some(record) => match record.check(token, meatspace_domain::clock::now()) {
+                Some(record) => match record.check(token, state.clock.now()) {
                     Ok(()) => Presented::Verified(Principal::Key(record.key.principal.id)),
                     Err(_) => Presented::Wrong,
                 },

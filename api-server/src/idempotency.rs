@@ -45,7 +45,6 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::TimeDelta;
-use meatspace_domain::clock;
 use meatspace_store::{idempotency::IdempotencyBegin, idempotency::IdempotencyClaim};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -132,7 +131,7 @@ pub async fn middleware(State(state): State<AppState>, req: Request, next: Next)
         scope,
         key: key.clone(),
         fingerprint,
-        now: clock::now(),
+        now: state.clock.now(),
         lease: LEASE,
         ttl: state.integrations.idempotency_ttl,
     };

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
-use meatspace_domain::{Command, Policy, clock};
+use meatspace_domain::{Command, Policy};
 use meatspace_store::Store;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -93,6 +93,9 @@ impl std::ops::Deref for AppState {
 #[derive(Debug)]
 pub struct Shared {
     pub store: Arc<dyn Store>,
+    /// Where every handler reads the time: the system's, or in tests one
+    /// the test moves past a deadline.
+    pub clock: meatspace_domain::clock::Clock,
     pub dev_key: DevKey,
     pub policy: Policy,
     pub photo_limits: PhotoLimits,
@@ -125,7 +128,7 @@ impl AppState {
         task_id: Uuid,
         command: Command,
     ) -> Result<axum::Json<TaskChange>, ApiError> {
-        let applied = self.store.apply(task_id, command, clock::now()).await?;
+        let applied = self.store.apply(task_id, command, self.clock.now()).await?;
         Ok(axum::Json(applied.into()))
     }
 
@@ -139,7 +142,7 @@ impl AppState {
     ) -> Result<axum::Json<TaskChange>, ApiError> {
         let applied = self
             .store
-            .apply_by(task_id, command, by, clock::now())
+            .apply_by(task_id, command, by, self.clock.now())
             .await?;
         Ok(axum::Json(applied.into()))
     }

@@ -150,10 +150,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
             .await
         })
     });
+    let clock = meatspace_domain::clock::Clock::system();
     tokio::spawn({
         let mut rx = stop_rx.clone();
         meatspace_api::access::upkeep(
             Arc::clone(&store),
+            clock.clone(),
             credentials.clone(),
             chrono::TimeDelta::days(i64::from(config.audit_retention_days)),
             async move {
@@ -166,6 +168,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let availability = meatspace_api::availability::Availability::start(Arc::clone(&store));
     let state = AppState::new(Shared {
         store,
+        clock: clock.clone(),
         dev_key: DevKey::new(&dev_key).with_enabled(config.dev_key_enabled),
         policy,
         photo_limits: PhotoLimits {

@@ -48,6 +48,10 @@ pub struct ControllerConfig {
     pub mirror: Option<MirrorSettings>,
     /// Webhook delivery.
     pub webhooks: WebhookSettings,
+    /// Where every reconciler reads the time: the system's, or in tests one
+    /// the test moves past a deadline (the expiry reconciler wakes when it
+    /// moves).
+    pub clock: meatspace_domain::clock::Clock,
 }
 
 impl Default for ControllerConfig {
@@ -278,6 +282,7 @@ impl From<ControllerArgs> for ControllerConfig {
             #[cfg(feature = "kubernetes")]
             mirror: a.mirror.settings(),
             webhooks: a.webhooks.into(),
+            clock: meatspace_domain::clock::Clock::system(),
         }
     }
 }

@@ -24,7 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use meatspace_domain::{Due, ExpiryReason, clock};
+use meatspace_domain::clock::{Clock, ClockWatch};
+use meatspace_domain::{Due, ExpiryReason};
 use meatspace_store::{Change, Store};
 use tracing::Instrument;
 
@@ -78,6 +79,7 @@ pub(crate) fn plan(
 #[derive(Debug)]
 pub struct Expiry {
     store: Arc<dyn Store>,
+    clock: Clock,
     batch_size: u32,
     max_sleep: TimeDelta,
 }
@@ -89,6 +91,7 @@ impl Expiry {
     pub(crate) fn new(store: Arc<dyn Store>, config: &ControllerConfig) -> Self {
         Expiry {
             store,
+            clock: config.clock.clone(),
             batch_size: config.batch_size.max(1),
             max_sleep: TimeDelta::from_std(config.max_sleep).unwrap_or(TimeDelta::seconds(10)),
         }
@@ -96,6 +99,7 @@ impl Expiry {
 
     pub(crate) async fn run(self, mut shutdown: Shutdown) {
         let mut changes: Changes = None;
+        let mut moved = self.clock.watch();
         let mut short_sweep_at = None;
         let mut backoff = Backoff::default();
         while !shutdown.is_requested() {
@@ -107,7 +111,7 @@ impl Expiry {
                     Err(e) => self.failed(&e.into(), "subscribing to task changes"),
                 }
             }
-            let now = clock::now();
+            let now = self.clock.now();
             let earliest = match self.store.next_deadline().await {
                 Ok(earliest) => earliest,
                 Err(e) => {
@@ -137,7 +141,8 @@ impl Expiry {
                     };
                     backoff.reset();
                     short_sweep_at = None;
-                    wait(until, coalesce, &mut changes, &mut shutdown).await;
+                    let wake = instant_at(until, self.clock.now());
+                    wait(wake, coalesce, &mut changes, &mut moved, &mut shutdown).await;
                 }
             }
         }
@@ -206,12 +211,12 @@ impl Expiry {
 /// deadline a write creates lies at least a second ahead (the shortest
 /// lifetime, start timeout or active time limit).
 async fn wait(
-    until: DateTime<Utc>,
+    mut wake: tokio::time::Instant,
     coalesce: Duration,
     changes: &mut Changes,
+    moved: &mut ClockWatch,
     shutdown: &mut Shutdown,
 ) {
-    let mut wake = instant_at(until);
     let mut changed = false;
     loop {
         let change = async {
@@ -224,6 +229,8 @@ async fn wait(
             biased;
             () = shutdown.requested() => return,
             () = tokio::time::sleep_until(wake) => return,
+            // The clock was moved (in a test): deadlines may have passed.
+            () = moved.moved() => return,
             // A task change may bring an earlier deadline; a gap (lost
             // notifications) may hide one: either way, re-read it.
             change = change => match change {
@@ -243,9 +250,10 @@ async fn wait(
     }
 }
 
-/// The Tokio instant at which the wall clock reads `t` (now if past).
-fn instant_at(t: DateTime<Utc>) -> tokio::time::Instant {
-    let wait = (t - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+/// The Tokio instant at which a clock reading `now` now reads `t` (now if
+/// past).
+fn instant_at(t: DateTime<Utc>, now: DateTime<Utc>) -> tokio::time::Instant {
+    let wait = (t - now).to_std().unwrap_or(Duration::ZERO);
     tokio::time::Instant::now() + wait
 }
 

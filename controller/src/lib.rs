@@ -129,9 +129,14 @@ pub async fn run(
         reconcilers.spawn(supervisor::supervise(
             "webhooks",
             move |s| {
-                webhooks::Webhooks::new(store.clone(), config.webhooks.clone(), config.max_sleep)
-                    .expect("a server key is set and the HTTP client builds")
-                    .run(s)
+                webhooks::Webhooks::new(
+                    store.clone(),
+                    config.webhooks.clone(),
+                    config.max_sleep,
+                    config.clock.clone(),
+                )
+                .expect("a server key is set and the HTTP client builds")
+                .run(s)
             },
             Shutdown(stopped.clone()),
         ));

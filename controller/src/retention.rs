@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use meatspace_domain::clock;
+use meatspace_domain::clock::Clock;
 use meatspace_store::Store;
 use tracing::Instrument;
 
@@ -30,6 +30,7 @@ const NAME: &str = "retention";
 #[derive(Debug)]
 pub struct Retention {
     store: Arc<dyn Store>,
+    clock: Clock,
     retention: TimeDelta,
     tombstone_retention: TimeDelta,
     interval: Duration,
@@ -40,6 +41,7 @@ impl Retention {
     pub(crate) fn new(store: Arc<dyn Store>, config: &ControllerConfig) -> Self {
         Retention {
             store,
+            clock: config.clock.clone(),
             retention: config.retention,
             tombstone_retention: config.tombstone_retention,
             interval: config.retention_interval,
@@ -70,7 +72,7 @@ impl Retention {
 
     /// Deletes one batch; true if it was full (more may be waiting).
     async fn sweep(&self) -> Result<bool, Error> {
-        let now = clock::now();
+        let now = self.clock.now();
         let cutoff = now - self.retention;
         let span = tracing::info_span!(
             "reconcile",
@@ -92,13 +94,13 @@ impl Retention {
             // go when their replay window ends.
             let keys = self
                 .store
-                .purge_idempotency_keys(clock::now(), self.batch_size)
+                .purge_idempotency_keys(self.clock.now(), self.batch_size)
                 .await?;
             // Expired sessions and used or expired invites: each sign-in
             // adds a row, which nothing else ever deletes.
             let sign_ins = self
                 .store
-                .purge_sign_ins(clock::now(), self.batch_size)
+                .purge_sign_ins(self.clock.now(), self.batch_size)
                 .await?;
             metrics::reconciled(NAME, started.elapsed());
             metrics::purged(purged);

@@ -39,7 +39,8 @@ use std::time::Duration;
 use base64::Engine;
 use chrono::TimeDelta;
 use futures::{FutureExt, StreamExt};
-use meatspace_domain::{Event, clock};
+use meatspace_domain::Event;
+use meatspace_domain::clock::Clock;
 use meatspace_store::Store;
 use meatspace_store::secret::{ServerKey, webhook_signature};
 use meatspace_store::{webhooks::DueWebhook, webhooks::WebhookOutcome};
@@ -88,6 +89,7 @@ pub struct Webhooks {
     key: ServerKey,
     client: reqwest::Client,
     max_sleep: Duration,
+    clock: Clock,
 }
 
 /// A resolver that drops every address the allow-list does not permit, so
@@ -124,6 +126,7 @@ impl Webhooks {
         store: Arc<dyn Store>,
         settings: WebhookSettings,
         max_sleep: Duration,
+        clock: Clock,
     ) -> Option<Self> {
         let key = settings.server_key.clone()?;
         let client = reqwest::Client::builder()
@@ -143,6 +146,7 @@ impl Webhooks {
             key,
             client,
             max_sleep,
+            clock,
         })
     }
 
@@ -157,7 +161,7 @@ impl Webhooks {
             // tasks), which would double the store's writes.
             let looked = tokio::time::Instant::now();
             let sleep = match self.store.next_webhook_attempt().await {
-                Ok(Some(at)) => (at - clock::now())
+                Ok(Some(at)) => (at - self.clock.now())
                     .to_std()
                     .unwrap_or(Duration::ZERO)
                     .min(self.max_sleep),
@@ -206,7 +210,7 @@ impl Webhooks {
     /// Claims and delivers one batch (the loop claims again while more are
     /// due).
     async fn pass(&self) -> Result<(), Error> {
-        let now = clock::now();
+        let now = self.clock.now();
         // The lease outlasts one claim's worth of attempts.
         let lease = TimeDelta::from_std(self.settings.timeout * 3)
             .unwrap_or(TimeDelta::seconds(30))
@@ -245,14 +249,14 @@ impl Webhooks {
             let outcome = match self.attempt(&due.url, &secret, &event).await {
                 Ok(()) => {
                     metrics::webhook_delivered(
-                        (clock::now() - event.created_at)
+                        (self.clock.now() - event.created_at)
                             .to_std()
                             .unwrap_or_default(),
                     );
                     WebhookOutcome::Delivered {
                         event_id: event.id,
                         // After the terminal event nothing more will come.
-                        next_attempt_at: (!event.kind.is_terminal()).then(clock::now),
+                        next_attempt_at: (!event.kind.is_terminal()).then(|| self.clock.now()),
                     }
                 }
                 Err(Attempt::Gone) => {
@@ -263,7 +267,7 @@ impl Webhooks {
                 }
                 Err(Attempt::Failed(error)) => {
                     metrics::webhook_failed("failed");
-                    let now = clock::now();
+                    let now = self.clock.now();
                     let since = *failing_since.get_or_insert(now);
                     let give_up = TimeDelta::from_std(self.settings.give_up_after)
                         .unwrap_or(TimeDelta::days(1));
@@ -285,7 +289,7 @@ impl Webhooks {
                 tracing::warn!(task_id = %due.task_id, %error, "webhook endpoint disabled");
             }
             self.store
-                .record_webhook(due.task_id, &outcome, clock::now())
+                .record_webhook(due.task_id, &outcome, self.clock.now())
                 .await?;
             if stop {
                 break;
@@ -323,7 +327,7 @@ impl Webhooks {
             return Err(Attempt::Failed(UrlRefused::NotPublic(ip).to_string()));
         }
         let id = format!("evt_{}_{}", event.task_id.simple(), event.id);
-        let timestamp = clock::now().timestamp();
+        let timestamp = self.clock.now().timestamp();
         let body = serde_json::to_vec(&serde_json::json!({
             "type": event.kind.as_str(),
             "timestamp": event.created_at,

@@ -20,6 +20,7 @@ use meatspace_api::photo::PhotoLimits;
 use meatspace_api::rate_limit::{RateLimit, RateLimitSettings};
 use meatspace_api::{AppState, ServeOptions, Shared, router, serve};
 use meatspace_domain::Policy;
+use meatspace_domain::clock::Clock;
 use meatspace_store::ConnectOptions;
 use meatspace_store::Store;
 use meatspace_store::secret::ServerKey;
@@ -96,6 +97,10 @@ pub struct ServerOptions {
     pub public_origin: meatspace_api::public_url::PublicOrigin,
     /// `MEATSPACE_DEV_KEY_ENABLED` (the binary's default: on).
     pub dev_key_enabled: bool,
+    /// The server's clock: adjustable, so that a test passes a deadline by
+    /// moving it ([`TestServer::advance_clock`]) instead of waiting. Give
+    /// the same clock to a controller that should see the same time.
+    pub clock: Clock,
 }
 
 impl Default for ServerOptions {
@@ -111,6 +116,7 @@ impl Default for ServerOptions {
             mcp_allowed_hosts: Default::default(),
             public_origin: meatspace_api::public_url::PublicOrigin::FromRequest,
             dev_key_enabled: true,
+            clock: Clock::adjustable(),
         }
     }
 }
@@ -127,6 +133,7 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
     let feed = Feed::start(Arc::clone(&store), credentials.clone());
     let state = AppState::new(Shared {
         store: Arc::clone(&store),
+        clock: options.clock.clone(),
         dev_key: DevKey::new(&dev_key).with_enabled(options.dev_key_enabled),
         policy: options.policy,
         photo_limits: options.photo_limits.clone(),
@@ -168,6 +175,25 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    /// Moves the server's clock (and every controller given it) `by`
+    /// ahead: a deadline passes at once.
+    pub fn advance_clock(&self, by: chrono::TimeDelta) {
+        self.options.clock.advance(by);
+    }
+
+    /// Moves the server's clock just past `t`, unless it is past already.
+    pub fn advance_clock_past(&self, t: chrono::DateTime<chrono::Utc>) {
+        let now = self.now();
+        if now <= t {
+            self.advance_clock(t - now + chrono::TimeDelta::milliseconds(1));
+        }
+    }
+
+    /// The time on the server's clock.
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.options.clock.now()
+    }
+
     /// A server with the binary's default settings.
     pub async fn start(db: Db) -> TestServer {
         TestServer::start_with(db, ServerOptions::default()).await

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use meatspace_api::integrations::Integrations;
-use meatspace_domain::{Policy, clock};
+use meatspace_domain::Policy;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, ids, types};
@@ -360,11 +360,8 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
         .unwrap()
         .parse()
         .unwrap();
-    while clock::now() <= start_by {
-        let left = (start_by - clock::now()).to_std().unwrap_or_default();
-        tokio::time::sleep(left + Duration::from_millis(5)).await;
-    }
-    let reopened = server.store.reconcile_due(clock::now(), 10).await.unwrap();
+    server.advance_clock_past(start_by);
+    let reopened = server.store.reconcile_due(server.now(), 10).await.unwrap();
     assert_eq!(reopened.len(), 1);
     server
         .worker(&b)

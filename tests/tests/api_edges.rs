@@ -30,7 +30,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use meatspace_api::ServeOptions;
 use meatspace_api::rate_limit::RateLimitSettings;
-use meatspace_domain::{Policy, clock};
+use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
     Expect, ServerOptions, TestServer, header_str, images, str_at, types,
@@ -65,15 +65,6 @@ fn time_at(v: &Value, pointer: &str) -> DateTime<Utc> {
     str_at(v, pointer).parse().expect("an RFC 3339 time")
 }
 
-/// Waits until the server's clock has passed `deadline`: a condition on
-/// time itself, checked against the clock the server uses.
-async fn wait_until_past(deadline: DateTime<Utc>) {
-    while clock::now() <= deadline {
-        let left = (deadline - clock::now()).to_std().unwrap_or_default();
-        tokio::time::sleep(left + Duration::from_millis(5)).await;
-    }
-}
-
 /// Raises an issue as the worker; returns its event id.
 async fn raise(srv: &TestServer, task: Uuid, worker_token: &str, text: &str) -> i64 {
     let body = srv
@@ -95,7 +86,7 @@ async fn cancel_as_an_answer_works_past_the_deadline(db: Db) {
     let t = srv.active_task("Check the gate").await;
     let issue = raise(&srv, t.task_id, &t.worker_token, "locked").await;
     let task = srv.task(t.task_id, &t.agent_token).await;
-    wait_until_past(time_at(&task, "/active_until")).await;
+    srv.advance_clock_past(time_at(&task, "/active_until"));
 
     let respond = |action: &str, text: Option<&str>| {
         srv.agent(&t.agent_token)
@@ -144,10 +135,10 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
     let issue = raise(&srv, id, &first, "which rack?").await;
 
     // The first worker never starts; the controller reopens the task.
-    wait_until_past(time_at(&claimed, "/task/start_by")).await;
+    srv.advance_clock_past(time_at(&claimed, "/task/start_by"));
     let reopened = srv
         .store
-        .reconcile_due(clock::now(), 10)
+        .reconcile_due(srv.now(), 10)
         .await
         .expect("reconcile");
     assert_eq!(reopened.len(), 1);

@@ -2,8 +2,6 @@
 //! state, every event type the API produces, the feed that reports them,
 //! and what a terminal task still allows.
 
-use std::time::Duration;
-
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
@@ -787,7 +785,7 @@ async fn actions_past_a_deadline_are_refused_but_stop_and_cancel_are_not(db: Db)
         .post(&worker_path(id, "/claim"))
         .expect_json(OK)
         .await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    srv.advance_clock(TimeDelta::milliseconds(1001));
     for request in [
         worker.post(&worker_path(id, "/start")),
         worker
@@ -815,7 +813,7 @@ async fn actions_past_a_deadline_are_refused_but_stop_and_cancel_are_not(db: Db)
         .await;
     let id = uuid_at(&created, "/task/id");
     let token = str_at(&created, "/agent_token");
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    srv.advance_clock(TimeDelta::milliseconds(1001));
     let problem = srv
         .agent(&token)
         .post(&task_path(id, "/publish"))

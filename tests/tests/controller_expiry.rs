@@ -23,6 +23,7 @@ on_both_backends!(
     an_active_task_expires_at_its_time_limit_and_its_issues_close,
     an_abandoned_assignment_reopens_and_another_worker_claims_it,
     a_lifetime_ending_before_the_start_timeout_expires_the_assignment,
+    a_clock_moved_past_a_deadline_wakes_the_sleeping_controller,
 );
 
 /// Latest a deadline may be applied, in ms, to count as applied on time:
@@ -352,5 +353,50 @@ async fn a_lifetime_ending_before_the_start_timeout_expires_the_assignment(db: D
     );
     let (_, evs) = check_consistent(&store, t.id).await;
     assert!(evs.iter().all(|e| e.kind != EventType::TaskUnassigned));
+    controller.stop().await;
+}
+
+/// The controller reads the time from the clock it is given, and wakes when
+/// that clock moves: a test passes an hour-away deadline by moving the
+/// clock, not by waiting an hour. The controller is asleep towards the
+/// deadline first (it expired a probe after reading it), and sleeps up to a
+/// minute (`max_sleep`): only the move can wake it within the 30 s allowed.
+async fn a_clock_moved_past_a_deadline_wakes_the_sleeping_controller(db: Db) {
+    let db = TestDb::new(db).await;
+    let store = db.store(Policy::default()).await;
+    let clock = meatspace_domain::clock::Clock::adjustable();
+    let far = open(&store, TimeDelta::hours(1)).await;
+    let controller = InProcess::start(
+        &store,
+        meatspace_controller::ControllerConfig {
+            clock: clock.clone(),
+            ..config()
+        },
+    );
+    let probe = draft(&store, TimeDelta::milliseconds(50)).await;
+    let state = |id| {
+        let store = store.clone();
+        async move { store.task(id).await.expect("read").expect("task").state }
+    };
+    eventually(Duration::from_secs(30), "the probe expires", || async {
+        (state(probe.id).await == TaskState::Expired).then_some(())
+    })
+    .await;
+    assert_eq!(state(far.id).await, TaskState::Open, "not before its time");
+
+    clock.advance(TimeDelta::hours(1));
+    eventually(
+        Duration::from_secs(30),
+        "the hour-away task expires",
+        || async { (state(far.id).await == TaskState::Expired).then_some(()) },
+    )
+    .await;
+    let expired = store.events(far.id, 0, 10).await.expect("events");
+    let at = expired.last().expect("an event").created_at;
+    assert!(
+        at >= far.expires_at,
+        "expired at {at}, before {}",
+        far.expires_at
+    );
     controller.stop().await;
 }

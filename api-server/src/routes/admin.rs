@@ -8,8 +8,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, TimeDelta, Utc};
+use meatspace_domain::Command;
 use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scope, Scopes};
-use meatspace_domain::{Command, clock};
 use meatspace_store::{ApiKey, AuditEntry, AuditFilter, Invite, NewApiKey, Worker};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -121,7 +121,7 @@ async fn create_key(
     Json(req): Json<CreateKeyRequest>,
 ) -> Result<Response, ApiError> {
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
-    let now = clock::now();
+    let now = state.clock.now();
     if req.expires_at.is_some_and(|at| at <= now) {
         return Err(ApiError::invalid("expires_at must be in the future"));
     }

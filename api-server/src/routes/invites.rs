@@ -8,7 +8,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Duration, Utc};
-use meatspace_domain::clock;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -71,7 +70,7 @@ async fn create_invite(
     }
     let id = Uuid::new_v4();
     let (code, hash) = issue_token(INVITE_PREFIX, id);
-    let now = clock::now();
+    let now = state.clock.now();
     let expires_at = now + Duration::seconds(seconds as i64);
     let audit = caller.audit(
         meatspace_domain::identity::AuditAction::InviteCreated,

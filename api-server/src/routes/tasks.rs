@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use meatspace_domain::webhook_url::check_url;
 use meatspace_domain::{
-    Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task, clock,
+    Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task,
 };
 use meatspace_store::{NewTask, webhooks::Webhook};
 use serde::{Deserialize, Serialize};
@@ -135,7 +135,7 @@ pub(crate) async fn create(
                 .to_string(),
         ),
     };
-    let now = clock::now();
+    let now = state.clock.now();
     let id = Uuid::new_v4();
     let (agent_token, agent_token_hash) = issue_agent_token(id);
     let new = NewTask {
@@ -269,7 +269,7 @@ async fn cancel_task(
         && state.store.task_owner(id).await? != Some(principal_id)
     {
         let entry = meatspace_store::NewAudit {
-            at: clock::now(),
+            at: state.clock.now(),
             principal_id,
             action: meatspace_domain::identity::AuditAction::TaskCancelledByOperator,
             target: format!("task:{id}"),

@@ -7,9 +7,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_domain::{
-    Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState, clock,
-};
+use meatspace_domain::{Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState};
 use meatspace_store::StoreError;
 use meatspace_store::Worker;
 use serde::{Deserialize, Serialize};
@@ -107,7 +105,7 @@ async fn register_worker(
     let (worker_token, hash) = issue_worker_token(id);
     let worker = state
         .store
-        .create_worker(id, &name, hash, clock::now())
+        .create_worker(id, &name, hash, state.clock.now())
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -221,7 +219,7 @@ pub(crate) async fn claim_task(
 ) -> Result<TaskChange, ApiError> {
     let refusal = match state
         .store
-        .apply(id, Command::Claim { worker }, clock::now())
+        .apply(id, Command::Claim { worker }, state.clock.now())
         .await
     {
         Ok(applied) => return Ok(applied.into()),
@@ -400,7 +398,7 @@ pub(crate) async fn send_photo_bytes(
     };
     let applied = state
         .store
-        .apply(id, Command::Photo { worker, photo }, clock::now())
+        .apply(id, Command::Photo { worker, photo }, state.clock.now())
         .await?;
     Ok(applied.into())
 }

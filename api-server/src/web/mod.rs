@@ -16,9 +16,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
-use meatspace_domain::{
-    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Task, TaskState, clock,
-};
+use meatspace_domain::{Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Task, TaskState};
 use meatspace_store::StoreError;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -540,7 +538,7 @@ async fn live_invite(state: &AppState, code: &str) -> Result<Uuid, AppError> {
     if !invite.code_hash.verify(code)
         || invite.used_at.is_some()
         || invite.revoked_at.is_some()
-        || invite.expires_at <= clock::now()
+        || invite.expires_at <= state.clock.now()
     {
         return Err(gone());
     }
@@ -599,7 +597,7 @@ async fn accept_invite(
     let (_, token_hash) = crate::auth::issue_worker_token(worker_id);
     let worker = state
         .store
-        .redeem_invite(invite_id, worker_id, &name, token_hash, clock::now())
+        .redeem_invite(invite_id, worker_id, &name, token_hash, state.clock.now())
         .await?;
     if worker.is_none() {
         // Someone else redeemed it (or it expired) since the check above.
@@ -720,7 +718,7 @@ async fn logout(
 // ---------------------------------------------------------------- lists
 
 async fn open_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Response, AppError> {
-    let now = clock::now();
+    let now = state.clock.now();
     let tasks = state.store.newest_open_tasks(LIST_LIMIT).await?;
     let page = TasksPage {
         nav: Some(Nav::of(&s)),
@@ -732,7 +730,7 @@ async fn open_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<R
 }
 
 async fn my_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Response, AppError> {
-    let now = clock::now();
+    let now = state.clock.now();
     let tasks = state.store.worker_tasks(s.worker.id, LIST_LIMIT).await?;
     let page = TasksPage {
         nav: Some(Nav::of(&s)),
@@ -789,7 +787,7 @@ async fn render_task(
     } else {
         (Vec::new(), 0)
     };
-    let now = clock::now();
+    let now = state.clock.now();
     let st = task.state;
     let banner = st.is_terminal().then(|| {
         let how = match st {

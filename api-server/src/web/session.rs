@@ -24,7 +24,6 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Duration;
-use meatspace_domain::clock;
 use meatspace_store::Worker;
 use meatspace_store::token::{self, TokenHash};
 use sha2::{Digest, Sha256};
@@ -133,7 +132,7 @@ pub async fn start(
 ) -> Result<HeaderValue, AppError> {
     let id = Uuid::new_v4();
     let (secret, hash) = issue_token(SESSION_PREFIX, id);
-    let now = clock::now();
+    let now = state.clock.now();
     state
         .store
         .create_session(id, worker_id, hash, now, now + Duration::days(SESSION_DAYS))
@@ -180,7 +179,7 @@ impl FromRequestParts<AppState> for WorkerSession {
         let id = credential_subject(value, SESSION_PREFIX).ok_or(AppError::SignIn)?;
         let session = state
             .store
-            .session(id, clock::now())
+            .session(id, state.clock.now())
             .await?
             .ok_or(AppError::SignIn)?;
         if !session.secret_hash.verify(value) {
