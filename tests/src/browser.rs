@@ -27,9 +27,22 @@ pub struct Chromedriver {
 }
 
 impl Chromedriver {
+    /// Starts chromedriver on a free port. The port is free when chosen but
+    /// another test's process may take it first; chromedriver then exits,
+    /// and it is started again on another port.
     pub async fn start() -> Chromedriver {
+        for _ in 0..5 {
+            if let Some(driver) = Chromedriver::start_once().await {
+                return driver;
+            }
+        }
+        panic!("chromedriver exited at start five times (no free port?)");
+    }
+
+    /// `None` when chromedriver exited before it was ready.
+    async fn start_once() -> Option<Chromedriver> {
         let port = crate::process::free_port();
-        let child = tokio::process::Command::new("chromedriver")
+        let mut child = tokio::process::Command::new("chromedriver")
             .arg(format!("--port={port}"))
             // Its own process group, so that dropping it ends the browsers
             // it started too (see Drop).
@@ -47,27 +60,21 @@ impl Chromedriver {
             .no_proxy()
             .build()
             .expect("client");
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let ready = http
-                .get(format!("{url}/status"))
-                .send()
-                .await
-                .ok()
-                .map(|r| r.json::<Value>());
-            if let Some(body) = ready
-                && let Ok(v) = body.await
-                && v["value"]["ready"] == json!(true)
-            {
-                break;
+        let what = format!("chromedriver ready on {url}");
+        let ready = crate::eventually(WAIT, &what, || {
+            let exited = matches!(child.try_wait(), Ok(Some(_)));
+            let (http, url) = (&http, &url);
+            async move {
+                if exited {
+                    return Some(false);
+                }
+                let body = http.get(format!("{url}/status")).send().await.ok()?;
+                let v = body.json::<Value>().await.ok()?;
+                (v["value"]["ready"] == json!(true)).then_some(true)
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "chromedriver did not become ready on {url}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Chromedriver { url, child }
+        })
+        .await;
+        ready.then_some(Chromedriver { url, child })
     }
 
     /// A new headless Chromium with a phone-sized viewport.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::Policy;
-use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, TestServer, str_at, types, uuid_at};
+use meatspace_tests::{Db, eventually};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -158,7 +158,13 @@ async fn a_terminal_task_cannot_be_extended(db: Db) {
 /// after its old deadline and expires at the new one.
 async fn the_controller_expires_at_the_new_deadline(db: Db) {
     let server = TestServer::start(db).await;
-    let controller = InProcess::start(&server.store, config());
+    let controller = InProcess::start(
+        &server.store,
+        meatspace_controller::ControllerConfig {
+            clock: server.options.clock.clone(),
+            ..config()
+        },
+    );
     let (id, token, old) = create(&server, 2).await;
     server.publish(id, &token).await;
     let change = server
@@ -169,18 +175,16 @@ async fn the_controller_expires_at_the_new_deadline(db: Db) {
         .await;
     let new = time_at(&change, "/task/expires_at");
     assert_eq!(new, old + TimeDelta::seconds(3));
-    let give_up = new + TimeDelta::seconds(30);
-    let task = loop {
-        let task = server.task(id, &token).await;
-        if task["state"] == "expired" {
-            break task;
-        }
-        assert!(
-            Utc::now() < give_up,
-            "not expired 30 s after the new deadline: {task}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    server.advance_clock_past(new);
+    let task = eventually(
+        Duration::from_secs(30),
+        "expired at the new deadline",
+        || async {
+            let task = server.task(id, &token).await;
+            (task["state"] == "expired").then_some(task)
+        },
+    )
+    .await;
     let ended = time_at(&task, "/ended_at");
     assert!(
         ended >= new,

@@ -51,15 +51,15 @@ fn create(server: &TestServer, key: &str, description: &str) -> reqwest::Request
 
 /// Sends until the answer is not 409 (the first request still in flight).
 async fn until_settled(req: impl Fn() -> reqwest::RequestBuilder) -> reqwest::Response {
-    let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let res = req().send().await.expect("send");
-        if res.status() != StatusCode::CONFLICT {
-            return res;
-        }
-        assert!(tokio::time::Instant::now() < give_up, "in flight for 30 s");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    meatspace_tests::eventually(
+        std::time::Duration::from_secs(30),
+        "the first request settles",
+        || async {
+            let res = req().send().await.expect("send");
+            (res.status() != StatusCode::CONFLICT).then_some(res)
+        },
+    )
+    .await
 }
 
 async fn token_works(server: &TestServer, id: uuid::Uuid, token: &str) {

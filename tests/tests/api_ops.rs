@@ -242,19 +242,12 @@ async fn expect_unavailable(request: reqwest::RequestBuilder, bound: Duration, w
 
 /// Polls until `path` answers `status`; panics after `bound`.
 async fn wait_for(srv: &TestServer, path: &str, status: StatusCode, bound: Duration) {
-    let started = Instant::now();
-    loop {
+    let what = format!("{path} answers {status}");
+    meatspace_tests::eventually(bound, &what, || async {
         let res = srv.get(path).send().await.unwrap();
-        if res.status() == status {
-            return;
-        }
-        assert!(
-            started.elapsed() < bound,
-            "{path} still answers {} after {bound:?}",
-            res.status()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (res.status() == status).then_some(())
+    })
+    .await;
 }
 
 async fn an_unavailable_database_gets_503_not_500(db: Db) {

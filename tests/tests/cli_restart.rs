@@ -359,17 +359,17 @@ async fn mcp_wait_for_events_waits_out_a_server_restart() {
         "wait_for_events",
         json!({ "task_id": id, "cursor": cursor, "wait_seconds": 25 }),
     ));
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&stderr_path)
-        .unwrap_or_default()
-        .contains("retrying")
-    {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "wait_for_events never said it was retrying"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    meatspace_tests::eventually(
+        Duration::from_secs(60),
+        "wait_for_events says it is retrying",
+        || async {
+            std::fs::read_to_string(&stderr_path)
+                .unwrap_or_default()
+                .contains("retrying")
+                .then_some(())
+        },
+    )
+    .await;
     server.restart().await;
     worker_post(&base, &wtoken, id, "start", json!({})).await;
     let result = tokio::time::timeout(Duration::from_secs(90), waiting)

@@ -53,14 +53,12 @@ async fn agent_types(server: &TestServer, task: Uuid, token: &str) -> Vec<String
 /// Waits until the agent's feed has `n` events (the page answered already,
 /// so this is only the database catching up with nothing: a bounded poll).
 async fn agent_feed_len(server: &TestServer, task: Uuid, token: &str, n: usize) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("the agent's feed has {n} events");
+    meatspace_tests::eventually(Duration::from_secs(30), &what, || async {
         let events = server.feed(task, token).await;
-        if events.len() >= n || tokio::time::Instant::now() > deadline {
-            return events;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (events.len() >= n).then_some(events)
+    })
+    .await
 }
 
 async fn end_to_end(db: Db) {
