@@ -278,15 +278,11 @@ impl System {
         what: &str,
         done: impl Fn(&Value) -> bool,
     ) -> Value {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
+        meatspace_tests::eventually(Duration::from_secs(60), what, || async {
             let w = self.webhook(id, token).await;
-            if done(&w) {
-                return w;
-            }
-            assert!(tokio::time::Instant::now() < give_up, "{what}: {w}");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+            done(&w).then_some(w)
+        })
+        .await
     }
 }
 

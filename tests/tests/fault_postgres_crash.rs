@@ -242,31 +242,25 @@ fn acked_total_of(seen: &Seen) -> usize {
     seen.acked.values().map(Vec::len).sum()
 }
 
-/// Polls `done` every 10 ms until it holds; returns how long that took.
+/// Polls `done` until it holds; returns how long that took.
 async fn wait_for(what: &str, bound: Duration, mut done: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < bound, "{what}: not within {bound:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    started.elapsed()
+    let ((), took) = meatspace_tests::eventually_timed(bound, what, || {
+        let held = done();
+        async move { held.then_some(()) }
+    })
+    .await;
+    took
 }
 
-/// Polls the async `check` every 20 ms until it holds; returns when it did.
+/// Polls the async `check` until it holds; returns when it did.
 async fn poll_until<F, Fut>(bound: Duration, mut check: F) -> Instant
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let started = Instant::now();
-    loop {
-        if check().await {
-            return Instant::now();
-        }
-        assert!(
-            started.elapsed() < bound,
-            "condition not met within {bound:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    meatspace_tests::eventually(bound, "the condition holds", || {
+        let held = check();
+        async move { held.await.then(Instant::now) }
+    })
+    .await
 }
