@@ -38,36 +38,35 @@ const WAIT: u32 = 25;
 /// Posts a worker message, retrying the 503s of a database that is still
 /// coming back; returns the event id and when it was acknowledged.
 async fn message_after_restart(srv: &TestServer, t: &ActiveTask, text: &str) -> (i64, Instant) {
-    let give_up = Instant::now() + Duration::from_secs(30);
-    loop {
-        let res = srv
-            .worker(&t.worker_token)
-            .post(&format!("/api/v1/worker/tasks/{}/messages", t.task_id))
-            .json(&json!({ "text": text }))
-            .send()
-            .await;
-        match res {
-            Ok(r) if r.status() == StatusCode::CREATED || r.status() == StatusCode::OK => {
-                let acked = Instant::now();
-                let body: Value = r.json().await.expect("JSON body");
-                let id = body["events"][0]["id"]
-                    .as_i64()
-                    .unwrap_or_else(|| panic!("no event id in {body}"));
-                return (id, acked);
+    meatspace_tests::eventually(
+        Duration::from_secs(30),
+        "writes are accepted after the restart",
+        || async {
+            let res = srv
+                .worker(&t.worker_token)
+                .post(&format!("/api/v1/worker/tasks/{}/messages", t.task_id))
+                .json(&json!({ "text": text }))
+                .send()
+                .await;
+            match res {
+                Ok(r) if r.status() == StatusCode::CREATED || r.status() == StatusCode::OK => {
+                    let acked = Instant::now();
+                    let body: Value = r.json().await.expect("JSON body");
+                    let id = body["events"][0]["id"]
+                        .as_i64()
+                        .unwrap_or_else(|| panic!("no event id in {body}"));
+                    Some((id, acked))
+                }
+                Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => None,
+                Ok(r) => panic!(
+                    "unexpected answer while the database came back: {}",
+                    r.status()
+                ),
+                Err(e) => panic!("the API server did not answer: {e}"),
             }
-            Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {}
-            Ok(r) => panic!(
-                "unexpected answer while the database came back: {}",
-                r.status()
-            ),
-            Err(e) => panic!("the API server did not answer: {e}"),
-        }
-        assert!(
-            Instant::now() < give_up,
-            "writes still refused 30 s after the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -206,24 +205,24 @@ async fn a_fast_shutdown_completes_promptly_and_the_controller_wakes_after_the_r
     // again, expires on time although the controller had planned to sleep
     // for up to a minute (`max_sleep`). Had its notification been lost in
     // the reconnect, it would expire only at that safety net.
-    let give_up = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let res = srv
-            .dev(reqwest::Method::POST, "/api/v1/tasks")
-            .json(&json!({ "description": "Short-lived.", "expires_in_seconds": 1 }))
-            .send()
-            .await
-            .expect("the API server answers");
-        if res.status() == StatusCode::CREATED {
-            break res.json::<Value>().await.expect("JSON");
-        }
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(
-            Instant::now() < give_up,
-            "writes refused 30 s after the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let body = meatspace_tests::eventually(
+        Duration::from_secs(30),
+        "writes are accepted after the restart",
+        || async {
+            let res = srv
+                .dev(reqwest::Method::POST, "/api/v1/tasks")
+                .json(&json!({ "description": "Short-lived.", "expires_in_seconds": 1 }))
+                .send()
+                .await
+                .expect("the API server answers");
+            if res.status() != StatusCode::CREATED {
+                assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+                return None;
+            }
+            Some(res.json::<Value>().await.expect("JSON"))
+        },
+    )
+    .await;
     let id = body["task"]["id"].as_str().expect("id").to_owned();
     let token = body["agent_token"].as_str().expect("token").to_owned();
     let task = meatspace_tests::eventually(Duration::from_secs(90), "the task expires", || async {

@@ -167,14 +167,11 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
             .iter()
             .map(|(id, _)| *id)
             .collect();
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-        while expired_count(&store, &this_round).await == 0 {
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "round {round}: none of its tasks expired within 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let what = format!("round {round}: one of its tasks expires");
+        meatspace_tests::eventually(Duration::from_secs(60), &what, || async {
+            (expired_count(&store, &this_round).await > 0).then_some(())
+        })
+        .await;
         // Kill with requests in flight: fire some and do not wait.
         let in_flight: Vec<_> = writers
             .iter()
@@ -241,18 +238,14 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
     }
     assert_eq!(ledger.short_lived.len(), ROUNDS * SHORT_LIVED);
     for (id, token) in &ledger.short_lived {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-        let feed = loop {
+        let what = format!("task {id} expires");
+        let feed = meatspace_tests::eventually(Duration::from_secs(60), &what, || async {
             let feed = feed(&client, &last.api, *id, token).await;
-            if feed.last().is_some_and(|e| e["type"] == "task.expired") {
-                break feed;
-            }
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "task {id} did not expire: {feed:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+            feed.last()
+                .is_some_and(|e| e["type"] == "task.expired")
+                .then_some(feed)
+        })
+        .await;
         check_order(&feed);
         let terminal = types(&feed)
             .iter()
