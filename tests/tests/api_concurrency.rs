@@ -242,6 +242,7 @@ async fn follow(srv: &TestServer, task_id: Uuid, token: &str) -> Vec<Value> {
         }
         limit = limit % 7 + 1;
         if events.is_empty() {
+            // The interval of a bounded poll (an empty page: nothing new yet).
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -302,6 +303,7 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
                             "the writers of task {} did not get 20 messages in within {PATIENCE:?}",
                             t.task_id
                         );
+                        // The interval of a bounded poll.
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                     srv.agent(&t.agent_token)
@@ -444,6 +446,7 @@ async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
             tokio::time::Instant::now() < give_up,
             "another process's event unseen after 10 s"
         );
+        // The interval of a bounded poll.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.stop().await;

@@ -93,6 +93,7 @@ async fn an_agent_sees_its_task_expire_in_the_feed_within_a_second(db: Db) {
             assert_eq!(page["terminal"], true);
             break (e.clone(), seen_at);
         }
+        // The interval of a bounded poll that times what an agent sees.
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let lag = ms_after(time_at(&expired, "/created_at"), expires_at);

@@ -188,6 +188,9 @@ async fn readiness_follows_the_database_and_expiry_resumes_after_an_outage() {
     let past_deadline = (t.expires_at + TimeDelta::seconds(1) - chrono::Utc::now())
         .to_std()
         .unwrap_or_default();
+    // Real time is the behaviour: the controller is a process of its
+    // own on the system's clock, and the deadline must pass while the
+    // database is down.
     tokio::time::sleep(past_deadline).await;
     assert_eq!(
         store.next_deadline().await.ok(),

@@ -87,6 +87,7 @@ async fn agents_see_task_expired_within_a_second_of_the_deadline(db: Db) {
                 seen[i] = Some((e, observed));
             }
         }
+        // The interval of a bounded poll that times what the agents see.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 

@@ -69,6 +69,8 @@ async fn racing_the_deadline_ends_each_task_exactly_once(backend: Db) {
             let (store, id) = (store.clone(), t.id);
             racers.spawn(async move {
                 let wait = (at - Utc::now()).to_std().unwrap_or_default();
+                // Real time is the behaviour: each racer acts at its instant,
+                // against the controller acting at the deadline.
                 tokio::time::sleep(wait).await;
                 let name = command.name();
                 let now = stamped.unwrap_or_else(clock::now);

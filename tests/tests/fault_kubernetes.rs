@@ -365,6 +365,7 @@ async fn a_leader_cut_off_by_a_frozen_apiserver_steps_down_before_the_takeover()
                 frozen.elapsed()
             );
         }
+        // The interval of a bounded poll.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (a_down, b_up) = (a_down.expect("A stepped down"), b_up.expect("B took over"));
@@ -385,6 +386,7 @@ async fn a_leader_cut_off_by_a_frozen_apiserver_steps_down_before_the_takeover()
         assert!(!leads(&a_id), "A leads again after the thaw");
         assert_eq!(c.names().await, b_tasks, "A wrote after the thaw");
         assert_eq!(c.lease_holder().await.as_deref(), Some(b_id.as_str()));
+        // A negative check over a period: real time is the behaviour.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!(

@@ -105,6 +105,7 @@ async fn long_polls_waiting_across_a_postgres_restart_wake_for_the_next_event() 
 
         pg.stop_fast(Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("round {round}: the fast shutdown did not finish: {e}"));
+        // The outage's length is the behaviour under test.
         tokio::time::sleep(DOWN).await;
         pg.start();
 
@@ -195,6 +196,7 @@ async fn a_fast_shutdown_completes_promptly_and_the_controller_wakes_after_the_r
         took < Duration::from_secs(10),
         "the fast shutdown took {took:?}: something held a backend open"
     );
+    // The outage's length is the behaviour under test.
     tokio::time::sleep(DOWN).await;
     pg.start();
     // It served its purpose (a waiter in the hub during the shutdown).
@@ -290,6 +292,7 @@ async fn dropped_change_streams_release_their_connections() {
             Instant::now() < give_up,
             "dropped subscriptions still listen"
         );
+        // The interval of a bounded poll.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let task_id = uuid::Uuid::new_v4();

@@ -63,24 +63,17 @@ async fn the_mirror_shows_the_extended_deadline(db: Db) {
         .await;
     let extended: DateTime<Utc> = str_at(&change, "/task/expires_at").parse().unwrap();
     let api: Api<MeatspaceTask> = Api::namespaced(admin.clone(), &ns);
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("the resource shows the new deadline {extended}");
+    meatspace_tests::eventually(Duration::from_secs(30), &what, || async {
         let resource = api
             .get_opt(&id.to_string())
             .await
             .expect("read the resource");
-        if let Some(r) = &resource
-            && r.spec.expires_at == Some(extended)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "the resource does not show the new deadline {extended}: {:?}",
-            resource.map(|r| r.spec)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        resource
+            .is_some_and(|r| r.spec.expires_at == Some(extended))
+            .then_some(())
+    })
+    .await;
     controller.stop().await;
     drop_namespace(&admin, &ns).await;
 }

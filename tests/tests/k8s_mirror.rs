@@ -1049,6 +1049,8 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     while Instant::now() < watch_until {
         assert_eq!(c.lease_holder().await.as_deref(), Some("replica-a"));
         assert_eq!(c.names().await, a_tasks, "the follower wrote");
+        // A negative check over two Lease durations: real time is the
+        // behaviour.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -1090,6 +1092,7 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     while Instant::now() < watch_until {
         assert_eq!(c.lease_holder().await.as_deref(), Some("replica-b"));
         assert_eq!(c.names().await, b_tasks, "the follower wrote");
+        // A negative check over a Lease duration: real time is the behaviour.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let stopping = Instant::now();

@@ -2705,6 +2705,7 @@ async fn apply_while_another_writer_commits(
             tokio::time::Instant::now() < give_up,
             "the command's write never waited for the lock"
         );
+        // The interval of a bounded poll.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     other.commit().await.expect("the other writer commits");
