@@ -79,6 +79,43 @@ impl AppState {
     pub fn new(shared: Shared) -> Self {
         AppState(Arc::new(shared))
     }
+
+    /// The state the binary serves, as `main` and the test harness build
+    /// it: `settings` on `store`, with the parts every server makes for
+    /// itself (the feed's hub, the availability probe, the credential
+    /// caches, the metrics registry's handle).
+    pub fn build(store: Arc<dyn Store>, settings: Settings) -> AppState {
+        let credentials = auth::Credentials::default();
+        AppState::new(Shared {
+            feed: feed::Feed::start(Arc::clone(&store), credentials.clone()),
+            availability: availability::Availability::start(Arc::clone(&store)),
+            store,
+            clock: settings.clock,
+            dev_key: settings.dev_key,
+            policy: settings.policy,
+            photo_limits: settings.photo_limits,
+            metrics: metrics::handle(),
+            rate_limit: rate_limit::RateLimit::new(settings.rate_limit),
+            integrations: settings.integrations,
+            mcp_allowed_hosts: settings.mcp_allowed_hosts,
+            credentials,
+            agent_digests: auth::DigestCache::for_agents(),
+            public_origin: settings.public_origin,
+        })
+    }
+}
+
+/// What a server is configured with (see [`AppState::build`]).
+#[derive(Debug)]
+pub struct Settings {
+    pub clock: meatspace_domain::clock::Clock,
+    pub dev_key: auth::DevKey,
+    pub policy: Policy,
+    pub photo_limits: PhotoLimits,
+    pub rate_limit: rate_limit::RateLimitSettings,
+    pub integrations: integrations::Integrations,
+    pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
+    pub public_origin: public_url::PublicOrigin,
 }
 
 impl std::ops::Deref for AppState {

@@ -4,13 +4,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use meatspace_api::auth::{DevKey, DigestCache};
+use meatspace_api::auth::DevKey;
 use meatspace_api::config::{Config, Database};
-use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::startup::{self, DataDirLock};
-use meatspace_api::{AppState, Shared, router, serve, telemetry};
+use meatspace_api::{AppState, Settings, router, serve, telemetry};
 use meatspace_domain::Policy;
 use meatspace_store::secret::ServerKey;
 use meatspace_store::{ConnectOptions, redact_url};
@@ -116,24 +115,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!("stored the operator key given by configuration");
     }
 
-    let credentials = meatspace_api::auth::Credentials::default();
-    let feed = Feed::start(Arc::clone(&store), credentials.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let shutdown = {
-        let mut rx = stop_rx.clone();
-        let feed = feed.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-            // Long polls answer now rather than hold the shutdown up.
-            feed.close();
-        }
-    };
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    });
-
     // The embedded default runs the reconcilers here, so one process is the
     // whole system.
     let controller = config.run_controller_here().then(|| {
@@ -150,55 +132,64 @@ async fn run(config: Config) -> anyhow::Result<()> {
             .await
         })
     });
-    let clock = meatspace_domain::clock::Clock::system();
+    let state = AppState::build(
+        store,
+        Settings {
+            clock: meatspace_domain::clock::Clock::system(),
+            dev_key: DevKey::new(&dev_key).with_enabled(config.dev_key_enabled),
+            policy,
+            photo_limits: PhotoLimits {
+                max_pixels: config.max_photo_pixels,
+                max_task_bytes: config.max_photo_bytes_per_task,
+                decode_memory: meatspace_api::photo::DecodeMemory::new(
+                    config.photo_decode_memory_bytes,
+                ),
+                ..PhotoLimits::new(config.max_photo_bytes, config.max_photo_dimension)
+            },
+            rate_limit: config.rate_limit(),
+            integrations: Integrations {
+                server_key: server_key.clone(),
+                sse_heartbeat: std::time::Duration::from_secs(config.sse_heartbeat_seconds),
+                idempotency_ttl: chrono::TimeDelta::seconds(
+                    i64::try_from(config.idempotency_ttl_seconds).unwrap_or(86_400),
+                ),
+                webhook_allow: config.controller.webhooks.webhook_allow.clone(),
+                webhook_give_up: std::time::Duration::from_secs(
+                    config.controller.webhooks.webhook_give_up_seconds,
+                ),
+            },
+            mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
+            public_origin,
+        },
+    );
     tokio::spawn({
         let mut rx = stop_rx.clone();
         meatspace_api::access::upkeep(
-            Arc::clone(&store),
-            clock.clone(),
-            credentials.clone(),
+            Arc::clone(&state.store),
+            state.clock.clone(),
+            state.credentials.clone(),
             chrono::TimeDelta::days(i64::from(config.audit_retention_days)),
             async move {
                 let _ = rx.wait_for(|stop| *stop).await;
             },
         )
     });
-    let metrics_handle = meatspace_api::metrics::handle();
-    tokio::spawn(meatspace_api::metrics::upkeep(metrics_handle.clone()));
-    let availability = meatspace_api::availability::Availability::start(Arc::clone(&store));
-    let state = AppState::new(Shared {
-        store,
-        clock: clock.clone(),
-        dev_key: DevKey::new(&dev_key).with_enabled(config.dev_key_enabled),
-        policy,
-        photo_limits: PhotoLimits {
-            max_pixels: config.max_photo_pixels,
-            max_task_bytes: config.max_photo_bytes_per_task,
-            decode_memory: meatspace_api::photo::DecodeMemory::new(
-                config.photo_decode_memory_bytes,
-            ),
-            ..PhotoLimits::new(config.max_photo_bytes, config.max_photo_dimension)
-        },
-        metrics: metrics_handle.clone(),
-        availability,
-        rate_limit: meatspace_api::rate_limit::RateLimit::new(config.rate_limit()),
-        feed,
-        integrations: Integrations {
-            server_key: server_key.clone(),
-            sse_heartbeat: std::time::Duration::from_secs(config.sse_heartbeat_seconds),
-            idempotency_ttl: chrono::TimeDelta::seconds(
-                i64::try_from(config.idempotency_ttl_seconds).unwrap_or(86_400),
-            ),
-            webhook_allow: config.controller.webhooks.webhook_allow.clone(),
-            webhook_give_up: std::time::Duration::from_secs(
-                config.controller.webhooks.webhook_give_up_seconds,
-            ),
-        },
-        mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&config.mcp_allowed_hosts),
-        credentials,
-        agent_digests: DigestCache::for_agents(),
-        public_origin,
+    tokio::spawn(meatspace_api::metrics::upkeep(state.metrics.clone()));
+    let shutdown = {
+        let mut rx = stop_rx.clone();
+        let feed = state.feed.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+            // Long polls answer now rather than hold the shutdown up.
+            feed.close();
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
     });
+
     tracing::info!(%addr, embedded_controller = controller.is_some(), "listening");
     let mut serve_options = config.serve_options();
     serve_options.max_connections = usize::try_from(meatspace_api::fd_limit::raise_and_fit(
@@ -212,7 +203,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(addr = %metrics_listener.local_addr()?, "serving /metrics");
     let metrics = {
         let mut rx = stop_rx.clone();
-        let app = meatspace_api::metrics::router(metrics_handle.clone());
+        let app = meatspace_api::metrics::router(state.metrics.clone());
         tokio::spawn(serve(
             metrics_listener,
             app,

@@ -13,12 +13,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_api::auth::{DevKey, DigestCache};
+use meatspace_api::auth::DevKey;
 use meatspace_api::feed::Feed;
 use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
-use meatspace_api::rate_limit::{RateLimit, RateLimitSettings};
-use meatspace_api::{AppState, ServeOptions, Shared, router, serve};
+use meatspace_api::rate_limit::RateLimitSettings;
+use meatspace_api::{AppState, ServeOptions, router, serve};
 use meatspace_domain::Policy;
 use meatspace_domain::clock::Clock;
 use meatspace_store::ConnectOptions;
@@ -129,24 +129,19 @@ pub async fn app_state(db: &TestDb, options: &ServerOptions) -> (AppState, Strin
         .await
         .expect("open the store");
     let dev_key = DevKey::generate();
-    let credentials = meatspace_api::auth::Credentials::default();
-    let feed = Feed::start(Arc::clone(&store), credentials.clone());
-    let state = AppState::new(Shared {
-        store: Arc::clone(&store),
-        clock: options.clock.clone(),
-        dev_key: DevKey::new(&dev_key).with_enabled(options.dev_key_enabled),
-        policy: options.policy,
-        photo_limits: options.photo_limits.clone(),
-        metrics: meatspace_api::metrics::handle(),
-        feed,
-        availability: meatspace_api::availability::Availability::start(Arc::clone(&store)),
-        rate_limit: RateLimit::new(options.rate_limit),
-        integrations: options.integrations.clone(),
-        mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
-        credentials,
-        agent_digests: DigestCache::for_agents(),
-        public_origin: options.public_origin.clone(),
-    });
+    let state = AppState::build(
+        store,
+        meatspace_api::Settings {
+            clock: options.clock.clone(),
+            dev_key: DevKey::new(&dev_key).with_enabled(options.dev_key_enabled),
+            policy: options.policy,
+            photo_limits: options.photo_limits.clone(),
+            rate_limit: options.rate_limit,
+            integrations: options.integrations.clone(),
+            mcp_allowed_hosts: options.mcp_allowed_hosts.clone(),
+            public_origin: options.public_origin.clone(),
+        },
+    );
     (state, dev_key)
 }
 
