@@ -1088,7 +1088,7 @@ mod tests {
         assert_eq!(claimed.task.worker_id, Some(OTHER));
     }
 
-    /// Issue 8 item 9: the lapsed worker's issues close with its assignment,
+    /// The lapsed worker's issues close with its assignment,
     /// so an answer can never reach the next worker.
     #[test]
     fn a_lapsed_assignment_closes_its_issues() {
@@ -1105,7 +1105,7 @@ mod tests {
         );
     }
 
-    /// Issue 21: suspending a worker reopens the task it holds, started or
+    /// Suspending a worker reopens the task it holds, started or
     /// not, closes its issues, and no other worker's task is touched.
     #[test]
     fn releasing_a_suspended_workers_task_reopens_it() {

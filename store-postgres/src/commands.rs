@@ -36,8 +36,8 @@ use crate::creates::{GroupKind, count_fallback, count_group, next_group, share};
 
 /// Groups written at once (each takes a pooled connection). Two: while one
 /// group is written the next one gathers, and larger groups are cheaper
-/// per write. With four, groups under a lifecycle load were a third the
-/// size and the lifecycle about 30 % slower (issue 23's closing note).
+/// per write; more writers make smaller groups under load, and each
+/// costs a round trip of its own.
 const WRITERS: usize = 2;
 /// Most writes in one transaction.
 const MAX_GROUP: usize = 32;

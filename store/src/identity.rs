@@ -1,4 +1,4 @@
-//! Records of identity and access (issue 21): API keys and the principals
+//! Records of identity and access: API keys and the principals
 //! they belong to, and the audit trail of privileged actions. The store
 //! keeps only digests of key secrets; [`KeyRecord::check`] is the one place
 //! that decides whether a presented secret is good at a given instant.

@@ -15,8 +15,8 @@
 //! Each case runs on a fresh server (the embedded SQLite default, a
 //! temporary data directory, free 127.0.0.1 ports, `RUST_LOG=warn`): one
 //! active task, the peak so far read as the baseline, then N identical
-//! uploads at once, then the peak again. The cases are the attack of
-//! issue 19 (zero-filled PNGs of a few hundred kilobytes that decode to
+//! uploads at once, then the peak again. The cases are the decompression
+//! attack (zero-filled PNGs of a few hundred kilobytes that decode to
 //! hundreds of megabytes) and the largest photos a phone sends:
 //!
 //! - 8192 × 8192 RGBA16 PNG (67 MP: over the 40 MP bound, refused from

@@ -133,7 +133,8 @@ async fn capabilities_keep_every_field_of_the_seed(db: Db) {
     let doc = capabilities(&srv).await;
     let mut missing = Vec::new();
     let mut expected = seed();
-    // Issue 9 made these two wake-ups real; every other seed value stays.
+    // The server makes these two wake-ups real; every other seed value
+    // stays as the seed has it.
     let wakeups = &mut expected["task_monitoring"]["wakeups"];
     for mechanism in ["webhook", "sse"] {
         assert_eq!(wakeups[mechanism], "not_yet_supported", "the seed changed");

@@ -1,4 +1,4 @@
-//! Identity and access (issue 21), against the real server on both
+//! Identity and access, against the real server on both
 //! backends: each agent's key sees and drives only its principal's tasks
 //! (404 for the others', so ids cannot be probed), scopes bound what a key
 //! does, rotation keeps the old secret for its grace period only, an

@@ -598,7 +598,7 @@ async fn errors_say_what_to_do_next(db: Db) {
     server.stop().await;
 }
 
-// ---- the integrations of issue 9: SSE, Idempotency-Key replays, POST /extend ----
+// ---- agent integrations: SSE, Idempotency-Key replays, POST /extend ----
 
 meatspace_tests::api_tests!(integrations:
     watch_over_sse_resumes_after_sigkill,

@@ -588,7 +588,7 @@ async fn retries_reuse_one_idempotency_key(db: Db) {
     server.stop().await;
 }
 
-// ---- the integrations of issue 9: SSE, Idempotency-Key replays, POST /extend ----
+// ---- agent integrations: SSE, Idempotency-Key replays, POST /extend ----
 
 meatspace_tests::api_tests!(integrations:
     lifecycle_over_sse,

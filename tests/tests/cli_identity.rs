@@ -1,4 +1,4 @@
-//! Identity and access from the shell and the local MCP server (issue 21):
+//! Identity and access from the shell and the local MCP server:
 //! the built `meatspace` binary against the real server on both backends.
 //! An operator's key (made with the development key, the built-in
 //! operator) creates an agent key per agent; each agent creates and lists
