@@ -21,7 +21,7 @@
 //! The hub also keeps the process's [`Heads`] honest: it bumps a task's
 //! change counter for every change the stream reports and retires every
 //! head when it (re)subscribes, when the stream reports a gap and while it
-//! is not subscribed (see [`crate::heads`]).
+//! is not subscribed (see [`crate::feed_heads`]).
 //!
 //! [`Feed::close`] is the server's shutdown: every waiter answers at once
 //! with what it has, and the hub stops.
@@ -36,7 +36,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::heads::Heads;
+use crate::feed_heads::Heads;
 
 /// Wake-ups a slow waiter may fall behind by before it just re-reads.
 const CAPACITY: usize = 1024;

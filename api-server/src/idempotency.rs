@@ -5,7 +5,7 @@
 //!
 //! - The first request with a key claims it (a row in the store) and runs;
 //!   its answer is recorded, sealed with the server key, for
-//!   [`Integrations::idempotency_ttl`](crate::integrations::Integrations)
+//!   [`Integrations::idempotency_ttl`](crate::agent_integrations::Integrations)
 //!   (24 h by default).
 //! - The same key with the same request replays that answer: same status,
 //!   same body, plus `Idempotency-Replayed: true`.

@@ -28,6 +28,7 @@ use utoipa_axum::router::OpenApiRouter;
 use uuid::Uuid;
 
 pub mod access;
+pub mod agent_integrations;
 pub mod auth;
 pub mod availability;
 pub mod config;
@@ -37,9 +38,8 @@ pub mod event_schema;
 pub mod extract;
 pub mod fd_limit;
 pub mod feed;
-pub mod heads;
+pub mod feed_heads;
 pub mod idempotency;
-pub mod integrations;
 pub mod mcp;
 pub mod metrics;
 pub mod photo;
@@ -113,7 +113,7 @@ pub struct Settings {
     pub policy: Policy,
     pub photo_limits: PhotoLimits,
     pub rate_limit: rate_limit::RateLimitSettings,
-    pub integrations: integrations::Integrations,
+    pub integrations: agent_integrations::Integrations,
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
     pub public_origin: public_url::PublicOrigin,
 }
@@ -144,7 +144,7 @@ pub struct Shared {
     /// Per-credential request limits of the API routes.
     pub rate_limit: RateLimit,
     /// Idempotency-Key, SSE and webhook settings and the server key.
-    pub integrations: integrations::Integrations,
+    pub integrations: agent_integrations::Integrations,
     /// `Host` headers the MCP endpoint (`/mcp`) accepts.
     pub mcp_allowed_hosts: meatspace_mcp::AllowedHosts,
     /// API keys, worker token digests and task owners already read, which

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use meatspace_api::agent_integrations::Integrations;
 use meatspace_api::auth::DevKey;
 use meatspace_api::config::{Config, Database};
-use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::startup::{self, DataDirLock};
 use meatspace_api::{AppState, Settings, router, serve, telemetry};

@@ -165,7 +165,7 @@ impl Expiry {
             metrics::reconciled(NAME, started.elapsed());
             let (mut expired, mut unassigned) = (0u32, 0u32);
             for a in &applied {
-                match a.applied {
+                match a.reconciled {
                     Some(Due::Expire(reason)) => {
                         expired += 1;
                         let deadline = match reason {

@@ -7,7 +7,7 @@
 use anyhow::Context;
 use clap::Parser;
 use meatspace_controller::{Config, health, metrics, telemetry};
-use meatspace_store::{Backend, ConnectOptions, redact_url};
+use meatspace_store::{BackendKind, ConnectOptions, redact_url};
 use meatspace_store_connect::connect;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -40,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
     let store = connect(&config.database_url, policy, &options)
         .await
         .with_context(|| format!("open the store at {}", redact_url(&config.database_url)))?;
-    if store.backend() == Backend::Sqlite {
+    if store.backend() == BackendKind::Sqlite {
         tracing::warn!(
             "SQLite only signals changes within one process: deadlines that another process \
              (the API server) creates are seen within --max-sleep-seconds, not at once. The API \

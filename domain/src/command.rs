@@ -232,7 +232,7 @@ pub struct Decision {
     /// The photo to store, for photo commands.
     pub photo: Option<NewPhoto>,
     /// What the controller applied, for `Reconcile`.
-    pub applied: Option<Due>,
+    pub reconciled: Option<Due>,
 }
 
 /// Why a command is not allowed. Every variant is the client's or the
@@ -334,7 +334,7 @@ pub fn decide(
         events: Vec::new(),
         issue_changes: Vec::new(),
         photo: None,
-        applied: None,
+        reconciled: None,
     };
     let worker_id = task.worker_id;
 
@@ -489,7 +489,7 @@ pub fn decide(
         }
         Command::Reconcile => {
             let due = task.due(now).ok_or(Refusal::NothingDue)?;
-            d.applied = Some(due);
+            d.reconciled = Some(due);
             match due {
                 Due::Expire(reason) => d.end(
                     Expired,
@@ -1076,7 +1076,7 @@ mod tests {
     #[test]
     fn a_reopened_task_waits_for_a_new_claim_and_keeps_its_lifetime() {
         let d = run(&assigned(), Command::Reconcile, 500).unwrap();
-        assert_eq!(d.applied, Some(Due::Unassign));
+        assert_eq!(d.reconciled, Some(Due::Unassign));
         assert_eq!(d.task.expires_at, assigned().expires_at);
         assert_eq!(d.task.next_deadline(), Some(at(1000)));
         assert_eq!(d.events[0].actor, Actor::System);
@@ -1208,7 +1208,7 @@ mod tests {
 
         let d = run(&task(TaskState::Open), Command::Reconcile, 1000).unwrap();
         assert_eq!(d.task.state, TaskState::Expired);
-        assert_eq!(d.applied, Some(Due::Expire(ExpiryReason::Lifetime)));
+        assert_eq!(d.reconciled, Some(Due::Expire(ExpiryReason::Lifetime)));
         assert_eq!(d.events[0].actor, Actor::System);
 
         let d = run(&assigned(), Command::Reconcile, 600).unwrap();
@@ -1218,7 +1218,10 @@ mod tests {
         assert_eq!(kinds(&d), vec![EventType::TaskUnassigned]);
 
         let d = run(&active(), Command::Reconcile, 5000).unwrap();
-        assert_eq!(d.applied, Some(Due::Expire(ExpiryReason::ActiveTimeLimit)));
+        assert_eq!(
+            d.reconciled,
+            Some(Due::Expire(ExpiryReason::ActiveTimeLimit))
+        );
     }
 
     fn issue(status: IssueStatus) -> Context {

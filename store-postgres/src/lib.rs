@@ -37,16 +37,16 @@ use meatspace_domain::{
 use meatspace_store::engine::{self, Conditional};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, Backend, Change, ConnectOptions, NewTask, Store, StoreError, TaskReads, TaskVersions,
-    Worker, stored_event,
+    Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskReads,
+    TaskVersions, Worker, stored_event,
 };
 
-use crate::commands::Commands;
 use crate::creates::{Creates, NewRow};
+use crate::group_commit::GroupCommit;
 
-mod commands;
 mod creates;
 mod dialect;
+mod group_commit;
 mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
 #[path = "../../store/sql/identity.rs"]
@@ -89,8 +89,8 @@ pub struct PgStore {
     outages: Arc<Outages>,
     /// Concurrent creates are written together (see [`Creates`]).
     creates: Creates,
-    /// So are concurrent commands' conditional writes (see [`Commands`]).
-    commands: Commands,
+    /// So are concurrent commands' conditional writes (see [`GroupCommit`]).
+    commands: GroupCommit,
 }
 
 /// When the database was last seen unreachable.
@@ -177,7 +177,7 @@ impl PgStore {
             .connect_lazy(url)?;
         Ok(Self {
             creates: Creates::start(pool.clone(), CHANNEL),
-            commands: Commands::start(pool.clone()),
+            commands: GroupCommit::start(pool.clone()),
             pool,
             probe,
             policy,
@@ -214,7 +214,7 @@ impl PgStore {
             events: new_events,
             issue_changes,
             photo,
-            applied,
+            reconciled,
         } = d;
         let now = task.updated_at;
         if let Some(p) = &photo {
@@ -325,7 +325,7 @@ impl PgStore {
         Ok(Applied {
             task,
             events,
-            applied,
+            reconciled,
         })
     }
 }
@@ -539,7 +539,7 @@ impl PgStore {
                 Ok(Some(Applied {
                     task,
                     events,
-                    applied: d.applied,
+                    reconciled: d.reconciled,
                 }))
             })
             .collect()
@@ -643,7 +643,7 @@ impl PgStore {
             let Decision {
                 mut task,
                 events: new_events,
-                applied,
+                reconciled,
                 ..
             } = d;
             let e = new_events
@@ -660,7 +660,7 @@ impl PgStore {
                 Applied {
                     task,
                     events: vec![event],
-                    applied,
+                    reconciled,
                 },
             ));
         }
@@ -1205,8 +1205,8 @@ fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
 
 #[async_trait]
 impl Store for PgStore {
-    fn backend(&self) -> Backend {
-        Backend::Postgres
+    fn backend(&self) -> BackendKind {
+        BackendKind::Postgres
     }
 
     async fn create_task_with_webhook(

@@ -52,7 +52,7 @@ pub struct CheckpointCounts {
 
 /// What the thread and the writer share; the store reads the counts.
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct CheckpointState {
     /// The thread asked the writer to finish: set only after a pass, by the
     /// thread, and cleared only by the writer, after its checkpoint.
     catch_up: AtomicBool,
@@ -65,7 +65,7 @@ pub(crate) struct Shared {
 pub(crate) struct Checkpoints {
     /// A pass is wanted (the writer committed since the last one).
     nudge: SyncSender<()>,
-    shared: Arc<Shared>,
+    shared: Arc<CheckpointState>,
 }
 
 impl Checkpoints {
@@ -73,7 +73,7 @@ impl Checkpoints {
     /// the writer's file; it ends once the writer's side is dropped.
     pub(crate) fn spawn(conn: Connection) -> std::io::Result<Self> {
         let (nudge, nudged) = sync_channel(1);
-        let shared = Arc::<Shared>::default();
+        let shared = Arc::<CheckpointState>::default();
         let thread = shared.clone();
         std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
@@ -82,7 +82,7 @@ impl Checkpoints {
     }
 
     /// A handle on the counts, for the store to read.
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    pub(crate) fn shared(&self) -> Arc<CheckpointState> {
         self.shared.clone()
     }
 
@@ -112,7 +112,7 @@ impl Checkpoints {
 
 /// Checkpoint passes of the thread, one per nudge, none while the writer
 /// is asked to catch up.
-fn passes(conn: &Connection, nudged: &Receiver<()>, shared: &Shared) {
+fn passes(conn: &Connection, nudged: &Receiver<()>, shared: &CheckpointState) {
     let mut failing = false;
     while nudged.recv().is_ok() {
         if shared.catch_up.load(Ordering::Acquire) {
@@ -137,7 +137,7 @@ fn passes(conn: &Connection, nudged: &Receiver<()>, shared: &Shared) {
     }
 }
 
-impl Shared {
+impl CheckpointState {
     pub(crate) fn counts(&self) -> CheckpointCounts {
         CheckpointCounts {
             passes: self.passes.load(Ordering::Relaxed),

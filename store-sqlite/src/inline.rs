@@ -12,7 +12,7 @@
 //! busy machine), and a write queued behind another costs no wake-up at all.
 //!
 //! [`Inline`] implements the engine's [`Backend`] with statements that never
-//! wait, so the engine's code runs to its end in one poll: [`now`] polls it
+//! wait, so the engine's code runs to its end in one poll: [`run_to_end`] polls it
 //! once, and a write that would wait is an error, not a stall.
 
 use std::sync::{Mutex, MutexGuard};
@@ -30,11 +30,11 @@ use rusqlite::{Connection, Params, Row};
 use uuid::Uuid;
 
 use crate::identity::WORKER_COLUMNS;
-use crate::{Cells, TASK_COLUMNS, from_ms, issue_from_row, ms, opt_ms, task_from_row, uuid};
+use crate::{RowReader, TASK_COLUMNS, from_ms, issue_from_row, ms, opt_ms, task_from_row, uuid};
 
 /// Runs an engine write on an [`Inline`] backend to its end: its statements
 /// never wait, so one poll finishes it.
-pub fn now<T>(
+pub fn run_to_end<T>(
     write: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     write.now_or_never().unwrap_or_else(|| {
@@ -169,9 +169,9 @@ impl Inline {
         &self,
         statements: impl FnOnce(&Inline) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let tx = now(self.begin_write())?;
+        let tx = run_to_end(self.begin_write())?;
         let out = statements(self)?;
-        now(self.commit(tx))?;
+        run_to_end(self.commit(tx))?;
         Ok(out)
     }
 
@@ -226,7 +226,7 @@ impl Inline {
             events: new_events,
             issue_changes,
             photo,
-            applied,
+            reconciled,
         } = d;
         let now = task.updated_at;
         let id = task.id.to_string();
@@ -322,7 +322,7 @@ impl Inline {
         Ok(Applied {
             task,
             events,
-            applied,
+            reconciled,
         })
     }
 }
@@ -636,7 +636,7 @@ impl Backend for Inline {
     fn after_create(&self, _task_id: Uuid, _committed: bool) {}
 }
 
-impl Cells for Row<'_> {
+impl RowReader for Row<'_> {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
         self.get_ref(column)
             .and_then(|v| v.as_str_or_null().map_err(Into::into))

@@ -31,7 +31,7 @@ use meatspace_domain::{Command, Event, Issue, IssueKind, IssueStatus, Policy, Ta
 use meatspace_store::engine::{self, Backend as _};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, Backend, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, Worker,
+    Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, Worker,
     stored_event,
 };
 
@@ -253,7 +253,7 @@ impl SqliteStore {
 /// A row of either driver, read by column name: sqlx's for reads, the
 /// writer's rusqlite for the engine's writes (see [`inline`]), so that each
 /// table's codec is written once.
-pub(crate) trait Cells {
+pub(crate) trait RowReader {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError>;
     fn int(&self, column: &str) -> Result<Option<i64>, StoreError>;
 
@@ -276,7 +276,7 @@ pub(crate) trait Cells {
     }
 }
 
-impl Cells for SqliteRow {
+impl RowReader for SqliteRow {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
         Ok(self.try_get(column)?)
     }
@@ -286,7 +286,7 @@ impl Cells for SqliteRow {
     }
 }
 
-fn task_from_row(row: &impl Cells) -> Result<Task, StoreError> {
+fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
     let state_name = row.text("state")?;
     let open_issues = row.integer("open_issues")?;
     Ok(Task {
@@ -326,7 +326,7 @@ fn event_data(row: &SqliteRow) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))
 }
 
-fn issue_from_row(row: &impl Cells) -> Result<Issue, StoreError> {
+fn issue_from_row(row: &impl RowReader) -> Result<Issue, StoreError> {
     let kind = row.text("kind")?;
     let status = row.text("status")?;
     Ok(Issue {
@@ -343,8 +343,8 @@ fn issue_from_row(row: &impl Cells) -> Result<Issue, StoreError> {
 
 #[async_trait]
 impl Store for SqliteStore {
-    fn backend(&self) -> Backend {
-        Backend::Sqlite
+    fn backend(&self) -> BackendKind {
+        BackendKind::Sqlite
     }
 
     async fn create_task_with_webhook(
@@ -354,7 +354,7 @@ impl Store for SqliteStore {
     ) -> Result<Task, StoreError> {
         let url = webhook_url.to_owned();
         self.writes
-            .run(move |db| inline::now(engine::create_task(db, new, Some(&url))))
+            .run(move |db| inline::run_to_end(engine::create_task(db, new, Some(&url))))
             .await
     }
 
@@ -398,7 +398,7 @@ impl Store for SqliteStore {
     ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
         let claim = claim.clone();
         self.writes
-            .run(move |db| inline::now(engine::idempotency_begin(db, &claim)))
+            .run(move |db| inline::run_to_end(engine::idempotency_begin(db, &claim)))
             .await
     }
 
@@ -443,7 +443,7 @@ impl Store for SqliteStore {
     #[tracing::instrument(level = "debug", skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
         self.writes
-            .run(move |db| inline::now(engine::create_task(db, new, None)))
+            .run(move |db| inline::run_to_end(engine::create_task(db, new, None)))
             .await
     }
 
@@ -456,7 +456,9 @@ impl Store for SqliteStore {
     ) -> Result<Applied, StoreError> {
         let policy = self.policy;
         self.writes
-            .run(move |db| inline::now(engine::apply(db, task_id, command, None, now, &policy)))
+            .run(move |db| {
+                inline::run_to_end(engine::apply(db, task_id, command, None, now, &policy))
+            })
             .await
     }
 
@@ -470,7 +472,9 @@ impl Store for SqliteStore {
     ) -> Result<Applied, StoreError> {
         let policy = self.policy;
         self.writes
-            .run(move |db| inline::now(engine::apply(db, task_id, command, Some(by), now, &policy)))
+            .run(move |db| {
+                inline::run_to_end(engine::apply(db, task_id, command, Some(by), now, &policy))
+            })
             .await
     }
 
@@ -485,7 +489,7 @@ impl Store for SqliteStore {
         let policy = self.policy;
         self.writes
             .run(move |db| {
-                inline::now(engine::apply_audited(
+                inline::run_to_end(engine::apply_audited(
                     db, task_id, command, by, &audit, &policy,
                 ))
             })
@@ -512,7 +516,7 @@ impl Store for SqliteStore {
         };
         self.writes
             .run(move |db| {
-                inline::now(async {
+                inline::run_to_end(async {
                     let mut tx = db.begin_write().await?;
                     db.insert_worker(&mut tx, &worker, &token_hash).await?;
                     db.commit(tx).await?;
@@ -530,7 +534,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Applied>, StoreError> {
         let policy = self.policy;
         self.writes
-            .run(move |db| inline::now(engine::reconcile_due(db, now, limit, &policy)))
+            .run(move |db| inline::run_to_end(engine::reconcile_due(db, now, limit, &policy)))
             .await
     }
 
@@ -648,7 +652,9 @@ impl Store for SqliteStore {
             suspended_at: None,
         };
         self.writes
-            .run(move |db| inline::now(engine::redeem_invite(db, invite_id, worker, &token_hash)))
+            .run(move |db| {
+                inline::run_to_end(engine::redeem_invite(db, invite_id, worker, &token_hash))
+            })
             .await
     }
 
@@ -659,7 +665,7 @@ impl Store for SqliteStore {
     ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
         let request = request.clone();
         self.writes
-            .run(move |db| inline::now(engine::create_requested_task(db, new, &request)))
+            .run(move |db| inline::run_to_end(engine::create_requested_task(db, new, &request)))
             .await
     }
 
@@ -682,7 +688,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Worker>, StoreError> {
         let policy = self.policy;
         self.writes
-            .run(move |db| inline::now(engine::suspend_worker(db, id, &audit, &policy)))
+            .run(move |db| inline::run_to_end(engine::suspend_worker(db, id, &audit, &policy)))
             .await
     }
 }

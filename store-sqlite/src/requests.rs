@@ -40,7 +40,7 @@ pub(crate) async fn requested_among(
     Ok(found)
 }
 
-pub(crate) fn from_row(row: &impl crate::Cells) -> Result<TaskRequest, StoreError> {
+pub(crate) fn from_row(row: &impl crate::RowReader) -> Result<TaskRequest, StoreError> {
     Ok(TaskRequest {
         resource_uid: row.text("resource_uid")?.to_owned(),
         task_id: parse_uuid(row.text("task_id")?)?,

@@ -8,7 +8,7 @@ use meatspace_store::webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookStat
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use crate::Cells;
+use crate::RowReader;
 use crate::inline::Inline;
 
 fn ms(t: DateTime<Utc>) -> i64 {

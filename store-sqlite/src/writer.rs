@@ -62,12 +62,12 @@ const QUEUE: usize = 1024;
 /// A write's place in the queue: a write that borrows the sqlx connection
 /// for its statements, or an inline job the writer runs itself.
 enum Ticket {
-    Lend(Turn),
+    Lend(LentWrite),
     Inline(Box<dyn Job>),
 }
 
 /// A lending write's place in the queue.
-struct Turn {
+struct LentWrite {
     /// Where the writer sends the transaction when the write's turn comes.
     turn: oneshot::Sender<Result<WriteTx, StoreError>>,
     /// The write is one statement (see [`Writer::begin_statement`]).
@@ -79,13 +79,13 @@ type Reply = oneshot::Sender<Result<(), StoreError>>;
 
 /// How an inline job that committed into its batch answers, once the batch
 /// is settled: with the batch's outcome.
-pub(crate) type Settle = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+pub(crate) type AnswerAfterBatch = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 /// An inline write (see [`crate::inline`]), queued.
 pub(crate) trait Job: Send {
     /// Runs the write on `db`, unless its caller has gone (`None`); how to
     /// answer it once its batch is settled.
-    fn run(self: Box<Self>, db: &Inline) -> Option<Settle>;
+    fn run(self: Box<Self>, db: &Inline) -> Option<AnswerAfterBatch>;
 
     /// Answers the write with `e` without running it.
     fn fail(self: Box<Self>, e: StoreError);
@@ -102,7 +102,7 @@ where
     F: FnOnce(&Inline) -> Result<T, StoreError> + Send,
     T: Send + 'static,
 {
-    fn run(self: Box<Self>, db: &Inline) -> Option<Settle> {
+    fn run(self: Box<Self>, db: &Inline) -> Option<AnswerAfterBatch> {
         let Closure { write, reply } = *self;
         if reply.is_closed() {
             return None;
@@ -170,7 +170,7 @@ impl Counters {
 pub(crate) struct Writer {
     queue: mpsc::Sender<Ticket>,
     counters: Arc<Counters>,
-    checkpointed: Arc<checkpoint::Shared>,
+    checkpointed: Arc<checkpoint::CheckpointState>,
     /// How long a write waits for its turn before the store reports the
     /// database unavailable (as a pool's acquire timeout does).
     wait: Duration,
@@ -251,7 +251,7 @@ impl Writer {
 
     async fn enqueue(&self, one_statement: bool) -> Result<WriteTx, StoreError> {
         let (turn_tx, turn) = oneshot::channel();
-        let ticket = Ticket::Lend(Turn {
+        let ticket = Ticket::Lend(LentWrite {
             turn: turn_tx,
             one_statement,
         });
@@ -302,12 +302,12 @@ fn gone() -> StoreError {
 /// the batch's transaction. Dereferences to the connection for queries.
 pub struct WriteTx {
     conn: Option<PoolConnection<Sqlite>>,
-    back: Option<oneshot::Sender<Handback>>,
+    back: Option<oneshot::Sender<ReturnedWrite>>,
     touched: Vec<Change>,
 }
 
 /// What a write hands back to the writer, with the connection.
-struct Handback {
+struct ReturnedWrite {
     conn: PoolConnection<Sqlite>,
     end: End,
     touched: Vec<Change>,
@@ -353,7 +353,7 @@ impl WriteTx {
             return;
         };
         let touched = std::mem::take(&mut self.touched);
-        if let Err(mut lost) = back.send(Handback { conn, end, touched }) {
+        if let Err(mut lost) = back.send(ReturnedWrite { conn, end, touched }) {
             // The writer is gone mid-batch: the connection must not go back
             // to the pool inside its open transaction.
             lost.conn.close_on_drop();
@@ -463,7 +463,11 @@ impl WriterThread {
 
     /// Serves a batch of lending writes starting with `first`; the queued
     /// write of the other kind that ended it, if one did.
-    async fn lend(&mut self, first: Turn, jobs: &mut mpsc::Receiver<Ticket>) -> Option<Ticket> {
+    async fn lend(
+        &mut self,
+        first: LentWrite,
+        jobs: &mut mpsc::Receiver<Ticket>,
+    ) -> Option<Ticket> {
         if first.turn.is_closed() {
             return None;
         }
@@ -551,7 +555,7 @@ impl WriterThread {
 /// savepoint, undone alone when it fails or writes nothing; then announces
 /// what the committed ones changed and answers them.
 fn run_inline(db: &Inline, jobs: Vec<Box<dyn Job>>, announcer: &Announcer, counters: &Counters) {
-    let mut waiting: Vec<Settle> = Vec::new();
+    let mut waiting: Vec<AnswerAfterBatch> = Vec::new();
     let mut touched = Vec::new();
     let mut open = false;
     let mut jobs = jobs.into_iter();
@@ -625,7 +629,7 @@ fn run_inline(db: &Inline, jobs: Vec<Box<dyn Job>>, announcer: &Announcer, count
 
 /// Rolls the inline batch's transaction back and answers every write
 /// committed into it with `e`.
-fn abort_inline(db: &Inline, waiting: &mut Vec<Settle>, e: &StoreError) {
+fn abort_inline(db: &Inline, waiting: &mut Vec<AnswerAfterBatch>, e: &StoreError) {
     if db.in_transaction() {
         // Failing too leaves the connection in a transaction, which the next
         // batch's BEGIN reports.
@@ -662,8 +666,8 @@ struct Batch {
 impl Batch {
     /// Serves one write; false when the batch cannot go on (the connection
     /// was leaked with a write, or a rollback failed).
-    async fn serve(&mut self, ticket: Turn) -> bool {
-        let Turn {
+    async fn serve(&mut self, ticket: LentWrite) -> bool {
+        let LentWrite {
             turn,
             one_statement,
         } = ticket;
@@ -688,7 +692,7 @@ impl Batch {
             let _ = turn.send(Err(e));
             return !self.broken;
         }
-        let (back, handback) = oneshot::channel();
+        let (back, returned) = oneshot::channel();
         let tx = WriteTx {
             conn: self.conn.take(),
             back: Some(back),
@@ -697,7 +701,7 @@ impl Batch {
         // A caller that went away just now drops the transaction unsent, and
         // its drop hands the connection back as abandoned.
         drop(turn.send(Ok(tx)));
-        let Ok(Handback { conn, end, touched }) = handback.await else {
+        let Ok(ReturnedWrite { conn, end, touched }) = returned.await else {
             // Leaked with the connection in it: this batch cannot go on.
             self.open = false;
             let e = StoreError::Corrupt("a write kept the write connection".into());

@@ -256,7 +256,7 @@ async fn a_failed_commit_fails_every_write_of_its_batch() {
         tokio::spawn(async move {
             store
                 .write_inline(|db| {
-                    inline::now(async {
+                    inline::run_to_end(async {
                         let tx = db.begin_write().await?;
                         db.execute("PRAGMA defer_foreign_keys = ON")?;
                         db.execute(ORPHAN_EVENT)?;

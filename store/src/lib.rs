@@ -42,7 +42,7 @@ pub use webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
 
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub enum BackendKind {
     Postgres,
     Sqlite,
 }
@@ -206,8 +206,8 @@ impl std::fmt::Debug for Photo {
 pub struct Applied {
     pub task: Task,
     pub events: Vec<Event>,
-    /// What a `Reconcile` command did.
-    pub applied: Option<meatspace_domain::Due>,
+    /// Which deadline a `Reconcile` command applied; `None` for any other.
+    pub reconciled: Option<meatspace_domain::Due>,
 }
 
 /// What an agent's poll of a task's feed needs, read in one statement (one
@@ -257,7 +257,7 @@ pub struct Session {
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
 pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
-    fn backend(&self) -> Backend;
+    fn backend(&self) -> BackendKind;
 
     /// Checks the database answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;

@@ -13,9 +13,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use meatspace_api::agent_integrations::Integrations;
 use meatspace_api::auth::DevKey;
 use meatspace_api::feed::Feed;
-use meatspace_api::integrations::Integrations;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_api::rate_limit::RateLimitSettings;
 use meatspace_api::{AppState, ServeOptions, router, serve};

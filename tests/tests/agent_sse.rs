@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use meatspace_api::integrations::Integrations;
+use meatspace_api::agent_integrations::Integrations;
 use meatspace_domain::Policy;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;

@@ -19,7 +19,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
-use meatspace_api::integrations::Integrations;
+use meatspace_api::agent_integrations::Integrations;
 use meatspace_controller::ControllerConfig;
 use meatspace_controller::webhooks::WebhookSettings;
 use meatspace_store::secret::ServerKey;

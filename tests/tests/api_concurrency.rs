@@ -362,7 +362,7 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
 }
 
 /// The server answers an empty poll of a task it knows from memory (see
-/// `meatspace_api::heads`). That knowledge must never be older than a write
+/// `meatspace_api::feed_heads`). That knowledge must never be older than a write
 /// the server acknowledged: a message answered 200, a write through the
 /// server's own store (the embedded controller's path) and, as soon as the
 /// notification arrives, a write by another process (a second store on the

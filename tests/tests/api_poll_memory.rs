@@ -1,4 +1,4 @@
-//! Empty polls answered from the server's memory (`crate::heads` in the API
+//! Empty polls answered from the server's memory (`crate::feed_heads` in the API
 //! server) keep working after the server restarts on a database that already
 //! holds data: for a task created before the restart and for one created
 //! after it. Every production server restarts, and every benchmark used to

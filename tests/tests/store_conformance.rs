@@ -25,7 +25,7 @@ use meatspace_domain::{
     IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Task, TaskState,
 };
 use meatspace_store::token::{self, TokenHash};
-use meatspace_store::{Applied, Backend, ConnectOptions, NewTask, OpenTasksCursor};
+use meatspace_store::{Applied, BackendKind, ConnectOptions, NewTask, OpenTasksCursor};
 use meatspace_store::{Change, Store, StoreError};
 use meatspace_store_connect::connect;
 use meatspace_tests::TestDb;
@@ -543,8 +543,8 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     .expect("create session");
 
     let backend = match s.backend() {
-        Backend::Postgres => meatspace_tests::Db::Postgres,
-        Backend::Sqlite => meatspace_tests::Db::Sqlite,
+        BackendKind::Postgres => meatspace_tests::Db::Postgres,
+        BackendKind::Sqlite => meatspace_tests::Db::Sqlite,
     };
     let stored = meatspace_tests::stored_bytes(backend, &db.url).await;
     // The data is there, so the absence of the tokens means something.
@@ -592,7 +592,7 @@ async fn lifecycle_to_completion(store: Arc<dyn Store>) {
     let step = |applied: &Applied, state: TaskState, kind: EventType| {
         assert_eq!(applied.task.state, state);
         assert_eq!(kinds(&applied.events), [kind]);
-        assert_eq!(applied.applied, None);
+        assert_eq!(applied.reconciled, None);
         assert_eq!(applied.task.last_event_id, applied.events[0].id);
     };
 
@@ -1066,7 +1066,10 @@ async fn reconcile_command_applies_only_what_is_due(store: Arc<dyn Store>) {
     refused(s, open.id, reconcile(), LIFETIME - 1, Refusal::NothingDue).await;
     let expired = ok(s, open.id, reconcile(), LIFETIME).await;
     assert_eq!(expired.task.state, TaskState::Expired);
-    assert_eq!(expired.applied, Some(Due::Expire(ExpiryReason::Lifetime)));
+    assert_eq!(
+        expired.reconciled,
+        Some(Due::Expire(ExpiryReason::Lifetime))
+    );
     assert_eq!(expired.task.ended_at, Some(at(LIFETIME)));
 
     let (assigned, w) = task_in(s, TaskState::Assigned).await;
@@ -1080,7 +1083,7 @@ async fn reconcile_command_applies_only_what_is_due(store: Arc<dyn Store>) {
     )
     .await;
     let reopened = ok(s, assigned.id, reconcile(), start_by).await;
-    assert_eq!(reopened.applied, Some(Due::Unassign));
+    assert_eq!(reopened.reconciled, Some(Due::Unassign));
     assert_eq!(reopened.task.state, TaskState::Open);
     assert_eq!(reopened.task.worker_id, None);
     assert_eq!(reopened.task.assigned_at, None);
@@ -1095,7 +1098,7 @@ async fn reconcile_command_applies_only_what_is_due(store: Arc<dyn Store>) {
     refused(s, active.id, reconcile(), until - 1, Refusal::NothingDue).await;
     let timed_out = ok(s, active.id, reconcile(), until).await;
     let reason = ExpiryReason::ActiveTimeLimit;
-    assert_eq!(timed_out.applied, Some(Due::Expire(reason)));
+    assert_eq!(timed_out.reconciled, Some(Due::Expire(reason)));
     assert_eq!(timed_out.task.state, TaskState::Expired);
 }
 
@@ -1503,7 +1506,7 @@ async fn a_feed_read_is_the_token_state_and_page_together(store: Arc<dyn Store>)
 
 /// Every committed change of a task bumps its counter before the call
 /// returns (what lets the API trust a cached feed head, see
-/// `meatspace_api::heads`).
+/// `meatspace_api::feed_heads`).
 async fn every_write_bumps_the_task_s_version(store: Arc<dyn Store>) {
     let s = &*store;
     let versions = s.versions().expect("both backends keep change counters");
@@ -1644,7 +1647,7 @@ async fn reconcile_due_applies_due_deadlines_in_order(store: Arc<dyn Store>) {
         }
         let summary: Vec<_> = applied
             .iter()
-            .map(|a| (a.task.id, a.applied, a.task.state, kinds(&a.events)))
+            .map(|a| (a.task.id, a.reconciled, a.task.state, kinds(&a.events)))
             .collect();
         summary
     };
@@ -1744,7 +1747,7 @@ async fn reconcile_due_clears_a_backlog_in_one_pass(store: Arc<dyn Store>) {
             let due = Due::Expire(ExpiryReason::ActiveTimeLimit);
             (due, TaskState::Expired, EventType::TaskExpired)
         };
-        assert_eq!((a.applied, a.task.state), (Some(due), state));
+        assert_eq!((a.reconciled, a.task.state), (Some(due), state));
         assert_eq!(kinds(&a.events), [kind]);
         assert_eq!(read(s, id).await.as_ref(), Some(&a.task));
         let feed = all_events(s, id).await;

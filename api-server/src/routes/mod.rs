@@ -329,7 +329,7 @@ fn memory_answers() -> &'static metrics::Counter {
 /// authenticated here rather than by an extractor, so that a page read from
 /// the database costs one statement ([`Store::feed_read`]: token digest,
 /// state and events together) and an empty page of a task whose head is
-/// known costs none ([`crate::heads`]). Answers exactly as
+/// known costs none ([`crate::feed_heads`]). Answers exactly as
 /// [`crate::auth::AgentAuth`] followed by [`event_feed`] would: 401 for a
 /// wrong token, 404 for another task's token or a task that is gone, and
 /// only then 400 for a bad query.
@@ -392,7 +392,7 @@ pub async fn agent_event_feed(
                 heads.remember(
                     id,
                     stamp,
-                    crate::heads::Head {
+                    crate::feed_heads::Head {
                         agent_token_hash: read.agent_token_hash,
                         state: read.state,
                         last_event_id: read.last_event_id,

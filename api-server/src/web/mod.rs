@@ -337,7 +337,7 @@ struct FeedItem {
 
 /// Which form an error belongs to, and what the person had typed.
 #[derive(Debug, Default)]
-struct Typed {
+struct TypedInput {
     form: &'static str,
     error: Option<String>,
     message: String,
@@ -347,12 +347,12 @@ struct Typed {
     reason: String,
 }
 
-impl Typed {
+impl TypedInput {
     /// A submission of `form` that carried no text worth showing again.
     fn of(form: &'static str) -> Self {
-        Typed {
+        TypedInput {
             form,
-            ..Typed::default()
+            ..TypedInput::default()
         }
     }
 }
@@ -377,7 +377,7 @@ struct TaskPage {
     issue_kinds: Vec<(&'static str, &'static str)>,
     max_photo_bytes: usize,
     max_photo_mb: String,
-    typed: Typed,
+    typed: TypedInput,
 }
 
 impl TaskPage {
@@ -770,7 +770,7 @@ async fn render_task(
     state: &AppState,
     s: &WorkerSession,
     id: Uuid,
-    typed: Typed,
+    typed: TypedInput,
     status: StatusCode,
 ) -> Result<Response, AppError> {
     let me = s.worker.id;
@@ -832,7 +832,7 @@ async fn task_page(
     s: WorkerSession,
     TaskId(id): TaskId,
 ) -> Result<Response, AppError> {
-    render_task(&state, &s, id, Typed::default(), StatusCode::OK).await
+    render_task(&state, &s, id, TypedInput::default(), StatusCode::OK).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -886,7 +886,7 @@ async fn act_or_show(
     state: &AppState,
     s: &WorkerSession,
     id: Uuid,
-    mut typed: Typed,
+    mut typed: TypedInput,
     result: Result<(), ApiError>,
 ) -> Result<Response, AppError> {
     match result {
@@ -925,7 +925,7 @@ async fn claim(
              Pick another one from the open tasks."
                 .into(),
         )),
-        Err(e) => act_or_show(&state, &s, id, Typed::of("claim"), Err(e)).await,
+        Err(e) => act_or_show(&state, &s, id, TypedInput::of("claim"), Err(e)).await,
     }
 }
 
@@ -939,7 +939,7 @@ async fn start(
 ) -> Result<Response, AppError> {
     let worker = s.worker.id;
     let result = run(&state, id, Command::Start { worker }).await;
-    act_or_show(&state, &s, id, Typed::of("start"), result).await
+    act_or_show(&state, &s, id, TypedInput::of("start"), result).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -970,10 +970,10 @@ async fn send_message(
         Ok(text) => run(&state, id, Command::Message { worker, text }).await,
         Err(e) => Err(e),
     };
-    let typed = Typed {
+    let typed = TypedInput {
         form: "message",
         message: form.text,
-        ..Typed::default()
+        ..TypedInput::default()
     };
     act_or_show(&state, &s, id, typed, result).await
 }
@@ -995,11 +995,11 @@ async fn raise_issue(
         (_, Err(e)) => Err(e),
         (Some(kind), Ok(text)) => run(&state, id, Command::RaiseIssue { worker, kind, text }).await,
     };
-    let typed = Typed {
+    let typed = TypedInput {
         form: "issue",
         issue_kind: form.kind,
         issue_text: form.text,
-        ..Typed::default()
+        ..TypedInput::default()
     };
     act_or_show(&state, &s, id, typed, result).await
 }
@@ -1018,10 +1018,10 @@ async fn complete(
         Ok(note) => run(&state, id, Command::Complete { worker, note }).await,
         Err(e) => Err(e),
     };
-    let typed = Typed {
+    let typed = TypedInput {
         form: "complete",
         note: form.text,
-        ..Typed::default()
+        ..TypedInput::default()
     };
     act_or_show(&state, &s, id, typed, result).await
 }
@@ -1046,10 +1046,10 @@ async fn stop(
             Err(e) => Err(e),
         }
     };
-    let typed = Typed {
+    let typed = TypedInput {
         form: "stop",
         reason: form.text,
-        ..Typed::default()
+        ..TypedInput::default()
     };
     act_or_show(&state, &s, id, typed, result).await
 }
@@ -1112,7 +1112,7 @@ async fn send_photo(
         }
         (None, _) => Err(ApiError::invalid("choose a photo first")),
     };
-    act_or_show(&state, &s, id, Typed::of("photo"), result).await
+    act_or_show(&state, &s, id, TypedInput::of("photo"), result).await
 }
 
 #[cfg(test)]

@@ -56,11 +56,11 @@ struct Queued {
 /// The queue of conditional writes and its writers; the writers stop when
 /// the last clone of the queue is dropped.
 #[derive(Debug, Clone)]
-pub(super) struct Commands {
+pub(super) struct GroupCommit {
     queue: mpsc::UnboundedSender<Queued>,
 }
 
-impl Commands {
+impl GroupCommit {
     /// Starts the writers, which use `pool`.
     pub fn start(pool: PgPool) -> Self {
         let (queue, queued) = mpsc::unbounded_channel();
@@ -68,7 +68,7 @@ impl Commands {
         for _ in 0..WRITERS {
             tokio::spawn(write_groups(pool.clone(), Arc::clone(&queued)));
         }
-        Commands { queue }
+        GroupCommit { queue }
     }
 
     /// Writes `decision`, decided on `before`, if the task is still
