@@ -58,7 +58,12 @@ pub async fn client(settings: &MirrorSettings) -> Result<kube::Client, Error> {
 
 /// Mirrors tasks (and reconciles requested ones) until shutdown, while
 /// leading when a Lease is set.
-pub(crate) async fn run(store: Arc<dyn Store>, settings: MirrorSettings, mut shutdown: Shutdown) {
+pub(crate) async fn run(
+    store: Arc<dyn Store>,
+    settings: MirrorSettings,
+    clock: meatspace_domain::clock::Clock,
+    mut shutdown: Shutdown,
+) {
     let client = loop {
         match client(&settings).await {
             Ok(c) => break c,
@@ -105,7 +110,9 @@ pub(crate) async fn run(store: Arc<dyn Store>, settings: MirrorSettings, mut shu
                         .as_ref()
                         .map_or_else(|| FIELD_MANAGER.to_owned(), |l| l.identity.clone());
                     let namespace = settings.namespace.clone();
-                    requests::run(store.clone(), client.clone(), namespace, r, identity).await;
+                    let clock = clock.clone();
+                    requests::run(store.clone(), client.clone(), namespace, r, clock, identity)
+                        .await;
                 }
                 None => std::future::pending().await,
             }

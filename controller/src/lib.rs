@@ -145,9 +145,10 @@ pub async fn run(
     }
     #[cfg(feature = "kubernetes")]
     if let Some(settings) = config.mirror.clone() {
+        let clock = config.clock.clone();
         reconcilers.spawn(supervisor::supervise(
             "mirror",
-            move |s| kubernetes::run(store.clone(), settings.clone(), s),
+            move |s| kubernetes::run(store.clone(), settings.clone(), clock.clone(), s),
             Shutdown(stopped),
         ));
     }

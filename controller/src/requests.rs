@@ -53,8 +53,9 @@ use meatspace_crds::{
     MeatspaceTask, MeatspaceTaskStatus, OpenIssue, Origin, ResponseAction, ResponseResult,
     ResponseStatus, condition,
 };
+use meatspace_domain::clock::Clock;
 use meatspace_domain::{
-    Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Task, TaskState, clock,
+    Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Task, TaskState,
 };
 use meatspace_store::token::{self, TokenHash};
 use meatspace_store::{Change, Store, StoreError};
@@ -94,6 +95,8 @@ struct Context {
     client: kube::Client,
     namespace: String,
     settings: RequestSettings,
+    /// Where the time is read (the controller's clock).
+    clock: Clock,
     recorder: Option<Recorder>,
     /// Task id → its resource, for routing the store's changes; filled by
     /// every reconcile that knows the task (before it writes anything).
@@ -124,6 +127,7 @@ pub(crate) async fn run(
     client: kube::Client,
     namespace: String,
     settings: RequestSettings,
+    clock: Clock,
     identity: String,
 ) {
     let api: Api<MeatspaceTask> = Api::namespaced(client.clone(), &namespace);
@@ -141,6 +145,7 @@ pub(crate) async fn run(
         client,
         namespace: namespace.clone(),
         settings,
+        clock,
         recorder,
         resources: Mutex::default(),
     });
@@ -236,7 +241,7 @@ async fn cleanup(obj: &MeatspaceTask, ctx: &Context) -> Result<Action, Error> {
                 Command::Cancel {
                     reason: Some("the MeatspaceTask resource was deleted".to_owned()),
                 },
-                clock::now(),
+                ctx.clock.now(),
             )
             .await
         {
@@ -295,7 +300,7 @@ async fn apply(obj: &MeatspaceTask, ctx: &Context) -> Result<Action, Error> {
                         false,
                         not_created.reason,
                         not_created.message,
-                        clock::now(),
+                        ctx.clock.now(),
                     ),
                 );
                 write_status(obj, status, ctx).await?;
@@ -353,7 +358,7 @@ async fn apply(obj: &MeatspaceTask, ctx: &Context) -> Result<Action, Error> {
             applied,
             reason,
             message,
-            clock::now(),
+            ctx.clock.now(),
         ),
     );
     status.conditions = conditions;
@@ -389,7 +394,7 @@ async fn create(
         Ok(pair) => pair,
         Err(not_created) => return Ok(Err(not_created)),
     };
-    let now = clock::now();
+    let now = ctx.clock.now();
     // The namespace is the agent: its tasks belong to its principal.
     let owner = meatspace_store::identity::namespace_principal(&ctx.namespace);
     ctx.store.ensure_principal(&owner, now).await?;
@@ -519,7 +524,10 @@ async fn drive(
     let spec = &obj.spec;
     let mut problem = None;
     if spec.publish == Some(true) && task.state == TaskState::Draft {
-        match store.apply(task.id, Command::Publish, clock::now()).await {
+        match store
+            .apply(task.id, Command::Publish, ctx.clock.now())
+            .await
+        {
             Ok(applied) => task = applied.task,
             Err(StoreError::Refused(r)) => problem = Some(("PublishRefused", r.to_string())),
             Err(e) => return Err(e.into()),
@@ -550,7 +558,7 @@ async fn drive(
                     action,
                     text: response.text.clone(),
                 };
-                match store.apply(task.id, command, clock::now()).await {
+                match store.apply(task.id, command, ctx.clock.now()).await {
                     Ok(applied) => {
                         task = applied.task;
                         Ok(())
@@ -588,7 +596,7 @@ async fn drive(
             .apply(
                 task.id,
                 Command::Extend(Extension::Until(until)),
-                clock::now(),
+                ctx.clock.now(),
             )
             .await
         {
@@ -603,7 +611,7 @@ async fn drive(
         let command = Command::Cancel {
             reason: Some("spec.cancel of the MeatspaceTask resource".to_owned()),
         };
-        match store.apply(task.id, command, clock::now()).await {
+        match store.apply(task.id, command, ctx.clock.now()).await {
             Ok(applied) => task = applied.task,
             // Ended meanwhile (e.g. completed): nothing left to cancel.
             Err(StoreError::Refused(_)) => {
