@@ -548,7 +548,7 @@ pub async fn verify_worker_token(state: &AppState, token: &str) -> Result<Uuid, 
 /// - **Agent tokens.** A task's digest is written once, when the task is
 ///   created, and never updated. Retention's purge deletes the task but
 ///   keeps the digest as a tombstone (`purged_tasks`), and
-///   [`Store::agent_token_hash`](meatspace_store::Store::agent_token_hash)
+///   [`TaskReads::agent_token_hash`](meatspace_store::Store::agent_token_hash)
 ///   reads the tombstone too, so a purge does not change its answer:
 ///   the token still authenticates, and the command or read it authorizes
 ///   still goes to the store, which answers that the task is gone (404),

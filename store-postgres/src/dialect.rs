@@ -17,6 +17,21 @@ pub(crate) type Row = PgRow;
 pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 pub(crate) type Store = crate::PgStore;
 
+/// The engine's backend: the store itself.
+pub(crate) type Engine = crate::PgStore;
+
+/// Runs an engine operation on the store, with its policy.
+pub(crate) async fn engine<T>(
+    store: &Store,
+    op: impl for<'a> FnOnce(
+        &'a Engine,
+        &'a meatspace_domain::Policy,
+    ) -> futures::future::BoxFuture<'a, Result<T, StoreError>>
+    + Send,
+) -> Result<T, StoreError> {
+    op(store, &store.policy).await
+}
+
 /// Where reads go.
 pub(crate) fn reader(store: &Store) -> &Pool {
     &store.pool

@@ -7,12 +7,12 @@
 //! Row locks do the coordination. Every write of a task takes `FOR UPDATE`
 //! on its row before it appends events, so concurrent writers to one task
 //! queue up and its event ids (from one identity sequence) commit in
-//! ascending order. [`Store::apply`] mostly decides on a task read without
+//! ascending order. [`meatspace_store::EngineWrites::apply`] mostly decides on a task read without
 //! the lock (or on the copy it wrote last) and then writes with one
 //! statement that takes the lock and writes only if the task is still as
 //! read (see [`PgStore::write_in_one_statement`]); otherwise it reads the
 //! task and decides again.
-//! [`Store::reconcile_due`] takes `FOR UPDATE SKIP LOCKED` on a batch of due
+//! [`meatspace_store::EngineWrites::reconcile_due`] takes `FOR UPDATE SKIP LOCKED` on a batch of due
 //! rows, so several controller replicas split the due work without waiting
 //! for each other and never act on the same task twice. Every task change
 //! sends `NOTIFY meatspace_tasks` with the task id, delivered on commit.
@@ -49,6 +49,8 @@ mod dialect;
 mod group_commit;
 mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/engine_writes.rs"]
+mod engine_writes;
 #[path = "../../store/sql/identity.rs"]
 mod identity;
 #[path = "../../store/sql/reads.rs"]
@@ -82,7 +84,7 @@ pub struct PgStore {
     policy: Policy,
     /// Bumped after every commit that touches a task (see [`TaskVersions`]).
     versions: Arc<TaskVersions>,
-    /// The tasks as this store last wrote them, for [`Store::apply`]'s
+    /// The tasks as this store last wrote them, for [`meatspace_store::EngineWrites::apply`]'s
     /// first try (see [`KnownTasks`]).
     known: Arc<KnownTasks>,
     /// When `ping` last failed: older pooled connections are not reused.
@@ -716,6 +718,27 @@ impl PgStore {
 /// The SQL of [`meatspace_store::engine`]'s command path, with PostgreSQL's
 /// faster overrides: the copies of tasks this store wrote ([`KnownTasks`]),
 /// and the one-statement conditional write.
+///
+/// A command reaches the same result one of two ways (see
+/// [`meatspace_store::EngineWrites::apply`]'s contract):
+///
+/// - **Optimistic** (most commands, two round trips, or one): read the
+///   task without a lock, [`decide`](meatspace_domain::decide), and write with
+///   [`PgStore::write_in_one_statement`], which locks the row first and
+///   writes only if the task is still as read. If it is not (another
+///   writer committed in between), nothing was written: read and decide
+///   again, since the decision may now be different (the losing
+///   claimant of a task is refused). A refusal is an answer as good as
+///   the locking path's: it is about a committed state of the task at a
+///   moment within this call. The first try uses this store's own copy
+///   of the task instead of reading it, when it has one
+///   ([`KnownTasks`]); that try's refusals are no answer.
+/// - **Locking** (issues, photos, answers to issues, decisions that do
+///   more than append events and close issues, and after a few lost
+///   races): `BEGIN`, `SELECT … FOR UPDATE`, decide, write, `COMMIT`.
+///
+/// The engine ([`meatspace_store::engine::apply`]) runs both and makes
+/// every decision; this store provides the SQL.
 #[async_trait]
 impl engine::Backend for PgStore {
     type Tx = Transaction<'static, Postgres>;
@@ -1019,7 +1042,7 @@ impl engine::Backend for PgStore {
 }
 
 /// The tasks as this store last wrote them (non-terminal ones only), so
-/// that [`Store::apply`] can decide a task's next command without reading
+/// that [`meatspace_store::EngineWrites::apply`] can decide a task's next command without reading
 /// the task first: the common case of one client driving its task through
 /// publish, claim, start and complete costs one statement per command.
 ///
@@ -1033,7 +1056,7 @@ impl engine::Backend for PgStore {
 ///   `last_event_id` (only timestamps that PostgreSQL keeps exactly, see
 ///   [`KnownTasks::wrote`]), and any later write would have moved
 ///   `last_event_id` (see the statement's documentation);
-/// - a refusal decided on the copy is not an answer: [`Store::apply`]
+/// - a refusal decided on the copy is not an answer: [`meatspace_store::EngineWrites::apply`]
 ///   reads the task and decides again, as it does when the write finds the
 ///   task changed.
 ///
@@ -1209,14 +1232,6 @@ impl Store for PgStore {
         BackendKind::Postgres
     }
 
-    async fn create_task_with_webhook(
-        &self,
-        new: NewTask,
-        webhook_url: &str,
-    ) -> Result<Task, StoreError> {
-        engine::create_task(self, new, Some(webhook_url)).await
-    }
-
     async fn webhook(
         &self,
         task_id: Uuid,
@@ -1244,13 +1259,6 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         crate::webhooks::record(&self.pool, task_id, outcome, now).await
-    }
-
-    async fn idempotency_begin(
-        &self,
-        claim: &meatspace_store::idempotency::IdempotencyClaim,
-    ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
-        engine::idempotency_begin(self, claim).await
     }
 
     async fn idempotency_complete(
@@ -1306,58 +1314,6 @@ impl Store for PgStore {
         Ok(task)
     }
 
-    /// Two ways to the same result (see [`Store::apply`]'s contract):
-    ///
-    /// - **Optimistic** (most commands, two round trips, or one): read the
-    ///   task without a lock, [`decide`](meatspace_domain::decide), and write with
-    ///   [`PgStore::write_in_one_statement`], which locks the row first and
-    ///   writes only if the task is still as read. If it is not (another
-    ///   writer committed in between), nothing was written: read and decide
-    ///   again, since the decision may now be different (the losing
-    ///   claimant of a task is refused). A refusal is an answer as good as
-    ///   the locking path's: it is about a committed state of the task at a
-    ///   moment within this call. The first try uses this store's own copy
-    ///   of the task instead of reading it, when it has one
-    ///   ([`KnownTasks`]); that try's refusals are no answer.
-    /// - **Locking** (issues, photos, answers to issues, decisions that do
-    ///   more than append events and close issues, and after a few lost
-    ///   races): `BEGIN`, `SELECT … FOR UPDATE`, decide, write, `COMMIT`.
-    ///
-    /// The engine ([`meatspace_store::engine::apply`]) runs both and makes
-    /// every decision; this store provides the SQL (its
-    /// [`engine::Backend`] implementation, below).
-    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
-    async fn apply(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError> {
-        engine::apply(self, task_id, command, None, now, &self.policy).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
-    async fn apply_by(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        by: meatspace_domain::identity::ActedBy,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError> {
-        engine::apply(self, task_id, command, Some(by), now, &self.policy).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, command, audit), fields(command = command.name()), err(level = "debug"))]
-    async fn apply_audited(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        by: meatspace_domain::identity::ActedBy,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Applied, StoreError> {
-        engine::apply_audited(self, task_id, command, by, &audit, &self.policy).await
-    }
-
     fn versions(&self) -> Option<&TaskVersions> {
         Some(&self.versions)
     }
@@ -1385,15 +1341,6 @@ impl Store for PgStore {
             created_at: now,
             suspended_at: None,
         })
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn reconcile_due(
-        &self,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<Applied>, StoreError> {
-        engine::reconcile_due(self, now, limit, &self.policy).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -1501,32 +1448,6 @@ impl Store for PgStore {
         Ok(stream.boxed())
     }
 
-    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
-    async fn redeem_invite(
-        &self,
-        invite_id: Uuid,
-        worker_id: Uuid,
-        name: &str,
-        token_hash: TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Worker>, StoreError> {
-        let worker = Worker {
-            id: worker_id,
-            name: name.to_owned(),
-            created_at: now,
-            suspended_at: None,
-        };
-        engine::redeem_invite(self, invite_id, worker, &token_hash).await
-    }
-
-    async fn create_requested_task(
-        &self,
-        new: NewTask,
-        request: &meatspace_store::requests::TaskRequest,
-    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
-        engine::create_requested_task(self, new, request).await
-    }
-
     async fn task_request(
         &self,
         resource_uid: &str,
@@ -1536,15 +1457,6 @@ impl Store for PgStore {
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
         crate::requests::requested_among(&self.pool, task_ids).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, audit), err)]
-    async fn suspend_worker(
-        &self,
-        id: Uuid,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<Worker>, StoreError> {
-        engine::suspend_worker(self, id, &audit, &self.policy).await
     }
 }
 

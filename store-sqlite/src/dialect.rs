@@ -18,6 +18,28 @@ pub(crate) type Row = SqliteRow;
 pub(crate) type Tx = crate::WriteTx;
 pub(crate) type Store = crate::SqliteStore;
 
+/// The engine's backend: the writer's own connection, lent to an inline job.
+pub(crate) type Engine = crate::inline::Inline;
+
+/// Runs an engine operation as an inline job of the writer, with the
+/// store's policy: its statements never wait, so one poll runs it to its
+/// end ([`crate::inline::run_to_end`]).
+pub(crate) async fn engine<T: Send + 'static>(
+    store: &Store,
+    op: impl for<'a> FnOnce(
+        &'a Engine,
+        &'a meatspace_domain::Policy,
+    ) -> futures::future::LocalBoxFuture<'a, Result<T, StoreError>>
+    + Send
+    + 'static,
+) -> Result<T, StoreError> {
+    let policy = store.policy;
+    store
+        .writes
+        .run(move |db| crate::inline::run_to_end(op(db, &policy)))
+        .await
+}
+
 /// Where reads go: the pool of read-only connections.
 pub(crate) fn reader(store: &Store) -> &Pool {
     &store.reader

@@ -27,11 +27,11 @@ use sqlx::sqlite::{
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use meatspace_domain::{Command, Event, Issue, IssueKind, IssueStatus, Policy, Task, TaskState};
+use meatspace_domain::{Event, Issue, IssueKind, IssueStatus, Policy, Task, TaskState};
 use meatspace_store::engine::{self, Backend as _};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, Worker,
+    BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, Worker,
     stored_event,
 };
 
@@ -40,6 +40,8 @@ pub use checkpoint::CheckpointCounts;
 mod dialect;
 mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/engine_writes.rs"]
+mod engine_writes;
 #[path = "../../store/sql/identity.rs"]
 mod identity;
 pub mod inline;
@@ -347,17 +349,6 @@ impl Store for SqliteStore {
         BackendKind::Sqlite
     }
 
-    async fn create_task_with_webhook(
-        &self,
-        new: NewTask,
-        webhook_url: &str,
-    ) -> Result<Task, StoreError> {
-        let url = webhook_url.to_owned();
-        self.writes
-            .run(move |db| inline::run_to_end(engine::create_task(db, new, Some(&url))))
-            .await
-    }
-
     async fn webhook(
         &self,
         task_id: Uuid,
@@ -389,16 +380,6 @@ impl Store for SqliteStore {
         let outcome = outcome.clone();
         self.writes
             .run(move |db| db.one_write(|db| webhooks::record(db, task_id, &outcome, now)))
-            .await
-    }
-
-    async fn idempotency_begin(
-        &self,
-        claim: &meatspace_store::idempotency::IdempotencyClaim,
-    ) -> Result<meatspace_store::idempotency::IdempotencyBegin, StoreError> {
-        let claim = claim.clone();
-        self.writes
-            .run(move |db| inline::run_to_end(engine::idempotency_begin(db, &claim)))
             .await
     }
 
@@ -447,55 +428,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
-    async fn apply(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError> {
-        let policy = self.policy;
-        self.writes
-            .run(move |db| {
-                inline::run_to_end(engine::apply(db, task_id, command, None, now, &policy))
-            })
-            .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, command), fields(command = command.name()), err(level = "debug"))]
-    async fn apply_by(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        by: meatspace_domain::identity::ActedBy,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError> {
-        let policy = self.policy;
-        self.writes
-            .run(move |db| {
-                inline::run_to_end(engine::apply(db, task_id, command, Some(by), now, &policy))
-            })
-            .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, command, audit), fields(command = command.name()), err(level = "debug"))]
-    async fn apply_audited(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        by: meatspace_domain::identity::ActedBy,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Applied, StoreError> {
-        let policy = self.policy;
-        self.writes
-            .run(move |db| {
-                inline::run_to_end(engine::apply_audited(
-                    db, task_id, command, by, &audit, &policy,
-                ))
-            })
-            .await
-    }
-
     fn versions(&self) -> Option<&TaskVersions> {
         Some(&self.versions)
     }
@@ -523,18 +455,6 @@ impl Store for SqliteStore {
                     Ok(worker)
                 })
             })
-            .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn reconcile_due(
-        &self,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<Applied>, StoreError> {
-        let policy = self.policy;
-        self.writes
-            .run(move |db| inline::run_to_end(engine::reconcile_due(db, now, limit, &policy)))
             .await
     }
 
@@ -636,39 +556,6 @@ impl Store for SqliteStore {
         Ok(stream.boxed())
     }
 
-    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
-    async fn redeem_invite(
-        &self,
-        invite_id: Uuid,
-        worker_id: Uuid,
-        name: &str,
-        token_hash: TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Worker>, StoreError> {
-        let worker = Worker {
-            id: worker_id,
-            name: name.to_owned(),
-            created_at: now,
-            suspended_at: None,
-        };
-        self.writes
-            .run(move |db| {
-                inline::run_to_end(engine::redeem_invite(db, invite_id, worker, &token_hash))
-            })
-            .await
-    }
-
-    async fn create_requested_task(
-        &self,
-        new: NewTask,
-        request: &meatspace_store::requests::TaskRequest,
-    ) -> Result<meatspace_store::requests::TaskRequest, StoreError> {
-        let request = request.clone();
-        self.writes
-            .run(move |db| inline::run_to_end(engine::create_requested_task(db, new, &request)))
-            .await
-    }
-
     async fn task_request(
         &self,
         resource_uid: &str,
@@ -678,18 +565,6 @@ impl Store for SqliteStore {
 
     async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
         crate::requests::requested_among(&self.reader, task_ids).await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self, audit), err)]
-    async fn suspend_worker(
-        &self,
-        id: Uuid,
-        audit: meatspace_store::NewAudit,
-    ) -> Result<Option<Worker>, StoreError> {
-        let policy = self.policy;
-        self.writes
-            .run(move |db| inline::run_to_end(engine::suspend_worker(db, id, &audit, &policy)))
-            .await
     }
 }
 

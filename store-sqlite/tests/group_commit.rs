@@ -16,7 +16,9 @@ use futures::future::join_all;
 use meatspace_domain::{Command, Policy, TaskState};
 use meatspace_store::engine::Backend as _;
 use meatspace_store::token::{self, TokenHash};
-use meatspace_store::{ConnectOptions, IdentityStore, NewTask, Store, StoreError, TaskReads};
+use meatspace_store::{
+    ConnectOptions, EngineWrites, IdentityStore, NewTask, Store, StoreError, TaskReads,
+};
 use meatspace_store_sqlite::SqliteStore;
 use meatspace_store_sqlite::inline;
 use uuid::Uuid;

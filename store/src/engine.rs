@@ -270,7 +270,7 @@ pub trait Backend: Send + Sync {
 /// hammer from starving one of them.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
 
-/// Runs `command` on the task (see `Store::apply`).
+/// Runs `command` on the task (see `EngineWrites::apply`).
 ///
 /// - **Optimistic** (a command that [needs](Command::needs) no issue, on a
 ///   backend that [writes optimistically](Backend::writes_optimistically);
@@ -416,7 +416,7 @@ async fn apply_locked<B: Backend + ?Sized>(
 
 /// Creates a draft task, and its webhook endpoint when it has one, in one
 /// transaction (see `Store::create_task` and
-/// `Store::create_task_with_webhook`). PostgreSQL overrides the plain
+/// `EngineWrites::create_task_with_webhook`). PostgreSQL overrides the plain
 /// create with a grouped insert of concurrent creates.
 pub async fn create_task<B: Backend + ?Sized>(
     backend: &B,
@@ -441,7 +441,7 @@ pub async fn create_task<B: Backend + ?Sized>(
 }
 
 /// Claims `request` and, when the claim wins, creates its task, in one
-/// transaction (see `Store::create_requested_task`).
+/// transaction (see `EngineWrites::create_requested_task`).
 pub async fn create_requested_task<B: Backend + ?Sized>(
     backend: &B,
     new: NewTask,
@@ -461,7 +461,7 @@ pub async fn create_requested_task<B: Backend + ?Sized>(
     Ok(row)
 }
 
-/// Claims an idempotency key (see `Store::idempotency_begin`) in one
+/// Claims an idempotency key (see `EngineWrites::idempotency_begin`) in one
 /// transaction: a fresh key starts at once; an existing record is
 /// [judged](idempotency::judge), and a stale one is taken over.
 pub async fn idempotency_begin<B: Backend + ?Sized>(
@@ -494,7 +494,7 @@ pub async fn idempotency_begin<B: Backend + ?Sized>(
 }
 
 /// Redeems an invite for a new worker in one transaction (see
-/// `Store::redeem_invite`): `None`, and no worker, when the invite is used,
+/// `EngineWrites::redeem_invite`): `None`, and no worker, when the invite is used,
 /// expired or unknown.
 pub async fn redeem_invite<B: Backend + ?Sized>(
     backend: &B,
@@ -515,7 +515,7 @@ pub async fn redeem_invite<B: Backend + ?Sized>(
     Ok(Some(worker))
 }
 
-/// Suspends a worker (see `Store::suspend_worker`): one transaction that
+/// Suspends a worker (see `EngineWrites::suspend_worker`): one transaction that
 /// suspends it with its audit row and releases every task it holds
 /// ([`Command::Release`], decided here like any command), so no task is
 /// left held by a suspended worker whatever fails. `None` when no such
@@ -568,7 +568,7 @@ pub async fn suspend_worker<B: Backend + ?Sized>(
 }
 
 /// Applies what is due at `now` to at most `limit` due tasks (see
-/// `Store::reconcile_due`): one transaction that locks them, decides
+/// `EngineWrites::reconcile_due`): one transaction that locks them, decides
 /// [`Command::Reconcile`] on each and writes every decision as a batch.
 pub async fn reconcile_due<B: Backend + ?Sized>(
     backend: &B,

@@ -7,7 +7,7 @@
 //! [`engine`] that runs every command (read → decide → write → announce) the
 //! same way whatever the backend.
 //!
-//! Every change to a task goes through [`Store::apply`]: read the task and
+//! Every change to a task goes through [`EngineWrites::apply`]: read the task and
 //! what the command [needs](meatspace_domain::Command::needs), run the pure
 //! [`decide`](meatspace_domain::decide), and write the task, its events,
 //! issues and photo in one transaction that holds the task's row lock and
@@ -256,47 +256,13 @@ pub struct Session {
 
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
-pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
+pub trait Store: EngineWrites + TaskReads + IdentityStore + std::fmt::Debug + 'static {
     fn backend(&self) -> BackendKind;
 
     /// Checks the database answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError>;
-
-    /// Runs `command` on the task: decides on the task as committed at one
-    /// moment during the call and, if the command is accepted, writes the
-    /// change in one transaction that holds the task's row lock and
-    /// commits only if the task is still as decided on. Fails with
-    /// [`StoreError::NotFound`] or [`StoreError::Refused`].
-    async fn apply(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError>;
-
-    /// [`Store::apply`] for an agent-side action, recording in its agent
-    /// events' data (`by`) which credential acted.
-    async fn apply_by(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        by: meatspace_domain::identity::ActedBy,
-        now: DateTime<Utc>,
-    ) -> Result<Applied, StoreError>;
-
-    /// [`Store::apply_by`] with `audit` appended to the audit trail in the
-    /// same transaction (an operator acting on a task it does not own): the
-    /// command and its audit row commit together or not at all. The time
-    /// of the command is the audit row's.
-    async fn apply_audited(
-        &self,
-        task_id: Uuid,
-        command: Command,
-        by: meatspace_domain::identity::ActedBy,
-        audit: NewAudit,
-    ) -> Result<Applied, StoreError>;
 
     /// The change counters this store bumps after each commit that touches
     /// a task (see [`TaskVersions`]); `None` when it keeps none, and then
@@ -312,14 +278,6 @@ pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
         token_hash: TokenHash,
         now: DateTime<Utc>,
     ) -> Result<Worker, StoreError>;
-
-    /// Applies what is due at `now` to at most `limit` due tasks, skipping
-    /// tasks another replica is working on. Returns what it changed.
-    async fn reconcile_due(
-        &self,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<Applied>, StoreError>;
 
     /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
     /// oldest first, with their events, issues and photos, keeping only
@@ -347,12 +305,6 @@ pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
     /// without this the tables grow for ever.
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;
 
-    /// Claims an `Idempotency-Key` for a request (see [`IdempotencyBegin`]).
-    async fn idempotency_begin(
-        &self,
-        claim: &IdempotencyClaim,
-    ) -> Result<IdempotencyBegin, StoreError>;
-
     /// Records the (sealed) answer of a request that claimed `key`.
     async fn idempotency_complete(
         &self,
@@ -365,15 +317,6 @@ pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
     /// Forgets an in-flight claim whose request had no answer worth
     /// replaying (a server error): a retry runs the request again.
     async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError>;
-
-    /// Creates a task with a webhook endpoint, in one transaction, so the
-    /// endpoint (and with it the delivery of every event) exists from the
-    /// task's first moment.
-    async fn create_task_with_webhook(
-        &self,
-        new: NewTask,
-        webhook_url: &str,
-    ) -> Result<Task, StoreError>;
 
     /// The task's webhook endpoint, if it has one.
     async fn webhook(&self, task_id: Uuid) -> Result<Option<Webhook>, StoreError>;
@@ -407,19 +350,6 @@ pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
-    /// In one transaction: marks the invite used and registers the worker
-    /// it creates. `None` (and nothing written) when the invite does not
-    /// exist, was used already or expired before `now`; of several
-    /// concurrent redemptions exactly one gets the worker.
-    async fn redeem_invite(
-        &self,
-        invite_id: Uuid,
-        worker_id: Uuid,
-        name: &str,
-        token_hash: TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Worker>, StoreError>;
-
     /// A stream of the tasks changed after the call, from any process
     /// sharing the database (PostgreSQL LISTEN/NOTIFY) or from this process
     /// (SQLite). Used to wake long polls and the controller early.
@@ -433,6 +363,89 @@ pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
     /// connection unread. It ends only when the store is closed.
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError>;
 
+    /// The request row of the resource with this UID, if it has one.
+    async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError>;
+
+    /// Which of `task_ids` were requested from Kubernetes (the mirror
+    /// leaves those to the resource that asked for them).
+    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
+}
+
+/// The writes the engine decides: commands on a task, creates, reconciles,
+/// invite redemptions and suspensions. Both backends run the same code for
+/// them (`store/sql/engine_writes.rs`), each through its engine backend.
+#[async_trait]
+pub trait EngineWrites: Send + Sync {
+    /// Runs `command` on the task: decides on the task as committed at one
+    /// moment during the call and, if the command is accepted, writes the
+    /// change in one transaction that holds the task's row lock and
+    /// commits only if the task is still as decided on. Fails with
+    /// [`StoreError::NotFound`] or [`StoreError::Refused`].
+    async fn apply(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError>;
+
+    /// [`EngineWrites::apply`] for an agent-side action, recording in its agent
+    /// events' data (`by`) which credential acted.
+    async fn apply_by(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        now: DateTime<Utc>,
+    ) -> Result<Applied, StoreError>;
+
+    /// [`EngineWrites::apply_by`] with `audit` appended to the audit trail in the
+    /// same transaction (an operator acting on a task it does not own): the
+    /// command and its audit row commit together or not at all. The time
+    /// of the command is the audit row's.
+    async fn apply_audited(
+        &self,
+        task_id: Uuid,
+        command: Command,
+        by: meatspace_domain::identity::ActedBy,
+        audit: NewAudit,
+    ) -> Result<Applied, StoreError>;
+
+    /// Creates a task with a webhook endpoint, in one transaction, so the
+    /// endpoint (and with it the delivery of every event) exists from the
+    /// task's first moment.
+    async fn create_task_with_webhook(
+        &self,
+        new: NewTask,
+        webhook_url: &str,
+    ) -> Result<Task, StoreError>;
+
+    /// Claims an `Idempotency-Key` for a request (see [`IdempotencyBegin`]).
+    async fn idempotency_begin(
+        &self,
+        claim: &IdempotencyClaim,
+    ) -> Result<IdempotencyBegin, StoreError>;
+
+    /// Applies what is due at `now` to at most `limit` due tasks, skipping
+    /// tasks another replica is working on. Returns what it changed.
+    async fn reconcile_due(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Applied>, StoreError>;
+
+    /// In one transaction: marks the invite used and registers the worker
+    /// it creates. `None` (and nothing written) when the invite does not
+    /// exist, was used already or expired before `now`; of several
+    /// concurrent redemptions exactly one gets the worker.
+    async fn redeem_invite(
+        &self,
+        invite_id: Uuid,
+        worker_id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Worker>, StoreError>;
+
     /// Creates the task a Kubernetes resource asks for, exactly once per
     /// resource: in one transaction, records `request` (keyed by the
     /// resource's UID) and creates `new` (whose id must be
@@ -445,13 +458,6 @@ pub trait Store: TaskReads + IdentityStore + std::fmt::Debug + 'static {
         new: NewTask,
         request: &TaskRequest,
     ) -> Result<TaskRequest, StoreError>;
-
-    /// The request row of the resource with this UID, if it has one.
-    async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError>;
-
-    /// Which of `task_ids` were requested from Kubernetes (the mirror
-    /// leaves those to the resource that asked for them).
-    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
 
     /// Suspends a worker, ends its sessions and releases every task it
     /// holds (assigned or active; `task.unassigned`, reason
@@ -481,7 +487,7 @@ pub trait TaskReads: Send + Sync {
     /// The task's agent token digest, state, last event id and events with
     /// `id > after` (at most `limit`), in one round trip and one snapshot.
     /// `None` when the task does not exist (a purged task's tombstone is
-    /// not read here: [`Store::agent_token_hash`] is).
+    /// not read here: [`TaskReads::agent_token_hash`] is).
     async fn feed_read(
         &self,
         task_id: Uuid,

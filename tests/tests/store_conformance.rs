@@ -2317,7 +2317,7 @@ async fn pollers_see_every_event_of_concurrent_appenders(store: Arc<dyn Store>) 
 /// Sixteen connections of the assigned worker send messages to one task at
 /// once while a poller follows it: on PostgreSQL most writes find that
 /// another one committed since they read the task, so they decide again or
-/// take the row lock (see `PgStore::apply`). Every acknowledged message is
+/// take the row lock (see `engine::Backend for PgStore`). Every acknowledged message is
 /// in the feed exactly once, the feed ascends with nothing missed, and the
 /// task's `last_event_id` is its newest event's id. (Some writes lose
 /// their race several times and fall back to the row lock: with that
@@ -2535,7 +2535,7 @@ async fn commands_act_on_changes_made_through_another_store(db: &TestDb) {
 
 // On PostgreSQL, `apply` reads the task without a lock, decides, and writes
 // with one statement that locks the row and writes only if the task is
-// still as read; otherwise it reads and decides again (`PgStore::apply`).
+// still as read; otherwise it reads and decides again (`engine::Backend for PgStore`).
 // These cases make that retry happen for certain, rather than by a lucky
 // interleaving: another transaction holds the task's row lock with a change
 // written but not committed; the command reads the task as it was, its

@@ -327,7 +327,7 @@ fn memory_answers() -> &'static metrics::Counter {
 
 /// An agent's request of its task's feed (`GET /api/v1/tasks/{id}/events`),
 /// authenticated here rather than by an extractor, so that a page read from
-/// the database costs one statement ([`Store::feed_read`]: token digest,
+/// the database costs one statement ([`TaskReads::feed_read`]: token digest,
 /// state and events together) and an empty page of a task whose head is
 /// known costs none ([`crate::feed_heads`]). Answers exactly as
 /// [`crate::auth::AgentAuth`] followed by [`event_feed`] would: 401 for a
