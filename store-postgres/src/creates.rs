@@ -6,8 +6,8 @@
 //!
 //! Nothing waits to fill a group. A writer takes the first create queued
 //! and whatever else is queued at that moment (up to [`MAX_GROUP`]), so a
-//! lone create is written at once, with the same single-row statement as
-//! before grouping. [`WRITERS`] groups can be in flight at once. Every
+//! lone create is written at once. Every new task row is written by
+//! [`insert`], here and in the engine's transactions. [`WRITERS`] groups can be in flight at once. Every
 //! create is answered only after its group commits. A group refused as a
 //! whole for anything but an outage is written again one create at a time,
 //! so one create's fault is never another's.
@@ -19,6 +19,7 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
+use meatspace_domain::Task;
 use meatspace_store::StoreError;
 use meatspace_store::token::TokenHash;
 
@@ -27,7 +28,7 @@ const WRITERS: usize = 4;
 /// Most creates in one statement.
 const MAX_GROUP: usize = 64;
 
-/// One new task's row.
+/// One new task's row: the one place a draft becomes a row of `tasks`.
 #[derive(Debug)]
 pub(super) struct NewRow {
     pub id: Uuid,
@@ -37,6 +38,21 @@ pub(super) struct NewRow {
     pub expires_at: DateTime<Utc>,
     pub next_deadline: Option<DateTime<Utc>>,
     pub owner_id: Uuid,
+}
+
+impl NewRow {
+    /// The row of `task`, a draft, created by `owner_id`.
+    pub fn draft(task: &Task, agent_token_hash: TokenHash, owner_id: Uuid) -> Self {
+        NewRow {
+            id: task.id,
+            description: task.description.clone(),
+            agent_token_hash,
+            created_at: task.created_at,
+            expires_at: task.expires_at,
+            next_deadline: task.next_deadline(),
+            owner_id,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -187,33 +203,17 @@ pub(super) fn share(e: &StoreError) -> impl Fn() -> StoreError + use<> {
     }
 }
 
-/// Inserts the rows and notifies their ids, in one statement (its own
-/// transaction): the notifications are sent when it commits.
-async fn insert<'a>(
-    pool: &PgPool,
+/// Inserts the rows and notifies their ids, in one statement: on the pool
+/// its own transaction (the notifications are sent when it commits), or in
+/// the caller's.
+pub(super) async fn insert<'a, 'c, E>(
+    conn: E,
     channel: &str,
     rows: impl ExactSizeIterator<Item = &'a NewRow>,
-) -> Result<(), StoreError> {
-    if rows.len() == 1 {
-        let row = rows.into_iter().next().expect("one row");
-        sqlx::query(
-            "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
-               updated_at, expires_at, next_deadline, owner_id) \
-               VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6, $8) RETURNING id) \
-             SELECT pg_notify($7, id::text) FROM t",
-        )
-        .bind(row.id)
-        .bind(&row.description)
-        .bind(&row.agent_token_hash.0[..])
-        .bind(row.created_at)
-        .bind(row.expires_at)
-        .bind(row.next_deadline)
-        .bind(channel)
-        .bind(row.owner_id)
-        .execute(pool)
-        .await?;
-        return Ok(());
-    }
+) -> Result<(), StoreError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
     let mut ids = Vec::with_capacity(rows.len());
     let mut descriptions = Vec::with_capacity(rows.len());
     let mut hashes = Vec::with_capacity(rows.len());
@@ -248,7 +248,7 @@ async fn insert<'a>(
     .bind(deadlines)
     .bind(channel)
     .bind(owners)
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(())
 }

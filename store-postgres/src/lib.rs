@@ -34,7 +34,9 @@ use meatspace_domain::{
     Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
     TaskState,
 };
-use meatspace_store::engine::{self, Conditional};
+use meatspace_store::engine::{
+    self, Conditional, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE_ISSUE_SQL,
+};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
     Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskReads,
@@ -195,147 +197,77 @@ impl PgStore {
     }
 
     /// Writes `d`, decided on `before`, in the caller's transaction, which
-    /// holds the task's row lock.
+    /// holds the task's row lock. The task row, its events and the closing
+    /// of its issues are [`PgStore::write_in_one_statement`], the one place
+    /// a decision becomes a task row; what that statement does not carry (a
+    /// photo, an issue answered or opened) is written around it.
     async fn write(
         tx: &mut Transaction<'_, Postgres>,
         before: &Task,
         d: Decision,
     ) -> Result<Applied, StoreError> {
-        if fits_one_statement(&d) {
-            let task_id = before.id;
-            return Self::write_one(&mut **tx, before, &d)
-                .await?
-                .ok_or_else(|| {
-                    // Impossible while we hold the row lock; refuse rather
-                    // than commit a change that did not happen.
-                    StoreError::Corrupt(format!("task {task_id} changed under its lock"))
-                });
+        let now = d.task.updated_at;
+        if let Some(p) = &d.photo {
+            sqlx::query(INSERT_PHOTO_SQL)
+                .bind(p.id)
+                .bind(d.task.id)
+                .bind(&p.content_type)
+                .bind(&p.bytes)
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
         }
-        let Decision {
-            mut task,
-            events: new_events,
-            issue_changes,
-            photo,
-            reconciled,
-        } = d;
-        let now = task.updated_at;
-        if let Some(p) = &photo {
-            sqlx::query(
-                "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(p.id)
-            .bind(task.id)
-            .bind(&p.content_type)
-            .bind(&p.bytes)
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
-        }
-        let mut events = Vec::with_capacity(new_events.len());
-        for e in new_events {
-            let id: i64 = sqlx::query_scalar(
-                "INSERT INTO events (task_id, type, actor, created_at, data) VALUES ($1, $2, $3, $4, $5) RETURNING id",
-            )
-            .bind(task.id)
-            .bind(e.kind.as_str())
-            .bind(e.actor.as_str())
-            .bind(now)
-            .bind(&e.data)
-            .fetch_one(&mut **tx)
-            .await?;
-            events.push(e.stored(id, task.id, now));
-        }
-        if let Some(last) = events.last() {
-            task.last_event_id = last.id;
-        }
-        for change in issue_changes {
-            match change {
-                IssueChange::Open { kind } => {
-                    let event_id = events
-                        .iter()
-                        .find(|e| e.kind == EventType::WorkerIssue)
-                        .map(|e| e.id)
-                        .ok_or_else(|| StoreError::Corrupt("issue without its event".into()))?;
-                    sqlx::query(
-                        "INSERT INTO issues (event_id, task_id, kind, status) VALUES ($1, $2, $3, 'open')",
-                    )
+        // An answered issue is resolved before the statement closes the
+        // task's other open issues (an answer that cancels does both).
+        for change in &d.issue_changes {
+            if let IssueChange::Resolve {
+                event_id,
+                resolution,
+            } = change
+            {
+                sqlx::query(RESOLVE_ISSUE_SQL)
+                    .bind(resolution)
+                    .bind(now)
                     .bind(event_id)
-                    .bind(task.id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+        }
+        let applied = Self::write_one(&mut **tx, before, &d)
+            .await?
+            .ok_or_else(|| {
+                // Impossible while we hold the row lock; refuse rather than
+                // commit a change that did not happen.
+                StoreError::Corrupt(format!("task {} changed under its lock", before.id))
+            })?;
+        for change in &d.issue_changes {
+            if let IssueChange::Open { kind } = change {
+                let event_id = applied
+                    .events
+                    .iter()
+                    .find(|e| e.kind == EventType::WorkerIssue)
+                    .map(|e| e.id)
+                    .ok_or_else(|| StoreError::Corrupt("issue without its event".into()))?;
+                sqlx::query(OPEN_ISSUE_SQL)
+                    .bind(event_id)
+                    .bind(before.id)
                     .bind(kind.as_str())
                     .execute(&mut **tx)
                     .await?;
-                }
-                IssueChange::Resolve {
-                    event_id,
-                    resolution,
-                } => {
-                    sqlx::query(
-                        "UPDATE issues SET status = 'resolved', resolution = $2, resolved_at = $3 \
-                         WHERE event_id = $1 AND status = 'open'",
-                    )
-                    .bind(event_id)
-                    .bind(resolution)
-                    .bind(now)
-                    .execute(&mut **tx)
-                    .await?;
-                }
-                IssueChange::CloseAll { resolution } => {
-                    sqlx::query(
-                        "UPDATE issues SET status = 'closed', resolution = $2, resolved_at = $3 \
-                         WHERE task_id = $1 AND status = 'open'",
-                    )
-                    .bind(task.id)
-                    .bind(resolution)
-                    .bind(now)
-                    .execute(&mut **tx)
-                    .await?;
-                }
             }
         }
-        let updated = sqlx::query(
-            "UPDATE tasks SET state = $3, worker_id = $4, updated_at = $5, published_at = $6, \
-             assigned_at = $7, started_at = $8, ended_at = $9, start_by = $10, active_until = $11, \
-             next_deadline = $12, open_issues = $13, last_event_id = $14, expires_at = $15 \
-             WHERE id = $1 AND state = $2",
-        )
-        .bind(task.id)
-        .bind(before.state.as_str())
-        .bind(task.state.as_str())
-        .bind(task.worker_id)
-        .bind(task.updated_at)
-        .bind(task.published_at)
-        .bind(task.assigned_at)
-        .bind(task.started_at)
-        .bind(task.ended_at)
-        .bind(task.start_by)
-        .bind(task.active_until)
-        .bind(task.next_deadline())
-        .bind(task.open_issues)
-        .bind(task.last_event_id)
-        .bind(task.expires_at)
-        .execute(&mut **tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            // Impossible while we hold the row lock; refuse rather than
-            // commit events for a change that did not happen.
-            return Err(StoreError::Corrupt(format!(
-                "task {} changed under its lock",
-                task.id
-            )));
-        }
-        notify(tx, task.id).await?;
-        Ok(Applied {
-            task,
-            events,
-            reconciled,
-        })
+        Ok(applied)
     }
 }
 
 impl PgStore {
-    /// Writes decisions that [`fits_one_statement`], each decided on its
-    /// task as `before` shows it, with one statement (so one round trip)
-    /// for all of them: the tasks must be distinct and in ascending id
+    /// Writes the task rows, events and issue closures of decisions, each
+    /// decided on its task as `before` shows it, with one statement (so one
+    /// round trip) for all of them. This is the one place a decision
+    /// becomes a task row: a new task column is one more array here. Alone
+    /// it writes whole only the decisions that [`fits_one_statement`]; a
+    /// photo and issues opened or answered are written around it by
+    /// [`PgStore::write`]. The tasks must be distinct and in ascending id
     /// order. Each write is conditional on its own: it writes only if its
     /// task is still exactly as `before` shows it (same state and same
     /// `last_event_id`), and otherwise writes nothing and gets `None`,
@@ -411,7 +343,15 @@ impl PgStore {
         // The events, each with the number of its write.
         let (mut event_of, mut kinds, mut actors, mut data) = (vec![], vec![], vec![], vec![]);
         for (number, (before, d)) in (1i64..).zip(writes) {
-            debug_assert!(fits_one_statement(d));
+            // A photo and an issue opened or answered are the caller's to
+            // write ([`PgStore::write`]); closing them all is this one's.
+            debug_assert!(
+                d.issue_changes
+                    .iter()
+                    .filter(|c| matches!(c, IssueChange::CloseAll { .. }))
+                    .count()
+                    <= 1
+            );
             let task = &d.task;
             ids.push(before.id);
             was.push(before.state.as_str());
@@ -562,156 +502,39 @@ impl PgStore {
 
     /// Writes the controller's decisions for a batch of locked tasks with a
     /// fixed number of statements, whatever the batch size: one round trip
-    /// per task and statement would make a backlog of thousands of due tasks
-    /// take seconds. Each decision is still a conditional write (`WHERE
-    /// state = <expected>`) with its event and issue closures, all in the
-    /// caller's transaction, which holds every row's lock.
+    /// per task would make a backlog of thousands of due tasks take
+    /// seconds. Reconciling appends events and closes issues, which is what
+    /// [`PgStore::write_in_one_statement`] writes for all of them at once,
+    /// in the caller's transaction, which holds every row's lock.
     async fn write_reconciled(
         tx: &mut Transaction<'_, Postgres>,
         decided: Vec<(Task, Decision)>,
-        now: DateTime<Utc>,
     ) -> Result<Vec<Applied>, StoreError> {
-        if decided.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Reconcile appends exactly one event, stores no photo and only
-        // closes issues; anything else takes the general path.
-        if decided.iter().any(|(_, d)| {
-            d.events.len() != 1
-                || d.photo.is_some()
-                || d.issue_changes
-                    .iter()
-                    .any(|c| !matches!(c, IssueChange::CloseAll { .. }))
-        }) {
+        if decided.iter().any(|(_, d)| !fits_one_statement(d)) {
             let mut out = Vec::with_capacity(decided.len());
             for (before, d) in decided {
                 out.push(Self::write(tx, &before, d).await?);
             }
             return Ok(out);
         }
-
-        let ids: Vec<Uuid> = decided.iter().map(|(t, _)| t.id).collect();
-        let kinds: Vec<&str> = decided
+        // The statement takes the tasks in id order; the batch is answered
+        // in the order it was decided (earliest deadline first).
+        let mut order: Vec<usize> = (0..decided.len()).collect();
+        order.sort_by_key(|&i| decided[i].0.id);
+        let writes: Vec<(&Task, &Decision)> = order
             .iter()
-            .map(|(_, d)| d.events[0].kind.as_str())
+            .map(|&i| (&decided[i].0, &decided[i].1))
             .collect();
-        let actors: Vec<&str> = decided
-            .iter()
-            .map(|(_, d)| d.events[0].actor.as_str())
-            .collect();
-        let data: Vec<serde_json::Value> = decided
-            .iter()
-            .map(|(_, d)| d.events[0].data.clone())
-            .collect();
-        let inserted: Vec<(Uuid, i64)> = sqlx::query_as(
-            "INSERT INTO events (task_id, type, actor, created_at, data) \
-             SELECT u.task_id, u.type, u.actor, $5, u.data \
-             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS u(task_id, type, actor, data) \
-             RETURNING task_id, id",
-        )
-        .bind(&ids)
-        .bind(&kinds)
-        .bind(&actors)
-        .bind(&data)
-        .bind(now)
-        .fetch_all(&mut **tx)
-        .await?;
-        let event_ids: std::collections::HashMap<Uuid, i64> = inserted.into_iter().collect();
-
-        let (closing, resolutions): (Vec<Uuid>, Vec<String>) = decided
-            .iter()
-            .flat_map(|(t, d)| {
-                d.issue_changes.iter().filter_map(move |c| match c {
-                    IssueChange::CloseAll { resolution } => Some((t.id, resolution.clone())),
-                    _ => None,
-                })
-            })
-            .unzip();
-        if !closing.is_empty() {
-            sqlx::query(
-                "UPDATE issues SET status = 'closed', resolution = u.resolution, resolved_at = $3 \
-                 FROM UNNEST($1::uuid[], $2::text[]) AS u(task_id, resolution) \
-                 WHERE issues.task_id = u.task_id AND issues.status = 'open'",
-            )
-            .bind(&closing)
-            .bind(&resolutions)
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
-        }
-
-        let mut out = Vec::with_capacity(decided.len());
-        for (before, d) in decided {
-            let Decision {
-                mut task,
-                events: new_events,
-                reconciled,
-                ..
-            } = d;
-            let e = new_events
-                .into_iter()
-                .next()
-                .expect("one event, checked above");
-            let id = *event_ids
-                .get(&task.id)
-                .ok_or_else(|| StoreError::Corrupt(format!("no event id for task {}", task.id)))?;
-            task.last_event_id = id;
-            let event = e.stored(id, task.id, task.updated_at);
-            out.push((
-                before.state,
-                Applied {
-                    task,
-                    events: vec![event],
-                    reconciled,
-                },
-            ));
-        }
-        let col = |f: &dyn Fn(&Task) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
-            out.iter().map(|(_, a)| f(&a.task)).collect()
-        };
-        let updated = sqlx::query(
-            "UPDATE tasks SET state = u.state, worker_id = u.worker_id, updated_at = u.updated_at, \
-             published_at = u.published_at, assigned_at = u.assigned_at, started_at = u.started_at, \
-             ended_at = u.ended_at, start_by = u.start_by, active_until = u.active_until, \
-             next_deadline = u.next_deadline, open_issues = u.open_issues, last_event_id = u.last_event_id \
-             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], \
-                 $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], \
-                 $10::timestamptz[], $11::timestamptz[], $12::timestamptz[], $13::int4[], $14::int8[]) \
-               AS u(id, expected, state, worker_id, updated_at, published_at, assigned_at, started_at, \
-                    ended_at, start_by, active_until, next_deadline, open_issues, last_event_id) \
-             WHERE tasks.id = u.id AND tasks.state = u.expected",
-        )
-        .bind(out.iter().map(|(_, a)| a.task.id).collect::<Vec<_>>())
-        .bind(out.iter().map(|(s, _)| s.as_str()).collect::<Vec<_>>())
-        .bind(out.iter().map(|(_, a)| a.task.state.as_str()).collect::<Vec<_>>())
-        .bind(out.iter().map(|(_, a)| a.task.worker_id).collect::<Vec<_>>())
-        .bind(out.iter().map(|(_, a)| a.task.updated_at).collect::<Vec<_>>())
-        .bind(col(&|t| t.published_at))
-        .bind(col(&|t| t.assigned_at))
-        .bind(col(&|t| t.started_at))
-        .bind(col(&|t| t.ended_at))
-        .bind(col(&|t| t.start_by))
-        .bind(col(&|t| t.active_until))
-        .bind(col(&|t| t.next_deadline()))
-        .bind(out.iter().map(|(_, a)| a.task.open_issues).collect::<Vec<_>>())
-        .bind(out.iter().map(|(_, a)| a.task.last_event_id).collect::<Vec<_>>())
-        .execute(&mut **tx)
-        .await?;
-        if updated.rows_affected() != out.len() as u64 {
+        let written = Self::write_in_one_statement(&mut **tx, &writes).await?;
+        let mut out: Vec<Option<Applied>> = vec![None; decided.len()];
+        for (applied, i) in written.into_iter().zip(order) {
             // Impossible while we hold the row locks; refuse rather than
             // commit events for changes that did not happen.
-            return Err(StoreError::Corrupt(format!(
-                "{} of {} reconciled tasks changed under their locks",
-                out.len() as u64 - updated.rows_affected(),
-                out.len()
-            )));
+            out[i] = Some(applied.ok_or_else(|| {
+                StoreError::Corrupt(format!("task {} changed under its lock", decided[i].0.id))
+            })?);
         }
-        sqlx::query("SELECT pg_notify($1, id::text) FROM UNNEST($2::uuid[]) AS id")
-            .bind(CHANNEL)
-            .bind(&ids)
-            .execute(&mut **tx)
-            .await?;
-        Ok(out.into_iter().map(|(_, a)| a).collect())
+        Ok(out.into_iter().flatten().collect())
     }
 }
 
@@ -805,8 +628,8 @@ impl engine::Backend for PgStore {
         agent_token_hash: &TokenHash,
         owner_id: Uuid,
     ) -> Result<(), StoreError> {
-        insert_task(tx, task, agent_token_hash, owner_id).await?;
-        notify(tx, task.id).await
+        let row = NewRow::draft(task, agent_token_hash.clone(), owner_id);
+        creates::insert(&mut **tx, CHANNEL, std::iter::once(&row)).await
     }
 
     async fn insert_webhook(
@@ -829,8 +652,8 @@ impl engine::Backend for PgStore {
 
     async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
         let (task, agent_token_hash) = new.clone().into_draft();
-        insert_task(tx, &task, &agent_token_hash, new.owner_id).await?;
-        notify(tx, new.id).await
+        let row = NewRow::draft(&task, agent_token_hash, new.owner_id);
+        creates::insert(&mut **tx, CHANNEL, std::iter::once(&row)).await
     }
 
     async fn insert_idempotency_key(
@@ -977,15 +800,14 @@ impl engine::Backend for PgStore {
         rows.iter().map(task_from_row).collect()
     }
 
-    /// [`PgStore::write_reconciled`]: the whole batch in a fixed number of
-    /// statements.
+    /// [`PgStore::write_reconciled`]: the whole batch in one statement.
     async fn write_batch(
         &self,
         tx: &mut Self::Tx,
         decided: Vec<(Task, Decision)>,
-        now: DateTime<Utc>,
+        _now: DateTime<Utc>,
     ) -> Result<Vec<Applied>, StoreError> {
-        Self::write_reconciled(tx, decided, now).await
+        Self::write_reconciled(tx, decided).await
     }
 
     fn after_batch_commit(&self, applied: &[Applied], _committed: bool) {
@@ -1143,30 +965,6 @@ fn fits_one_statement(d: &Decision) -> bool {
             .all(|c| matches!(c, IssueChange::CloseAll { .. }))
 }
 
-/// Inserts a new draft task row in `tx` (the grouped creates of
-/// [`creates`] write the same columns in one statement for many).
-async fn insert_task(
-    tx: &mut Transaction<'_, Postgres>,
-    task: &Task,
-    agent_token_hash: &TokenHash,
-    owner_id: Uuid,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-         expires_at, next_deadline, owner_id) VALUES ($1, $2, 'draft', $3, $4, $4, $5, $6, $7)",
-    )
-    .bind(task.id)
-    .bind(&task.description)
-    .bind(&agent_token_hash.0[..])
-    .bind(task.created_at)
-    .bind(task.expires_at)
-    .bind(task.next_deadline())
-    .bind(owner_id)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
@@ -1298,15 +1096,7 @@ impl Store for PgStore {
         let (task, agent_token_hash) = new.into_draft();
         let created = self
             .creates
-            .create(NewRow {
-                id: task.id,
-                description: task.description.clone(),
-                agent_token_hash,
-                created_at: task.created_at,
-                expires_at: task.expires_at,
-                next_deadline: task.next_deadline(),
-                owner_id,
-            })
+            .create(NewRow::draft(&task, agent_token_hash, owner_id))
             .await;
         self.versions.bump(task.id);
         created?;

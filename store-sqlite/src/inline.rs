@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use meatspace_domain::{Decision, EventType, Issue, IssueChange, Task};
-use meatspace_store::engine::Backend;
+use meatspace_store::engine::{Backend, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE_ISSUE_SQL};
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use meatspace_store::requests::TaskRequest;
 use meatspace_store::token::TokenHash;
@@ -233,8 +233,14 @@ impl Inline {
         self.touch(task.id);
         if let Some(p) = &photo {
             self.exec(
-                "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES (?, ?, ?, ?, ?)",
-                (p.id.to_string(), &id, &p.content_type, &p.bytes[..], ms(now)),
+                INSERT_PHOTO_SQL,
+                (
+                    p.id.to_string(),
+                    &id,
+                    &p.content_type,
+                    &p.bytes[..],
+                    ms(now),
+                ),
             )?;
         }
         let mut events = Vec::with_capacity(new_events.len());
@@ -266,20 +272,13 @@ impl Inline {
                         .find(|e| e.kind == EventType::WorkerIssue)
                         .map(|e| e.id)
                         .ok_or_else(|| StoreError::Corrupt("issue without its event".into()))?;
-                    self.exec(
-                        "INSERT INTO issues (event_id, task_id, kind, status) VALUES (?, ?, ?, 'open')",
-                        (event_id, &id, kind.as_str()),
-                    )?;
+                    self.exec(OPEN_ISSUE_SQL, (event_id, &id, kind.as_str()))?;
                 }
                 IssueChange::Resolve {
                     event_id,
                     resolution,
                 } => {
-                    self.exec(
-                        "UPDATE issues SET status = 'resolved', resolution = ?, resolved_at = ? \
-                         WHERE event_id = ? AND status = 'open'",
-                        (resolution, ms(now), event_id),
-                    )?;
+                    self.exec(RESOLVE_ISSUE_SQL, (resolution, ms(now), event_id))?;
                 }
                 IssueChange::CloseAll { resolution } => {
                     self.exec(

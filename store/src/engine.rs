@@ -47,6 +47,20 @@ pub enum Conditional {
 pub const COUNT_EVENTS_SQL: &str =
     "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = $1 LIMIT $2) AS e";
 
+/// A decision's photo: `$1` id, `$2` task, `$3` content type, `$4` bytes,
+/// `$5` time. Parameters appear in order, so SQLite, which numbers `$n`
+/// parameters by first appearance, binds them as PostgreSQL does.
+pub const INSERT_PHOTO_SQL: &str =
+    "INSERT INTO photos (id, task_id, content_type, data, created_at) VALUES ($1, $2, $3, $4, $5)";
+
+/// An issue a worker raised: `$1` its event, `$2` task, `$3` kind.
+pub const OPEN_ISSUE_SQL: &str =
+    "INSERT INTO issues (event_id, task_id, kind, status) VALUES ($1, $2, $3, 'open')";
+
+/// An issue the agent answered: `$1` resolution, `$2` time, `$3` its event.
+pub const RESOLVE_ISSUE_SQL: &str = "UPDATE issues SET status = 'resolved', resolution = $1, \
+     resolved_at = $2 WHERE event_id = $3 AND status = 'open'";
+
 /// The SQL a backend provides to the engine, and the hooks it may override.
 #[async_trait]
 pub trait Backend: Send + Sync {
