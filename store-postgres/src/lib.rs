@@ -65,9 +65,7 @@ mod webhooks;
 /// ran has changed, so these files never change (see the test below).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
-    published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
-    open_issues, last_event_id";
+use meatspace_store::engine::TASK_COLUMNS;
 
 /// Channel of the task-change notifications.
 pub(crate) const CHANNEL: &str = "meatspace_tasks";

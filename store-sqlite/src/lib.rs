@@ -59,9 +59,7 @@ pub use writer::{WriteCounts, WriteTx};
 /// ran has changed, so these files never change (see the test below).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
-    published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
-    open_issues, last_event_id";
+use meatspace_store::engine::TASK_COLUMNS;
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {

@@ -47,6 +47,12 @@ pub enum Conditional {
 pub const COUNT_EVENTS_SQL: &str =
     "SELECT count(*) FROM (SELECT 1 FROM events WHERE task_id = $1 LIMIT $2) AS e";
 
+/// The columns a task is read from, in every `SELECT` of tasks of both
+/// backends (each backend's `task_from_row` decodes them).
+pub const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
+    published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
+    open_issues, last_event_id";
+
 /// A decision's photo: `$1` id, `$2` task, `$3` content type, `$4` bytes,
 /// `$5` time. Parameters appear in order, so SQLite, which numbers `$n`
 /// parameters by first appearance, binds them as PostgreSQL does.
