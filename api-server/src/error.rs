@@ -5,29 +5,15 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+pub use meatspace_api_types::Problem;
 use meatspace_domain::{Refusal, TaskState};
 use meatspace_store::StoreError;
-use serde::Serialize;
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Base of the `type` URIs; the suffix is the stable slug.
 const TYPE_BASE: &str = "https://meatspace.dev/problems/";
-
-/// An RFC 9457 problem document, as served.
-#[derive(Debug, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct Problem {
-    /// Stable identifier of the kind of problem.
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub title: String,
-    pub status: u16,
-    pub detail: String,
-    /// The task's current state, for state conflicts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_state: Option<TaskState>,
-}
 
 /// The error responses of the OpenAPI document, one per status, each a
 /// [`Problem`] served as `application/problem+json`. Operations name the

@@ -166,7 +166,7 @@ impl AppState {
         command: Command,
     ) -> Result<axum::Json<TaskChange>, ApiError> {
         let applied = self.store.apply(task_id, command, self.clock.now()).await?;
-        Ok(axum::Json(applied.into()))
+        Ok(axum::Json(routes::task_change(applied)))
     }
 
     /// [`AppState::act`] for an agent-side action, which its events
@@ -181,7 +181,7 @@ impl AppState {
             .store
             .apply_by(task_id, command, by, self.clock.now())
             .await?;
-        Ok(axum::Json(applied.into()))
+        Ok(axum::Json(routes::task_change(applied)))
     }
 }
 
@@ -381,7 +381,7 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
     let request = openapi
         .components
         .as_mut()
-        .and_then(|c| c.schemas.get_mut("CreateTaskRequest"));
+        .and_then(|c| c.schemas.get_mut("CreateTask"));
     let Some(RefOr::T(Schema::Object(request))) = request else {
         return;
     };

@@ -14,14 +14,13 @@ use async_trait::async_trait;
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::IntoResponse;
+use meatspace_api_types::{CreatedTask, EventPage, TaskChange};
+use meatspace_domain::Task;
 use meatspace_domain::{Command, Extension, IssueAction as CoreIssueAction, MAX_TEXT_CHARS};
 use meatspace_mcp::api::{Action, AgentApi, Caller, IssueAction, TokenTaskRef};
-use meatspace_mcp::types::{
-    ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskSummary, TaskView,
-};
+use meatspace_mcp::types::{Problem, TaskSummary, status_note};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 
 use crate::AppState;
 use crate::auth::{DEV_KEY_HEADER, authorize_agent};
@@ -57,14 +56,6 @@ async fn problem(error: ApiError) -> Problem {
         .unwrap_or_else(|_| Problem::local(status, "error", "the request failed"))
 }
 
-/// Re-reads a value the server serialises as one of the MCP types (the
-/// same JSON the HTTP API sends).
-fn convert<T: DeserializeOwned>(value: impl serde::Serialize) -> Result<T, ApiError> {
-    serde_json::to_value(value)
-        .and_then(serde_json::from_value)
-        .map_err(|e| ApiError::Internal(e.into()))
-}
-
 impl InProcess {
     pub fn new(state: AppState) -> Self {
         InProcess { state }
@@ -95,7 +86,7 @@ impl InProcess {
         caller: &Caller,
         description: String,
         expires_in_seconds: Option<i64>,
-    ) -> Result<ApiCreated, ApiError> {
+    ) -> Result<CreatedTask, ApiError> {
         // The same extractor as POST /api/v1/tasks, over the MCP
         // request's headers.
         let mut request = axum::http::Request::builder();
@@ -110,31 +101,28 @@ impl InProcess {
             .into_parts();
         let owner = crate::auth::Caller::from_request_parts(&mut parts, &self.state).await?;
         owner.require(meatspace_domain::identity::Scope::Tasks)?;
-        let created = tasks::create(
+        tasks::create(
             &self.state,
-            tasks::CreateTaskRequest {
+            meatspace_api_types::CreateTask {
                 description,
                 expires_in_seconds,
                 webhook_url: None,
             },
             owner.principal,
         )
-        .await?;
-        convert(created)
+        .await
     }
 
-    async fn get(&self, task: &TokenTaskRef) -> Result<TaskView, ApiError> {
+    async fn get(&self, task: &TokenTaskRef) -> Result<Task, ApiError> {
         self.authorize(task).await?;
-        let found = self
-            .state
+        self.state
             .store
             .task(task.task_id)
             .await?
-            .ok_or_else(ApiError::task_not_found)?;
-        convert(found)
+            .ok_or_else(ApiError::task_not_found)
     }
 
-    async fn apply(&self, task: &TokenTaskRef, action: Action) -> Result<ApiTaskChange, ApiError> {
+    async fn apply(&self, task: &TokenTaskRef, action: Action) -> Result<TaskChange, ApiError> {
         let by = self.authorize(task).await?;
         let command = match action {
             Action::Publish => Command::Publish,
@@ -158,7 +146,7 @@ impl InProcess {
             )),
         };
         let change = self.state.act_by(task.task_id, command, by).await?;
-        convert(change.0)
+        Ok(change.0)
     }
 
     async fn page(
@@ -167,7 +155,7 @@ impl InProcess {
         task: &TokenTaskRef,
         cursor: Option<i64>,
         wait: Duration,
-    ) -> Result<ApiEventPage, ApiError> {
+    ) -> Result<EventPage, ApiError> {
         self.authorize(task).await?;
         // A wait takes one of the capped places of the task's token and of
         // the client's address, as a long poll of the API does; it is given
@@ -188,8 +176,7 @@ impl InProcess {
             limit: None,
             wait: Some(u32::try_from(wait.as_secs()).unwrap_or(u32::MAX)),
         };
-        let page = event_feed(&self.state, task.task_id, &query, 0, Reader::Agent).await?;
-        convert(page)
+        event_feed(&self.state, task.task_id, &query, 0, Reader::Agent).await
     }
 }
 
@@ -205,14 +192,14 @@ impl AgentApi for InProcess {
         caller: &Caller,
         description: String,
         expires_in_seconds: Option<i64>,
-    ) -> Result<ApiCreated, Problem> {
+    ) -> Result<CreatedTask, Problem> {
         match self.create(caller, description, expires_in_seconds).await {
             Ok(created) => Ok(created),
             Err(e) => Err(problem(e).await),
         }
     }
 
-    fn task_ref(&self, created: &ApiCreated) -> TokenTaskRef {
+    fn task_ref(&self, created: &CreatedTask) -> TokenTaskRef {
         TokenTaskRef {
             task_id: created.task.id,
             agent_token: Some(created.agent_token.clone()),
@@ -235,14 +222,14 @@ impl AgentApi for InProcess {
         caller.api_key.is_none()
     }
 
-    async fn get_task(&self, task: &TokenTaskRef) -> Result<TaskView, Problem> {
+    async fn get_task(&self, task: &TokenTaskRef) -> Result<Task, Problem> {
         match self.get(task).await {
             Ok(view) => Ok(view),
             Err(e) => Err(problem(e).await),
         }
     }
 
-    async fn act(&self, task: &TokenTaskRef, action: Action) -> Result<ApiTaskChange, Problem> {
+    async fn act(&self, task: &TokenTaskRef, action: Action) -> Result<TaskChange, Problem> {
         match self.apply(task, action).await {
             Ok(change) => Ok(change),
             Err(e) => Err(problem(e).await),
@@ -255,7 +242,7 @@ impl AgentApi for InProcess {
         task: &TokenTaskRef,
         cursor: Option<i64>,
         wait: Duration,
-    ) -> Result<ApiEventPage, Problem> {
+    ) -> Result<EventPage, Problem> {
         match self.page(caller, task, cursor, wait).await {
             Ok(page) => Ok(page),
             Err(e) => Err(problem(e).await),
@@ -279,7 +266,7 @@ impl AgentApi for InProcess {
                     description: Some(view.description),
                     cursor: None,
                     problem: None,
-                    status_note: view.state.status_note(),
+                    status_note: status_note(view.state),
                 },
                 Err(e) => TaskSummary {
                     task_id: task.task_id,

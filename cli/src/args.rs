@@ -452,7 +452,7 @@ pub enum KeyCommand {
         /// How long the old secret still works, in seconds (the server's
         /// default: 86400; at most 604800).
         #[arg(long, value_name = "SECONDS")]
-        grace_seconds: Option<i64>,
+        grace_seconds: Option<u64>,
     },
     /// Revoke a key at once. Its principal's tasks keep running (their
     /// task tokens still work) unless --cancel-tasks.

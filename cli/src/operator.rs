@@ -309,7 +309,7 @@ fn entry_text(e: &AuditEntry) -> String {
         "#{} {} {} {} by {}",
         e.id,
         time(e.at),
-        escape_controls(&e.action),
+        e.action.as_str(),
         escape_controls(&e.target),
         principal_text(&e.principal)
     );
@@ -350,7 +350,7 @@ mod tests {
                 kind: PrincipalKind::Agent,
                 name: "billing".into(),
             },
-            scopes: vec![Scope::Tasks, Scope::RegisterWorkers],
+            scopes: vec![Scope::Tasks, Scope::RegisterWorkers].into(),
             created_at: t(at),
             expires_at: None,
             last_used_at: None,

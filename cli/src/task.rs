@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
-use meatspace_client::types::{CreateTask, Extension, TaskChange};
+use meatspace_client::types::{CreateTask, Extend, TaskChange};
 use meatspace_client::{Client, IssueAction, RetryPolicy, Task, TaskHandle, TaskState, Transport};
 use serde_json::json;
 use uuid::Uuid;
@@ -36,8 +36,8 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
         }
         TaskCommand::Extend { id, by } => {
             let ext = match (by.add_seconds, by.expires_at) {
-                (Some(n), _) => Extension::AddSeconds(n),
-                (None, Some(t)) => Extension::ExpiresAt(t),
+                (Some(n), _) => Extend::add_seconds(n),
+                (None, Some(t)) => Extend::until(t),
                 (None, None) => bail!("give --add-seconds N or --expires-at T"),
             };
             action(

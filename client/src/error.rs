@@ -2,33 +2,7 @@
 //! its status, `type`, `title` and `detail`, so callers can branch on them
 //! (`err.problem_slug() == Some("wrong-state")`) instead of parsing text.
 
-use meatspace_domain::TaskState;
-use serde::Deserialize;
-
-/// An RFC 9457 problem document as the server sends it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Problem {
-    /// HTTP status of the answer.
-    pub status: u16,
-    /// Stable identifier of the kind of problem (a URI).
-    #[serde(rename = "type", default)]
-    pub kind: String,
-    #[serde(default)]
-    pub title: String,
-    #[serde(default)]
-    pub detail: String,
-    /// The task's current state, for state conflicts.
-    #[serde(default)]
-    pub task_state: Option<TaskState>,
-}
-
-impl Problem {
-    /// The last segment of `type` (`https://…/problems/wrong-state` →
-    /// `wrong-state`).
-    pub fn slug(&self) -> &str {
-        self.kind.rsplit('/').next().unwrap_or(&self.kind)
-    }
-}
+pub use meatspace_api_types::Problem;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

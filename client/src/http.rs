@@ -25,7 +25,9 @@ use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::error::{Error, Problem};
-use crate::types::{AuditFilter, AuditPage, CreateTask, CreatedTask, RegisteredWorker, TaskPage};
+use crate::types::{
+    AuditFilter, AuditPage, CreateTask, CreatedTask, RegisterWorker, RegisteredWorker, TaskPage,
+};
 use crate::{
     CLIENT_ID_HEADER, DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, Invites, Keys, TaskHandle, TaskState,
     WorkerHandle, WorkersAdmin,
@@ -417,8 +419,11 @@ impl Client {
         &self,
         name: &str,
     ) -> Result<(RegisteredWorker, WorkerHandle), Error> {
-        let call = Call::new(Method::POST, "/api/v1/workers".into(), Auth::Principal)
-            .body(Body::json(&serde_json::json!({ "name": name }))?);
+        let call = Call::new(Method::POST, "/api/v1/workers".into(), Auth::Principal).body(
+            Body::json(&RegisterWorker {
+                name: name.to_owned(),
+            })?,
+        );
         let registered: RegisteredWorker = self.json(call).await?;
         let handle = self.worker(registered.worker_token.clone());
         Ok((registered, handle))

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::http::{Auth, Body, Call, Client};
-use crate::types::{CreateKey, Key, KeyPage, KeySecret, RevokedKey};
+use crate::types::{CreateKey, Key, KeyPage, KeySecret, RevokeKey, RevokedKey, RotateKey};
 
 /// The API keys of the install.
 #[derive(Debug, Clone)]
@@ -47,11 +47,8 @@ impl Keys {
 
     /// A new secret for the key; the old one keeps working for
     /// `grace_seconds` (the server's default, a day, when `None`).
-    pub async fn rotate(&self, id: Uuid, grace_seconds: Option<i64>) -> Result<KeySecret, Error> {
-        let body = match grace_seconds {
-            Some(g) => serde_json::json!({ "grace_seconds": g }),
-            None => serde_json::json!({}),
-        };
+    pub async fn rotate(&self, id: Uuid, grace_seconds: Option<u64>) -> Result<KeySecret, Error> {
+        let body = RotateKey { grace_seconds };
         let call =
             Call::new(Method::POST, path(id, "/rotate"), Auth::Principal).body(Body::json(&body)?);
         self.client.json(call).await
@@ -61,9 +58,8 @@ impl Keys {
     /// tasks of its principal that have not ended. Revoking twice changes
     /// nothing.
     pub async fn revoke(&self, id: Uuid, cancel_tasks: bool) -> Result<RevokedKey, Error> {
-        let call = Call::new(Method::POST, path(id, "/revoke"), Auth::Principal).body(Body::json(
-            &serde_json::json!({ "cancel_tasks": cancel_tasks }),
-        )?);
+        let call = Call::new(Method::POST, path(id, "/revoke"), Auth::Principal)
+            .body(Body::json(&RevokeKey { cancel_tasks })?);
         self.client.json(call).await
     }
 }

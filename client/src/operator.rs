@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::http::{Auth, Body, Call, Client};
-use crate::types::{Invite, InvitePage, RotatedWorker, Worker, WorkerPage};
+use crate::types::{Invite, InvitePage, RotatedWorker, Suspend, Worker, WorkerPage};
 
 /// The registered workers, as an operator manages them.
 #[derive(Debug, Clone)]
@@ -34,9 +34,8 @@ impl WorkersAdmin {
     /// Suspends the worker: its token and sessions are refused, and the
     /// task it holds reopens for another worker.
     pub async fn suspend(&self, id: Uuid, reason: Option<&str>) -> Result<Worker, Error> {
-        let body = match reason {
-            Some(r) => serde_json::json!({ "reason": r }),
-            None => serde_json::json!({}),
+        let body = Suspend {
+            reason: reason.map(str::to_owned),
         };
         let call = Call::new(
             Method::POST,

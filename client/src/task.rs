@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::feed::Feed;
 use crate::http::{Body, Call, Client, Credential};
-use crate::types::{EventPage, Extension, Photo, Respond, TaskChange};
+use crate::types::{EventPage, Extend, Photo, Respond, TaskChange};
 
 /// One task, as its agent sees it.
 #[derive(Clone)]
@@ -76,7 +76,7 @@ impl TaskHandle {
     }
 
     /// Gives the task more time (never less); a `task.extended` event.
-    pub async fn extend(&self, extension: Extension) -> Result<TaskChange, Error> {
+    pub async fn extend(&self, extension: Extend) -> Result<TaskChange, Error> {
         let call = self
             .call(Method::POST, "/extend")
             .body(Body::json(&extension)?);

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::feed::Feed;
 use crate::http::{Auth, Body, Call, Client, Credential};
-use crate::types::{EventPage, OpenTaskPage, RaiseIssue, TaskChange};
+use crate::types::{EndWork, EventPage, Message, OpenTaskPage, RaiseIssue, TaskChange};
 
 /// A registered worker.
 #[derive(Clone)]
@@ -75,7 +75,9 @@ impl WorkerHandle {
     pub async fn message(&self, id: Uuid, text: &str) -> Result<TaskChange, Error> {
         let call = self
             .task_call(Method::POST, id, "/messages")
-            .body(Body::json(&serde_json::json!({ "text": text }))?);
+            .body(Body::json(&Message {
+                text: text.to_owned(),
+            })?);
         self.client.json(call).await
     }
 
@@ -117,7 +119,9 @@ impl WorkerHandle {
     async fn end(&self, id: Uuid, suffix: &str, text: Option<&str>) -> Result<TaskChange, Error> {
         let mut call = self.task_call(Method::POST, id, suffix);
         if let Some(text) = text {
-            call = call.body(Body::json(&serde_json::json!({ "text": text }))?);
+            call = call.body(Body::json(&EndWork {
+                text: Some(text.to_owned()),
+            })?);
         }
         self.client.json(call).await
     }

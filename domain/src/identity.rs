@@ -3,8 +3,22 @@
 //! server checks a request's scopes against [`Scope`] and the store keeps
 //! [`Scopes`] in their text form.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+/// A registered worker (its token's digest stays in the store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct Worker {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// When an operator suspended the worker: its token and sessions are
+    /// refused until it is reinstated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_at: Option<DateTime<Utc>>,
+}
 
 /// The principal the development key acts as, when it is enabled: a
 /// built-in operator with every scope. Tasks created before identity

@@ -11,9 +11,10 @@
 //! decision in a transaction that holds the task's row lock, and only while
 //! the task is still the one it was decided on.
 //!
-//! The derives that only the server needs sit behind features: `utoipa`
-//! (OpenAPI schemas) and `clap` (the policy's flags), so the client and the
-//! CLI link neither a database driver nor the server's frameworks.
+//! The derives that only some users need sit behind features: `utoipa`
+//! (OpenAPI schemas), `schemars` (the MCP tools' result schemas) and `clap`
+//! (the policy's flags), so the client and the CLI link neither a database
+//! driver nor the server's frameworks.
 
 pub mod clock;
 mod command;
@@ -23,6 +24,7 @@ mod issue;
 pub mod policy;
 mod task;
 mod view;
+pub mod webhook;
 pub mod webhook_url;
 
 pub use command::{

@@ -7,6 +7,7 @@ use uuid::Uuid;
 /// Where a task is in its life. See DESIGN.md for the transition table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Draft,
@@ -68,6 +69,7 @@ impl std::fmt::Display for TaskState {
 /// digest lives only in the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 pub struct Task {
     pub id: Uuid,
     /// What the agent asks a person to do (1-4000 characters).

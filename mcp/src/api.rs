@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use crate::types::{ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskSummary, TaskView};
+use crate::types::{CreatedTask, EventPage, Problem, Task, TaskChange, TaskSummary};
 
 /// What the transport knows about who calls.
 #[derive(Clone, Default)]
@@ -118,10 +118,10 @@ pub trait AgentApi: Send + Sync + 'static {
         caller: &Caller,
         description: String,
         expires_in_seconds: Option<i64>,
-    ) -> Result<ApiCreated, Problem>;
+    ) -> Result<CreatedTask, Problem>;
 
     /// How tools name the task just created.
-    fn task_ref(&self, created: &ApiCreated) -> Self::TaskRef;
+    fn task_ref(&self, created: &CreatedTask) -> Self::TaskRef;
 
     /// `task` with what the request's own credentials supply (over HTTP,
     /// its API key in place of a missing agent token). The default keeps
@@ -135,9 +135,9 @@ pub trait AgentApi: Send + Sync + 'static {
         Self::SHOWS_TOKEN
     }
 
-    async fn get_task(&self, task: &Self::TaskRef) -> Result<TaskView, Problem>;
+    async fn get_task(&self, task: &Self::TaskRef) -> Result<Task, Problem>;
 
-    async fn act(&self, task: &Self::TaskRef, action: Action) -> Result<ApiTaskChange, Problem>;
+    async fn act(&self, task: &Self::TaskRef, action: Action) -> Result<TaskChange, Problem>;
 
     /// A page of the feed after `cursor`, waiting up to `wait` for the
     /// first event. Without a cursor, a backend that keeps one starts from
@@ -148,7 +148,7 @@ pub trait AgentApi: Send + Sync + 'static {
         task: &Self::TaskRef,
         cursor: Option<i64>,
         wait: Duration,
-    ) -> Result<ApiEventPage, Problem>;
+    ) -> Result<EventPage, Problem>;
 
     async fn list(&self, args: Self::ListArgs) -> Result<Vec<TaskSummary>, Problem>;
 

@@ -22,21 +22,18 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use meatspace_client::types::Extension;
+use meatspace_client::types::Extend;
 use meatspace_client::{Client, RetryPolicy, TaskHandle};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use crate::api::{Action, AgentApi, Caller, IssueAction, LocalTaskRef};
 use crate::state_dir::{StateDir, TaskRecord};
 use crate::stdio::Credentials;
 use crate::types::{
-    ApiCreated, ApiEventPage, ApiTaskChange, Problem, TaskState, TaskSummary, TaskView,
+    CreatedTask, EventPage, Problem, Task, TaskChange, TaskState, TaskSummary, status_note,
 };
-use serde_json::Value;
 
 /// Path of the extension route; its presence in the server's OpenAPI
 /// document turns on extend_task.
@@ -141,7 +138,7 @@ impl RemoteApi {
             .get()
             .await
             .map_err(problem)?;
-        let task: Value = retype(&task)?;
+        let task = serde_json::to_value(&task).map_err(state_problem)?;
         let _guard = self.records.lock().await;
         self.state
             .adopt(self.client.base_url(), &task)
@@ -169,7 +166,7 @@ impl RemoteApi {
 
     /// Stores the task as the API just returned it.
     async fn note_task(&self, task: &meatspace_client::Task) -> Result<(), Problem> {
-        let task: Value = retype(task)?;
+        let task = serde_json::to_value(task).map_err(state_problem)?;
         let _guard = self.records.lock().await;
         self.state
             .note_task(self.client.base_url(), &task)
@@ -180,21 +177,6 @@ impl RemoteApi {
         let _guard = self.records.lock().await;
         self.state.note_state(task_id, state).map_err(state_problem)
     }
-}
-
-/// A typed answer of the client read as the tools' type (or as the JSON
-/// the state directory keeps): the same document, so only a server that
-/// answers something else fails here.
-fn retype<T: DeserializeOwned>(value: &impl Serialize) -> Result<T, Problem> {
-    serde_json::to_value(value)
-        .and_then(serde_json::from_value)
-        .map_err(|e| {
-            Problem::local(
-                502,
-                "bad-answer",
-                format!("the API's answer was not understood: {e}"),
-            )
-        })
 }
 
 fn state_problem(e: impl std::fmt::Display) -> Problem {
@@ -215,7 +197,7 @@ fn problem(e: meatspace_client::Error) -> Problem {
             kind: p.kind,
             title: p.title,
             detail: p.detail,
-            task_state: p.task_state.and_then(|s| retype(&s).ok()),
+            task_state: p.task_state,
         },
         Error::Http { status, .. } => Problem::local(
             status,
@@ -258,7 +240,7 @@ impl AgentApi for RemoteApi {
         _caller: &Caller,
         description: String,
         expires_in_seconds: Option<i64>,
-    ) -> Result<ApiCreated, Problem> {
+    ) -> Result<CreatedTask, Problem> {
         if !self.has_principal {
             return Err(Problem::local(
                 401,
@@ -269,34 +251,29 @@ impl AgentApi for RemoteApi {
         let mut req = meatspace_client::types::CreateTask::new(description);
         req.expires_in_seconds = expires_in_seconds;
         let (created, _) = self.client.create_task(&req).await.map_err(problem)?;
-        let answer = serde_json::json!({
-            "task": created.task,
-            "agent_token": created.agent_token,
-            "webhook_secret": created.webhook_secret,
-        });
-        let result: ApiCreated = retype(&answer)?;
+        let answer = serde_json::to_value(&created).map_err(state_problem)?;
         // Kept before the result is returned: the token is shown only once.
         let _guard = self.records.lock().await;
         self.state
             .save_created(self.client.base_url(), &answer)
             .map_err(state_problem)?;
-        Ok(result)
+        Ok(created)
     }
 
-    fn task_ref(&self, created: &ApiCreated) -> LocalTaskRef {
+    fn task_ref(&self, created: &CreatedTask) -> LocalTaskRef {
         LocalTaskRef {
             task_id: created.task.id,
         }
     }
 
-    async fn get_task(&self, task: &LocalTaskRef) -> Result<TaskView, Problem> {
+    async fn get_task(&self, task: &LocalTaskRef) -> Result<Task, Problem> {
         let (_, handle) = self.handle(&self.client, task.task_id).await?;
         let answer = handle.get().await.map_err(problem)?;
         self.note_task(&answer).await?;
-        retype(&answer)
+        Ok(answer)
     }
 
-    async fn act(&self, task: &LocalTaskRef, action: Action) -> Result<ApiTaskChange, Problem> {
+    async fn act(&self, task: &LocalTaskRef, action: Action) -> Result<TaskChange, Problem> {
         let (_, handle) = self.handle(&self.client, task.task_id).await?;
         let answer = match action {
             Action::Publish => handle.publish().await,
@@ -313,13 +290,11 @@ impl AgentApi for RemoteApi {
                 };
                 handle.respond(issue_event_id, action, text).await
             }
-            Action::Extend { add_seconds } => {
-                handle.extend(Extension::AddSeconds(add_seconds)).await
-            }
+            Action::Extend { add_seconds } => handle.extend(Extend::add_seconds(add_seconds)).await,
         }
         .map_err(problem)?;
         self.note_task(&answer.task).await?;
-        retype(&answer)
+        Ok(answer)
     }
 
     async fn events(
@@ -328,7 +303,7 @@ impl AgentApi for RemoteApi {
         task: &LocalTaskRef,
         cursor: Option<i64>,
         wait: Duration,
-    ) -> Result<ApiEventPage, Problem> {
+    ) -> Result<EventPage, Problem> {
         let id = task.task_id;
         let (record, handle) = self.handle(&self.poll, id).await?;
         // A given cursor acknowledges the events up to it: store it now
@@ -380,7 +355,6 @@ impl AgentApi for RemoteApi {
                 Err(p) => return Err(p),
             }
         };
-        let page: ApiEventPage = retype(&page)?;
         self.note_state(id, page.task_state).await?;
         Ok(page)
     }
@@ -397,7 +371,7 @@ impl AgentApi for RemoteApi {
                 if records.iter().any(|r| r.task_id == task.id) {
                     continue;
                 }
-                let state: TaskState = retype(&task.state)?;
+                let state = task.state;
                 tasks.push(TaskSummary {
                     task_id: task.id,
                     state: Some(state),
@@ -405,7 +379,7 @@ impl AgentApi for RemoteApi {
                     description: Some(task.description),
                     cursor: None,
                     problem: None,
-                    status_note: state.status_note(),
+                    status_note: status_note(state),
                 });
             }
         }
@@ -420,7 +394,7 @@ impl AgentApi for RemoteApi {
                 self.get_task(&reference).await.map(Some)
             };
             let (state, problem) = match fresh {
-                Ok(Some(view)) => (view.state, None),
+                Ok(Some(task)) => (task.state, None),
                 Ok(None) => (record.last_known_state, None),
                 Err(p) => (record.last_known_state, Some(p)),
             };
@@ -431,7 +405,7 @@ impl AgentApi for RemoteApi {
                 description: Some(record.description),
                 cursor: Some(record.cursor),
                 problem,
-                status_note: state.status_note(),
+                status_note: status_note(state),
             });
         }
         Ok(tasks)

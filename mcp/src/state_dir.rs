@@ -202,12 +202,7 @@ impl StateDir {
     /// Stores the task's state as an event page reported it.
     pub fn note_state(&self, task_id: Uuid, state: TaskState) -> Result<(), StateError> {
         if self.shared.load_task(task_id)?.is_some() {
-            let shared_state: meatspace_client::TaskState = convert(state)?;
-            self.shared.update_task(task_id, |r| {
-                if r.task.state != shared_state {
-                    r.task.state = shared_state;
-                }
-            })?;
+            self.shared.update_task(task_id, |r| r.task.state = state)?;
             return Ok(());
         }
         self.update_legacy(task_id, |r| r.last_known_state = state)
@@ -284,17 +279,9 @@ fn from_shared(r: state::TaskRecord) -> TaskRecord {
         task_id: r.id,
         agent_token: r.agent_token,
         cursor: r.cursor,
-        // The two enums are the API's one list of states.
-        last_known_state: convert(r.task.state).unwrap_or(TaskState::Draft),
+        last_known_state: r.task.state,
         description: r.task.description,
     }
-}
-
-/// A value of one type as another that has the same JSON.
-fn convert<A: Serialize, B: serde::de::DeserializeOwned>(a: A) -> Result<B, StateError> {
-    serde_json::to_value(a)
-        .and_then(serde_json::from_value)
-        .map_err(|e| StateError(format!("unknown task state: {e}")))
 }
 
 /// Writes `value` to `path` atomically, mode 0600, in a 0700 directory.

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use crate::api::{Action, AgentApi, Caller, IssueAction};
 use crate::types::{
     CreatedTaskResult, EventView, EventsResult, Problem, TaskChangeResult, TaskListResult,
-    TaskResult, ToolProblem,
+    TaskResult, TaskView, ToolProblem, status_note,
 };
 
 /// Header carrying the development key, on the MCP request itself.
@@ -138,12 +138,12 @@ fn caller(extensions: &Extensions) -> Caller {
 }
 
 fn change(
-    result: Result<crate::types::ApiTaskChange, Problem>,
+    result: Result<crate::types::TaskChange, Problem>,
 ) -> Result<Json<TaskChangeResult>, ToolProblem> {
     let change = result.map_err(ToolProblem::from)?;
-    let task = change.task.normalized();
+    let task = TaskView::from(change.task);
     Ok(Json(TaskChangeResult {
-        status_note: task.state.status_note(),
+        status_note: status_note(task.task.state),
         task,
         events: change.events.into_iter().map(EventView::from_api).collect(),
     }))
@@ -200,9 +200,9 @@ impl<A: AgentApi> MeatspaceTools<A> {
             .api
             .shows_token(&caller(&extensions))
             .then(|| created.agent_token.clone());
-        let mut task = created.task.clone().normalized();
+        let mut task = TaskView::from(created.task.clone());
         let mut events = Vec::new();
-        let mut status_note = task.state.status_note();
+        let mut note = status_note(task.task.state);
         if args.publish {
             match self
                 .api
@@ -210,14 +210,14 @@ impl<A: AgentApi> MeatspaceTools<A> {
                 .await
             {
                 Ok(change) => {
-                    task = change.task.normalized();
+                    task = TaskView::from(change.task);
                     events = change.events.into_iter().map(EventView::from_api).collect();
-                    status_note = task.state.status_note();
+                    note = status_note(task.task.state);
                 }
                 // The task exists: hand it (and its token) back anyway,
                 // with the reason it is still a draft.
                 Err(problem) => {
-                    status_note = format!(
+                    note = format!(
                         "The task was created but publishing it failed ({}): {} Call publish_task to retry.",
                         problem.status, problem.detail
                     );
@@ -225,7 +225,7 @@ impl<A: AgentApi> MeatspaceTools<A> {
             }
         }
         if agent_token.is_some() {
-            status_note.push_str(
+            note.push_str(
                 " Keep agent_token: it is shown only now and every other tool of this task needs it.",
             );
         }
@@ -233,7 +233,7 @@ impl<A: AgentApi> MeatspaceTools<A> {
             task,
             agent_token,
             events,
-            status_note,
+            status_note: note,
         }))
     }
 
@@ -272,14 +272,10 @@ impl<A: AgentApi> MeatspaceTools<A> {
         Parameters(task): Parameters<A::TaskRef>,
     ) -> Result<Json<TaskResult>, ToolProblem> {
         let task = self.api.with_caller(task, &caller(&extensions));
-        let task = self
-            .api
-            .get_task(&task)
-            .await
-            .map_err(ToolProblem::from)?
-            .normalized();
+        let task = self.api.get_task(&task).await.map_err(ToolProblem::from)?;
+        let task = TaskView::from(task);
         Ok(Json(TaskResult {
-            status_note: task.state.status_note(),
+            status_note: status_note(task.task.state),
             task,
         }))
     }

@@ -1,6 +1,6 @@
-//! What the tools exchange: the API's JSON as it comes from either backend
-//! (the HTTP API or the server's own handlers serialised the same way), and
-//! the tool results built from it.
+//! What the tools exchange: the API's own types (`meatspace-api-types`,
+//! through the client), whichever way the tools reach the API (over HTTP,
+//! or the server's own handlers), and the tool results built from them.
 //!
 //! Tool results never carry worker-authored text outside a field named
 //! `untrusted_worker_text`: [`EventView::from_api`] moves every such piece
@@ -13,150 +13,43 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-/// The state of a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
-    /// Created, not yet visible to workers: publish it.
-    Draft,
-    /// Published, waiting for a worker to claim it.
-    Open,
-    /// A worker claimed it and has not started yet.
-    Assigned,
-    /// A worker is doing it.
-    Active,
-    /// Terminal: the worker finished it.
-    Completed,
-    /// Terminal: the worker stopped (always allowed; ends the task).
-    Stopped,
-    /// Terminal: the agent cancelled it.
-    Cancelled,
-    /// Terminal: a deadline passed.
-    Expired,
-}
+pub use meatspace_client::types::{CreatedTask, EventPage, TaskChange};
+pub use meatspace_client::{Event, Task, TaskState};
 
-impl TaskState {
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TaskState::Completed | TaskState::Stopped | TaskState::Cancelled | TaskState::Expired
-        )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Draft => "draft",
-            TaskState::Open => "open",
-            TaskState::Assigned => "assigned",
-            TaskState::Active => "active",
-            TaskState::Completed => "completed",
-            TaskState::Stopped => "stopped",
-            TaskState::Cancelled => "cancelled",
-            TaskState::Expired => "expired",
+/// One plain sentence on what the agent should do now. Terminal states say
+/// so outright, because a model that keeps polling a finished task wastes
+/// calls and may act on a task that no longer exists for anyone.
+pub fn status_note(state: TaskState) -> String {
+    match state {
+        TaskState::Draft => {
+            "The task is a draft: workers cannot see it until you publish it (publish_task).".into()
         }
-    }
-
-    /// One plain sentence on what the agent should do now. Terminal states
-    /// say so outright, because a model that keeps polling a finished task
-    /// wastes calls and may act on a task that no longer exists for anyone.
-    pub fn status_note(self) -> String {
-        let state = self.as_str();
-        match self {
-            TaskState::Draft => {
-                "The task is a draft: workers cannot see it until you publish it (publish_task)."
-                    .into()
-            }
-            TaskState::Open | TaskState::Assigned | TaskState::Active => format!(
-                "The task is {state}; keep monitoring it: call wait_for_events with next_cursor, and answer every worker.issue event with respond_to_issue."
-            ),
-            _ => format!(
-                "The task is {state}; stop monitoring it. This is a terminal state: the task can never change again."
-            ),
-        }
+        TaskState::Open | TaskState::Assigned | TaskState::Active => format!(
+            "The task is {state}; keep monitoring it: call wait_for_events with next_cursor, and answer every worker.issue event with respond_to_issue."
+        ),
+        _ => format!(
+            "The task is {state}; stop monitoring it. This is a terminal state: the task can never change again."
+        ),
     }
 }
 
-/// A task as the API serves it. The description is the agent's own text.
+/// A task as a tool returns it: the API's task (every field of it; the
+/// description is the agent's own text), and whether it has ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskView {
-    pub id: Uuid,
-    /// What the agent asked a person to do (the agent's own text).
-    pub description: String,
-    pub state: TaskState,
+    #[serde(flatten)]
+    pub task: Task,
     /// True when `state` is terminal: stop monitoring the task.
-    #[serde(default)]
     pub terminal: bool,
-    #[serde(default)]
-    pub worker_id: Option<Uuid>,
-    pub created_at: DateTime<Utc>,
-    #[serde(default)]
-    pub published_at: Option<DateTime<Utc>>,
-    #[serde(default)]
-    pub started_at: Option<DateTime<Utc>>,
-    #[serde(default)]
-    pub ended_at: Option<DateTime<Utc>>,
-    /// End of the task's lifetime: a task that has not started expires then.
-    pub expires_at: DateTime<Utc>,
-    /// An assigned worker who has not started by then loses the assignment.
-    #[serde(default)]
-    pub start_by: Option<DateTime<Utc>>,
-    /// An active task expires then.
-    #[serde(default)]
-    pub active_until: Option<DateTime<Utc>>,
-    /// Worker issues not yet answered (find them as worker.issue events).
-    #[serde(default)]
-    pub open_issues: i64,
-    /// Id of the newest event of the task (0 before the first).
-    #[serde(default)]
-    pub last_event_id: i64,
 }
 
-impl TaskView {
-    /// Fills the derived fields after deserialising the API's task.
-    pub fn normalized(mut self) -> Self {
-        self.terminal = self.state.is_terminal();
-        self
+impl From<Task> for TaskView {
+    fn from(task: Task) -> Self {
+        TaskView {
+            terminal: task.state.is_terminal(),
+            task,
+        }
     }
-}
-
-/// An event as the API serves it (`data` may hold worker text).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiEvent {
-    pub id: i64,
-    pub task_id: Uuid,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub created_at: DateTime<Utc>,
-    pub actor: String,
-    #[serde(default)]
-    pub untrusted: bool,
-    #[serde(default)]
-    pub data: Value,
-}
-
-/// A page of the event feed as the API serves it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiEventPage {
-    pub task_id: Uuid,
-    pub task_state: TaskState,
-    pub events: Vec<ApiEvent>,
-    pub next_cursor: i64,
-    #[serde(default)]
-    pub has_more: bool,
-}
-
-/// What an action returns: the task now and the events it appended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiTaskChange {
-    pub task: TaskView,
-    pub events: Vec<ApiEvent>,
-}
-
-/// What creating a task returns.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiCreated {
-    pub task: TaskView,
-    pub agent_token: String,
 }
 
 /// An API refusal (RFC 9457 problem document), carried into a tool error.
@@ -241,17 +134,17 @@ pub struct EventView {
 impl EventView {
     /// Splits the event's data: server facts stay in `data`, everything a
     /// worker wrote moves to `untrusted_worker_text`.
-    pub fn from_api(event: ApiEvent) -> Self {
-        let (data, text) = if event.untrusted || event.actor == "worker" {
+    pub fn from_api(event: Event) -> Self {
+        let (data, text) = if event.untrusted || event.actor == meatspace_client::Actor::Worker {
             split_worker_text(event.data)
         } else {
             (event.data, None)
         };
         EventView {
             id: event.id,
-            kind: event.kind,
+            kind: event.kind.as_str().to_owned(),
             created_at: event.created_at,
-            actor: event.actor,
+            actor: event.actor.as_str().to_owned(),
             untrusted: event.untrusted,
             data,
             untrusted_worker_text: text,
@@ -353,14 +246,12 @@ pub struct EventsResult {
 }
 
 impl EventsResult {
-    pub fn from_page(page: ApiEventPage) -> Self {
+    pub fn from_page(page: EventPage) -> Self {
         let terminal = page.task_state.is_terminal();
-        let status_note = if terminal && !page.has_more {
-            page.task_state.status_note()
-        } else if page.has_more {
+        let status_note = if page.has_more {
             "More events are waiting: call wait_for_events again now with next_cursor.".into()
         } else {
-            page.task_state.status_note()
+            status_note(page.task_state)
         };
         EventsResult {
             task_id: page.task_id,
@@ -428,7 +319,7 @@ impl From<Problem> for ToolProblem {
         };
         let hint = match problem.task_state {
             Some(state) if state.is_terminal() => {
-                format!("{hint} {}", state.status_note())
+                format!("{hint} {}", status_note(state))
             }
             _ => hint.to_owned(),
         };
@@ -449,13 +340,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn event(kind: &str, actor: &str, untrusted: bool, data: Value) -> ApiEvent {
-        ApiEvent {
+    fn event(kind: &str, actor: &str, untrusted: bool, data: Value) -> Event {
+        let (kind, actor) = (json!(kind), json!(actor));
+        Event {
             id: 7,
             task_id: Uuid::nil(),
-            kind: kind.into(),
+            kind: serde_json::from_value(kind).unwrap(),
             created_at: Utc::now(),
-            actor: actor.into(),
+            actor: serde_json::from_value(actor).unwrap(),
             untrusted,
             data,
         }
@@ -507,8 +399,8 @@ mod tests {
     #[test]
     fn terminal_states_say_stop() {
         for s in [TaskState::Completed, TaskState::Cancelled] {
-            assert!(s.status_note().contains("stop monitoring it"));
+            assert!(status_note(s).contains("stop monitoring it"));
         }
-        assert!(!TaskState::Open.status_note().contains("stop monitoring"));
+        assert!(!status_note(TaskState::Open).contains("stop monitoring"));
     }
 }

@@ -37,7 +37,11 @@ pub(crate) async fn get(pool: &PgPool, task_id: Uuid) -> Result<Option<Webhook>,
     row.map(|r| {
         Ok(Webhook {
             url: r.try_get("url")?,
-            state: WebhookState::parse(r.try_get("state")?)?,
+            state: {
+                let state: String = r.try_get("state")?;
+                WebhookState::parse(&state)
+                    .ok_or_else(|| StoreError::Corrupt(format!("webhook state {state:?}")))?
+            },
             last_delivered_event_id: r.try_get("delivered_event_id")?,
             attempts: r.try_get("attempts")?,
             next_attempt_at: r.try_get("next_attempt_at")?,

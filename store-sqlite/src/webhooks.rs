@@ -38,7 +38,11 @@ pub(crate) async fn get(pool: &SqlitePool, task_id: Uuid) -> Result<Option<Webho
     row.map(|r| {
         Ok(Webhook {
             url: r.try_get("url")?,
-            state: WebhookState::parse(r.try_get("state")?)?,
+            state: {
+                let state: String = r.try_get("state")?;
+                WebhookState::parse(&state)
+                    .ok_or_else(|| StoreError::Corrupt(format!("webhook state {state:?}")))?
+            },
             last_delivered_event_id: r.try_get("delivered_event_id")?,
             attempts: r.try_get("attempts")?,
             next_attempt_at: opt_from_ms(r.try_get("next_attempt_at")?)?,

@@ -168,17 +168,7 @@ impl NewTask {
     }
 }
 
-/// A registered worker (its token digest stays in the store).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct Worker {
-    pub id: Uuid,
-    pub name: String,
-    pub created_at: DateTime<Utc>,
-    /// When an operator suspended the worker: its token and sessions are
-    /// refused until it is reinstated.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub suspended_at: Option<DateTime<Utc>>,
-}
+pub use meatspace_domain::identity::Worker;
 
 /// A photo as stored.
 #[derive(Clone, PartialEq, Eq)]

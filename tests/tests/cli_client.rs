@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meatspace_client::types::{CreateTask, Extension};
+use meatspace_client::types::{CreateTask, Extend};
 use meatspace_client::{
     Client, Error, Event, EventType, Feed, IssueAction, IssueKind, RetryPolicy, TaskState,
     Transport,
@@ -666,7 +666,7 @@ async fn extend_gives_a_task_more_time(db: Db) {
     let (created, task) = client.create_task(&req).await.expect("create");
     let before = created.task.expires_at;
     let change = task
-        .extend(Extension::AddSeconds(300))
+        .extend(Extend::add_seconds(300))
         .await
         .expect("extend by seconds");
     assert_eq!(
@@ -679,12 +679,12 @@ async fn extend_gives_a_task_more_time(db: Db) {
     );
     let later = change.task.expires_at + chrono::TimeDelta::seconds(60);
     let change = task
-        .extend(Extension::ExpiresAt(later))
+        .extend(Extend::until(later))
         .await
         .expect("extend to a time");
     assert_eq!(change.task.expires_at, later);
     task.cancel().await.expect("cancel");
-    let err = task.extend(Extension::AddSeconds(60)).await.unwrap_err();
+    let err = task.extend(Extend::add_seconds(60)).await.unwrap_err();
     assert_eq!(
         err.status(),
         Some(409),

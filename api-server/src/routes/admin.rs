@@ -8,10 +8,11 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, TimeDelta, Utc};
+use meatspace_api_types as api;
 use meatspace_domain::Command;
-use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scope, Scopes};
+use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
 use meatspace_store::{ApiKey, AuditEntry, AuditFilter, Invite, NewApiKey, Worker};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -48,31 +49,10 @@ fn no_such(what: &str) -> ApiError {
     ApiError::NotFound(format!("no such {what}"))
 }
 
-/// An API key as operators see it: never its secret or digest.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct KeyView {
-    pub id: Uuid,
-    pub name: String,
-    pub principal: PrincipalRef,
-    pub scopes: Scopes,
-    pub created_at: DateTime<Utc>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<DateTime<Utc>>,
-    /// Coarse: written about once a minute.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_used_at: Option<DateTime<Utc>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revoked_at: Option<DateTime<Utc>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rotated_at: Option<DateTime<Utc>>,
-    /// Until then the secret the last rotation replaced still works.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub previous_valid_until: Option<DateTime<Utc>>,
-}
-
-impl From<ApiKey> for KeyView {
-    fn from(k: ApiKey) -> Self {
-        KeyView {
+/// A stored key as operators see it.
+pub(crate) fn key_view(k: ApiKey) -> api::Key {
+    {
+        api::Key {
             id: k.id,
             name: k.name,
             principal: k.principal,
@@ -87,38 +67,16 @@ impl From<ApiKey> for KeyView {
     }
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateKeyRequest {
-    /// What the key is for (1-200 characters).
-    pub name: String,
-    /// The kind of a new principal (default `agent`); ignored with `principal_id`.
-    pub kind: Option<PrincipalKind>,
-    /// Another key for this existing principal, instead of a new one.
-    pub principal_id: Option<Uuid>,
-    /// Default: `["tasks"]` for an agent, `["operator"]` for an operator.
-    pub scopes: Option<Vec<Scope>>,
-    pub expires_at: Option<DateTime<Utc>>,
-}
-
-/// A key and its secret, shown once.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct KeyWithSecret {
-    pub key: KeyView,
-    /// `msk_<key id>_<secret>`. Shown only now; store it securely.
-    pub secret: String,
-}
-
 /// Creates an API key, for a new principal or another key of an existing one.
 #[utoipa::path(post, path = "/api/v1/keys", tag = "operator",
-    request_body = CreateKeyRequest,
+    request_body = api::CreateKey,
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 201, body = KeyWithSecret), AdminActionErrors))]
+    responses((status = 201, body = api::KeySecret), AdminActionErrors))]
 async fn create_key(
     State(state): State<AppState>,
     Operator(caller): Operator,
     address: ClientAddress,
-    Json(req): Json<CreateKeyRequest>,
+    Json(req): Json<api::CreateKey>,
 ) -> Result<Response, ApiError> {
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
     let now = state.clock.now();
@@ -173,8 +131,8 @@ async fn create_key(
     Ok((
         StatusCode::CREATED,
         [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(KeyWithSecret {
-            key: key.into(),
+        axum::Json(api::KeySecret {
+            key: key_view(key),
             secret,
         }),
     )
@@ -210,27 +168,20 @@ fn page<T>(mut items: Vec<T>, limit: u32, id: impl Fn(&T) -> Uuid) -> (Vec<T>, O
     (items, next)
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct KeyPage {
-    pub keys: Vec<KeyView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
-}
-
 /// Every API key, revoked ones included, ordered by id.
 #[utoipa::path(get, path = "/api/v1/keys", tag = "operator", params(PageQuery),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = KeyPage), AdminListErrors))]
+    responses((status = 200, body = api::KeyPage), AdminListErrors))]
 async fn list_keys(
     State(state): State<AppState>,
     _: Operator,
     Query(q): Query<PageQuery>,
-) -> Result<axum::Json<KeyPage>, ApiError> {
+) -> Result<axum::Json<api::KeyPage>, ApiError> {
     let (after, limit) = q.parts()?;
     let keys = state.store.api_keys(after, limit + 1).await?;
     let (keys, next_cursor) = page(keys, limit, |k| k.id);
-    Ok(axum::Json(KeyPage {
-        keys: keys.into_iter().map(KeyView::from).collect(),
+    Ok(axum::Json(api::KeyPage {
+        keys: keys.into_iter().map(key_view).collect(),
         next_cursor,
     }))
 }
@@ -239,25 +190,18 @@ async fn list_keys(
 #[utoipa::path(get, path = "/api/v1/keys/{key_id}", tag = "operator",
     params(("key_id" = Uuid, Path)),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = KeyView), AdminActionErrors))]
+    responses((status = 200, body = api::Key), AdminActionErrors))]
 async fn get_key(
     State(state): State<AppState>,
     _: Operator,
     Path(id): Path<Uuid>,
-) -> Result<axum::Json<KeyView>, ApiError> {
+) -> Result<axum::Json<api::Key>, ApiError> {
     let key = state
         .store
         .api_key(id)
         .await?
         .ok_or_else(|| no_such("key"))?;
-    Ok(axum::Json(key.key.into()))
-}
-
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RotateKeyRequest {
-    /// How long the current secret keeps working (0-604800 s; default 86400).
-    pub grace_seconds: Option<u64>,
+    Ok(axum::Json(key_view(key.key)))
 }
 
 /// Gives a key a new secret. The current one keeps working until
@@ -265,9 +209,9 @@ pub struct RotateKeyRequest {
 /// users can switch without an outage.
 #[utoipa::path(post, path = "/api/v1/keys/{key_id}/rotate", tag = "operator",
     params(("key_id" = Uuid, Path)),
-    request_body(content = Option<RotateKeyRequest>, description = "optional grace period"),
+    request_body(content = Option<api::RotateKey>, description = "optional grace period"),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = KeyWithSecret), AdminActionErrors))]
+    responses((status = 200, body = api::KeySecret), AdminActionErrors))]
 async fn rotate_key(
     State(state): State<AppState>,
     Operator(caller): Operator,
@@ -276,7 +220,7 @@ async fn rotate_key(
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let req = super::invites::optional_json::<RotateKeyRequest>(&headers, &body)?;
+    let req = super::invites::optional_json::<api::RotateKey>(&headers, &body)?;
     let grace = req.grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
     if grace > MAX_ROTATION_GRACE_SECONDS {
         return Err(ApiError::invalid(format!(
@@ -306,37 +250,21 @@ async fn rotate_key(
     state.credentials.keys.forget(id);
     Ok((
         [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(KeyWithSecret {
-            key: key.into(),
+        axum::Json(api::KeySecret {
+            key: key_view(key),
             secret,
         }),
     )
         .into_response())
 }
 
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RevokeKeyRequest {
-    /// Also cancel every non-terminal task the key's principal owns (when
-    /// this is its last key, its tasks otherwise run on with their tokens).
-    #[serde(default)]
-    pub cancel_tasks: bool,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RevokedKey {
-    pub key: KeyView,
-    /// Tasks cancelled with it (`cancel_tasks`).
-    pub cancelled_tasks: u64,
-}
-
 /// Revokes a key at once on every replica. Its principal's tasks keep
 /// running and stay readable with their task tokens, unless `cancel_tasks`.
 #[utoipa::path(post, path = "/api/v1/keys/{key_id}/revoke", tag = "operator",
     params(("key_id" = Uuid, Path)),
-    request_body(content = Option<RevokeKeyRequest>, description = "optional"),
+    request_body(content = Option<api::RevokeKey>, description = "optional"),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = RevokedKey), AdminActionErrors))]
+    responses((status = 200, body = api::RevokedKey), AdminActionErrors))]
 async fn revoke_key(
     State(state): State<AppState>,
     Operator(caller): Operator,
@@ -344,8 +272,8 @@ async fn revoke_key(
     Path(id): Path<Uuid>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
-) -> Result<axum::Json<RevokedKey>, ApiError> {
-    let req = super::invites::optional_json::<RevokeKeyRequest>(&headers, &body)?;
+) -> Result<axum::Json<api::RevokedKey>, ApiError> {
+    let req = super::invites::optional_json::<api::RevokeKey>(&headers, &body)?;
     let audit = caller.audit(
         AuditAction::KeyRevoked,
         format!("key:{id}"),
@@ -364,8 +292,8 @@ async fn revoke_key(
     if req.cancel_tasks {
         cancelled = cancel_owned(&state, &caller, &address, key.principal.id).await?;
     }
-    Ok(axum::Json(RevokedKey {
-        key: key.into(),
+    Ok(axum::Json(api::RevokedKey {
+        key: key_view(key),
         cancelled_tasks: cancelled,
     }))
 }
@@ -411,36 +339,22 @@ async fn cancel_owned(
     Ok(cancelled)
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct WorkerPage {
-    pub workers: Vec<Worker>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
-}
-
 /// Every worker, suspended ones included, ordered by id.
 #[utoipa::path(get, path = "/api/v1/workers", tag = "operator", params(PageQuery),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = WorkerPage), AdminListErrors))]
+    responses((status = 200, body = api::WorkerPage), AdminListErrors))]
 pub(crate) async fn list_workers(
     State(state): State<AppState>,
     _: Operator,
     Query(q): Query<PageQuery>,
-) -> Result<axum::Json<WorkerPage>, ApiError> {
+) -> Result<axum::Json<api::WorkerPage>, ApiError> {
     let (after, limit) = q.parts()?;
     let workers = state.store.workers(after, limit + 1).await?;
     let (workers, next_cursor) = page(workers, limit, |w| w.id);
-    Ok(axum::Json(WorkerPage {
+    Ok(axum::Json(api::WorkerPage {
         workers,
         next_cursor,
     }))
-}
-
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SuspendRequest {
-    /// Why, for the audit trail (at most 1000 characters).
-    pub reason: Option<String>,
 }
 
 /// Suspends a worker on every replica: its token and sessions are refused,
@@ -448,7 +362,7 @@ pub struct SuspendRequest {
 /// for another worker (`task.unassigned`, reason `worker_suspended`).
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/suspend", tag = "operator",
     params(("worker_id" = Uuid, Path)),
-    request_body(content = Option<SuspendRequest>, description = "optional reason"),
+    request_body(content = Option<api::Suspend>, description = "optional reason"),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn suspend_worker(
@@ -459,7 +373,7 @@ async fn suspend_worker(
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    let req = super::invites::optional_json::<SuspendRequest>(&headers, &body)?;
+    let req = super::invites::optional_json::<api::Suspend>(&headers, &body)?;
     let reason = super::checked_optional_text("reason", req.reason.as_deref(), 1000)?;
     let audit = caller.audit(
         AuditAction::WorkerSuspended,
@@ -501,18 +415,11 @@ async fn reinstate_worker(
     Ok(axum::Json(worker))
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RotatedWorkerToken {
-    pub worker: Worker,
-    /// The new token; the old one stopped working. Shown only now.
-    pub worker_token: String,
-}
-
 /// Gives a worker a new token; the old one stops working at once.
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/rotate", tag = "operator",
     params(("worker_id" = Uuid, Path)),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = RotatedWorkerToken), AdminActionErrors))]
+    responses((status = 200, body = api::RotatedWorker), AdminActionErrors))]
 async fn rotate_worker_token(
     State(state): State<AppState>,
     Operator(caller): Operator,
@@ -534,7 +441,7 @@ async fn rotate_worker_token(
     state.credentials.workers.forget(id);
     Ok((
         [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(RotatedWorkerToken {
+        axum::Json(api::RotatedWorker {
             worker,
             worker_token,
         }),
@@ -542,23 +449,10 @@ async fn rotate_worker_token(
         .into_response())
 }
 
-/// An invite as operators see it (never its code).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct InviteView {
-    pub id: Uuid,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub used_at: Option<DateTime<Utc>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revoked_at: Option<DateTime<Utc>>,
-    /// The principal whose key created it.
-    pub created_by: Uuid,
-}
-
-impl From<Invite> for InviteView {
-    fn from(i: Invite) -> Self {
-        InviteView {
+/// A stored invite as operators see it.
+pub(crate) fn invite_view(i: Invite) -> api::Invite {
+    {
+        api::Invite {
             id: i.id,
             created_at: i.created_at,
             expires_at: i.expires_at,
@@ -569,27 +463,20 @@ impl From<Invite> for InviteView {
     }
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct InvitePage {
-    pub invites: Vec<InviteView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
-}
-
 /// Invites not yet purged (used and expired ones go after a while).
 #[utoipa::path(get, path = "/api/v1/workers/invites", tag = "operator", params(PageQuery),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = InvitePage), AdminListErrors))]
+    responses((status = 200, body = api::InvitePage), AdminListErrors))]
 pub(crate) async fn list_invites(
     State(state): State<AppState>,
     _: Operator,
     Query(q): Query<PageQuery>,
-) -> Result<axum::Json<InvitePage>, ApiError> {
+) -> Result<axum::Json<api::InvitePage>, ApiError> {
     let (after, limit) = q.parts()?;
     let invites = state.store.invites(after, limit + 1).await?;
     let (invites, next_cursor) = page(invites, limit, |i| i.id);
-    Ok(axum::Json(InvitePage {
-        invites: invites.into_iter().map(InviteView::from).collect(),
+    Ok(axum::Json(api::InvitePage {
+        invites: invites.into_iter().map(invite_view).collect(),
         next_cursor,
     }))
 }
@@ -598,13 +485,13 @@ pub(crate) async fn list_invites(
 #[utoipa::path(post, path = "/api/v1/workers/invites/{invite_id}/revoke", tag = "operator",
     params(("invite_id" = Uuid, Path)),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = InviteView), AdminActionErrors))]
+    responses((status = 200, body = api::Invite), AdminActionErrors))]
 async fn revoke_invite(
     State(state): State<AppState>,
     Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
-) -> Result<axum::Json<InviteView>, ApiError> {
+) -> Result<axum::Json<api::Invite>, ApiError> {
     let audit = caller.audit(
         AuditAction::InviteRevoked,
         format!("invite:{id}"),
@@ -616,7 +503,7 @@ async fn revoke_invite(
         .revoke_invite(id, audit)
         .await?
         .ok_or_else(|| no_such("invite"))?;
-    Ok(axum::Json(invite.into()))
+    Ok(axum::Json(invite_view(invite)))
 }
 
 /// Filters of the audit trail.
@@ -637,26 +524,10 @@ pub struct AuditQuery {
     pub cursor: Option<String>,
 }
 
-/// One privileged action.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AuditEntryView {
-    pub id: i64,
-    pub at: DateTime<Utc>,
-    /// Who acted.
-    pub principal: PrincipalRef,
-    pub action: AuditAction,
-    /// What was acted on: `key:<id>`, `worker:<id>`, `invite:<id>`, `task:<id>`, `route:<path>`.
-    pub target: String,
-    /// The client's address.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<serde_json::Value>,
-}
-
-impl From<AuditEntry> for AuditEntryView {
-    fn from(e: AuditEntry) -> Self {
-        AuditEntryView {
+/// A stored audit entry as operators see it.
+fn audit_view(e: AuditEntry) -> api::AuditEntry {
+    {
+        api::AuditEntry {
             id: e.id,
             at: e.at,
             principal: e.principal,
@@ -668,22 +539,15 @@ impl From<AuditEntry> for AuditEntryView {
     }
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AuditPage {
-    pub entries: Vec<AuditEntryView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
-}
-
 /// The audit trail, newest first.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "operator", params(AuditQuery),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
-    responses((status = 200, body = AuditPage), AdminListErrors))]
+    responses((status = 200, body = api::AuditPage), AdminListErrors))]
 async fn list_audit(
     State(state): State<AppState>,
     _: Operator,
     Query(q): Query<AuditQuery>,
-) -> Result<axum::Json<AuditPage>, ApiError> {
+) -> Result<axum::Json<api::AuditPage>, ApiError> {
     let limit = page_limit(q.limit, 50, 200)?;
     let before = q
         .cursor
@@ -706,8 +570,8 @@ async fn list_audit(
     let next_cursor = more
         .then(|| entries.last().map(|e| e.id.to_string()))
         .flatten();
-    Ok(axum::Json(AuditPage {
-        entries: entries.into_iter().map(AuditEntryView::from).collect(),
+    Ok(axum::Json(api::AuditPage {
+        entries: entries.into_iter().map(audit_view).collect(),
         next_cursor,
     }))
 }

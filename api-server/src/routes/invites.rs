@@ -7,11 +7,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::Duration;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
+
+use meatspace_api_types::{CreateInvite, CreatedInvite};
 
 use crate::AppState;
 use crate::auth::{Caller, issue_token};
@@ -29,28 +30,10 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(create_invite, super::admin::list_invites))
 }
 
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InviteRequest {
-    /// Seconds the link stays valid (60 to 2592000; default 604800, a week).
-    pub expires_in_seconds: Option<u64>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CreatedInvite {
-    /// The invite's id (to list or revoke it).
-    pub id: Uuid,
-    /// The one-time link to give the person. Shown only now.
-    pub invite_url: String,
-    pub expires_at: DateTime<Utc>,
-    /// The principal whose key created it.
-    pub created_by: Uuid,
-}
-
 /// Creates a one-time invite link to the worker web app. Whoever opens it
 /// first chooses a display name and becomes a worker, signed in.
 #[utoipa::path(post, path = "/api/v1/workers/invites", tag = "worker",
-    request_body(content = Option<InviteRequest>, description = "optional lifetime"),
+    request_body(content = Option<CreateInvite>, description = "optional lifetime"),
     security(("api_key" = ["invites"]), ("dev_key" = [])),
     responses((status = 201, body = CreatedInvite), ScopedCreateErrors))]
 async fn create_invite(
@@ -61,7 +44,7 @@ async fn create_invite(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     caller.require(meatspace_domain::identity::Scope::Invites)?;
-    let req: InviteRequest = optional_json(&headers, &body)?;
+    let req: CreateInvite = optional_json(&headers, &body)?;
     let seconds = req.expires_in_seconds.unwrap_or(DEFAULT_INVITE_SECONDS);
     if !(60..=MAX_INVITE_SECONDS).contains(&seconds) {
         return Err(ApiError::invalid(format!(

@@ -11,50 +11,23 @@ pub mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_domain::{Event, FeedView, Task};
+pub use meatspace_api_types::{EventPage, TaskChange};
+use meatspace_domain::{FeedView, Task};
 
 use meatspace_store::Store;
-use serde::Serialize;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::error::ApiError;
-use crate::feed::{Watch, Woken};
 
-/// Returned by every action: the task as it is now and the events the
-/// action appended (in feed order).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TaskChange {
-    pub task: Task,
-    pub events: Vec<Event>,
-}
-
-impl From<meatspace_store::Applied> for TaskChange {
-    fn from(a: meatspace_store::Applied) -> Self {
-        TaskChange {
-            task: a.task,
-            events: a.events,
-        }
+/// The answer of an action: the task as written and the events appended.
+pub fn task_change(applied: meatspace_store::Applied) -> TaskChange {
+    TaskChange {
+        task: applied.task,
+        events: applied.events,
     }
 }
-
-/// A page of a task's event feed.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EventPage {
-    pub task_id: uuid::Uuid,
-    /// The task's state when the page was read. It is read before the
-    /// events, so when it is terminal the feed up to the terminal event is
-    /// in this page or the pages after it.
-    pub task_state: meatspace_domain::TaskState,
-    /// True when `task_state` is terminal: stop polling once `has_more` is false.
-    pub terminal: bool,
-    /// Events with `id > after`, ascending.
-    pub events: Vec<Event>,
-    /// Pass as `after` next time: the last id in this page, or `after` when empty.
-    pub next_cursor: i64,
-    /// True when more events are available right now.
-    pub has_more: bool,
-}
+use crate::error::ApiError;
+use crate::feed::{Watch, Woken};
 
 /// `after`, `limit` and `wait` of an event feed request.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]

@@ -6,12 +6,11 @@
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use meatspace_api_types::{CreateTask, CreatedTask, Extend, Respond, TaskPage, TaskResource};
 use meatspace_domain::webhook_url::check_url;
-use meatspace_domain::{
-    Command, Extension, IssueAction, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, Task,
-};
-use meatspace_store::{NewTask, webhooks::Webhook};
-use serde::{Deserialize, Serialize};
+use meatspace_domain::{Command, Extension, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS};
+use meatspace_store::NewTask;
+use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -46,45 +45,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 // Schema attributes take literals only: these keep them equal to the limits.
 const _: () = assert!(MAX_DESCRIPTION_CHARS == 4000 && MAX_TEXT_CHARS == 4000);
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTaskRequest {
-    /// What to do, in plain text (1-4000 characters).
-    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
-    pub description: String,
-    /// Lifetime of the task in seconds from now; bounds in the capabilities
-    /// document. When it ends, a task that has not started expires.
-    pub expires_in_seconds: Option<i64>,
-    /// Where to POST every event of the task (Standard Webhooks 1.0,
-    /// signed with the `webhook_secret` of the answer). http or https, to a
-    /// public address unless the server's allow-list permits others.
-    pub webhook_url: Option<String>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CreatedTask {
-    pub task: Task,
-    /// Task-scoped bearer credential. Shown only now; store it securely.
-    pub agent_token: String,
-    /// With `webhook_url`: the `whsec_…` secret that signs the deliveries.
-    /// Shown only now; store it securely.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub webhook_secret: Option<String>,
-}
-
-/// The task resource: the task, plus its webhook's delivery state when it
-/// has one (never the secret).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TaskResource {
-    #[serde(flatten)]
-    pub task: Task,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub webhook: Option<Webhook>,
-}
-
 /// Creates a task in the draft state.
 #[utoipa::path(post, path = "/api/v1/tasks", tag = "agent",
-    request_body = CreateTaskRequest,
+    request_body = CreateTask,
     security(("api_key" = ["tasks"]), ("dev_key" = [])),
     responses(
         (status = 201, description = "The task, in the draft state, and its agent token; \
@@ -94,7 +57,7 @@ pub struct TaskResource {
 async fn create_task(
     State(state): State<AppState>,
     caller: Caller,
-    Json(req): Json<CreateTaskRequest>,
+    Json(req): Json<CreateTask>,
 ) -> Result<Response, ApiError> {
     caller.require(meatspace_domain::identity::Scope::Tasks)?;
     let created = create(&state, req, caller.principal).await?;
@@ -112,7 +75,7 @@ async fn create_task(
 /// handler and the MCP tools.
 pub(crate) async fn create(
     state: &AppState,
-    req: CreateTaskRequest,
+    req: CreateTask,
     owner: Uuid,
 ) -> Result<CreatedTask, ApiError> {
     let description = checked_text("description", &req.description, MAX_DESCRIPTION_CHARS)?;
@@ -176,15 +139,6 @@ pub struct ListTasksQuery {
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
-}
-
-/// A page of the caller's tasks, newest first.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TaskPage {
-    pub tasks: Vec<Task>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
 }
 
 /// The tasks the caller's principal owns, newest first: how an agent that
@@ -277,22 +231,9 @@ async fn cancel_task(
             detail: None,
         };
         let applied = state.store.apply_audited(id, command, by, entry).await?;
-        return Ok(axum::Json(applied.into()));
+        return Ok(axum::Json(super::task_change(applied)));
     }
     state.act_by(id, command, by).await
-}
-
-/// Body of `POST /api/v1/tasks/{task_id}/extend`: exactly one of the two.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExtendRequest {
-    /// The new end of the task's lifetime (RFC 3339); must be later than
-    /// the current `expires_at`.
-    #[schema(nullable = false)]
-    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// Seconds to add to the current `expires_at` (at least 1).
-    #[schema(nullable = false, minimum = 1)]
-    pub add_seconds: Option<i64>,
 }
 
 /// Extends the task's lifetime (`expires_at`): later only, at most the
@@ -301,13 +242,13 @@ pub struct ExtendRequest {
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/extend", tag = "agent",
     operation_id = "extend_task",
     params(("task_id" = Uuid, Path)),
-    request_body = ExtendRequest,
+    request_body = Extend,
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses((status = 200, body = TaskChange), TaskBodyCommandErrors))]
 async fn extend_task(
     State(state): State<AppState>,
     AgentAuth(id, by): AgentAuth,
-    Json(req): Json<ExtendRequest>,
+    Json(req): Json<Extend>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     let max = state.policy.max_lifetime.num_seconds();
     let extension = match (req.expires_at, req.add_seconds) {
@@ -371,20 +312,11 @@ struct PhotoPath {
     photo_id: Uuid,
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RespondRequest {
-    pub action: IssueAction,
-    /// Required for clarify and acknowledge; optional for cancel.
-    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
-    pub text: Option<String>,
-}
-
 /// Answers one worker issue (the `worker.issue` event `event_id`).
 /// `cancel` also cancels the task.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/issues/{event_id}/respond", tag = "agent",
     params(("task_id" = Uuid, Path), ("event_id" = i64, Path, description = "id of the worker.issue event")),
-    request_body = RespondRequest,
+    request_body = Respond,
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task and the events of the answer", body = TaskChange), TaskBodyCommandErrors))]
@@ -392,7 +324,7 @@ async fn respond_to_issue(
     State(state): State<AppState>,
     AgentAuth(id, by): AgentAuth,
     Path(IssuePath { event_id, .. }): Path<IssuePath>,
-    Json(req): Json<RespondRequest>,
+    Json(req): Json<Respond>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     // A missing text is the domain's to refuse, after it has checked the
     // task's state (a terminal task answers 409 whatever the body says).

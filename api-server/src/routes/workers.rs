@@ -7,10 +7,12 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_domain::{Command, IssueKind, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState};
+use meatspace_api_types::{
+    EndWork, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker,
+};
+use meatspace_domain::{Command, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState};
 use meatspace_store::StoreError;
-use meatspace_store::Worker;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -72,24 +74,9 @@ impl axum::extract::FromRequestParts<AppState> for TaskId {
     }
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterWorkerRequest {
-    /// Display name (1-200 characters).
-    #[schema(min_length = 1, max_length = 200, pattern = r"\S")]
-    pub name: String,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RegisteredWorker {
-    pub worker: Worker,
-    /// Bearer credential for the worker API. Shown only now.
-    pub worker_token: String,
-}
-
 /// Registers a worker.
 #[utoipa::path(post, path = "/api/v1/workers", tag = "worker",
-    request_body = RegisterWorkerRequest,
+    request_body = RegisterWorker,
     security(("api_key" = ["workers:register"]), ("dev_key" = [])),
     responses(
         (status = 201, description = "The worker and its token", body = RegisteredWorker),
@@ -97,7 +84,7 @@ pub struct RegisteredWorker {
 async fn register_worker(
     State(state): State<AppState>,
     caller: Caller,
-    Json(req): Json<RegisterWorkerRequest>,
+    Json(req): Json<RegisterWorker>,
 ) -> Result<Response, ApiError> {
     caller.require(meatspace_domain::identity::Scope::RegisterWorkers)?;
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
@@ -126,13 +113,6 @@ pub struct ListQuery {
     /// Page size (1-100, default 50).
     #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OpenTaskPage {
-    pub tasks: Vec<Task>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    pub next_cursor: Option<String>,
 }
 
 /// Open tasks, oldest first.
@@ -222,7 +202,7 @@ pub(crate) async fn claim_task(
         .apply(id, Command::Claim { worker }, state.clock.now())
         .await
     {
-        Ok(applied) => return Ok(applied.into()),
+        Ok(applied) => return Ok(super::task_change(applied)),
         Err(StoreError::Refused(refusal)) => refusal,
         Err(e) => return Err(e.into()),
     };
@@ -267,18 +247,10 @@ async fn start(
     state.act(id, Command::Start { worker }).await
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MessageRequest {
-    /// 1-4000 characters.
-    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
-    pub text: String,
-}
-
 /// Sends a text message to the agent (a `worker.message` event).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/messages", tag = "worker",
     params(("task_id" = Uuid, Path)),
-    request_body = MessageRequest,
+    request_body = Message,
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task and the message's event", body = TaskChange), TaskBodyCommandErrors))]
@@ -286,7 +258,7 @@ async fn send_message(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
-    Json(req): Json<MessageRequest>,
+    Json(req): Json<Message>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     let text = checked_text("text", &req.text, MAX_TEXT_CHARS)?;
     state.act(id, Command::Message { worker, text }).await
@@ -400,23 +372,14 @@ pub(crate) async fn send_photo_bytes(
         .store
         .apply(id, Command::Photo { worker, photo }, state.clock.now())
         .await?;
-    Ok(applied.into())
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct IssueRequest {
-    pub kind: IssueKind,
-    /// 1-4000 characters.
-    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
-    pub text: String,
+    Ok(super::task_change(applied))
 }
 
 /// Raises a typed issue for the agent (a `worker.issue` event; its id is
 /// the issue id the agent answers).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/issues", tag = "worker",
     params(("task_id" = Uuid, Path)),
-    request_body = IssueRequest,
+    request_body = RaiseIssue,
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task and the issue's event", body = TaskChange), TaskBodyCommandErrors))]
@@ -424,7 +387,7 @@ async fn raise_issue(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
-    Json(req): Json<IssueRequest>,
+    Json(req): Json<RaiseIssue>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
     let text = checked_text("text", &req.text, MAX_TEXT_CHARS)?;
     state
@@ -439,14 +402,6 @@ async fn raise_issue(
         .await
 }
 
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct EndRequest {
-    /// Optional note for the agent (completion note or reason to stop).
-    #[schema(min_length = 1, max_length = 4000, pattern = r"\S")]
-    pub text: Option<String>,
-}
-
 /// The optional `text` of a complete or stop request. The body itself is
 /// optional: empty means no text.
 fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, ApiError> {
@@ -455,9 +410,9 @@ fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, Ap
 }
 
 /// Reads an optional JSON body: empty or `null` means no fields.
-fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiError> {
+fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndWork, ApiError> {
     if body.is_empty() {
-        return Ok(EndRequest::default());
+        return Ok(EndWork::default());
     }
     let is_json = headers
         .get(header::CONTENT_TYPE)
@@ -470,7 +425,7 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiErr
     }
     // JSON `null` is no fields too, as the OpenAPI document says (and as
     // generated clients send for "no body").
-    serde_json::from_slice::<Option<EndRequest>>(body)
+    serde_json::from_slice::<Option<EndWork>>(body)
         .map(Option::unwrap_or_default)
         .map_err(|e| {
             if e.is_syntax() || e.is_eof() {
@@ -484,7 +439,7 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndRequest, ApiErr
 /// Completes the active task: active → completed.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/complete", tag = "worker",
     params(("task_id" = Uuid, Path)),
-    request_body(content = Option<EndRequest>, description = "optional note"),
+    request_body(content = Option<EndWork>, description = "optional note"),
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "The completed task and the event of the change", body = TaskChange), TaskBodyCommandErrors))]
@@ -503,7 +458,7 @@ async fn complete(
 /// assigned worker; it ends the agent's obligation.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/stop", tag = "worker",
     params(("task_id" = Uuid, Path)),
-    request_body(content = Option<EndRequest>, description = "optional reason"),
+    request_body(content = Option<EndWork>, description = "optional reason"),
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "The stopped task and the event of the change", body = TaskChange), TaskBodyCommandErrors))]

@@ -1,0 +1,33 @@
+//! The audit trail of privileged actions.
+
+use chrono::{DateTime, Utc};
+use meatspace_domain::identity::{AuditAction, PrincipalRef};
+use serde::{Deserialize, Serialize};
+
+/// One privileged action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct AuditEntry {
+    /// Ascending with time; the trail is append-only.
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    /// Who acted.
+    pub principal: PrincipalRef,
+    pub action: AuditAction,
+    /// What was acted on: `key:<id>`, `worker:<id>`, `invite:<id>`, `task:<id>`, `route:<path>`.
+    pub target: String,
+    /// The client's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
+/// A page of the audit trail, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}

@@ -1,0 +1,57 @@
+//! Invite links to the worker web app.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Optional body of `POST /api/v1/workers/invites`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateInvite {
+    /// Seconds the link stays valid (60 to 2592000; default 604800, a week).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<u64>,
+}
+
+/// Answer of `POST /api/v1/workers/invites`.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct CreatedInvite {
+    /// The invite's id (to list or revoke it).
+    pub id: Uuid,
+    /// The one-time link to give the person. Shown only now.
+    pub invite_url: String,
+    pub expires_at: DateTime<Utc>,
+    /// The principal whose key created it.
+    pub created_by: Uuid,
+}
+crate::debug_without_secrets!(CreatedInvite {
+    id,
+    expires_at,
+    created_by
+});
+
+/// An invite as operators see it (never its link).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct Invite {
+    pub id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// The principal whose key created it.
+    pub created_by: Uuid,
+}
+
+/// A page of invites, by id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct InvitePage {
+    pub invites: Vec<Invite>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}

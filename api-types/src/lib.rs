@@ -1,0 +1,45 @@
+//! The bodies the HTTP API takes and answers, declared once: the server
+//! serialises and reads them (and derives its OpenAPI document from them
+//! with the `utoipa` feature), the client and the MCP tools read and send
+//! the same types. A field added here is in the document, the client and
+//! the tools at once.
+//!
+//! Requests refuse unknown fields (`deny_unknown_fields`) and leave absent
+//! options out when sent, so what a client sends is exactly what it set.
+//! Secrets shown once (tokens, key secrets) stay out of `Debug` output.
+//!
+//! The nouns inside the bodies (`Task`, `Event`, `Worker`, the principals
+//! and scopes) are the domain's own (`meatspace-domain`).
+
+mod audit;
+mod invites;
+mod keys;
+mod problem;
+mod tasks;
+mod workers;
+
+pub use audit::{AuditEntry, AuditPage};
+pub use invites::{CreateInvite, CreatedInvite, Invite, InvitePage};
+pub use keys::{CreateKey, Key, KeyPage, KeySecret, RevokeKey, RevokedKey, RotateKey};
+pub use problem::Problem;
+pub use tasks::{
+    CreateTask, CreatedTask, EventPage, Extend, Respond, TaskChange, TaskPage, TaskResource,
+};
+pub use workers::{
+    EndWork, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker, RotatedWorker,
+    Suspend, WorkerPage,
+};
+
+/// `Debug` of a body that carries a secret: every field but the secrets.
+macro_rules! debug_without_secrets {
+    ($ty:ident { $($field:ident),* }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    $(.field(stringify!($field), &self.$field))*
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+pub(crate) use debug_without_secrets;

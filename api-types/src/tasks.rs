@@ -1,0 +1,199 @@
+//! The agent's task resource: create, read, act, follow its feed.
+
+use chrono::{DateTime, Utc};
+use meatspace_domain::webhook::Webhook;
+use meatspace_domain::{Event, IssueAction, Task, TaskState};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Body of `POST /api/v1/tasks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    /// What to do, in plain text (1-4000 characters).
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 4000, pattern = r"\S")
+    )]
+    pub description: String,
+    /// Lifetime of the task in seconds from now; bounds in the capabilities
+    /// document. When it ends, a task that has not started expires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<i64>,
+    /// Where to POST every event of the task (Standard Webhooks 1.0,
+    /// signed with the `webhook_secret` of the answer). http or https, to a
+    /// public address unless the server's allow-list permits others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_url: Option<String>,
+}
+
+impl CreateTask {
+    /// A task with the server's default lifetime and no webhook.
+    pub fn new(description: impl Into<String>) -> Self {
+        CreateTask {
+            description: description.into(),
+            expires_in_seconds: None,
+            webhook_url: None,
+        }
+    }
+}
+
+/// Answer of `POST /api/v1/tasks`.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct CreatedTask {
+    pub task: Task,
+    /// Task-scoped bearer credential. Shown only now; store it securely.
+    pub agent_token: String,
+    /// With `webhook_url`: the `whsec_…` secret that signs the deliveries.
+    /// Shown only now; store it securely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+}
+crate::debug_without_secrets!(CreatedTask { task });
+
+/// The task resource (`GET /api/v1/tasks/{id}`): the task, plus its
+/// webhook's delivery state when it has one (never the secret).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct TaskResource {
+    #[serde(flatten)]
+    pub task: Task,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<Webhook>,
+}
+
+/// Answer of every action: the task as it is now and the events the
+/// action appended (in feed order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct TaskChange {
+    pub task: Task,
+    pub events: Vec<Event>,
+}
+
+/// A page of a task's event feed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct EventPage {
+    pub task_id: Uuid,
+    /// The task's state when the page was read. It is read before the
+    /// events, so when it is terminal the feed up to the terminal event is
+    /// in this page or the pages after it.
+    pub task_state: TaskState,
+    /// True when `task_state` is terminal: stop polling once `has_more` is false.
+    pub terminal: bool,
+    /// Events with `id > after`, ascending.
+    pub events: Vec<Event>,
+    /// Pass as `after` next time: the last id in this page, or `after` when empty.
+    pub next_cursor: i64,
+    /// True when more events are available right now.
+    pub has_more: bool,
+}
+
+/// A page of the caller's tasks (`GET /api/v1/tasks`), newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct TaskPage {
+    pub tasks: Vec<Task>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Body of `POST /api/v1/tasks/{id}/issues/{event_id}/respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Respond {
+    pub action: IssueAction,
+    /// Required for clarify and acknowledge; optional for cancel.
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 4000, pattern = r"\S")
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// Body of `POST /api/v1/tasks/{id}/extend`: exactly one of the two. The
+/// server only ever extends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Extend {
+    /// The new end of the task's lifetime (RFC 3339); must be later than
+    /// the current `expires_at`.
+    #[cfg_attr(feature = "utoipa", schema(nullable = false))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Seconds to add to the current `expires_at` (at least 1).
+    #[cfg_attr(feature = "utoipa", schema(nullable = false, minimum = 1))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub add_seconds: Option<i64>,
+}
+
+impl Extend {
+    /// A new end of the lifetime.
+    pub fn until(expires_at: DateTime<Utc>) -> Self {
+        Extend {
+            expires_at: Some(expires_at),
+            add_seconds: None,
+        }
+    }
+
+    /// Seconds added to the current end.
+    pub fn add_seconds(seconds: i64) -> Self {
+        Extend {
+            expires_at: None,
+            add_seconds: Some(seconds),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_extension_is_one_member_object() {
+        let at = DateTime::parse_from_rfc3339("2030-01-02T03:04:05Z")
+            .unwrap()
+            .to_utc();
+        assert_eq!(
+            serde_json::to_value(Extend::until(at)).unwrap(),
+            serde_json::json!({ "expires_at": "2030-01-02T03:04:05Z" })
+        );
+        assert_eq!(
+            serde_json::to_value(Extend::add_seconds(600)).unwrap(),
+            serde_json::json!({ "add_seconds": 600 })
+        );
+    }
+
+    #[test]
+    fn optional_create_fields_are_left_out() {
+        // The server refuses unknown fields.
+        assert_eq!(
+            serde_json::to_value(CreateTask::new("x")).unwrap(),
+            serde_json::json!({ "description": "x" })
+        );
+        let mut full = CreateTask::new("x");
+        full.expires_in_seconds = Some(60);
+        full.webhook_url = Some("https://agent.example/hook".into());
+        let sent = serde_json::to_value(&full).unwrap();
+        assert_eq!(
+            sent,
+            serde_json::json!({
+                "description": "x",
+                "expires_in_seconds": 60,
+                "webhook_url": "https://agent.example/hook"
+            })
+        );
+        assert_eq!(serde_json::from_value::<CreateTask>(sent).unwrap(), full);
+        assert!(
+            serde_json::from_value::<CreateTask>(serde_json::json!({"description": "x", "x": 1}))
+                .is_err()
+        );
+    }
+}

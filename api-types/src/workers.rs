@@ -1,0 +1,109 @@
+//! Workers: registering, the worker's own task API, and what operators do
+//! to workers.
+
+use meatspace_domain::identity::Worker;
+use meatspace_domain::{IssueKind, Task};
+use serde::{Deserialize, Serialize};
+
+/// Body of `POST /api/v1/workers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RegisterWorker {
+    /// Display name (1-200 characters).
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 200, pattern = r"\S")
+    )]
+    pub name: String,
+}
+
+/// Answer of `POST /api/v1/workers`.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct RegisteredWorker {
+    pub worker: Worker,
+    /// Bearer credential for the worker API. Shown only now.
+    pub worker_token: String,
+}
+crate::debug_without_secrets!(RegisteredWorker { worker });
+
+/// A page of open tasks (`GET /api/v1/worker/tasks`), oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct OpenTaskPage {
+    pub tasks: Vec<Task>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+/// Body of `POST /api/v1/worker/tasks/{id}/messages`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    /// 1-4000 characters.
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 4000, pattern = r"\S")
+    )]
+    pub text: String,
+}
+
+/// Body of `POST /api/v1/worker/tasks/{id}/issues`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RaiseIssue {
+    pub kind: IssueKind,
+    /// 1-4000 characters.
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 4000, pattern = r"\S")
+    )]
+    pub text: String,
+}
+
+/// Optional body of `POST /api/v1/worker/tasks/{id}/complete` and `…/stop`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EndWork {
+    /// Optional note for the agent (completion note or reason to stop).
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 4000, pattern = r"\S")
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// A page of registered workers (`GET /api/v1/workers`), by id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct WorkerPage {
+    pub workers: Vec<Worker>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// Optional body of `POST /api/v1/workers/{id}/suspend`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Suspend {
+    /// Why, for the audit trail (at most 1000 characters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Answer of `POST /api/v1/workers/{id}/rotate`.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct RotatedWorker {
+    pub worker: Worker,
+    /// The new token; the old one stopped working. Shown only now.
+    pub worker_token: String,
+}
+crate::debug_without_secrets!(RotatedWorker { worker });
