@@ -381,7 +381,7 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
     let request = openapi
         .components
         .as_mut()
-        .and_then(|c| c.schemas.get_mut("CreateTask"));
+        .and_then(|c| c.schemas.get_mut("CreateTaskRequest"));
     let Some(RefOr::T(Schema::Object(request))) = request else {
         return;
     };

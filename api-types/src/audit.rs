@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// One privileged action.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = AuditEntryView))]
 pub struct AuditEntry {
     /// Ascending with time; the trail is append-only.
     pub id: i64,

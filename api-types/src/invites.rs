@@ -7,6 +7,7 @@ use uuid::Uuid;
 /// Optional body of `POST /api/v1/workers/invites`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = InviteRequest))]
 #[serde(deny_unknown_fields)]
 pub struct CreateInvite {
     /// Seconds the link stays valid (60 to 2592000; default 604800, a week).
@@ -35,6 +36,7 @@ crate::debug_without_secrets!(CreatedInvite {
 /// An invite as operators see it (never its link).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = InviteView))]
 pub struct Invite {
     pub id: Uuid,
     pub created_at: DateTime<Utc>,

@@ -8,6 +8,7 @@ use uuid::Uuid;
 /// An API key as operators see it: never its secret or digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = KeyView))]
 pub struct Key {
     /// The id embedded in the key (`msk_<id>_…`).
     pub id: Uuid,
@@ -33,6 +34,7 @@ pub struct Key {
 /// Body of `POST /api/v1/keys`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = CreateKeyRequest))]
 #[serde(deny_unknown_fields)]
 pub struct CreateKey {
     /// What the key is for (1-200 characters).
@@ -67,6 +69,7 @@ impl CreateKey {
 /// rotation (the same id, a new secret).
 #[derive(Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = KeyWithSecret))]
 pub struct KeySecret {
     pub key: Key,
     /// `msk_<key id>_<secret>`. Shown only now; store it securely.
@@ -77,6 +80,7 @@ crate::debug_without_secrets!(KeySecret { key });
 /// Optional body of `POST /api/v1/keys/{id}/rotate`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = RotateKeyRequest))]
 #[serde(deny_unknown_fields)]
 pub struct RotateKey {
     /// How long the current secret keeps working (0-604800 s; default 86400).
@@ -87,6 +91,7 @@ pub struct RotateKey {
 /// Optional body of `POST /api/v1/keys/{id}/revoke`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = RevokeKeyRequest))]
 #[serde(deny_unknown_fields)]
 pub struct RevokeKey {
     /// Also cancel every non-terminal task the key's principal owns (when

@@ -4,6 +4,10 @@
 //! the same types. A field added here is in the document, the client and
 //! the tools at once.
 //!
+//! The OpenAPI document keeps the schema names it has always had
+//! (`CreateTaskRequest`, `KeyView`, …: `schema(as = …)`), so clients
+//! generated from it keep working.
+//!
 //! Requests refuse unknown fields (`deny_unknown_fields`) and leave absent
 //! options out when sent, so what a client sends is exactly what it set.
 //! Secrets shown once (tokens, key secrets) stay out of `Debug` output.

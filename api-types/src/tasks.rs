@@ -9,6 +9,7 @@ use uuid::Uuid;
 /// Body of `POST /api/v1/tasks`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = CreateTaskRequest))]
 #[serde(deny_unknown_fields)]
 pub struct CreateTask {
     /// What to do, in plain text (1-4000 characters).
@@ -105,6 +106,7 @@ pub struct TaskPage {
 /// Body of `POST /api/v1/tasks/{id}/issues/{event_id}/respond`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = RespondRequest))]
 #[serde(deny_unknown_fields)]
 pub struct Respond {
     pub action: IssueAction,
@@ -121,6 +123,7 @@ pub struct Respond {
 /// server only ever extends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = ExtendRequest))]
 #[serde(deny_unknown_fields)]
 pub struct Extend {
     /// The new end of the task's lifetime (RFC 3339); must be later than

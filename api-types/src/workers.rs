@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Body of `POST /api/v1/workers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = RegisterWorkerRequest))]
 #[serde(deny_unknown_fields)]
 pub struct RegisterWorker {
     /// Display name (1-200 characters).
@@ -41,6 +42,7 @@ pub struct OpenTaskPage {
 /// Body of `POST /api/v1/worker/tasks/{id}/messages`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = MessageRequest))]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     /// 1-4000 characters.
@@ -54,6 +56,7 @@ pub struct Message {
 /// Body of `POST /api/v1/worker/tasks/{id}/issues`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = IssueRequest))]
 #[serde(deny_unknown_fields)]
 pub struct RaiseIssue {
     pub kind: IssueKind,
@@ -68,6 +71,7 @@ pub struct RaiseIssue {
 /// Optional body of `POST /api/v1/worker/tasks/{id}/complete` and `…/stop`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = EndRequest))]
 #[serde(deny_unknown_fields)]
 pub struct EndWork {
     /// Optional note for the agent (completion note or reason to stop).
@@ -91,6 +95,7 @@ pub struct WorkerPage {
 /// Optional body of `POST /api/v1/workers/{id}/suspend`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = SuspendRequest))]
 #[serde(deny_unknown_fields)]
 pub struct Suspend {
     /// Why, for the audit trail (at most 1000 characters).
@@ -101,6 +106,7 @@ pub struct Suspend {
 /// Answer of `POST /api/v1/workers/{id}/rotate`.
 #[derive(Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = RotatedWorkerToken))]
 pub struct RotatedWorker {
     pub worker: Worker,
     /// The new token; the old one stopped working. Shown only now.

@@ -401,7 +401,8 @@ async fn the_openapi_document_describes_what_is_sent(db: Db) {
     let download = &api["paths"]["/api/v1/tasks/{task_id}/photos/{photo_id}"]["get"];
     binary_images(&download["responses"]["200"]["content"], "photo download");
 
-    let lifetime = &api["components"]["schemas"]["CreateTask"]["properties"]["expires_in_seconds"];
+    let lifetime =
+        &api["components"]["schemas"]["CreateTaskRequest"]["properties"]["expires_in_seconds"];
     assert_eq!(
         (&lifetime["minimum"], &lifetime["maximum"]),
         (&90.into(), &(5 * 3600).into())
