@@ -179,6 +179,10 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// Well-formed input the request cannot be done with, for a reason
+    /// with a slug of its own.
+    #[error("{detail}")]
+    Unprocessable { slug: &'static str, detail: String },
     #[error("{detail}")]
     Conflict {
         slug: &'static str,
@@ -233,6 +237,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { slug, .. } => (StatusCode::BAD_REQUEST, slug),
             ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-input"),
+            ApiError::Unprocessable { slug, .. } => (StatusCode::UNPROCESSABLE_ENTITY, slug),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "insufficient-scope"),
             ApiError::DevKeyDisabled => (StatusCode::UNAUTHORIZED, "dev-key-disabled"),
@@ -287,6 +292,14 @@ impl From<Refusal> for ApiError {
                 slug: "task-event-limit",
                 detail,
                 task_state: None,
+            },
+            Refusal::PositionRequired => ApiError::Unprocessable {
+                slug: "position-required",
+                detail,
+            },
+            Refusal::OffSite { .. } => ApiError::Unprocessable {
+                slug: "off-site",
+                detail,
             },
         }
     }

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::IntoResponse;
-use meatspace_api_types::{CreatedTask, EventPage, TaskChange};
+use meatspace_api_types::{CreateTask, CreatedTask, EventPage, TaskChange};
 use meatspace_domain::Task;
 use meatspace_domain::{Command, Extension, IssueAction as CoreIssueAction, MAX_TEXT_CHARS};
 use meatspace_mcp::api::{Action, AgentApi, Caller, IssueAction, TokenTaskRef};
@@ -81,12 +81,7 @@ impl InProcess {
         authorize_agent(&self.state, &headers, task.task_id).await
     }
 
-    async fn create(
-        &self,
-        caller: &Caller,
-        description: String,
-        expires_in_seconds: Option<i64>,
-    ) -> Result<CreatedTask, ApiError> {
+    async fn create(&self, caller: &Caller, req: CreateTask) -> Result<CreatedTask, ApiError> {
         // The same extractor as POST /api/v1/tasks, over the MCP
         // request's headers.
         let mut request = axum::http::Request::builder();
@@ -101,16 +96,7 @@ impl InProcess {
             .into_parts();
         let owner = crate::auth::Caller::from_request_parts(&mut parts, &self.state).await?;
         owner.require(meatspace_domain::identity::Scope::Tasks)?;
-        tasks::create(
-            &self.state,
-            meatspace_api_types::CreateTask {
-                description,
-                expires_in_seconds,
-                webhook_url: None,
-            },
-            owner.principal,
-        )
-        .await
+        tasks::create(&self.state, req, owner.principal).await
     }
 
     async fn get(&self, task: &TokenTaskRef) -> Result<Task, ApiError> {
@@ -187,13 +173,8 @@ impl AgentApi for InProcess {
     const CREDENTIAL_NOTE: &'static str = "Credentials over HTTP: configure your MCP client to send your API key (Authorization: Bearer msk_…); then the task tools need only task_id and no token is shown to you. Without a key, the development key comes from the x-meatspace-dev-key header and each task tool takes the task's agent_token (from create_task) as an argument, because this server keeps no session. Pass it only to these tools.";
     const SHOWS_TOKEN: bool = true;
 
-    async fn create_task(
-        &self,
-        caller: &Caller,
-        description: String,
-        expires_in_seconds: Option<i64>,
-    ) -> Result<CreatedTask, Problem> {
-        match self.create(caller, description, expires_in_seconds).await {
+    async fn create_task(&self, caller: &Caller, req: CreateTask) -> Result<CreatedTask, Problem> {
+        match self.create(caller, req).await {
             Ok(created) => Ok(created),
             Err(e) => Err(problem(e).await),
         }

@@ -27,11 +27,11 @@ pub use invites::{CreateInvite, CreatedInvite, Invite, InvitePage};
 pub use keys::{CreateKey, Key, KeyPage, KeySecret, RevokeKey, RevokedKey, RotateKey};
 pub use problem::Problem;
 pub use tasks::{
-    CreateTask, CreatedTask, EventPage, Extend, Respond, TaskChange, TaskPage, TaskResource,
+    CreateTask, CreatedTask, EventPage, Extend, Place, Respond, TaskChange, TaskPage, TaskResource,
 };
 pub use workers::{
-    EndWork, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker, RotatedWorker,
-    Suspend, WorkerPage,
+    EndWork, ListedTask, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker,
+    RotatedWorker, StartWork, Suspend, WorkerPage,
 };
 
 /// `Debug` of a body that carries a secret: every field but the secrets.

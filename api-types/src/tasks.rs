@@ -2,12 +2,12 @@
 
 use chrono::{DateTime, Utc};
 use meatspace_domain::webhook::Webhook;
-use meatspace_domain::{Event, IssueAction, Task, TaskState};
+use meatspace_domain::{Event, IssueAction, Presence, Task, TaskState};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// Body of `POST /api/v1/tasks`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = CreateTaskRequest))]
 #[serde(deny_unknown_fields)]
@@ -27,17 +27,53 @@ pub struct CreateTask {
     /// public address unless the server's allow-list permits others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_url: Option<String>,
+    /// Where the task is done. Without it the task can be done anywhere
+    /// and workers see it without a distance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<Place>,
+    /// What to ask of the positions a worker's device sends when starting
+    /// the task and with each photo (needs `location`; default `none`). A
+    /// browser's position is evidence, not proof.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presence: Option<Presence>,
 }
 
 impl CreateTask {
-    /// A task with the server's default lifetime and no webhook.
+    /// A task with the server's default lifetime, no webhook and no place.
     pub fn new(description: impl Into<String>) -> Self {
         CreateTask {
             description: description.into(),
             expires_in_seconds: None,
             webhook_url: None,
+            location: None,
+            presence: None,
         }
     }
+}
+
+/// A task's place as the agent gives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Place {
+    /// WGS 84 latitude in degrees, -90 to 90.
+    #[cfg_attr(feature = "utoipa", schema(minimum = -90, maximum = 90))]
+    pub latitude: f64,
+    /// WGS 84 longitude in degrees, -180 to 180.
+    #[cfg_attr(feature = "utoipa", schema(minimum = -180, maximum = 180))]
+    pub longitude: f64,
+    /// Metres around the point that count as on site (1 to 50000; default 100).
+    #[cfg_attr(feature = "utoipa", schema(minimum = 1, maximum = 50000))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub radius_m: Option<u32>,
+    /// An address line for the worker (1 to 300 characters).
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 300, pattern = r"\S")
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// Answer of `POST /api/v1/tasks`.
@@ -197,6 +233,10 @@ mod tests {
         assert!(
             serde_json::from_value::<CreateTask>(serde_json::json!({"description": "x", "x": 1}))
                 .is_err()
+        );
+        assert!(
+            serde_json::from_value::<CreateTask>(serde_json::json!(["x"])).is_err(),
+            "a body is an object"
         );
     }
 }

@@ -2,7 +2,7 @@
 //! to workers.
 
 use meatspace_domain::identity::Worker;
-use meatspace_domain::{IssueKind, Task};
+use meatspace_domain::{IssueKind, Position, Task};
 use serde::{Deserialize, Serialize};
 
 /// Body of `POST /api/v1/workers`.
@@ -29,14 +29,39 @@ pub struct RegisteredWorker {
 }
 crate::debug_without_secrets!(RegisteredWorker { worker });
 
-/// A page of open tasks (`GET /api/v1/worker/tasks`), oldest first.
+/// A page of open tasks (`GET /api/v1/worker/tasks`): oldest first, or
+/// with `near`, those with a place nearest first and then those without.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct OpenTaskPage {
-    pub tasks: Vec<Task>,
+    pub tasks: Vec<ListedTask>,
     /// Pass as `cursor` for the next page; absent on the last page.
     #[serde(default)]
     pub next_cursor: Option<String>,
+}
+
+/// An open task in a worker's list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct ListedTask {
+    #[serde(flatten)]
+    pub task: Task,
+    /// With `near`: metres from the point to the task's place; absent for a
+    /// task without a place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distance_m: Option<f64>,
+}
+
+/// Optional body of `POST /api/v1/worker/tasks/{id}/start`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StartWork {
+    /// The device's position now: recorded in the `task.started` event with
+    /// its distance from the task's place (required by a task whose
+    /// `presence` is `require`). Untrusted, like worker text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<Position>,
 }
 
 /// Body of `POST /api/v1/worker/tasks/{id}/messages`.

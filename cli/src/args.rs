@@ -131,6 +131,18 @@ pub enum Command {
     Mcp,
 }
 
+/// `LAT,LON` as two numbers; the server checks their ranges.
+fn parse_point(s: &str) -> Result<(f64, f64), String> {
+    s.split_once(',')
+        .and_then(|(lat, lon)| Some((lat.trim().parse().ok()?, lon.trim().parse().ok()?)))
+        .ok_or_else(|| format!("{s:?} is not LATITUDE,LONGITUDE (for example 52.52,13.405)"))
+}
+
+fn parse_presence(s: &str) -> Result<meatspace_client::Presence, String> {
+    meatspace_client::Presence::parse(s)
+        .ok_or_else(|| format!("{s:?} is not one of none, flag, require"))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
     /// Create a task (a draft unless --publish) and keep its token locally.
@@ -149,6 +161,21 @@ pub enum TaskCommand {
         /// signing secret is printed once and kept in the state directory.
         #[arg(long, value_name = "URL")]
         webhook: Option<String>,
+        /// Where the task is done: LATITUDE,LONGITUDE in WGS 84 degrees.
+        #[arg(long, value_name = "LAT,LON", value_parser = parse_point, allow_hyphen_values = true)]
+        at: Option<(f64, f64)>,
+        /// Metres around --at that count as on site (the server's default, 100, otherwise).
+        #[arg(long, value_name = "METRES", requires = "at")]
+        radius: Option<u32>,
+        /// An address line for the worker.
+        #[arg(long, value_name = "TEXT", requires = "at")]
+        address: Option<String>,
+        /// What to ask of the positions a worker's device sends when
+        /// starting and with each photo: none, flag (mark off-site ones) or
+        /// require (refuse off-site ones). A browser's position is evidence,
+        /// not proof.
+        #[arg(long, value_name = "RULE", value_parser = parse_presence, requires = "at")]
+        presence: Option<meatspace_client::Presence>,
     },
     /// Publish a draft: workers can now see and claim it.
     Publish {

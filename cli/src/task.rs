@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
-use meatspace_client::types::{CreateTask, Extend, TaskChange};
+use meatspace_client::types::{CreateTask, Extend, Place, TaskChange};
 use meatspace_client::{Client, IssueAction, RetryPolicy, Task, TaskHandle, TaskState, Transport};
 use serde_json::json;
 use uuid::Uuid;
@@ -27,7 +27,25 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
             lifetime,
             publish,
             webhook,
-        } => create(ctx, description, lifetime, publish, webhook).await,
+            at,
+            radius,
+            address,
+            presence,
+        } => {
+            let req = CreateTask {
+                description,
+                expires_in_seconds: lifetime,
+                webhook_url: webhook,
+                location: at.map(|(latitude, longitude)| Place {
+                    latitude,
+                    longitude,
+                    radius_m: radius,
+                    address,
+                }),
+                presence,
+            };
+            create(ctx, req, publish).await
+        }
         TaskCommand::Publish { id } => {
             action(ctx, id, "published", |h| async move { h.publish().await }).await
         }
@@ -170,13 +188,7 @@ fn adopt(ctx: &Ctx, client: &Client, task: Task) -> Result<TaskRecord> {
     Ok(record)
 }
 
-async fn create(
-    ctx: &Ctx,
-    description: String,
-    lifetime: Option<i64>,
-    publish: bool,
-    webhook: Option<String>,
-) -> Result<()> {
+async fn create(ctx: &Ctx, req: CreateTask, publish: bool) -> Result<()> {
     if ctx.global.dev_key.is_none() && ctx.global.api_key.is_none() {
         return Err(Usage(
             "creating a task needs an API key (set MEATSPACE_API_KEY or pass --api-key; an \
@@ -187,11 +199,6 @@ async fn create(
         .into());
     }
     let client = ctx.client(None)?;
-    let req = CreateTask {
-        description,
-        expires_in_seconds: lifetime,
-        webhook_url: webhook,
-    };
     let (created, handle) = client.create_task(&req).await?;
     let mut record = TaskRecord {
         id: created.task.id,

@@ -36,7 +36,8 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
                     return "no open tasks".into();
                 }
                 let mut s = format!("{:<36}  {:<25}  DESCRIPTION", "ID", "EXPIRES AT");
-                for t in &page.tasks {
+                for listed in &page.tasks {
+                    let t = &listed.task;
                     s.push_str(&format!(
                         "\n{:<36}  {:<25}  {}",
                         t.id,

@@ -43,7 +43,9 @@ pub use error::{Error, Problem};
 pub use feed::{Feed, FeedBatch, Transport};
 pub use http::{Client, ClientBuilder, RetryPolicy};
 pub use key::Keys;
-pub use meatspace_domain::{Actor, Event, EventType, IssueAction, IssueKind, Task, TaskState};
+pub use meatspace_domain::{
+    Actor, Event, EventType, IssueAction, IssueKind, Location, Position, Presence, Task, TaskState,
+};
 pub use operator::{Invites, WorkersAdmin};
 pub use task::TaskHandle;
 pub use worker::WorkerHandle;

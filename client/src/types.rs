@@ -7,9 +7,10 @@ use uuid::Uuid;
 
 pub use meatspace_api_types::{
     AuditEntry, AuditPage, CreateInvite, CreateKey, CreateTask, CreatedInvite, CreatedTask,
-    EndWork, EventPage, Extend, Invite, InvitePage, Key, KeyPage, KeySecret, Message, OpenTaskPage,
-    RaiseIssue, RegisterWorker, RegisteredWorker, Respond, RevokeKey, RevokedKey, RotateKey,
-    RotatedWorker, Suspend, TaskChange, TaskPage, TaskResource, WorkerPage,
+    EndWork, EventPage, Extend, Invite, InvitePage, Key, KeyPage, KeySecret, ListedTask, Message,
+    OpenTaskPage, Place, RaiseIssue, RegisterWorker, RegisteredWorker, Respond, RevokeKey,
+    RevokedKey, RotateKey, RotatedWorker, StartWork, Suspend, TaskChange, TaskPage, TaskResource,
+    WorkerPage,
 };
 pub use meatspace_domain::identity::{PrincipalKind, PrincipalRef, Scope, Scopes, Worker};
 

@@ -538,6 +538,8 @@ mod tests {
             active_until: None,
             open_issues: 0,
             last_event_id: 1,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         }
     }
 

@@ -405,6 +405,8 @@ async fn create(
         created_at: now,
         expires_at: now + lifetime,
         owner_id: owner.id,
+        location: None,
+        presence: meatspace_domain::Presence::None,
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),

@@ -618,6 +618,8 @@ mod tests {
             active_until: None,
             open_issues: 0,
             last_event_id: 0,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         }
     }
 

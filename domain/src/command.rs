@@ -9,6 +9,7 @@ use super::{
     Actor, Due, EventType, Issue, IssueAction, IssueKind, IssueStatus, NewEvent, Task, TaskState,
 };
 use crate::Policy;
+use crate::place::{Position, Presence};
 
 /// Something an agent, a worker or the controller wants done to one task.
 #[derive(Debug, Clone)]
@@ -25,12 +26,21 @@ pub enum Command {
     },
     /// Worker: open → assigned.
     Claim { worker: Uuid },
-    /// Assigned worker: assigned → active.
-    Start { worker: Uuid },
+    /// Assigned worker: assigned → active, with the device's position when
+    /// it sent one.
+    Start {
+        worker: Uuid,
+        position: Option<Position>,
+    },
     /// Assigned worker: a text message.
     Message { worker: Uuid, text: String },
-    /// Assigned worker: a photo, already decoded and re-encoded.
-    Photo { worker: Uuid, photo: NewPhoto },
+    /// Assigned worker: a photo, already decoded and re-encoded, with the
+    /// device's position when it sent one.
+    Photo {
+        worker: Uuid,
+        photo: NewPhoto,
+        position: Option<Position>,
+    },
     /// Assigned worker: a typed issue for the agent.
     RaiseIssue {
         worker: Uuid,
@@ -143,7 +153,7 @@ impl Command {
     /// claimant is not yet assigned).
     fn acting_worker(&self) -> Option<Uuid> {
         match self {
-            Command::Start { worker }
+            Command::Start { worker, .. }
             | Command::Message { worker, .. }
             | Command::Photo { worker, .. }
             | Command::RaiseIssue { worker, .. }
@@ -277,6 +287,55 @@ pub enum Refusal {
          answers or extensions can be added; it can still be completed, stopped or cancelled"
     )]
     EventLimit { limit: u64 },
+    #[error(
+        "this task asks for the device's position when starting and with every photo: send \
+         latitude, longitude and accuracy_m"
+    )]
+    PositionRequired,
+    #[error(
+        "the position sent is {distance_m} m from the task's place, which accepts positions \
+         within {allowed_m} m (its radius plus the position's accuracy)"
+    )]
+    OffSite { distance_m: u64, allowed_m: u64 },
+}
+
+/// What the event of a start or a photo records of the position the
+/// worker's device sent: the position itself, the server's time and, when
+/// the task has a place, the distance to it and (unless the agent asked for
+/// nothing) whether it is off site. A task that requires presence refuses
+/// a missing or off-site position.
+fn sighting(
+    task: &Task,
+    position: Option<&Position>,
+    now: DateTime<Utc>,
+) -> Result<Option<serde_json::Value>, Refusal> {
+    let Some(position) = position else {
+        return match (&task.location, task.presence) {
+            (Some(_), Presence::Require) => Err(Refusal::PositionRequired),
+            _ => Ok(None),
+        };
+    };
+    let mut data = json!({
+        "latitude": position.latitude,
+        "longitude": position.longitude,
+        "accuracy_m": position.accuracy_m,
+        "recorded_at": now,
+    });
+    if let Some(place) = &task.location {
+        let seen = place.sighting(position);
+        if seen.off_site && task.presence == Presence::Require {
+            return Err(Refusal::OffSite {
+                distance_m: seen.distance_m.round() as u64,
+                allowed_m: (f64::from(place.radius_m) + position.accuracy_m).floor() as u64,
+            });
+        }
+        // To the decimetre: more would be false precision.
+        data["distance_m"] = json!((seen.distance_m * 10.0).round() / 10.0);
+        if task.presence != Presence::None {
+            data["off_site"] = json!(seen.off_site);
+        }
+    }
+    Ok(Some(data))
 }
 
 /// Decides the effect of `command` on `task` at `now`.
@@ -362,19 +421,20 @@ pub fn decide(
                 json!({ "worker_id": worker, "start_by": start_by }),
             );
         }
-        Command::Start { worker } => {
+        Command::Start { worker, position } => {
             if task.state != Assigned {
                 return Err(wrong_state());
             }
+            let seen = sighting(task, position.as_ref(), now)?;
             let active_until = now + policy.active_time_limit;
             d.task.state = Active;
             d.task.started_at = Some(now);
             d.task.active_until = Some(active_until);
-            d.push(
-                EventType::TaskStarted,
-                Actor::Worker,
-                json!({ "worker_id": worker, "active_until": active_until }),
-            );
+            let mut data = json!({ "worker_id": worker, "active_until": active_until });
+            if let Some(seen) = seen {
+                data["position"] = seen;
+            }
+            d.push(EventType::TaskStarted, Actor::Worker, data);
         }
         Command::Message { text, .. } => {
             if !matches!(task.state, Assigned | Active) {
@@ -386,22 +446,25 @@ pub fn decide(
                 json!({ "text": text }),
             );
         }
-        Command::Photo { photo, .. } => {
+        Command::Photo {
+            photo, position, ..
+        } => {
             if !matches!(task.state, Assigned | Active) {
                 return Err(wrong_state());
             }
-            d.push(
-                EventType::WorkerPhoto,
-                Actor::Worker,
-                json!({
-                    "photo_id": photo.id,
-                    "content_type": photo.content_type,
-                    "width": photo.width,
-                    "height": photo.height,
-                    "size_bytes": photo.bytes.len(),
-                    "path": format!("/api/v1/tasks/{}/photos/{}", task.id, photo.id),
-                }),
-            );
+            let seen = sighting(task, position.as_ref(), now)?;
+            let mut data = json!({
+                "photo_id": photo.id,
+                "content_type": photo.content_type,
+                "width": photo.width,
+                "height": photo.height,
+                "size_bytes": photo.bytes.len(),
+                "path": format!("/api/v1/tasks/{}/photos/{}", task.id, photo.id),
+            });
+            if let Some(seen) = seen {
+                data["position"] = seen;
+            }
+            d.push(EventType::WorkerPhoto, Actor::Worker, data);
             d.photo = Some(photo);
         }
         Command::RaiseIssue { kind, text, .. } => {
@@ -648,12 +711,19 @@ mod tests {
                 text: None,
             },
             Command::Claim { worker: W },
-            Command::Start { worker: W },
+            Command::Start {
+                worker: W,
+                position: None,
+            },
             Command::Message {
                 worker: W,
                 text: "on my way".into(),
             },
-            Command::Photo { worker: W, photo },
+            Command::Photo {
+                worker: W,
+                photo,
+                position: None,
+            },
             Command::RaiseIssue {
                 worker: W,
                 kind: IssueKind::AccessBlocked,
@@ -805,7 +875,10 @@ mod tests {
                 worker: W,
                 reason: None,
             },
-            Command::Start { worker: W },
+            Command::Start {
+                worker: W,
+                position: None,
+            },
             Command::Claim { worker: W },
             Command::Publish,
             Command::Reconcile,
@@ -851,6 +924,7 @@ mod tests {
                 height: 1,
                 bytes: vec![0],
             },
+            position: None,
         };
         assert_eq!(
             refusal(&t, &full, photo),
@@ -913,7 +987,15 @@ mod tests {
             Some(at(2) + Policy::default().start_timeout)
         );
 
-        let d = run(&d.task, Command::Start { worker: W }, 3).unwrap();
+        let d = run(
+            &d.task,
+            Command::Start {
+                worker: W,
+                position: None,
+            },
+            3,
+        )
+        .unwrap();
         assert_eq!(d.task.state, TaskState::Active);
         assert_eq!(
             d.task.active_until,
@@ -954,7 +1036,10 @@ mod tests {
     #[test]
     fn worker_commands_need_the_assignment() {
         for c in [
-            Command::Start { worker: OTHER },
+            Command::Start {
+                worker: OTHER,
+                position: None,
+            },
             Command::Message {
                 worker: OTHER,
                 text: "hi".into(),
@@ -1043,7 +1128,15 @@ mod tests {
             Refusal::DeadlinePassed
         );
         assert_eq!(
-            run(&assigned(), Command::Start { worker: W }, 500).unwrap_err(),
+            run(
+                &assigned(),
+                Command::Start {
+                    worker: W,
+                    position: None
+                },
+                500
+            )
+            .unwrap_err(),
             Refusal::DeadlinePassed
         );
     }
@@ -1389,5 +1482,85 @@ mod tests {
         let d = run(&assigned(), Command::Extend(Extension::Until(at(3000))), 10).unwrap();
         assert_eq!(d.task.start_by, Some(at(500)));
         assert_eq!(d.task.next_deadline(), Some(at(500)));
+    }
+
+    fn located(presence: Presence) -> Task {
+        let mut t = assigned();
+        t.location = Some(crate::Location::new(52.52, 13.405, Some(100), None).unwrap());
+        t.presence = presence;
+        t
+    }
+
+    fn at_distance(metres: f64, accuracy_m: f64) -> Option<Position> {
+        // About 111 km per degree of latitude: metres north of the place.
+        Some(Position::new(52.52 + metres / 111_250.0, 13.405, accuracy_m).unwrap())
+    }
+
+    fn start(position: Option<Position>) -> Command {
+        Command::Start {
+            worker: W,
+            position,
+        }
+    }
+
+    #[test]
+    fn a_start_records_the_position_its_distance_and_the_servers_time() {
+        let d = run(&located(Presence::Flag), start(at_distance(300.0, 20.0)), 5).unwrap();
+        let data = &d.events[0].data["position"];
+        assert!((data["distance_m"].as_f64().unwrap() - 300.0).abs() < 2.0);
+        assert_eq!(data["off_site"], true, "300 m > 100 m + 20 m");
+        assert_eq!(data["accuracy_m"], 20.0);
+        assert_eq!(data["recorded_at"], serde_json::json!(at(5)));
+        let stored = d.events[0].clone().stored(1, d.task.id, at(5));
+        assert!(stored.untrusted, "a position is worker-sent data");
+
+        let d = run(&located(Presence::Flag), start(at_distance(150.0, 60.0)), 5).unwrap();
+        assert_eq!(
+            d.events[0].data["position"]["off_site"], false,
+            "the accuracy counts"
+        );
+        let d = run(&located(Presence::None), start(at_distance(5000.0, 5.0)), 5).unwrap();
+        assert!(d.events[0].data["position"]["off_site"].is_null());
+        assert!(d.events[0].data["position"]["distance_m"].is_number());
+    }
+
+    #[test]
+    fn a_task_that_requires_presence_refuses_a_missing_or_distant_position() {
+        let t = located(Presence::Require);
+        assert_eq!(
+            run(&t, start(None), 5).unwrap_err(),
+            Refusal::PositionRequired
+        );
+        match run(&t, start(at_distance(1000.0, 50.0)), 5).unwrap_err() {
+            Refusal::OffSite {
+                distance_m,
+                allowed_m,
+            } => {
+                assert!((995..=1005).contains(&distance_m), "{distance_m}");
+                assert_eq!(allowed_m, 150);
+            }
+            other => panic!("{other:?}"),
+        }
+        let photo = |position| Command::Photo {
+            worker: W,
+            photo: NewPhoto {
+                id: Uuid::nil(),
+                content_type: "image/png".into(),
+                width: 1,
+                height: 1,
+                bytes: vec![0],
+            },
+            position,
+        };
+        assert!(matches!(
+            run(&t, photo(at_distance(1000.0, 50.0)), 5),
+            Err(Refusal::OffSite { .. })
+        ));
+        let d = run(&t, photo(at_distance(90.0, 5.0)), 5).unwrap();
+        assert_eq!(d.events[0].data["position"]["off_site"], false);
+        // Without a place, nothing is required and a position is only recorded.
+        let d = run(&assigned(), start(None), 5).unwrap();
+        assert!(d.events[0].data.get("position").is_none());
+        assert!(!d.events[0].clone().stored(1, d.task.id, at(5)).untrusted);
     }
 }

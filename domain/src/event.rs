@@ -176,7 +176,9 @@ impl Event {
             kind,
             created_at,
             actor,
-            untrusted: kind.carries_worker_content(),
+            // A position is what a worker's device said: worker content,
+            // whatever event records it.
+            untrusted: kind.carries_worker_content() || data.get("position").is_some(),
             data,
         }
     }

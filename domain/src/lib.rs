@@ -21,6 +21,7 @@ mod command;
 mod event;
 pub mod identity;
 mod issue;
+pub mod place;
 pub mod policy;
 mod task;
 mod view;
@@ -32,6 +33,7 @@ pub use command::{
 };
 pub use event::{Actor, Event, EventType, NewEvent};
 pub use issue::{Issue, IssueAction, IssueKind, IssueStatus};
+pub use place::{Location, Position, Presence};
 pub use policy::Policy;
 pub use task::{Due, ExpiryReason, Task, TaskState};
 pub use view::FeedView;

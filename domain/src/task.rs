@@ -4,6 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::place::{Location, Presence};
+
 /// Where a task is in its life. See DESIGN.md for the transition table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
@@ -94,6 +96,17 @@ pub struct Task {
     pub open_issues: i32,
     /// Id of the newest event of this task (0 before the first).
     pub last_event_id: i64,
+    /// Where the task is done, when the agent said so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<Location>,
+    /// What the agent asks of the positions a worker sends (only with a
+    /// location; absent means `none`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub presence: Presence,
+}
+
+fn is_default(presence: &Presence) -> bool {
+    *presence == Presence::None
 }
 
 /// Why a task expired.
@@ -184,6 +197,8 @@ pub(crate) mod tests {
             active_until: None,
             open_issues: 0,
             last_event_id: 0,
+            location: None,
+            presence: Presence::None,
         }
     }
 

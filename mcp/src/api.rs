@@ -16,6 +16,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use meatspace_api_types::CreateTask;
+
 use crate::types::{CreatedTask, EventPage, Problem, Task, TaskChange, TaskSummary};
 
 /// What the transport knows about who calls.
@@ -113,12 +115,7 @@ pub trait AgentApi: Send + Sync + 'static {
     const SHOWS_TOKEN: bool;
 
     /// Creates a draft task.
-    async fn create_task(
-        &self,
-        caller: &Caller,
-        description: String,
-        expires_in_seconds: Option<i64>,
-    ) -> Result<CreatedTask, Problem>;
+    async fn create_task(&self, caller: &Caller, task: CreateTask) -> Result<CreatedTask, Problem>;
 
     /// How tools name the task just created.
     fn task_ref(&self, created: &CreatedTask) -> Self::TaskRef;

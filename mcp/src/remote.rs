@@ -238,8 +238,7 @@ impl AgentApi for RemoteApi {
     async fn create_task(
         &self,
         _caller: &Caller,
-        description: String,
-        expires_in_seconds: Option<i64>,
+        req: meatspace_client::types::CreateTask,
     ) -> Result<CreatedTask, Problem> {
         if !self.has_principal {
             return Err(Problem::local(
@@ -248,8 +247,6 @@ impl AgentApi for RemoteApi {
                 "creating a task needs an API key or the development key: set MEATSPACE_API_KEY (an operator creates one with `meatspace key create`) or MEATSPACE_DEV_KEY where this MCP server is launched",
             ));
         }
-        let mut req = meatspace_client::types::CreateTask::new(description);
-        req.expires_in_seconds = expires_in_seconds;
         let (created, _) = self.client.create_task(&req).await.map_err(problem)?;
         let answer = serde_json::to_value(&created).map_err(state_problem)?;
         // Kept before the result is returned: the token is shown only once.

@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use meatspace_api_types::{CreateTask, Place};
+use meatspace_domain::Presence;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Extensions, Implementation, ServerCapabilities, ServerConfig};
@@ -46,6 +48,19 @@ pub struct CreateTaskArgs {
     /// expires. Bounds are in the service's capabilities (default 24 h).
     #[serde(default)]
     pub expires_in_seconds: Option<i64>,
+    /// Where the task is done (WGS 84 degrees and a radius in metres,
+    /// default 100; an address line for the worker). Workers near it see
+    /// it first, with its distance. Omit it for a task that can be done
+    /// anywhere.
+    #[serde(default)]
+    pub location: Option<Place>,
+    /// With a location: what to ask of the positions a worker's device
+    /// sends when starting and with each photo. none (default): recorded;
+    /// flag: recorded and marked off_site when farther than the radius plus
+    /// the device's accuracy; require: a start or photo from farther is
+    /// refused. A browser's position is evidence, not proof.
+    #[serde(default)]
+    pub presence: Option<Presence>,
     /// Publish at once (workers can then claim it). Default false: the task
     /// stays a draft until publish_task.
     #[serde(default)]
@@ -191,8 +206,13 @@ impl<A: AgentApi> MeatspaceTools<A> {
             .api
             .create_task(
                 &caller(&extensions),
-                args.description,
-                args.expires_in_seconds,
+                CreateTask {
+                    description: args.description,
+                    expires_in_seconds: args.expires_in_seconds,
+                    webhook_url: None,
+                    location: args.location,
+                    presence: args.presence,
+                },
             )
             .await
             .map_err(ToolProblem::from)?;

@@ -19,7 +19,8 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
-use meatspace_domain::Task;
+use meatspace_domain::place::cell_of;
+use meatspace_domain::{Location, Presence, Task};
 use meatspace_store::StoreError;
 use meatspace_store::token::TokenHash;
 
@@ -38,6 +39,8 @@ pub(super) struct NewRow {
     pub expires_at: DateTime<Utc>,
     pub next_deadline: Option<DateTime<Utc>>,
     pub owner_id: Uuid,
+    pub location: Option<Location>,
+    pub presence: Presence,
 }
 
 impl NewRow {
@@ -51,6 +54,8 @@ impl NewRow {
             expires_at: task.expires_at,
             next_deadline: task.next_deadline(),
             owner_id,
+            location: task.location.clone(),
+            presence: task.presence,
         }
     }
 }
@@ -221,7 +226,20 @@ where
     let mut expires = Vec::with_capacity(rows.len());
     let mut deadlines = Vec::with_capacity(rows.len());
     let mut owners = Vec::with_capacity(rows.len());
+    let mut latitudes = Vec::with_capacity(rows.len());
+    let mut longitudes = Vec::with_capacity(rows.len());
+    let mut radii = Vec::with_capacity(rows.len());
+    let mut addresses = Vec::with_capacity(rows.len());
+    let mut presences = Vec::with_capacity(rows.len());
+    let mut cells = Vec::with_capacity(rows.len());
     for row in rows {
+        let place = row.location.as_ref();
+        latitudes.push(place.map(|p| p.latitude));
+        longitudes.push(place.map(|p| p.longitude));
+        radii.push(place.map(|p| i32::try_from(p.radius_m).unwrap_or(i32::MAX)));
+        addresses.push(place.and_then(|p| p.address.as_deref()));
+        presences.push(row.presence.as_str());
+        cells.push(place.map(|p| cell_of(p.latitude, p.longitude)));
         ids.push(row.id);
         descriptions.push(row.description.as_str());
         hashes.push(&row.agent_token_hash.0[..]);
@@ -232,11 +250,15 @@ where
     }
     sqlx::query(
         "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
-           updated_at, expires_at, next_deadline, owner_id) \
-           SELECT id, description, 'draft', hash, created, created, expires, deadline, owner \
+           updated_at, expires_at, next_deadline, owner_id, latitude, longitude, radius_m, \
+           address, presence, cell) \
+           SELECT id, description, 'draft', hash, created, created, expires, deadline, owner, \
+             latitude, longitude, radius_m, address, presence, cell \
            FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::timestamptz[], \
-             $5::timestamptz[], $6::timestamptz[], $8::uuid[]) \
-             AS r(id, description, hash, created, expires, deadline, owner) \
+             $5::timestamptz[], $6::timestamptz[], $8::uuid[], $9::float8[], $10::float8[], \
+             $11::int[], $12::text[], $13::text[], $14::bigint[]) \
+             AS r(id, description, hash, created, expires, deadline, owner, latitude, longitude, \
+               radius_m, address, presence, cell) \
            RETURNING id) \
          SELECT pg_notify($7, id::text) FROM t",
     )
@@ -248,6 +270,12 @@ where
     .bind(deadlines)
     .bind(channel)
     .bind(owners)
+    .bind(latitudes)
+    .bind(longitudes)
+    .bind(radii)
+    .bind(addresses)
+    .bind(presences)
+    .bind(cells)
     .execute(conn)
     .await?;
     Ok(())

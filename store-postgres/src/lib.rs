@@ -977,6 +977,14 @@ fn state(s: &str) -> Result<TaskState, StoreError> {
 }
 
 fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
+    let radius: Option<i32> = row.try_get("radius_m")?;
+    let (location, presence) = meatspace_store::stored_place(
+        row.try_get("latitude")?,
+        row.try_get("longitude")?,
+        radius.map(i64::from),
+        row.try_get("address")?,
+        row.try_get("presence")?,
+    )?;
     Ok(Task {
         id: row.try_get("id")?,
         description: row.try_get("description")?,
@@ -993,6 +1001,8 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
         active_until: row.try_get("active_until")?,
         open_issues: row.try_get("open_issues")?,
         last_event_id: row.try_get("last_event_id")?,
+        location,
+        presence,
     })
 }
 
@@ -1487,6 +1497,8 @@ mod tests {
             active_until: None,
             open_issues: 0,
             last_event_id: 0,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         }
     }
 

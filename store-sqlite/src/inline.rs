@@ -20,6 +20,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
+use meatspace_domain::place::cell_of;
 use meatspace_domain::{Decision, EventType, Issue, IssueChange, Task};
 use meatspace_store::engine::{Backend, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE_ISSUE_SQL};
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
@@ -201,10 +202,12 @@ impl Inline {
     ) -> Result<(), StoreError> {
         // Noted first: announced only if the batch commits.
         self.touch(task.id);
+        let place = task.location.as_ref();
         self.exec(
             "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
-             expires_at, next_deadline, owner_id) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?)",
-            (
+             expires_at, next_deadline, owner_id, latitude, longitude, radius_m, address, \
+             presence, cell) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rusqlite::params![
                 task.id.to_string(),
                 &task.description,
                 &agent_token_hash.0[..],
@@ -213,7 +216,13 @@ impl Inline {
                 ms(task.expires_at),
                 opt_ms(task.next_deadline()),
                 owner_id.to_string(),
-            ),
+                place.map(|p| p.latitude),
+                place.map(|p| p.longitude),
+                place.map(|p| p.radius_m),
+                place.and_then(|p| p.address.as_deref()),
+                task.presence.as_str(),
+                place.map(|p| cell_of(p.latitude, p.longitude)),
+            ],
         )?;
         Ok(())
     }
@@ -645,6 +654,12 @@ impl RowReader for Row<'_> {
     fn int(&self, column: &str) -> Result<Option<i64>, StoreError> {
         self.get_ref(column)
             .and_then(|v| v.as_i64_or_null().map_err(Into::into))
+            .map_err(failure)
+    }
+
+    fn real(&self, column: &str) -> Result<Option<f64>, StoreError> {
+        self.get_ref(column)
+            .and_then(|v| v.as_f64_or_null().map_err(Into::into))
             .map_err(failure)
     }
 }

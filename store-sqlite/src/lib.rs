@@ -256,6 +256,7 @@ impl SqliteStore {
 pub(crate) trait RowReader {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError>;
     fn int(&self, column: &str) -> Result<Option<i64>, StoreError>;
+    fn real(&self, column: &str) -> Result<Option<f64>, StoreError>;
 
     fn text(&self, column: &str) -> Result<&str, StoreError> {
         self.str(column)?
@@ -281,12 +282,23 @@ impl RowReader for SqliteRow {
         Ok(self.try_get(column)?)
     }
 
+    fn real(&self, column: &str) -> Result<Option<f64>, StoreError> {
+        Ok(self.try_get(column)?)
+    }
+
     fn int(&self, column: &str) -> Result<Option<i64>, StoreError> {
         Ok(self.try_get(column)?)
     }
 }
 
 fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
+    let (location, presence) = meatspace_store::stored_place(
+        row.real("latitude")?,
+        row.real("longitude")?,
+        row.int("radius_m")?,
+        row.str("address")?.map(str::to_owned),
+        row.text("presence")?,
+    )?;
     let state_name = row.text("state")?;
     let open_issues = row.integer("open_issues")?;
     Ok(Task {
@@ -307,6 +319,8 @@ fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
         open_issues: i32::try_from(open_issues)
             .map_err(|_| StoreError::Corrupt(format!("open_issues {open_issues}")))?,
         last_event_id: row.integer("last_event_id")?,
+        location,
+        presence,
     })
 }
 

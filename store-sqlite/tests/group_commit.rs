@@ -76,6 +76,8 @@ fn new_task(id: Uuid, now: DateTime<Utc>) -> NewTask {
         created_at: now,
         expires_at: now + TimeDelta::hours(1),
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+        location: None,
+        presence: meatspace_domain::Presence::None,
     }
 }
 

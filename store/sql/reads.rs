@@ -181,6 +181,50 @@ impl TaskReads for d::Store {
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn open_unlocated_tasks(
+        &self,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let (created_at, id) = match cursor {
+            Some(c) => (d::time(c.created_at), d::id(c.id)),
+            None => d::before_every_task(),
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND cell IS NULL \
+             AND (created_at, id) > ($1, $2) ORDER BY created_at, id LIMIT $3"
+        ))
+        .bind(created_at)
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(d::reader(self))
+        .await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn open_tasks_in_cells(&self, ranges: &[(i64, i64)]) -> Result<Vec<Task>, StoreError> {
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One range scan of the partial index `tasks_open_cell` per range.
+        let within: Vec<String> = (0..ranges.len())
+            .map(|i| format!("cell BETWEEN ${} AND ${}", 2 * i + 1, 2 * i + 2))
+            .collect();
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND cell IS NOT NULL \
+             AND ({})",
+            within.join(" OR ")
+        );
+        let mut query = sqlx::query(&sql);
+        for &(lo, hi) in ranges {
+            query = query.bind(lo).bind(hi);
+        }
+        let rows = query.fetch_all(d::reader(self)).await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
     async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2"

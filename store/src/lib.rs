@@ -128,6 +128,37 @@ pub fn stored_event(
     Ok(Event::new(id, task_id, kind, created_at, actor, data))
 }
 
+/// A task's place and presence rule as both backends store them (five
+/// nullable columns and a text), read back: the one decoding of them.
+pub fn stored_place(
+    latitude: Option<f64>,
+    longitude: Option<f64>,
+    radius_m: Option<i64>,
+    address: Option<String>,
+    presence: &str,
+) -> Result<
+    (
+        Option<meatspace_domain::Location>,
+        meatspace_domain::Presence,
+    ),
+    StoreError,
+> {
+    let presence = meatspace_domain::Presence::parse(presence)
+        .ok_or_else(|| StoreError::Corrupt(format!("presence {presence:?}")))?;
+    let location = match (latitude, longitude, radius_m) {
+        (None, None, None) => None,
+        (Some(lat), Some(lon), Some(radius)) => {
+            let radius = u32::try_from(radius).ok();
+            Some(
+                meatspace_domain::Location::new(lat, lon, radius, address)
+                    .map_err(|e| StoreError::Corrupt(format!("task location: {e}")))?,
+            )
+        }
+        _ => return Err(StoreError::Corrupt("a task location half stored".into())),
+    };
+    Ok((location, presence))
+}
+
 /// A task to create. The caller generates the id and the token and passes
 /// only the token's digest.
 #[derive(Debug, Clone)]
@@ -141,6 +172,9 @@ pub struct NewTask {
     /// for the development key; a namespace's principal for a task
     /// requested through Kubernetes).
     pub owner_id: Uuid,
+    /// Where the task is done, if anywhere in particular.
+    pub location: Option<meatspace_domain::Location>,
+    pub presence: meatspace_domain::Presence,
 }
 
 impl NewTask {
@@ -163,6 +197,8 @@ impl NewTask {
             active_until: None,
             open_issues: 0,
             last_event_id: 0,
+            location: self.location,
+            presence: self.presence,
         };
         (task, self.agent_token_hash)
     }
@@ -210,6 +246,24 @@ pub struct FeedRead {
     pub last_event_id: i64,
     /// Events with `id > after`, ascending, at most `limit`.
     pub events: Vec<Event>,
+}
+
+/// The first circle [`TaskReads::open_tasks_near`] reads, in metres.
+const FIRST_NEAR_RADIUS_M: f64 = 2_000.0;
+
+/// A point and a distance: where a worker looks for tasks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Near {
+    pub latitude: f64,
+    pub longitude: f64,
+    pub within_m: f64,
+}
+
+/// Where the nearby listing resumes: the last task of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NearCursor {
+    pub distance_m: f64,
+    pub id: Uuid,
 }
 
 /// Where the open-task listing resumes: the last task of the previous page.
@@ -503,6 +557,64 @@ pub trait TaskReads: Send + Sync {
         cursor: Option<OpenTasksCursor>,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError>;
+
+    /// Open tasks without a place, oldest first, after `cursor`.
+    async fn open_unlocated_tasks(
+        &self,
+        cursor: Option<OpenTasksCursor>,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// Open tasks with a place whose index cell is in one of `ranges`
+    /// (inclusive): what [`meatspace_domain::place::cover`] says may lie
+    /// near a point.
+    async fn open_tasks_in_cells(&self, ranges: &[(i64, i64)]) -> Result<Vec<Task>, StoreError>;
+
+    /// Open tasks with a place within `near.within_m` of `near`'s point,
+    /// nearest first (ties by id), after `after`, at most `limit`, each
+    /// with its distance in metres. Reads a circle that grows fourfold
+    /// until it holds a page or reaches `within_m`: every task inside a
+    /// circle is read, so those it holds are the nearest, and the work is
+    /// in proportion to the tasks near the point, not to the table.
+    async fn open_tasks_near(
+        &self,
+        near: Near,
+        after: Option<NearCursor>,
+        limit: u32,
+    ) -> Result<Vec<(Task, f64)>, StoreError> {
+        let beyond = |d: f64, id: Uuid| match after {
+            None => true,
+            Some(a) => (d, id) > (a.distance_m, a.id),
+        };
+        let mut radius = after
+            .map_or(0.0, |a| a.distance_m * 2.0)
+            .max(FIRST_NEAR_RADIUS_M)
+            .min(near.within_m);
+        loop {
+            let ranges = meatspace_domain::place::cover(near.latitude, near.longitude, radius);
+            let mut found: Vec<(Task, f64)> = self
+                .open_tasks_in_cells(&ranges)
+                .await?
+                .into_iter()
+                .filter_map(|task| {
+                    let place = task.location.as_ref()?;
+                    let d = meatspace_domain::place::distance_m(
+                        near.latitude,
+                        near.longitude,
+                        place.latitude,
+                        place.longitude,
+                    );
+                    (d <= radius && beyond(d, task.id)).then_some((task, d))
+                })
+                .collect();
+            if found.len() >= limit as usize || radius >= near.within_m {
+                found.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.id.cmp(&b.0.id)));
+                found.truncate(limit as usize);
+                return Ok(found);
+            }
+            radius = (radius * 4.0).min(near.within_m);
+        }
+    }
 
     /// Every task, ordered by id, after `after` (for full resyncs).
     async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError>;

@@ -167,6 +167,8 @@ async fn create_due(
                         created_at: clock::now(),
                         expires_at: clock::truncate(expires_at),
                         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+                        location: None,
+                        presence: meatspace_domain::Presence::None,
                     })
                     .await
                     .unwrap();

@@ -90,7 +90,7 @@ async fn lifecycle(db: Db, transport: Transport) {
         .open_tasks(None, Some(100))
         .await
         .expect("open tasks");
-    assert!(open.tasks.iter().any(|t| t.id == task.id()));
+    assert!(open.tasks.iter().any(|t| t.task.id == task.id()));
     assert_eq!(
         worker.task(task.id()).await.expect("worker get").state,
         TaskState::Open

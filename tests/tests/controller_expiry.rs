@@ -269,7 +269,14 @@ async fn an_abandoned_assignment_reopens_and_another_worker_claims_it(db: Db) {
     );
 
     let e = store
-        .apply(t.id, Command::Start { worker: first }, clock::now())
+        .apply(
+            t.id,
+            Command::Start {
+                worker: first,
+                position: None,
+            },
+            clock::now(),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -282,7 +289,15 @@ async fn an_abandoned_assignment_reopens_and_another_worker_claims_it(db: Db) {
         (claimed.state, claimed.worker_id),
         (TaskState::Assigned, Some(second))
     );
-    apply(&store, t.id, Command::Start { worker: second }).await;
+    apply(
+        &store,
+        t.id,
+        Command::Start {
+            worker: second,
+            position: None,
+        },
+    )
+    .await;
     let done = apply(
         &store,
         t.id,

@@ -39,7 +39,16 @@ async fn retention_removes_old_terminal_tasks_and_nothing_else(db: Db) {
     let completed = active(&store, long, w).await;
     let photo = a_photo();
     let photo_id = photo.id;
-    apply(&store, completed.id, Command::Photo { worker: w, photo }).await;
+    apply(
+        &store,
+        completed.id,
+        Command::Photo {
+            worker: w,
+            photo,
+            position: None,
+        },
+    )
+    .await;
     apply(
         &store,
         completed.id,
@@ -108,6 +117,7 @@ async fn retention_removes_old_terminal_tasks_and_nothing_else(db: Db) {
         Command::Photo {
             worker: w,
             photo: live_photo,
+            position: None,
         },
     )
     .await;

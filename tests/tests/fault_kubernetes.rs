@@ -155,6 +155,8 @@ async fn new_task(store: &Arc<dyn Store>, description: &str) -> Task {
             created_at: now,
             expires_at: now + TimeDelta::days(1),
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         })
         .await
         .expect("create a task")

@@ -304,6 +304,8 @@ async fn dropped_change_streams_release_their_connections() {
             created_at: chrono::Utc::now(),
             expires_at: chrono::Utc::now() + chrono::TimeDelta::hours(1),
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         })
         .await
         .expect("create");

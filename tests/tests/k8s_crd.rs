@@ -56,6 +56,8 @@ fn draft_task() -> Task {
         active_until: None,
         open_issues: 0,
         last_event_id: 0,
+        location: None,
+        presence: meatspace_domain::Presence::None,
     }
 }
 

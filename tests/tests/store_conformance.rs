@@ -180,7 +180,10 @@ fn claim(worker: Uuid) -> Command {
 }
 
 fn start(worker: Uuid) -> Command {
-    Command::Start { worker }
+    Command::Start {
+        worker,
+        position: None,
+    }
 }
 
 fn message(worker: Uuid, text: &str) -> Command {
@@ -190,7 +193,11 @@ fn message(worker: Uuid, text: &str) -> Command {
 
 fn send_photo(worker: Uuid, photo: &NewPhoto) -> Command {
     let photo = photo.clone();
-    Command::Photo { worker, photo }
+    Command::Photo {
+        worker,
+        photo,
+        position: None,
+    }
 }
 
 fn raise(worker: Uuid, kind: IssueKind, text: &str) -> Command {
@@ -255,6 +262,8 @@ async fn create_at(store: &dyn Store, secs: i64, description: &str) -> Created {
         created_at: at(secs),
         expires_at: at(secs + LIFETIME),
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+        location: None,
+        presence: meatspace_domain::Presence::None,
     };
     let task = store.create_task(new).await.expect("create task");
     Created { task, token }
@@ -396,6 +405,8 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
         created_at: at(8),
         expires_at: at(9),
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+        location: None,
+        presence: meatspace_domain::Presence::None,
     };
     assert!(
         s.create_task(duplicate).await.is_err(),
@@ -412,6 +423,8 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
         created_at: at(1) + ms,
         expires_at: at(LIFETIME) + ms,
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+        location: None,
+        presence: meatspace_domain::Presence::None,
     };
     let precise = s.create_task(new).await.expect("create task");
     let published = ok(s, precise.id, Command::Publish, 2).await.task;
@@ -871,6 +884,8 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
                 created_at: at(0),
                 expires_at: at(LIFETIME),
                 owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+                location: None,
+                presence: meatspace_domain::Presence::None,
             },
             "https://example.test/hook",
         )
@@ -2069,6 +2084,8 @@ async fn a_failing_create_among_concurrent_ones_fails_alone(store: Arc<dyn Store
                     created_at: at(0),
                     expires_at: at(LIFETIME),
                     owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+                    location: None,
+                    presence: meatspace_domain::Presence::None,
                 };
                 (id, store.create_task(new).await)
             });

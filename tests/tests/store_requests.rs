@@ -34,6 +34,8 @@ async fn racing_writers_create_one_task_per_resource_uid(db: Db) {
             created_at: now,
             expires_at: now + TimeDelta::hours(1),
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         };
         let row = store
             .create_requested_task(new, &request)

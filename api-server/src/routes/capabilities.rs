@@ -6,6 +6,7 @@
 
 use axum::Json;
 use axum::extract::State;
+use meatspace_domain::place::{DEFAULT_RADIUS_M, MAX_ADDRESS_CHARS, MAX_NEARBY_M, MAX_RADIUS_M};
 use meatspace_domain::{IssueKind, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS, TaskState};
 use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
@@ -140,7 +141,11 @@ pub fn document(state: &AppState) -> Value {
                         policy.max_lifetime.num_seconds(),
                         policy.default_lifetime.num_seconds()
                     ),
-                    "webhook_url": "string, optional: an http(s) URL that receives every event as a signed webhook; the answer then also carries webhook_secret (shown once)"
+                    "webhook_url": "string, optional: an http(s) URL that receives every event as a signed webhook; the answer then also carries webhook_secret (shown once)",
+                    "location": format!(
+                        "object, optional: where the task is done: latitude (-90 to 90), longitude (-180 to 180), radius_m (1-{MAX_RADIUS_M}, default {DEFAULT_RADIUS_M}), address (optional, 1-{MAX_ADDRESS_CHARS} chars); see task_location"
+                    ),
+                    "presence": "none | flag | require, optional (default none; needs location); see task_location"
                 },
                 "returns": ["task", "agent_token"]
             },
@@ -301,6 +306,21 @@ pub fn document(state: &AppState) -> Value {
             "issue_kinds": IssueKind::ALL.map(IssueKind::as_str),
             "response_scope": "A response applies only to the worker.issue referenced by issue_event_id.",
             "note": "Worker text is untrusted task data. Responses are scoped to the referenced issue; terminal tasks reject agent responses."
+        },
+        "task_location": {
+            "model": "A place is a WGS 84 point and a radius in metres. It is on the task resource as location (absent when the task can be done anywhere) with presence.",
+            "default_radius_m": DEFAULT_RADIUS_M,
+            "max_radius_m": MAX_RADIUS_M,
+            "nearby_listing": format!(
+                "GET /api/v1/worker/tasks?near=LAT,LON&within_m=M (1-{MAX_NEARBY_M}, default 50000): open tasks with a place within M metres nearest first, each with distance_m, then the open tasks without a place; keyset-paginated by next_cursor"
+            ),
+            "positions": "A worker sends its device's position (latitude, longitude, accuracy_m) when starting (body of POST .../start: {\"position\": {...}}) and with each photo (query parameters). The task.started or worker.photo event records it under data.position with distance_m from the place and the server's recorded_at; the event is then marked untrusted.",
+            "presence_modes": {
+                "none": "positions are recorded, nothing more",
+                "flag": "a position farther than radius_m + accuracy_m is recorded with off_site: true",
+                "require": "a start or photo without a position, or from farther than radius_m + accuracy_m, is refused with 422 (problem types position-required and off-site; the detail gives the distance)"
+            },
+            "evidence_not_proof": "A position comes from the worker's device or browser and can be wrong or made up: it is evidence, not proof of presence. Weigh it with the photos and messages."
         },
         "limits": {
             "description_chars": MAX_DESCRIPTION_CHARS,

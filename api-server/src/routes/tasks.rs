@@ -6,9 +6,12 @@
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use meatspace_api_types::{CreateTask, CreatedTask, Extend, Respond, TaskPage, TaskResource};
+use meatspace_api_types::{
+    CreateTask, CreatedTask, Extend, Place, Respond, TaskPage, TaskResource,
+};
 use meatspace_domain::webhook_url::check_url;
 use meatspace_domain::{Command, Extension, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS};
+use meatspace_domain::{Location, Presence};
 use meatspace_store::NewTask;
 use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
@@ -98,6 +101,7 @@ pub(crate) async fn create(
                 .to_string(),
         ),
     };
+    let (location, presence) = checked_place(req.location, req.presence)?;
     let now = state.clock.now();
     let id = Uuid::new_v4();
     let (agent_token, agent_token_hash) = issue_agent_token(id);
@@ -108,6 +112,8 @@ pub(crate) async fn create(
         created_at: now,
         expires_at: now + lifetime,
         owner_id: owner,
+        location,
+        presence,
     };
     let digest = new.agent_token_hash.clone();
     let (task, webhook_secret) = match webhook_url {
@@ -125,6 +131,32 @@ pub(crate) async fn create(
         agent_token,
         webhook_secret,
     })
+}
+
+/// A task's place and presence rule as the agent gave them, checked; 422
+/// with the reason otherwise.
+pub(crate) fn checked_place(
+    place: Option<Place>,
+    presence: Option<Presence>,
+) -> Result<(Option<Location>, Presence), ApiError> {
+    let location = place
+        .map(|p| Location::new(p.latitude, p.longitude, p.radius_m, p.address))
+        .transpose()
+        .map_err(|e| ApiError::invalid(format!("location: {e}")))?;
+    if let Some(address) = location.as_ref().and_then(|l| l.address.as_deref()) {
+        checked_text(
+            "location.address",
+            address,
+            meatspace_domain::place::MAX_ADDRESS_CHARS,
+        )?;
+    }
+    let presence = presence.unwrap_or_default();
+    if presence != Presence::None && location.is_none() {
+        return Err(ApiError::invalid(
+            "presence needs a location: without a place there is nowhere to be",
+        ));
+    }
+    Ok((location, presence))
 }
 
 /// `state`, `limit` and `cursor` of the task listing.

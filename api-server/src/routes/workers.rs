@@ -8,10 +8,14 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use meatspace_api_types::{
-    EndWork, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker,
+    EndWork, ListedTask, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker,
+    StartWork,
 };
+use meatspace_domain::Position;
+use meatspace_domain::place::MAX_NEARBY_M;
 use meatspace_domain::{Command, MAX_TEXT_CHARS, NewPhoto, Refusal, Task, TaskState};
 use meatspace_store::StoreError;
+use meatspace_store::{Near, NearCursor};
 use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -113,9 +117,201 @@ pub struct ListQuery {
     /// Page size (1-100, default 50).
     #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
+    /// `LATITUDE,LONGITUDE` (WGS 84 degrees): list the open tasks with a
+    /// place within `within_m` of this point nearest first, each with its
+    /// distance, then the open tasks without a place.
+    #[param(pattern = r"^-?[0-9.]+,-?[0-9.]+$")]
+    pub near: Option<String>,
+    /// With `near`: the farthest place to list, in metres (1 to 1000000;
+    /// default 50000).
+    #[param(minimum = 1, maximum = 1000000)]
+    pub within_m: Option<u32>,
 }
 
-/// Open tasks, oldest first.
+/// Default of `within_m`, in metres.
+const DEFAULT_WITHIN_M: u32 = 50_000;
+
+/// The position a photo was taken at, as query parameters: all three or none.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PhotoQuery {
+    /// The device's latitude (WGS 84 degrees) when the photo was taken.
+    #[param(minimum = -90, maximum = 90)]
+    pub latitude: Option<f64>,
+    /// The device's longitude (WGS 84 degrees).
+    #[param(minimum = -180, maximum = 180)]
+    pub longitude: Option<f64>,
+    /// The device's accuracy in metres (0 to 100000).
+    #[param(minimum = 0, maximum = 100000)]
+    pub accuracy_m: Option<f64>,
+}
+
+impl PhotoQuery {
+    fn position(&self) -> Result<Option<Position>, ApiError> {
+        match (self.latitude, self.longitude, self.accuracy_m) {
+            (None, None, None) => Ok(None),
+            (Some(lat), Some(lon), Some(acc)) => checked_position(Position {
+                latitude: lat,
+                longitude: lon,
+                accuracy_m: acc,
+            })
+            .map(Some),
+            _ => Err(ApiError::invalid(
+                "send latitude, longitude and accuracy_m together, or none of them",
+            )),
+        }
+    }
+}
+
+/// A position a worker sent, checked; 422 with the reason otherwise.
+fn checked_position(position: Position) -> Result<Position, ApiError> {
+    position
+        .checked()
+        .map_err(|e| ApiError::invalid(format!("position: {e}")))
+}
+
+/// Reads `near`'s `LATITUDE,LONGITUDE`; 400 unless it is two numbers, 422
+/// unless they are a point.
+fn near_point(near: &str, within_m: Option<u32>) -> Result<Near, ApiError> {
+    let (lat, lon) = near
+        .split_once(',')
+        .and_then(|(lat, lon)| {
+            Some((
+                lat.trim().parse::<f64>().ok()?,
+                lon.trim().parse::<f64>().ok()?,
+            ))
+        })
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid-query",
+                "near must be LATITUDE,LONGITUDE in degrees",
+            )
+        })?;
+    Position::new(lat, lon, 0.0).map_err(|e| ApiError::invalid(format!("near: {e}")))?;
+    let within_m = within_m.unwrap_or(DEFAULT_WITHIN_M);
+    if !(1..=MAX_NEARBY_M).contains(&within_m) {
+        return Err(ApiError::invalid(format!(
+            "within_m must be from 1 to {MAX_NEARBY_M}"
+        )));
+    }
+    Ok(Near {
+        latitude: lat,
+        longitude: lon,
+        within_m: f64::from(within_m),
+    })
+}
+
+/// Where a nearby listing resumes: in the tasks with a place (`d`, after a
+/// distance and an id) or in those without (`u`, after a creation time and
+/// an id).
+enum NearbyCursor {
+    Located(NearCursor),
+    Unlocated(meatspace_store::OpenTasksCursor),
+}
+
+impl NearbyCursor {
+    fn encode(&self) -> String {
+        match self {
+            NearbyCursor::Located(c) => format!("d{}.{}", c.distance_m, c.id.simple()),
+            NearbyCursor::Unlocated(c) => {
+                format!("u{}.{}", c.created_at.timestamp_millis(), c.id.simple())
+            }
+        }
+    }
+
+    fn decode(s: &str) -> Result<Self, ApiError> {
+        let invalid = || ApiError::bad_request("invalid-query", "cursor is not valid");
+        if let Some(rest) = s.strip_prefix('d') {
+            let (d, id) = rest.rsplit_once('.').ok_or_else(invalid)?;
+            let distance_m: f64 = d.parse().map_err(|_| invalid())?;
+            if !distance_m.is_finite() || distance_m < 0.0 {
+                return Err(invalid());
+            }
+            let id = Uuid::try_parse(id).map_err(|_| invalid())?;
+            return Ok(NearbyCursor::Located(NearCursor { distance_m, id }));
+        }
+        let rest = s.strip_prefix('u').ok_or_else(invalid)?;
+        super::decode_task_cursor(rest).map(NearbyCursor::Unlocated)
+    }
+}
+
+/// The nearby listing: the open tasks with a place within reach, nearest
+/// first, then those without a place, oldest first.
+async fn nearby_page(
+    state: &AppState,
+    near: Near,
+    cursor: Option<NearbyCursor>,
+    limit: u32,
+) -> Result<OpenTaskPage, ApiError> {
+    let mut tasks = Vec::new();
+    let unlocated_after = match cursor {
+        Some(NearbyCursor::Unlocated(c)) => Some(c),
+        located => {
+            let after = match located {
+                Some(NearbyCursor::Located(c)) => Some(c),
+                _ => None,
+            };
+            let found = state.store.open_tasks_near(near, after, limit + 1).await?;
+            if found.len() > limit as usize {
+                let last = &found[limit as usize - 1];
+                let next = NearbyCursor::Located(NearCursor {
+                    distance_m: last.1,
+                    id: last.0.id,
+                });
+                tasks.extend(found.into_iter().take(limit as usize).map(located_task));
+                return Ok(OpenTaskPage {
+                    tasks,
+                    next_cursor: Some(next.encode()),
+                });
+            }
+            tasks.extend(found.into_iter().map(located_task));
+            None
+        }
+    };
+    let room = limit - tasks.len() as u32;
+    let mut unlocated = state
+        .store
+        .open_unlocated_tasks(unlocated_after, room + 1)
+        .await?;
+    let more = unlocated.len() > room as usize;
+    unlocated.truncate(room as usize);
+    let next_cursor = match (more, unlocated.last(), tasks.last()) {
+        (true, Some(last), _) => Some(
+            NearbyCursor::Unlocated(meatspace_store::OpenTasksCursor {
+                created_at: last.created_at,
+                id: last.id,
+            })
+            .encode(),
+        ),
+        // A full page of tasks with a place and one without next: resume
+        // at the start of those without.
+        (true, None, Some(_)) => Some(
+            NearbyCursor::Unlocated(meatspace_store::OpenTasksCursor {
+                created_at: chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+                id: Uuid::nil(),
+            })
+            .encode(),
+        ),
+        _ => None,
+    };
+    tasks.extend(unlocated.into_iter().map(|task| ListedTask {
+        task,
+        distance_m: None,
+    }));
+    Ok(OpenTaskPage { tasks, next_cursor })
+}
+
+fn located_task((task, distance_m): (Task, f64)) -> ListedTask {
+    ListedTask {
+        task,
+        // To the decimetre, as events record it.
+        distance_m: Some((distance_m * 10.0).round() / 10.0),
+    }
+}
+
+/// Open tasks, oldest first; with `near`, those with a place nearest first
+/// (with their distance), then those without a place.
 #[utoipa::path(get, path = "/api/v1/worker/tasks", tag = "worker",
     params(ListQuery),
     security(("worker_token" = [])),
@@ -127,6 +323,14 @@ async fn list_open_tasks(
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<OpenTaskPage>, ApiError> {
     let limit = super::page_limit(q.limit, 50, 100)?;
+    if let Some(near) = q.near.as_deref() {
+        let near = near_point(near, q.within_m)?;
+        let cursor = q.cursor.as_deref().map(NearbyCursor::decode).transpose()?;
+        return Ok(axum::Json(nearby_page(&state, near, cursor, limit).await?));
+    }
+    if q.within_m.is_some() {
+        return Err(ApiError::invalid("within_m needs near"));
+    }
     let cursor = q
         .cursor
         .as_deref()
@@ -140,6 +344,13 @@ async fn list_open_tasks(
     } else {
         None
     };
+    let tasks = tasks
+        .into_iter()
+        .map(|task| ListedTask {
+            task,
+            distance_m: None,
+        })
+        .collect();
     Ok(axum::Json(OpenTaskPage { tasks, next_cursor }))
 }
 
@@ -233,18 +444,25 @@ fn no_open_task() -> ApiError {
     )
 }
 
-/// Starts the assigned task: assigned → active.
+/// Starts the assigned task: assigned → active. The optional body carries
+/// the device's position, which a task whose `presence` is `require`
+/// needs (refused with `position-required` or `off-site` otherwise).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/start", tag = "worker",
     params(("task_id" = Uuid, Path)),
+    request_body(content = Option<StartWork>, description = "optional position"),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "The active task", body = TaskChange), TaskCommandErrors))]
+        (status = 200, description = "The active task", body = TaskChange), TaskBodyCommandErrors))]
 async fn start(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    state.act(id, Command::Start { worker }).await
+    let req: StartWork = optional_body(&headers, &body)?;
+    let position = req.position.map(checked_position).transpose()?;
+    state.act(id, Command::Start { worker, position }).await
 }
 
 /// Sends a text message to the agent (a `worker.message` event).
@@ -267,7 +485,7 @@ async fn send_message(
 /// Sends a photo: the body is a JPEG, PNG or WebP image with the matching
 /// `Content-Type`. It is decoded, checked and re-encoded without metadata.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/photos", tag = "worker",
-    params(("task_id" = Uuid, Path)),
+    params(("task_id" = Uuid, Path), PhotoQuery),
     request_body(description = "The image",
         content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
     security(("worker_token" = [])),
@@ -277,9 +495,11 @@ async fn send_photo(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
+    Query(at): Query<PhotoQuery>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
+    let position = at.position()?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -309,7 +529,7 @@ async fn send_photo(
             ApiError::bad_request("unreadable-body", e.body_text())
         }
     })?;
-    send_photo_bytes(&state, worker, id, body)
+    send_photo_bytes(&state, worker, id, body, position)
         .await
         .map(axum::Json)
 }
@@ -321,6 +541,7 @@ pub(crate) async fn send_photo_bytes(
     worker: Uuid,
     id: Uuid,
     body: Bytes,
+    position: Option<Position>,
 ) -> Result<TaskChange, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid("the photo body is empty"));
@@ -370,7 +591,15 @@ pub(crate) async fn send_photo_bytes(
     };
     let applied = state
         .store
-        .apply(id, Command::Photo { worker, photo }, state.clock.now())
+        .apply(
+            id,
+            Command::Photo {
+                worker,
+                photo,
+                position,
+            },
+            state.clock.now(),
+        )
         .await?;
     Ok(super::task_change(applied))
 }
@@ -405,14 +634,17 @@ async fn raise_issue(
 /// The optional `text` of a complete or stop request. The body itself is
 /// optional: empty means no text.
 fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, ApiError> {
-    let req = optional_body(headers, body)?;
+    let req: EndWork = optional_body(headers, body)?;
     checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)
 }
 
 /// Reads an optional JSON body: empty or `null` means no fields.
-fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndWork, ApiError> {
+fn optional_body<T: Default + serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Ok(EndWork::default());
+        return Ok(T::default());
     }
     let is_json = headers
         .get(header::CONTENT_TYPE)
@@ -425,7 +657,7 @@ fn optional_body(headers: &HeaderMap, body: &Bytes) -> Result<EndWork, ApiError>
     }
     // JSON `null` is no fields too, as the OpenAPI document says (and as
     // generated clients send for "no body").
-    serde_json::from_slice::<Option<EndWork>>(body)
+    serde_json::from_slice::<Option<T>>(body)
         .map(Option::unwrap_or_default)
         .map_err(|e| {
             if e.is_syntax() || e.is_eof() {

@@ -170,7 +170,9 @@ fn human(e: &ApiError) -> (StatusCode, String) {
             };
             (StatusCode::CONFLICT, text)
         }
-        ApiError::Invalid(detail) | ApiError::BadRequest { detail, .. } => {
+        ApiError::Invalid(detail)
+        | ApiError::BadRequest { detail, .. }
+        | ApiError::Unprocessable { detail, .. } => {
             (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
         }
         ApiError::TooLarge(detail) | ApiError::UnsupportedMediaType(detail) => {
@@ -938,7 +940,15 @@ async fn start(
     }: TaskForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let worker = s.worker.id;
-    let result = run(&state, id, Command::Start { worker }).await;
+    let result = run(
+        &state,
+        id,
+        Command::Start {
+            worker,
+            position: None,
+        },
+    )
+    .await;
     act_or_show(&state, &s, id, TypedInput::of("start"), result).await
 }
 
@@ -1106,7 +1116,7 @@ async fn send_photo(
         (Some(e), _) => Err(e),
         (None, Some(bytes)) if bytes.len() > state.photo_limits.max_bytes => Err(too_large()),
         (None, Some(bytes)) if !bytes.is_empty() => {
-            workers::send_photo_bytes(&state, s.worker.id, id, bytes)
+            workers::send_photo_bytes(&state, s.worker.id, id, bytes, None)
                 .await
                 .map(|_| ())
         }

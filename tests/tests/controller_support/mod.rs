@@ -41,6 +41,8 @@ pub async fn draft_until(store: &Arc<dyn Store>, expires_at: DateTime<Utc>) -> T
             created_at: now,
             expires_at: clock::truncate(expires_at),
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+            location: None,
+            presence: meatspace_domain::Presence::None,
         })
         .await
         .expect("create task")
@@ -71,7 +73,15 @@ pub async fn worker(store: &Arc<dyn Store>) -> Uuid {
 pub async fn active(store: &Arc<dyn Store>, lifetime: TimeDelta, worker: Uuid) -> Task {
     let t = open(store, lifetime).await;
     apply(store, t.id, Command::Claim { worker }).await;
-    apply(store, t.id, Command::Start { worker }).await
+    apply(
+        store,
+        t.id,
+        Command::Start {
+            worker,
+            position: None,
+        },
+    )
+    .await
 }
 
 /// Applies a command now and expects it to succeed.
