@@ -3,8 +3,10 @@
 //! itself (never a copy) and run with bash, in the directory of a real
 //! server started as the first README command starts it (embedded SQLite,
 //! no configuration). The agent and the worker both act in it, and the
-//! test checks what they print: each state in turn, the worker's message
-//! marked untrusted, and the long poll answering with the completion.
+//! test checks what they print: each state in turn, the located task in
+//! the worker's nearby list, the start's position recorded on site, the
+//! worker's message marked untrusted, and the long poll answering with the
+//! completion.
 //!
 //! Needs `bash`, `curl` and `jq` (scripts/test runs under .ci/run, which
 //! installs them); a missing one fails the test.
@@ -112,6 +114,24 @@ async fn the_readme_walk_runs_as_printed() {
         .unwrap_or_else(|| panic!("the agent's read of the feed shows the message: {stdout}"));
     assert_eq!(message["untrusted"], true, "{message}");
     assert_eq!(message["data"]["text"], "On my way", "{message}");
+    // The worker found the task near where they stood, with its distance
+    // and address; its start recorded the position, on site.
+    let listed = json
+        .iter()
+        .find(|v| v.get("distance_m").is_some())
+        .unwrap_or_else(|| panic!("the nearby list shows the task: {stdout}"));
+    let distance = listed["distance_m"].as_f64().expect("a distance");
+    assert!((200.0..300.0).contains(&distance), "{listed}");
+    assert_eq!(listed["address"], "Rathausstrasse 15, Berlin", "{listed}");
+    let started = json
+        .iter()
+        .find(|v| v["type"] == "task.started" && v.get("data").is_some())
+        .unwrap_or_else(|| panic!("the agent's read of the feed shows the start: {stdout}"));
+    assert_eq!(
+        started["untrusted"], true,
+        "a position is worker-sent: {started}"
+    );
+    assert_eq!(started["data"]["position"]["off_site"], false, "{started}");
     let last = json.last().expect("the long poll's answer");
     assert_eq!(last["task_state"], "completed", "{stdout}");
     assert_eq!(last["events"][0]["type"], "task.completed", "{stdout}");
