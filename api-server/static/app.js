@@ -88,7 +88,52 @@ function uploadProgress(form) {
   });
 }
 
+// The device's position, for the forms of a task with a place: the
+// browser asks the person first; without it (or without this script) the
+// forms are sent without a position.
+function positionForms(forms) {
+  function say(text) {
+    forms.forEach(function (form) {
+      var status = form.querySelector(".position-status");
+      if (status) { status.textContent = text; status.hidden = false; }
+    });
+  }
+  function fill(pos) {
+    forms.forEach(function (form) {
+      form.elements.latitude.value = String(pos.coords.latitude);
+      form.elements.longitude.value = String(pos.coords.longitude);
+      form.elements.accuracy_m.value = String(pos.coords.accuracy);
+    });
+    say("Your position will be sent with it (accurate to " + Math.round(pos.coords.accuracy) + " m).");
+  }
+  function failed() {
+    say("Your position is not available: allow location for this site to send it.");
+  }
+  navigator.geolocation.watchPosition(fill, failed, { enableHighAccuracy: true, maximumAge: 10000, timeout: 20000 });
+}
+
+// "Use my location" on the open tasks: the list near the device.
+function locateButton(button) {
+  var status = document.getElementById("locate-status");
+  button.hidden = false;
+  button.addEventListener("click", function () {
+    status.textContent = "Finding your position...";
+    status.hidden = false;
+    navigator.geolocation.getCurrentPosition(function (pos) {
+      location.assign("/app/tasks?near=" + pos.coords.latitude.toFixed(5) + "," + pos.coords.longitude.toFixed(5));
+    }, function () {
+      status.textContent = "Your position is not available: type the place as latitude,longitude instead.";
+    }, { enableHighAccuracy: true, timeout: 20000 });
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
+  if (navigator.geolocation) {
+    var forms = Array.prototype.slice.call(document.querySelectorAll("form[data-position]"));
+    if (forms.length > 0) positionForms(forms);
+    var locate = document.getElementById("locate");
+    if (locate) locateButton(locate);
+  }
   var feed = document.getElementById("feed");
   if (feed && window.fetch) liveFeed(feed);
   var photo = document.getElementById("photo-form");

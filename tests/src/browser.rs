@@ -148,6 +148,30 @@ impl Drop for Chromedriver {
     }
 }
 
+/// A Chrome DevTools Protocol command, sent as chromedriver's extension
+/// command `POST /session/{id}/goog/cdp/execute`.
+#[derive(Debug)]
+struct Cdp {
+    cmd: String,
+    params: Value,
+}
+
+impl fantoccini::wd::WebDriverCompatibleCommand for Cdp {
+    fn endpoint(
+        &self,
+        base_url: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        let session = session_id.unwrap_or_default();
+        base_url.join(&format!("session/{session}/goog/cdp/execute"))
+    }
+
+    fn method_and_body(&self, _request_url: &url::Url) -> (http::Method, Option<String>) {
+        let body = json!({ "cmd": self.cmd, "params": self.params }).to_string();
+        (http::Method::POST, Some(body))
+    }
+}
+
 /// One browser session against one server.
 #[derive(Debug)]
 pub struct Browser {
@@ -245,6 +269,34 @@ impl Browser {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Runs a Chrome DevTools Protocol command in this browser (through
+    /// chromedriver's `goog/cdp/execute`) and returns its result.
+    pub async fn cdp(&self, cmd: &str, params: Value) -> Value {
+        self.client
+            .issue_cmd(Cdp {
+                cmd: cmd.to_owned(),
+                params,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("CDP {cmd}: {e}"))
+    }
+
+    /// Makes the browser report this position to the page (the DevTools
+    /// geolocation override), as a phone at that place would, and lets the
+    /// page ask for it without a prompt.
+    pub async fn set_position(&self, latitude: f64, longitude: f64, accuracy: f64) {
+        self.cdp(
+            "Browser.grantPermissions",
+            json!({ "permissions": ["geolocation"], "origin": self.base_url }),
+        )
+        .await;
+        self.cdp(
+            "Emulation.setGeolocationOverride",
+            json!({ "latitude": latitude, "longitude": longitude, "accuracy": accuracy }),
+        )
+        .await;
     }
 
     /// Runs a script and returns its result.

@@ -1,8 +1,10 @@
 //! The worker web app in a real headless Chromium against the real server:
 //! an invited person does a whole task from a phone-sized browser while the
 //! agent follows the API feed; two browsers race to claim; agent text is
-//! shown as text; forms without their CSRF token are refused; each page is
-//! screenshot at 360 px and checked for sideways scrolling.
+//! shown as text; forms without their CSRF token are refused; a phone whose
+//! position is emulated (DevTools geolocation override) finds tasks near it
+//! and works on site; each page is screenshot at 360 px and checked for
+//! sideways scrolling.
 
 use std::time::Duration;
 
@@ -278,6 +280,150 @@ async fn end_to_end(db: Db) {
     server.stop().await;
 }
 
+/// Creates and publishes a task with this body; returns its id and token.
+async fn open_task_with(server: &TestServer, body: Value) -> (Uuid, String) {
+    let created = server
+        .dev(reqwest::Method::POST, "/api/v1/tasks")
+        .json(&body)
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let id: Uuid = str_at(&created, "/task/id").parse().expect("task id");
+    let token = str_at(&created, "/agent_token");
+    server.publish(id, &token).await;
+    (id, token)
+}
+
+/// Metres north of a latitude: about 111.2 km a degree.
+fn north(lat: f64, metres: f64) -> f64 {
+    lat + metres / 111_200.0
+}
+
+/// A worker whose phone reports its position: lists the tasks near it
+/// nearest first (with distance and address), is refused a start away from
+/// a task that requires presence, starts it on site, and sends a photo
+/// whose event records the distance.
+async fn a_phone_finds_tasks_near_it_and_works_on_site(db: Db) {
+    let server = TestServer::start(db).await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&server.base_url).await;
+    let shots = db == Db::Sqlite;
+    let (lat, lon) = (52.52, 13.405);
+    let (near, agent) = open_task_with(
+        &server,
+        json!({
+            "description": "Photograph the fountain.",
+            "location": { "latitude": north(lat, 300.0), "longitude": lon, "radius_m": 100,
+                          "address": "Fountain, Alexanderplatz" },
+            "presence": "require",
+        }),
+    )
+    .await;
+    open_task_with(
+        &server,
+        json!({
+            "description": "Count the bicycles at the station.",
+            "location": { "latitude": north(lat, 2_500.0), "longitude": lon },
+            "presence": "flag",
+        }),
+    )
+    .await;
+    server.create_open_task("Proofread a menu.").await;
+    let (_, worker) = server.register_worker("Ada").await;
+    sign_in_with_token(&browser, &worker).await;
+
+    // The phone stands at (lat, lon): "Use my location" lists nearest first.
+    browser.set_position(lat, lon, 20.0).await;
+    browser.goto("/app/tasks").await;
+    browser.wait_for("#locate").await;
+    browser.click("#locate").await;
+    browser.wait_for_text("h1", "Open tasks near you").await;
+    let listed = browser
+        .js("return Array.from(document.querySelectorAll('.tasks .card')).map(c => c.innerText)")
+        .await;
+    let cards: Vec<&str> = listed
+        .as_array()
+        .expect("cards")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(cards.len(), 3, "{cards:?}");
+    assert!(
+        cards[0].contains("Photograph the fountain.") && cards[0].contains("300 m away"),
+        "{cards:?}"
+    );
+    assert!(cards[0].contains("Fountain, Alexanderplatz"), "{cards:?}");
+    assert!(
+        cards[1].contains("Count the bicycles") && cards[1].contains("2.5 km away"),
+        "{cards:?}"
+    );
+    assert!(
+        cards[2].contains("Proofread a menu.") && !cards[2].contains("away"),
+        "{cards:?}"
+    );
+    if shots {
+        browser.screenshot("nearby-tasks").await;
+    }
+
+    // The task page: its address, and its point as a link the phone's map
+    // app opens.
+    browser.goto(&format!("/app/tasks/{near}")).await;
+    let map = browser.wait_for("#map-link").await;
+    let href = map.attr("href").await.expect("href").unwrap_or_default();
+    assert!(href.starts_with("geo:52.5226"), "{href}");
+    browser.click("#claim").await;
+    browser.wait_for("#start").await;
+    // 300 m from the fountain, known to 20 m: refused, with the distance.
+    browser
+        .wait_for_text("form[data-position] .position-status", "will be sent")
+        .await;
+    browser.click("#start").await;
+    browser
+        .wait_for_text(".error", "m from the task's place")
+        .await;
+    assert_eq!(server.task(near, &agent).await["state"], "assigned");
+    if shots {
+        browser.screenshot("start-off-site").await;
+    }
+    // At the fountain: started, then a photo that records where it was taken.
+    browser.set_position(north(lat, 310.0), lon, 8.0).await;
+    browser.goto(&format!("/app/tasks/{near}")).await;
+    browser
+        .wait_for_text("form[data-position] .position-status", "accurate to 8 m")
+        .await;
+    browser.click("#start").await;
+    browser.wait_for_text("#state", "Active").await;
+    browser
+        .wait_for_text("#photo-form .position-status", "will be sent")
+        .await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let png = dir.path().join("fountain.png");
+    std::fs::write(&png, images::png(64, 48)).expect("write PNG");
+    browser
+        .wait_for("#photo")
+        .await
+        .send_keys(&png.display().to_string())
+        .await
+        .expect("choose the file");
+    browser.click("#upload").await;
+    browser.wait_for_text("#feed", "Photo sent").await;
+    let events = agent_feed_len(&server, near, &agent, 4).await;
+    let started = events
+        .iter()
+        .find(|e| e["type"] == "task.started")
+        .expect("started");
+    let photo = events
+        .iter()
+        .find(|e| e["type"] == "worker.photo")
+        .expect("photo");
+    for (event, metres) in [(started, 10.0), (photo, 10.0)] {
+        let seen = &event["data"]["position"];
+        let d = seen["distance_m"].as_f64().expect("distance");
+        assert!((d - metres).abs() < 2.0, "{event}");
+        assert_eq!(seen["off_site"], false, "{event}");
+        assert_eq!(event["untrusted"], true, "{event}");
+    }
+}
+
 async fn two_browsers_race_to_claim(db: Db) {
     let server = TestServer::start(db).await;
     let driver = Chromedriver::start().await;
@@ -410,6 +556,11 @@ mod sqlite {
     async fn agent_text_is_text_and_forms_need_csrf() {
         super::agent_text_is_text_and_forms_need_csrf(Db::Sqlite).await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_phone_finds_tasks_near_it_and_works_on_site() {
+        super::a_phone_finds_tasks_near_it_and_works_on_site(Db::Sqlite).await;
+    }
 }
 
 mod postgres {
@@ -423,5 +574,10 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn two_browsers_race_to_claim() {
         super::two_browsers_race_to_claim(Db::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_phone_finds_tasks_near_it_and_works_on_site() {
+        super::a_phone_finds_tasks_near_it_and_works_on_site(Db::Postgres).await;
     }
 }

@@ -173,7 +173,7 @@ fn checked_position(position: Position) -> Result<Position, ApiError> {
 
 /// Reads `near`'s `LATITUDE,LONGITUDE`; 400 unless it is two numbers, 422
 /// unless they are a point.
-fn near_point(near: &str, within_m: Option<u32>) -> Result<Near, ApiError> {
+pub(crate) fn near_point(near: &str, within_m: Option<u32>) -> Result<Near, ApiError> {
     let (lat, lon) = near
         .split_once(',')
         .and_then(|(lat, lon)| {
@@ -205,7 +205,7 @@ fn near_point(near: &str, within_m: Option<u32>) -> Result<Near, ApiError> {
 /// Where a nearby listing resumes: in the tasks with a place (`d`, after a
 /// distance and an id) or in those without (`u`, after a creation time and
 /// an id).
-enum NearbyCursor {
+pub(crate) enum NearbyCursor {
     Located(NearCursor),
     Unlocated(meatspace_store::OpenTasksCursor),
 }
@@ -238,7 +238,7 @@ impl NearbyCursor {
 
 /// The nearby listing: the open tasks with a place within reach, nearest
 /// first, then those without a place, oldest first.
-async fn nearby_page(
+pub(crate) async fn nearby_page(
     state: &AppState,
     near: Near,
     cursor: Option<NearbyCursor>,

@@ -16,7 +16,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
-use meatspace_domain::{Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Task, TaskState};
+use meatspace_domain::{
+    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Position, Presence, Task, TaskState,
+};
 use meatspace_store::StoreError;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -316,6 +318,9 @@ struct TaskCard {
     description: String,
     state: &'static str,
     time_left: String,
+    /// "350 m away", in a nearby list.
+    distance: Option<String>,
+    address: Option<String>,
 }
 
 #[derive(Template)]
@@ -325,6 +330,11 @@ struct TasksPage {
     heading: &'static str,
     empty: &'static str,
     tasks: Vec<TaskCard>,
+    /// The open-task list offers a search near a point; `near` is the
+    /// point searched, as typed.
+    search: bool,
+    near: String,
+    error: Option<String>,
 }
 
 /// One line of a task's feed, already in words.
@@ -380,6 +390,8 @@ struct TaskPage {
     max_photo_bytes: usize,
     max_photo_mb: String,
     typed: TypedInput,
+    /// What the agent asks of the worker's position, in words.
+    presence_note: &'static str,
 }
 
 impl TaskPage {
@@ -432,7 +444,18 @@ fn card(t: Task, now: DateTime<Utc>) -> TaskCard {
         time_left: task_deadline(&t)
             .map(|d| time_left(d, now))
             .unwrap_or_else(|| "ended".to_owned()),
+        address: t.location.as_ref().and_then(|l| l.address.clone()),
         description: t.description,
+        distance: None,
+    }
+}
+
+/// A distance for people: metres up to a kilometre, then kilometres.
+fn distance_text(metres: f64) -> String {
+    if metres < 1000.0 {
+        format!("{} m away", metres.round())
+    } else {
+        format!("{:.1} km away", metres / 1000.0)
     }
 }
 
@@ -719,14 +742,66 @@ async fn logout(
 
 // ---------------------------------------------------------------- lists
 
-async fn open_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Response, AppError> {
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct NearQuery {
+    /// `LATITUDE,LONGITUDE`, from the device or typed.
+    near: String,
+}
+
+/// The open tasks: the newest, or with `near` those with a place nearest
+/// to it (with their distance) and then those without.
+async fn open_tasks(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Query(q): Query<NearQuery>,
+) -> Result<Response, AppError> {
     let now = state.clock.now();
-    let tasks = state.store.newest_open_tasks(LIST_LIMIT).await?;
+    let near = q.near.trim().to_owned();
+    let mut error = None;
+    let tasks = match near.is_empty() {
+        true => None,
+        false => match workers::near_point(&near, None) {
+            Ok(point) => Some(workers::nearby_page(&state, point, None, LIST_LIMIT).await?),
+            Err(e) => {
+                error = Some(format!(
+                    "{} Type the place as latitude,longitude, for example 52.5200,13.4050.",
+                    sentence(&e.to_string())
+                ));
+                None
+            }
+        },
+    };
+    let tasks = match tasks {
+        Some(page) => page
+            .tasks
+            .into_iter()
+            .map(|listed| {
+                let mut c = card(listed.task, now);
+                c.distance = listed.distance_m.map(distance_text);
+                c
+            })
+            .collect(),
+        None => state
+            .store
+            .newest_open_tasks(LIST_LIMIT)
+            .await?
+            .into_iter()
+            .map(|t| card(t, now))
+            .collect(),
+    };
     let page = TasksPage {
         nav: Some(Nav::of(&s)),
-        heading: "Open tasks",
+        heading: if near.is_empty() || error.is_some() {
+            "Open tasks"
+        } else {
+            "Open tasks near you"
+        },
         empty: "No open tasks right now. Check again later.",
-        tasks: tasks.into_iter().map(|t| card(t, now)).collect(),
+        tasks,
+        search: true,
+        near,
+        error,
     };
     Ok(html(&page))
 }
@@ -739,6 +814,9 @@ async fn my_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Res
         heading: "My tasks",
         empty: "You have no tasks yet. Claim one from the open tasks.",
         tasks: tasks.into_iter().map(|t| card(t, now)).collect(),
+        search: false,
+        near: String::new(),
+        error: None,
     };
     Ok(html(&page))
 }
@@ -824,6 +902,17 @@ async fn render_task(
         max_photo_bytes: state.photo_limits.max_bytes,
         max_photo_mb: format!("{:.0}", state.photo_limits.max_bytes as f64 / 1_048_576.0),
         typed,
+        presence_note: match (task.location.is_some(), task.presence) {
+            (true, Presence::Require) => {
+                "Starting and sending photos need your phone's position at the place: allow \
+                 location when your browser asks."
+            }
+            (true, Presence::Flag) => {
+                "Your phone's position is sent when you start and with each photo; the agent \
+                 sees whether you were at the place."
+            }
+            _ => "",
+        },
         task,
     };
     Ok((status, html(&page)).into_response())
@@ -931,24 +1020,53 @@ async fn claim(
     }
 }
 
+/// The device position a form carries (filled in by the page's script
+/// from the browser's geolocation): all three fields, or none.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PositionForm {
+    csrf: Option<String>,
+    latitude: String,
+    longitude: String,
+    accuracy_m: String,
+}
+
+impl CsrfField for PositionForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
+/// The position of a form's fields; 422 for a partial or bad one.
+fn form_position(lat: &str, lon: &str, accuracy: &str) -> Result<Option<Position>, ApiError> {
+    let (lat, lon, accuracy) = (lat.trim(), lon.trim(), accuracy.trim());
+    if lat.is_empty() && lon.is_empty() && accuracy.is_empty() {
+        return Ok(None);
+    }
+    let number = |s: &str| s.parse::<f64>().ok();
+    match (number(lat), number(lon), number(accuracy)) {
+        (Some(latitude), Some(longitude), Some(accuracy_m)) => {
+            Position::new(latitude, longitude, accuracy_m)
+                .map(Some)
+                .map_err(|e| ApiError::invalid(format!("your position: {e}")))
+        }
+        _ => Err(ApiError::invalid("your position could not be read")),
+    }
+}
+
 async fn start(
     State(state): State<AppState>,
     TaskForm {
         session: s,
         task: id,
-        ..
-    }: TaskForm<CsrfForm>,
+        form,
+    }: TaskForm<PositionForm>,
 ) -> Result<Response, AppError> {
     let worker = s.worker.id;
-    let result = run(
-        &state,
-        id,
-        Command::Start {
-            worker,
-            position: None,
-        },
-    )
-    .await;
+    let result = match form_position(&form.latitude, &form.longitude, &form.accuracy_m) {
+        Ok(position) => run(&state, id, Command::Start { worker, position }).await,
+        Err(e) => Err(e),
+    };
     act_or_show(&state, &s, id, TypedInput::of("start"), result).await
 }
 
@@ -1081,10 +1199,14 @@ async fn send_photo(
     let mut csrf = None;
     let mut photo = None;
     let mut failure = None;
+    let (mut lat, mut lon, mut accuracy) = (String::new(), String::new(), String::new());
     loop {
         match multipart.next_field().await {
             Ok(Some(field)) => match field.name() {
                 Some("csrf") => csrf = field.text().await.ok(),
+                Some("latitude") => lat = field.text().await.unwrap_or_default(),
+                Some("longitude") => lon = field.text().await.unwrap_or_default(),
+                Some("accuracy_m") => accuracy = field.text().await.unwrap_or_default(),
                 Some("photo") => match field.bytes().await {
                     Ok(b) => photo = Some(b),
                     Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
@@ -1115,11 +1237,12 @@ async fn send_photo(
     let result = match (failure, photo) {
         (Some(e), _) => Err(e),
         (None, Some(bytes)) if bytes.len() > state.photo_limits.max_bytes => Err(too_large()),
-        (None, Some(bytes)) if !bytes.is_empty() => {
-            workers::send_photo_bytes(&state, s.worker.id, id, bytes, None)
+        (None, Some(bytes)) if !bytes.is_empty() => match form_position(&lat, &lon, &accuracy) {
+            Ok(position) => workers::send_photo_bytes(&state, s.worker.id, id, bytes, position)
                 .await
-                .map(|_| ())
-        }
+                .map(|_| ()),
+            Err(e) => Err(e),
+        },
         (None, _) => Err(ApiError::invalid("choose a photo first")),
     };
     act_or_show(&state, &s, id, TypedInput::of("photo"), result).await
