@@ -390,6 +390,23 @@ async fn create(
             }));
         }
     };
+    let location = match &obj.spec.location {
+        None => None,
+        Some(l) => match meatspace_domain::Location::new(
+            l.latitude,
+            l.longitude,
+            l.radius_m.map(|r| u32::try_from(r).unwrap_or(0)),
+            l.address.clone(),
+        ) {
+            Ok(location) => Some(location),
+            Err(e) => {
+                return Ok(Err(NotCreated {
+                    reason: "InvalidLocation",
+                    message: format!("spec.location: {e}"),
+                }));
+            }
+        },
+    };
     let (task_id, agent_token) = match token_secret(obj, uid, secret_name, ctx).await? {
         Ok(pair) => pair,
         Err(not_created) => return Ok(Err(not_created)),
@@ -405,8 +422,11 @@ async fn create(
         created_at: now,
         expires_at: now + lifetime,
         owner_id: owner.id,
-        location: None,
-        presence: meatspace_domain::Presence::None,
+        location,
+        presence: obj
+            .spec
+            .presence
+            .map_or(meatspace_domain::Presence::None, |p| p.domain()),
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),

@@ -168,6 +168,18 @@ pub const CONDITION_SPEC_APPLIED: &str = "SpecApplied";
     {
         "rule": "!has(oldSelf.responses) || (has(self.responses) && oldSelf.responses.all(o, self.responses.exists(n, n.issueEventId == o.issueEventId)))",
         "message": "spec.responses is append-only: a response cannot be removed"
+    },
+    {
+        "rule": "!has(oldSelf.location) ? !has(self.location) : (has(self.location) && self.location == oldSelf.location)",
+        "message": "spec.location is immutable"
+    },
+    {
+        "rule": "!has(oldSelf.presence) ? !has(self.presence) : (has(self.presence) && self.presence == oldSelf.presence)",
+        "message": "spec.presence is immutable"
+    },
+    {
+        "rule": "!has(self.presence) || self.presence == 'none' || has(self.location)",
+        "message": "spec.presence needs spec.location: without a place there is nowhere to be"
     }
 ]))]
 pub struct MeatspaceTaskSpec {
@@ -214,6 +226,65 @@ pub struct MeatspaceTaskSpec {
     /// data from a stranger, never instructions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub show_untrusted_worker_text: Option<bool>,
+    /// Where the task is done, if anywhere in particular. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<TaskLocation>,
+    /// With a location: what to ask of the positions a worker's device
+    /// sends when starting and with each photo (none, flag or require; see
+    /// the capabilities document). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence: Option<PresenceRule>,
+}
+
+/// Where a task is done: within `radiusM` of a WGS 84 point.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskLocation {
+    /// Degrees, -90 to 90.
+    #[schemars(range(min = -90.0, max = 90.0))]
+    pub latitude: f64,
+    /// Degrees, -180 to 180.
+    #[schemars(range(min = -180.0, max = 180.0))]
+    pub longitude: f64,
+    /// Metres around the point that count as on site (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 50_000))]
+    pub radius_m: Option<i32>,
+    /// An address line for the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 300))]
+    pub address: Option<String>,
+}
+
+/// What a task asks of the positions a worker sends.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PresenceRule {
+    /// Recorded, nothing more.
+    None,
+    /// Recorded; one farther than the radius plus its accuracy is marked off site.
+    Flag,
+    /// A start or photo from farther than the radius plus its accuracy is refused.
+    Require,
+}
+
+impl PresenceRule {
+    /// The domain's rule.
+    pub fn domain(self) -> meatspace_domain::Presence {
+        match self {
+            PresenceRule::None => meatspace_domain::Presence::None,
+            PresenceRule::Flag => meatspace_domain::Presence::Flag,
+            PresenceRule::Require => meatspace_domain::Presence::Require,
+        }
+    }
+
+    fn of(p: meatspace_domain::Presence) -> Option<Self> {
+        match p {
+            meatspace_domain::Presence::None => None,
+            meatspace_domain::Presence::Flag => Some(PresenceRule::Flag),
+            meatspace_domain::Presence::Require => Some(PresenceRule::Require),
+        }
+    }
 }
 
 /// Which kind of resource a `MeatspaceTask` is.
@@ -425,6 +496,13 @@ pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
         cancel: None,
         responses: Vec::new(),
         show_untrusted_worker_text: None,
+        location: task.location.as_ref().map(|l| TaskLocation {
+            latitude: l.latitude,
+            longitude: l.longitude,
+            radius_m: i32::try_from(l.radius_m).ok(),
+            address: l.address.clone(),
+        }),
+        presence: PresenceRule::of(task.presence),
     };
     let metadata = ObjectMeta {
         name: Some(resource_name(task.id)),
@@ -715,6 +793,8 @@ mod tests {
                 cancel: None,
                 responses: Vec::new(),
                 show_untrusted_worker_text: None,
+                location: None,
+                presence: None,
             }
         );
         let status = mst.status.clone().expect("status");

@@ -79,6 +79,16 @@ fn completed_task() -> Task {
         active_until: Some(at(3_900, 300_000_000)),
         open_issues: 3,
         last_event_id: 9_007_199_254_740_993, // above 2^53: must not pass through a float
+        location: Some(
+            meatspace_domain::Location::new(
+                -33.868_812_345,
+                151.209_312_345,
+                Some(250),
+                Some("Circular Quay, Sydney".into()),
+            )
+            .unwrap(),
+        ),
+        presence: meatspace_domain::Presence::Require,
         ..draft_task()
     }
 }
@@ -470,6 +480,21 @@ async fn invalid_resources_are_rejected() {
         ),
     ];
     for (body, field) in spec_cases {
+        assert_rejected(&api, &name, false, body, field).await;
+    }
+    let place_cases = [
+        (
+            json!({"spec": {"location": {"latitude": 91.0, "longitude": 0.0}}}),
+            "latitude",
+        ),
+        (
+            json!({"spec": {"location": {"latitude": 1.0, "longitude": 2.0, "radiusM": 0}}}),
+            "radiusM",
+        ),
+        (json!({"spec": {"presence": "require"}}), "presence"),
+        (json!({"spec": {"presence": "sometimes"}}), "presence"),
+    ];
+    for (body, field) in place_cases {
         assert_rejected(&api, &name, false, body, field).await;
     }
 

@@ -196,6 +196,9 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
             "publish": true,
             "lifetimeSeconds": 7200,
             "showUntrustedWorkerText": true,
+            "location": { "latitude": 51.5072, "longitude": -0.1276, "radiusM": 80,
+                          "address": "Corner shop, Strand" },
+            "presence": "flag",
         }),
     )
     .await;
@@ -216,6 +219,14 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     let agent_token = token(&s, &published).await;
     let seen = s.server.task(id, &agent_token).await;
     assert_eq!(str_at(&seen, "/state"), "open", "{seen}");
+    // The place the agent gave the resource is the task's.
+    assert_eq!(
+        seen["location"],
+        json!({ "latitude": 51.5072, "longitude": -0.1276, "radius_m": 80,
+                "address": "Corner shop, Strand" }),
+        "{seen}"
+    );
+    assert_eq!(seen["presence"], "flag", "{seen}");
     let resource_text = serde_json::to_string(&published).unwrap();
     assert!(!resource_text.contains(&agent_token));
 
@@ -279,6 +290,9 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
             "publish": true,
             "lifetimeSeconds": 7200,
             "showUntrustedWorkerText": true,
+            "location": { "latitude": 51.5072, "longitude": -0.1276, "radiusM": 80,
+                          "address": "Corner shop, Strand" },
+            "presence": "flag",
             "responses": [{ "issueEventId": issue.event_id, "action": "clarify", "text": "Whole." }],
         }),
     )
