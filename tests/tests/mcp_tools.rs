@@ -179,10 +179,18 @@ impl Agent {
         let created = self
             .call(
                 "create_task",
-                json!({ "description": description, "publish": true, "expires_in_seconds": 3600 }),
+                json!({
+                    "description": description, "publish": true, "expires_in_seconds": 3600,
+                    "location": { "latitude": 59.3293, "longitude": 18.0686, "radius_m": 60,
+                                  "address": "Storgatan 3" },
+                    "presence": "flag",
+                }),
             )
             .await;
         assert_eq!(created["task"]["state"], "open", "{created}");
+        // The place goes through the tool, as the API takes it.
+        assert_eq!(created["task"]["location"]["radius_m"], 60, "{created}");
+        assert_eq!(created["task"]["presence"], "flag", "{created}");
         let task = AgentTask {
             id: uuid_at(&created, "/task/id"),
             token: created["agent_token"].as_str().map(str::to_owned),
