@@ -573,7 +573,7 @@ pub trait TaskReads: Send + Sync {
     /// Open tasks with a place within `near.within_m` of `near`'s point,
     /// nearest first (ties by id), after `after`, at most `limit`, each
     /// with its distance in metres. Reads a circle that grows (by the
-    /// density it found, at most fourfold) until it holds a page or reaches
+    /// density it found, at most eightfold) until it holds a page or reaches
     /// `within_m`: every task inside a circle is read, so those it holds
     /// are the nearest, and the work is in proportion to the tasks near the
     /// point, not to the table.
@@ -614,10 +614,11 @@ pub trait TaskReads: Send + Sync {
                 return Ok(found);
             }
             // Grow to where, at the density just seen, a page would be:
-            // at least half again, at most fourfold.
+            // at least half again, at most eightfold (each round is a
+            // round trip; an empty circle says little about the next).
             let wanted = f64::from(limit) / found.len().max(1) as f64;
             radius = (radius * wanted.sqrt() * 1.25)
-                .clamp(radius * 1.5, radius * 4.0)
+                .clamp(radius * 1.5, radius * 8.0)
                 .min(near.within_m);
         }
     }
