@@ -72,8 +72,9 @@ pub mod responses {
         CreateErrors = [400, 401, 413, 415, 422, 503]
     );
     error_set!(
-        /// A list read with a query string.
-        ListErrors = [400, 401, 503]
+        /// Reading a list near a point (422: a `near` that is not a point,
+        /// or `within_m` without one).
+        NearbyListErrors = [400, 401, 422, 503]
     );
     error_set!(
         /// Creating something that needs a scope of the caller's key.

@@ -54,10 +54,12 @@ from meatspace_client.models import (  # noqa: E402
     IssueRequest,
     MessageRequest,
     OpenTaskPage,
+    Position,
     Problem,
     RegisterWorkerRequest,
     RegisteredWorker,
     RespondRequest,
+    StartWork,
     Task,
     TaskChange,
     TaskResource,
@@ -192,7 +194,12 @@ def main():
     assert change.task.worker_id == registered.worker.id
 
     step("start")
-    change = ok(start.sync_detailed(task_id, client=worker), 200, TaskChange)
+    position = Position(latitude=52.5163, longitude=13.3777, accuracy_m=12.0)
+    change = ok(
+        start.sync_detailed(task_id, client=worker, body=StartWork(position=position)),
+        200,
+        TaskChange,
+    )
     assert change.task.state == TaskState.ACTIVE
 
     step("message")
@@ -293,7 +300,7 @@ def main():
     assert page.events[-1].type_ == EventType.TASK_COMPLETED
 
     # A terminal task refuses more work, as a problem document.
-    refused = ok(start.sync_detailed(task_id, client=worker), 409, Problem)
+    refused = ok(start.sync_detailed(task_id, client=worker, body=None), 409, Problem)
     assert refused.task_state == TaskState.COMPLETED, refused
 
     step("cancel (second task)")

@@ -29,7 +29,7 @@ use crate::AppState;
 use crate::auth::{Caller, WorkerAuth, issue_worker_token, task_id_param};
 use crate::error::ApiError;
 use crate::error::responses::{
-    ListErrors, ScopedCreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
+    NearbyListErrors, ScopedCreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
     TaskReadErrors,
 };
 use crate::extract::{Json, Query};
@@ -316,7 +316,8 @@ fn located_task((task, distance_m): (Task, f64)) -> ListedTask {
     params(ListQuery),
     security(("worker_token" = [])),
     responses(
-        (status = 200, description = "A page of open tasks", body = OpenTaskPage), ListErrors))]
+        (status = 200, description = "A page of open tasks", body = OpenTaskPage),
+        NearbyListErrors))]
 async fn list_open_tasks(
     State(state): State<AppState>,
     _worker: WorkerAuth,
