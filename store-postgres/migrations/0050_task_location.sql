@@ -4,7 +4,9 @@
 -- 2^26 x 2^26 latitude/longitude grid, computed by the server): every
 -- coarser cell is one range of codes, so the nearby listing reads the open
 -- tasks around a point with a few range scans of the partial index below,
--- whatever the size of the table.
+-- whatever the size of the table. The index holds the point and the id
+-- too: the listing reads candidates from it alone, measures them, and
+-- reads from the table only the rows of the page.
 ALTER TABLE tasks
     ADD COLUMN latitude  double precision,
     ADD COLUMN longitude double precision,
@@ -19,7 +21,7 @@ ALTER TABLE tasks
         AND (latitude IS NULL) = (cell IS NULL)
     );
 
-CREATE INDEX tasks_open_cell ON tasks (cell) WHERE state = 'open' AND cell IS NOT NULL;
+CREATE INDEX tasks_open_cell ON tasks (cell) INCLUDE (latitude, longitude, id) WHERE state = 'open' AND cell IS NOT NULL;
 
 -- Open tasks without a place, oldest first: the end of the nearby listing.
 CREATE INDEX tasks_open_unlocated ON tasks (created_at, id)

@@ -7,7 +7,9 @@ use chrono::{DateTime, Utc};
 use meatspace_domain::{Event, EventType, Issue, Task, TaskState};
 use meatspace_store::engine::COUNT_EVENTS_SQL;
 use meatspace_store::token::TokenHash;
-use meatspace_store::{FeedRead, OpenTasksCursor, Photo, StoreError, TaskReads, stored_event};
+use meatspace_store::{
+    FeedRead, OpenPlace, OpenTasksCursor, Photo, StoreError, TaskReads, stored_event,
+};
 use sqlx::Row as _;
 use uuid::Uuid;
 
@@ -203,18 +205,22 @@ impl TaskReads for d::Store {
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn open_tasks_in_cells(&self, ranges: &[(i64, i64)]) -> Result<Vec<Task>, StoreError> {
+    async fn open_places_in_cells(
+        &self,
+        ranges: &[(i64, i64)],
+    ) -> Result<Vec<OpenPlace>, StoreError> {
         if ranges.is_empty() {
             return Ok(Vec::new());
         }
         // One range scan of the partial index `tasks_open_cell` per range:
         // a branch each, which both planners take as it is (SQLite does not
-        // turn an OR of ranges into index scans of a partial index).
+        // turn an OR of ranges into index scans of a partial index). The
+        // index holds every column read here, so the table is not touched.
         let branches: Vec<String> = (0..ranges.len())
             .map(|i| {
                 format!(
-                    "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND cell IS NOT NULL \
-                     AND cell BETWEEN ${} AND ${}",
+                    "SELECT id, latitude, longitude FROM tasks WHERE state = 'open' \
+                     AND cell IS NOT NULL AND cell BETWEEN ${} AND ${}",
                     2 * i + 1,
                     2 * i + 2
                 )
@@ -224,6 +230,32 @@ impl TaskReads for d::Store {
         let mut query = sqlx::query(&sql);
         for &(lo, hi) in ranges {
             query = query.bind(lo).bind(hi);
+        }
+        let rows = query.fetch_all(d::reader(self)).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(OpenPlace {
+                    id: d::read_id(row, "id")?,
+                    latitude: row.try_get("latitude")?,
+                    longitude: row.try_get("longitude")?,
+                })
+            })
+            .collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn tasks_by_id(&self, ids: &[Uuid]) -> Result<Vec<Task>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({})",
+            list.join(", ")
+        );
+        let mut query = sqlx::query(&sql);
+        for &id in ids {
+            query = query.bind(d::id(id));
         }
         let rows = query.fetch_all(d::reader(self)).await?;
         rows.iter().map(task_from_row).collect()

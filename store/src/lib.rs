@@ -16,12 +16,14 @@
 //! visible in ascending order, so a client polling `after=<last id>` never
 //! misses one.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 use uuid::Uuid;
 
-use meatspace_domain::{Command, Event, Issue, Refusal, Task};
+use meatspace_domain::{Command, Event, Issue, Refusal, Task, TaskState};
 
 use crate::token::TokenHash;
 
@@ -257,6 +259,14 @@ pub struct Near {
     pub latitude: f64,
     pub longitude: f64,
     pub within_m: f64,
+}
+
+/// An open task's id and point, as the nearby listing's index holds them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpenPlace {
+    pub id: Uuid,
+    pub latitude: f64,
+    pub longitude: f64,
 }
 
 /// Where the nearby listing resumes: the last task of the previous page.
@@ -566,17 +576,26 @@ pub trait TaskReads: Send + Sync {
     ) -> Result<Vec<Task>, StoreError>;
 
     /// Open tasks with a place whose index cell is in one of `ranges`
-    /// (inclusive): what [`meatspace_domain::place::cover`] says may lie
-    /// near a point.
-    async fn open_tasks_in_cells(&self, ranges: &[(i64, i64)]) -> Result<Vec<Task>, StoreError>;
+    /// (inclusive), as ids and points: what
+    /// [`meatspace_domain::place::cover`] says may lie near a point, read
+    /// from the index alone.
+    async fn open_places_in_cells(
+        &self,
+        ranges: &[(i64, i64)],
+    ) -> Result<Vec<OpenPlace>, StoreError>;
+
+    /// The tasks with these ids, in no particular order; an id with no task
+    /// is left out.
+    async fn tasks_by_id(&self, ids: &[Uuid]) -> Result<Vec<Task>, StoreError>;
 
     /// Open tasks with a place within `near.within_m` of `near`'s point,
     /// nearest first (ties by id), after `after`, at most `limit`, each
     /// with its distance in metres. Reads a circle that grows (by the
     /// density it found, at most eightfold) until it holds a page or reaches
-    /// `within_m`: every task inside a circle is read, so those it holds
-    /// are the nearest, and the work is in proportion to the tasks near the
-    /// point, not to the table.
+    /// `within_m`: every task inside a circle is a candidate, so those it
+    /// holds are the nearest, and the work is in proportion to the tasks
+    /// near the point, not to the table. Candidates are ids and points from
+    /// the index; only the page's rows are read from the table.
     async fn open_tasks_near(
         &self,
         near: Near,
@@ -587,36 +606,67 @@ pub trait TaskReads: Send + Sync {
             None => true,
             Some(a) => (d, id) > (a.distance_m, a.id),
         };
+        let limit = limit as usize;
         let mut radius = after
             .map_or(0.0, |a| a.distance_m * 2.0)
             .max(FIRST_NEAR_RADIUS_M)
             .min(near.within_m);
         loop {
             let ranges = meatspace_domain::place::cover(near.latitude, near.longitude, radius);
-            let mut found: Vec<(Task, f64)> = self
-                .open_tasks_in_cells(&ranges)
+            let mut candidates: Vec<(f64, Uuid)> = self
+                .open_places_in_cells(&ranges)
                 .await?
                 .into_iter()
-                .filter_map(|task| {
-                    let place = task.location.as_ref()?;
+                .filter(|place| {
+                    meatspace_domain::place::may_be_within(
+                        near.latitude,
+                        near.longitude,
+                        place.latitude,
+                        place.longitude,
+                        radius,
+                    )
+                })
+                .filter_map(|place| {
                     let d = meatspace_domain::place::distance_m(
                         near.latitude,
                         near.longitude,
                         place.latitude,
                         place.longitude,
                     );
-                    (d <= radius && beyond(d, task.id)).then_some((task, d))
+                    (d <= radius && beyond(d, place.id)).then_some((d, place.id))
                 })
                 .collect();
-            if found.len() >= limit as usize || radius >= near.within_m {
-                found.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.id.cmp(&b.0.id)));
-                found.truncate(limit as usize);
-                return Ok(found);
+            let whole = radius >= near.within_m;
+            if candidates.len() >= limit || whole {
+                candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                // A candidate may have left the open state since the index
+                // was read: its place goes to the next one.
+                let mut page: Vec<(Task, f64)> = Vec::with_capacity(limit);
+                let mut rest = candidates.as_slice();
+                while page.len() < limit && !rest.is_empty() {
+                    let (next, after_next) = rest.split_at((limit - page.len()).min(rest.len()));
+                    rest = after_next;
+                    let ids: Vec<Uuid> = next.iter().map(|&(_, id)| id).collect();
+                    let mut tasks: HashMap<Uuid, Task> = self
+                        .tasks_by_id(&ids)
+                        .await?
+                        .into_iter()
+                        .filter(|task| task.state == TaskState::Open)
+                        .map(|task| (task.id, task))
+                        .collect();
+                    page.extend(
+                        next.iter()
+                            .filter_map(|&(d, id)| Some((tasks.remove(&id)?, d))),
+                    );
+                }
+                if page.len() >= limit || whole {
+                    return Ok(page);
+                }
             }
             // Grow to where, at the density just seen, a page would be:
             // at least half again, at most eightfold (each round is a
             // round trip; an empty circle says little about the next).
-            let wanted = f64::from(limit) / found.len().max(1) as f64;
+            let wanted = limit as f64 / candidates.len().max(1) as f64;
             radius = (radius * wanted.sqrt() * 1.25)
                 .clamp(radius * 1.5, radius * 8.0)
                 .min(near.within_m);

@@ -97,7 +97,7 @@ async fn load(db: Db, url: &str, n: usize) {
                 .expect("load");
                 i += m;
             }
-            sqlx::query("ANALYZE tasks")
+            sqlx::query("VACUUM ANALYZE tasks")
                 .execute(&pool)
                 .await
                 .expect("analyze");
