@@ -7,6 +7,14 @@ use std::path::PathBuf;
 use meatspace_domain::policy::PolicyArgs;
 use meatspace_store::redact_url;
 
+/// The shortest development key the server accepts.
+pub const MIN_DEV_KEY_CHARS: usize = 16;
+
+/// A start-up step that failed, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartupError(pub String);
+
 /// Whether the controller's reconcilers run inside the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EmbeddedController {
@@ -215,7 +223,7 @@ pub struct Config {
 
     /// Log format: text or json. Log level comes from RUST_LOG (default info).
     #[arg(long, env = "MEATSPACE_LOG_FORMAT", default_value = "text")]
-    pub log_format: crate::telemetry::LogFormat,
+    pub log_format: crate::http::telemetry::LogFormat,
 
     /// Server secret key (at least 32 characters, e.g. `openssl rand
     /// -base64 32`): seals the answers replayed for Idempotency-Key and
@@ -244,6 +252,41 @@ pub struct Config {
 }
 
 impl Config {
+    /// What the server is configured with, given the keys resolved at
+    /// start-up ([`crate::startup`]).
+    pub fn settings(
+        &self,
+        dev_key: crate::auth::DevKey,
+        server_key: meatspace_store::secret::ServerKey,
+        public_origin: crate::public_url::PublicOrigin,
+    ) -> crate::Settings {
+        use crate::photo::{DecodeMemory, PhotoLimits};
+        let webhooks = &self.controller.webhooks;
+        crate::Settings {
+            clock: meatspace_domain::clock::Clock::system(),
+            dev_key,
+            policy: self.policy.clone().into(),
+            photo_limits: PhotoLimits {
+                max_pixels: self.max_photo_pixels,
+                max_task_bytes: self.max_photo_bytes_per_task,
+                decode_memory: DecodeMemory::new(self.photo_decode_memory_bytes),
+                ..PhotoLimits::new(self.max_photo_bytes, self.max_photo_dimension)
+            },
+            rate_limit: self.rate_limit(),
+            integrations: crate::agent_integrations::Integrations {
+                server_key,
+                sse_heartbeat: std::time::Duration::from_secs(self.sse_heartbeat_seconds),
+                idempotency_ttl: chrono::TimeDelta::seconds(
+                    i64::try_from(self.idempotency_ttl_seconds).unwrap_or(86_400),
+                ),
+                webhook_allow: webhooks.webhook_allow.clone(),
+                webhook_give_up: std::time::Duration::from_secs(webhooks.webhook_give_up_seconds),
+            },
+            mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&self.mcp_allowed_hosts),
+            public_origin,
+        }
+    }
+
     /// The HTTP server's connection limits.
     pub fn serve_options(&self) -> crate::ServeOptions {
         crate::ServeOptions {
@@ -254,8 +297,8 @@ impl Config {
     }
 
     /// The per-credential request limits.
-    pub fn rate_limit(&self) -> crate::rate_limit::RateLimitSettings {
-        crate::rate_limit::RateLimitSettings {
+    pub fn rate_limit(&self) -> crate::http::rate_limit::RateLimitSettings {
+        crate::http::rate_limit::RateLimitSettings {
             per_second: std::num::NonZeroU32::new(self.rate_limit_per_second),
             burst: std::num::NonZeroU32::new(self.rate_limit_burst)
                 .unwrap_or(std::num::NonZeroU32::MIN),
@@ -361,8 +404,7 @@ pub enum Database {
 // opens a database; each message says what to set.
 impl Config {
     /// Checks the configuration as a whole; the first problem is the error.
-    pub fn check(&self) -> Result<Database, crate::startup::StartupError> {
-        use crate::startup::{MIN_DEV_KEY_CHARS, StartupError};
+    pub fn check(&self) -> Result<Database, StartupError> {
         let fail = |s: String| Err(StartupError(s));
         let database = match self.database_url.as_deref().map(str::trim) {
             None => Database::Sqlite {
@@ -451,7 +493,7 @@ impl Config {
 /// The directory of a `sqlite:` URL's file, which must exist: SQLite
 /// creates the file but not its directory, and then only says "unable to
 /// open database file".
-fn sqlite_dir(url: &str) -> Result<Database, crate::startup::StartupError> {
+fn sqlite_dir(url: &str) -> Result<Database, StartupError> {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
@@ -466,7 +508,7 @@ fn sqlite_dir(url: &str) -> Result<Database, crate::startup::StartupError> {
         _ => PathBuf::from("."),
     };
     if !dir.is_dir() {
-        return Err(crate::startup::StartupError(format!(
+        return Err(StartupError(format!(
             "the directory {} of the SQLite database in DATABASE_URL does not exist: create it \
              (mkdir -p {}), or unset DATABASE_URL to keep the data in --data-dir",
             dir.display(),

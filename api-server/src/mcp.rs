@@ -24,8 +24,9 @@ use serde::Deserialize;
 
 use crate::AppState;
 use crate::auth::{DEV_KEY_HEADER, authorize_agent};
-use crate::error::ApiError;
-use crate::routes::{EventsQuery, Reader, checked_optional_text, event_feed, tasks};
+use crate::http::error::ApiError;
+use crate::routes::events::{EventsQuery, Reader, event_feed};
+use crate::routes::{checked_optional_text, tasks};
 
 /// Most tasks one list_my_tasks call reads.
 const MAX_LISTED_TASKS: usize = 100;
@@ -154,7 +155,7 @@ impl InProcess {
                 .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
             Some(self.state.rate_limit.streams().open(
                 crate::auth::Principal::Agent(task.task_id),
-                crate::rate_limit::address_key(address),
+                crate::http::rate_limit::address_key(address),
             )?)
         };
         let query = EventsQuery {
@@ -312,7 +313,7 @@ pub async fn transport_errors_as_problems(
     } else {
         detail
     };
-    crate::error::problem(status, "mcp-transport", detail, None)
+    crate::http::error::problem(status, "mcp-transport", detail, None)
 }
 
 /// The `/mcp` service over `state`.

@@ -1,7 +1,8 @@
 //! What the server process claims on the machine before it serves, once its
 //! configuration has been checked ([`crate::config::Config::check`]): the
-//! exclusive lock on the SQLite data directory, the listening socket, and
-//! the development key kept next to the database.
+//! exclusive lock on the SQLite data directory, the listening socket, the
+//! development and server keys kept next to the database, and the store;
+//! and the `bootstrap-operator` command.
 //!
 //! Each failure is a sentence that says what to do, because these are the
 //! first messages a new user reads.
@@ -11,19 +12,21 @@ use std::io::{ErrorKind, Read, Seek, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use anyhow::Context;
+use meatspace_domain::Policy;
+use meatspace_store::secret::ServerKey;
+use meatspace_store::{ConnectOptions, Store, redact_url};
+use meatspace_store_connect::connect;
+
 use crate::auth::DevKey;
+use crate::config::{Config, Database, MIN_DEV_KEY_CHARS, StartupError};
 
 /// The file in the data directory that holds the generated development key.
 pub const DEV_KEY_FILE: &str = "dev.key";
 /// The file in the data directory that the running server keeps locked.
 pub const LOCK_FILE: &str = "server.lock";
-/// The shortest development key the server accepts.
-pub const MIN_DEV_KEY_CHARS: usize = 16;
-
-/// A start-up step that failed, with what to do about it.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StartupError(pub String);
 
 /// The exclusive lock on a SQLite data directory, held for the life of the
 /// process (the kernel drops it when the process dies, even by SIGKILL).
@@ -197,6 +200,135 @@ pub fn one_line(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// Creates the SQLite data directory and takes its lock (one process owns a
+/// SQLite database and runs its embedded controller); nothing for
+/// PostgreSQL.
+pub fn claim_data_dir(config: &Config, database: &Database) -> anyhow::Result<Option<DataDirLock>> {
+    if matches!(database, Database::Sqlite { .. }) {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
+    }
+    Ok(match database {
+        Database::Sqlite { dir: Some(dir) } => Some(DataDirLock::acquire(dir)?),
+        _ => None,
+    })
+}
+
+/// The development key the server accepts: configured, or for the embedded
+/// default kept next to the data (so a restart keeps it) and printed.
+pub fn dev_key(config: &Config) -> anyhow::Result<DevKey> {
+    let key = match config.dev_key.as_deref().filter(|k| !k.is_empty()) {
+        Some(key) => key.to_owned(),
+        // Turned off: no key is accepted, so none is made or printed.
+        None if !config.dev_key_enabled => DevKey::generate(),
+        None => {
+            // `check` refused PostgreSQL without a key: this is SQLite.
+            let key = load_or_create_dev_key(&config.data_dir)?;
+            // Printed on purpose: the embedded default has no other way to
+            // hand the developer a key. Never done with PostgreSQL.
+            println!(
+                "meatspace dev key (kept in {}; set MEATSPACE_DEV_KEY to choose one): {key}",
+                config.data_dir.join(DEV_KEY_FILE).display()
+            );
+            key
+        }
+    };
+    Ok(DevKey::new(&key).with_enabled(config.dev_key_enabled))
+}
+
+/// The server key: configured, or for the embedded default generated once
+/// and kept next to the database (0600), so replays and webhook secrets
+/// survive a restart. Never generated for PostgreSQL: several replicas and
+/// the controller must share one key (`check` refuses it without one).
+pub fn server_key(config: &Config) -> anyhow::Result<ServerKey> {
+    match config.secret_key.as_deref().filter(|k| !k.is_empty()) {
+        Some(text) => ServerKey::from_text(text).context("MEATSPACE_SECRET_KEY"),
+        None => ServerKey::load_or_create(&config.data_dir).context("the server secret key"),
+    }
+}
+
+/// Opens (and migrates) the store, saying what to check when PostgreSQL
+/// does not answer, and stores the operator key the configuration gives.
+pub async fn open_store(config: &Config, database: &Database) -> anyhow::Result<Arc<dyn Store>> {
+    let url = config.database_url();
+    let options = ConnectOptions {
+        max_connections: config.db_max_connections,
+        acquire_timeout: std::time::Duration::from_secs(config.db_acquire_timeout_seconds),
+    };
+    let store = connect(&url, config.policy.clone().into(), &options)
+        .await
+        .map_err(|e| {
+            let hint = match (database, e.is_unavailable()) {
+                (Database::Postgres, true) => {
+                    " (is PostgreSQL running and reachable, and does DATABASE_URL name it?)"
+                }
+                _ => "",
+            };
+            let cause = one_line(&anyhow::Error::new(e));
+            anyhow::anyhow!("open the database {}: {cause}{hint}", redact_url(&url))
+        })?;
+    tracing::info!(database = %redact_url(&url), "store ready");
+    if let Some(key) = config
+        .bootstrap_operator_key
+        .as_deref()
+        .filter(|k| !k.is_empty())
+        && crate::access::store_configured_key(store.as_ref(), key)
+            .await
+            .context("MEATSPACE_BOOTSTRAP_OPERATOR_KEY")?
+    {
+        tracing::info!("stored the operator key given by configuration");
+    }
+    Ok(store)
+}
+
+/// `bootstrap-operator`: opens the database (migrating it), stores a new
+/// operator with one key, prints the key once.
+pub async fn bootstrap_operator(
+    config: &Config,
+    database: &Database,
+    name: &str,
+) -> anyhow::Result<()> {
+    if matches!(database, Database::Sqlite { .. }) {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
+    }
+    let url = config.database_url();
+    let policy: Policy = config.policy.clone().into();
+    let store = connect(&url, policy, &ConnectOptions::default())
+        .await
+        .with_context(|| format!("open the database {}", redact_url(&url)))?;
+    let key = crate::access::bootstrap_operator(store.as_ref(), name).await?;
+    // The one place the key is shown; it is stored only as a digest.
+    println!("{key}");
+    eprintln!(
+        "operator key for {name:?} printed above; it is shown once. Use it as \
+         Authorization: Bearer <key> (or MEATSPACE_API_KEY for the CLI)."
+    );
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
 }
 
 #[cfg(test)]

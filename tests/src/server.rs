@@ -16,8 +16,8 @@ use std::time::Duration;
 use meatspace_api::agent_integrations::Integrations;
 use meatspace_api::auth::DevKey;
 use meatspace_api::feed::Feed;
+use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_api::photo::PhotoLimits;
-use meatspace_api::rate_limit::RateLimitSettings;
 use meatspace_api::{AppState, ServeOptions, router, serve};
 use meatspace_domain::Policy;
 use meatspace_domain::clock::Clock;
@@ -233,7 +233,7 @@ impl TestServer {
         // Ends with the test's runtime: it holds nothing but the listener.
         tokio::spawn(serve(
             metrics_listener,
-            meatspace_api::metrics::router(meatspace_api::metrics::handle()),
+            meatspace_api::http::metrics::router(meatspace_api::http::metrics::handle()),
             ServeOptions::default(),
             std::future::pending::<()>(),
         ));

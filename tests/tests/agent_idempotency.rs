@@ -12,7 +12,7 @@ use std::str::FromStr;
 use axum::http::{HeaderMap, HeaderValue, Method as HttpMethod, Uri};
 use chrono::TimeDelta;
 use meatspace_api::auth::Principal;
-use meatspace_api::idempotency::{CLIENT_ID, MAX_RECORDED_BYTES, fingerprint, scope_of};
+use meatspace_api::http::idempotency::{CLIENT_ID, MAX_RECORDED_BYTES, fingerprint, scope_of};
 use meatspace_domain::clock;
 use meatspace_store::{idempotency::IdempotencyBegin, idempotency::IdempotencyClaim};
 use meatspace_tests::Db;
@@ -508,7 +508,7 @@ async fn an_answer_too_large_to_record_is_given_whole_and_not_recorded(db: Db) {
         .route("/api/v1/big", post(move || async move { big }))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            meatspace_api::idempotency::middleware,
+            meatspace_api::http::idempotency::middleware,
         ))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use meatspace_api::ServeOptions;
-use meatspace_api::rate_limit::RateLimitSettings;
+use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{

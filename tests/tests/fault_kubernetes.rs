@@ -62,7 +62,7 @@ struct Cluster {
 
 impl Cluster {
     async fn new() -> Cluster {
-        meatspace_api::metrics::handle();
+        meatspace_api::http::metrics::handle();
         let admin = admin_client().await;
         install_crd(&admin).await;
         let ns = create_namespace(&admin, "fault").await;
@@ -141,7 +141,7 @@ impl Cluster {
 
 /// Whether `identity` leads, by its `meatspace_leader` gauge.
 fn leads(identity: &str) -> bool {
-    let text = meatspace_api::metrics::handle().render();
+    let text = meatspace_api::http::metrics::handle().render();
     counter(&text, LEADER_GAUGE, &[("identity", identity)]) > 0.0
 }
 
@@ -338,7 +338,7 @@ async fn a_leader_cut_off_by_a_frozen_apiserver_steps_down_before_the_takeover()
         Duration::from_secs(10),
         "B to run as a follower",
         || async {
-            let text = meatspace_api::metrics::handle().render();
+            let text = meatspace_api::http::metrics::handle().render();
             text.contains(&format!("identity=\"{b_id}\""))
         },
     )
@@ -431,7 +431,7 @@ async fn a_write_the_apiserver_refused_is_retried_within_seconds() {
     })
     .await;
     let errors = || {
-        let text = meatspace_api::metrics::handle().render();
+        let text = meatspace_api::http::metrics::handle().render();
         counter(
             &text,
             "meatspace_reconcile_errors_total",

@@ -27,7 +27,7 @@ meatspace_tests::api_tests!(the_mirror_shows_the_extended_deadline);
 
 async fn the_mirror_shows_the_extended_deadline(db: Db) {
     // The mirror counts into the process's Prometheus recorder.
-    meatspace_api::metrics::handle();
+    meatspace_api::http::metrics::handle();
     let admin = admin_client().await;
     install_crd(&admin).await;
     let ns = create_namespace(&admin, "extend").await;

@@ -83,7 +83,7 @@ impl Cluster {
     async fn new() -> Cluster {
         // The mirror counts into the process's Prometheus recorder; it must
         // be installed before the first count.
-        meatspace_api::metrics::handle();
+        meatspace_api::http::metrics::handle();
         // MEATSPACE_TEST_LOG=debug shows what the mirror does.
         if let Ok(filter) = std::env::var("MEATSPACE_TEST_LOG") {
             meatspace_controller::telemetry::init(&filter, LogFormat::Text)
@@ -179,7 +179,7 @@ impl Cluster {
 }
 
 fn mirror_counter(name: &str, ns: &str) -> u64 {
-    let text = meatspace_api::metrics::handle().render();
+    let text = meatspace_api::http::metrics::handle().render();
     // Counters are whole numbers.
     counter(&text, name, &[("namespace", ns)]) as u64
 }

@@ -54,7 +54,7 @@ struct Setup {
 
 impl Setup {
     async fn new(prefix: &str) -> Setup {
-        meatspace_api::metrics::handle();
+        meatspace_api::http::metrics::handle();
         let admin = admin_client().await;
         install_crd(&admin).await;
         let ns = create_namespace(&admin, prefix).await;

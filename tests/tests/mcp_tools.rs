@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use meatspace_api::rate_limit::RateLimitSettings;
+use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, uuid_at};

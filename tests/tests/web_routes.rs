@@ -528,10 +528,10 @@ async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
     let srv = TestServer::start_with(
         db,
         ServerOptions {
-            rate_limit: meatspace_api::rate_limit::RateLimitSettings {
+            rate_limit: meatspace_api::http::rate_limit::RateLimitSettings {
                 max_streams_per_credential: std::num::NonZeroU32::new(1),
                 max_streams_per_address: std::num::NonZeroU32::new(10),
-                ..meatspace_api::rate_limit::RateLimitSettings::OFF
+                ..meatspace_api::http::rate_limit::RateLimitSettings::OFF
             },
             ..ServerOptions::default()
         },

@@ -15,7 +15,7 @@ use utoipa_axum::routes;
 use crate::AppState;
 use crate::auth::DEV_KEY_HEADER;
 use crate::photo::ACCEPTED_TYPES;
-use crate::routes::{MAX_EVENTS_PAGE, MAX_WAIT_SECONDS};
+use crate::routes::events::{MAX_EVENTS_PAGE, MAX_WAIT_SECONDS};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(capabilities))

@@ -1,8 +1,8 @@
 //! Probes: `/livez` (the process answers) and `/readyz` (the database
-//! answers, as [`crate::availability`] sees it; 503 otherwise), and `/`,
+//! answers, as [`crate::http::availability`] sees it; 503 otherwise), and `/`,
 //! which points a browser at the worker app and an API client at the
 //! capabilities document. `/metrics` is served on its own listener
-//! ([`crate::metrics::router`]).
+//! ([`crate::http::metrics::router`]).
 
 use axum::Router;
 use axum::extract::State;
@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::AppState;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 pub fn router() -> Router<AppState> {
     Router::new()

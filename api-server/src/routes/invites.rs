@@ -2,22 +2,29 @@
 //! development key) creates a one-time link; the person who opens it chooses a display name in the web
 //! app and is signed in (see [`crate::web`]). The code in the link is a
 //! credential (`msi_<invite id>_<secret>`): only its digest is stored.
+//!
+//! Operators list invites and revoke one that has not been used.
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Duration;
+use meatspace_api_types as api;
+use meatspace_api_types::{CreateInvite, CreatedInvite};
+use meatspace_domain::identity::AuditAction;
+use meatspace_store::Invite;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use meatspace_api_types::{CreateInvite, CreatedInvite};
-
+use super::{PageQuery, no_such, optional_json, page};
 use crate::AppState;
-use crate::auth::{Caller, issue_token};
-use crate::error::ApiError;
-use crate::error::responses::ScopedCreateErrors;
+use crate::auth::{Caller, Operator, issue_token};
+use crate::http::error::ApiError;
+use crate::http::error::responses::{AdminActionErrors, AdminListErrors, ScopedCreateErrors};
+use crate::http::extract::{Path, Query};
+use crate::http::rate_limit::ClientAddress;
 
 /// Prefix of invite codes.
 pub const INVITE_PREFIX: &str = "msi_";
@@ -27,7 +34,9 @@ const DEFAULT_INVITE_SECONDS: u64 = 7 * 24 * 3600;
 const MAX_INVITE_SECONDS: u64 = 30 * 24 * 3600;
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(create_invite, super::admin::list_invites))
+    OpenApiRouter::new()
+        .routes(routes!(create_invite, list_invites))
+        .routes(routes!(revoke_invite))
 }
 
 /// Creates a one-time invite link to the worker web app. Whoever opens it
@@ -39,7 +48,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn create_invite(
     State(state): State<AppState>,
     caller: Caller,
-    address: crate::rate_limit::ClientAddress,
+    address: crate::http::rate_limit::ClientAddress,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -84,28 +93,59 @@ async fn create_invite(
         .into_response())
 }
 
-/// An optional JSON body: empty means every default.
-pub(crate) fn optional_json<T: Default + serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Ok(T::default());
-    }
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType(
-            "send the body as JSON with Content-Type: application/json".into(),
-        ));
-    }
-    serde_json::from_slice(body).map_err(|e| {
-        if e.is_syntax() || e.is_eof() {
-            ApiError::bad_request("malformed-json", e.to_string())
-        } else {
-            ApiError::invalid(e.to_string())
+/// A stored invite as operators see it.
+pub(crate) fn invite_view(i: Invite) -> api::Invite {
+    {
+        api::Invite {
+            id: i.id,
+            created_at: i.created_at,
+            expires_at: i.expires_at,
+            used_at: i.used_at,
+            revoked_at: i.revoked_at,
+            created_by: i.created_by,
         }
-    })
+    }
+}
+
+/// Invites not yet purged (used and expired ones go after a while).
+#[utoipa::path(get, path = "/api/v1/workers/invites", tag = "operator", params(PageQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::InvitePage), AdminListErrors))]
+pub(crate) async fn list_invites(
+    State(state): State<AppState>,
+    _: Operator,
+    Query(q): Query<PageQuery>,
+) -> Result<axum::Json<api::InvitePage>, ApiError> {
+    let (after, limit) = q.parts()?;
+    let invites = state.store.invites(after, limit + 1).await?;
+    let (invites, next_cursor) = page(invites, limit, |i| i.id);
+    Ok(axum::Json(api::InvitePage {
+        invites: invites.into_iter().map(invite_view).collect(),
+        next_cursor,
+    }))
+}
+
+/// Revokes an unused invite: its link no longer signs anyone up.
+#[utoipa::path(post, path = "/api/v1/workers/invites/{invite_id}/revoke", tag = "operator",
+    params(("invite_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::Invite), AdminActionErrors))]
+async fn revoke_invite(
+    State(state): State<AppState>,
+    Operator(caller): Operator,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+) -> Result<axum::Json<api::Invite>, ApiError> {
+    let audit = caller.audit(
+        AuditAction::InviteRevoked,
+        format!("invite:{id}"),
+        Some(address.0.to_string()),
+        None,
+    );
+    let invite = state
+        .store
+        .revoke_invite(id, audit)
+        .await?
+        .ok_or_else(|| no_such("invite"))?;
+    Ok(axum::Json(invite_view(invite)))
 }

@@ -33,14 +33,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::workers::TaskId;
+use super::worker_tasks::TaskId;
 use crate::AppState;
 use crate::auth::{AgentAuth, Principal, WorkerAuth};
-use crate::error::ApiError;
-use crate::error::responses::TaskFeedErrors;
-use crate::extract::Query;
 use crate::feed::{Watch, Woken};
-use crate::rate_limit::{ClientAddress, StreamSlot};
+use crate::http::error::ApiError;
+use crate::http::error::responses::TaskFeedErrors;
+use crate::http::extract::Query;
+use crate::http::rate_limit::{ClientAddress, StreamSlot};
 
 /// Events read from the database per wake-up.
 const BATCH: u32 = 500;
@@ -151,7 +151,7 @@ async fn worker_stream(
     let after = start_cursor(&headers, &q)?;
     // The same view as the polled feed: from this worker's assignment on,
     // never the conversation of a worker whose assignment lapsed.
-    let view = super::worker_view(state.store.as_ref(), worker, id).await?;
+    let view = super::events::worker_view(state.store.as_ref(), worker, id).await?;
     let slot = state
         .rate_limit
         .streams()

@@ -18,20 +18,18 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{
-    EventPage, EventsQuery, FeedAnswer, TaskChange, agent_event_feed, checked_optional_text,
-    checked_text,
-};
+use super::events::{EventsQuery, FeedAnswer, agent_event_feed};
+use super::{EventPage, TaskChange, checked_optional_text, checked_text};
 use crate::AppState;
 use crate::auth::{AgentAuth, AgentCredential, Caller, issue_agent_token};
-use crate::error::ApiError;
-use crate::error::responses::{
+use crate::http::error::ApiError;
+use crate::http::error::responses::{
     AdminListErrors, ScopedCreateErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors,
     TaskReadErrors,
 };
-use crate::extract::{Json, Path, Query};
+use crate::http::extract::{Json, Path, Query};
+use crate::http::rate_limit::ClientAddress;
 use crate::photo::ImageBytes;
-use crate::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

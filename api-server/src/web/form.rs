@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::AppError;
 use super::session::{self, SameOrigin, WorkerSession};
 use crate::AppState;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// A form that carries a CSRF token.
 pub trait CsrfField {

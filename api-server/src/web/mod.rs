@@ -25,12 +25,11 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::auth::{credential_subject, verify_worker_token};
-use crate::error::ApiError;
-use crate::rate_limit::ClientAddress;
+use crate::http::error::ApiError;
+use crate::http::rate_limit::ClientAddress;
+use crate::routes::events::{EventsQuery, Reader, event_feed};
 use crate::routes::invites::INVITE_PREFIX;
-use crate::routes::{
-    EventsQuery, Reader, checked_optional_text, checked_text, event_feed, workers,
-};
+use crate::routes::{checked_optional_text, checked_text, worker_tasks};
 use form::{CsrfField, SessionForm, SignInForm, TaskForm, TaskId};
 use session::{WorkerSession, csrf_token, pre_session};
 
@@ -761,8 +760,8 @@ async fn open_tasks(
     let mut error = None;
     let tasks = match near.is_empty() {
         true => None,
-        false => match workers::near_point(&near, None) {
-            Ok(point) => Some(workers::nearby_page(&state, point, None, LIST_LIMIT).await?),
+        false => match worker_tasks::near_point(&near, None) {
+            Ok(point) => Some(worker_tasks::nearby_page(&state, point, None, LIST_LIMIT).await?),
             Err(e) => {
                 error = Some(format!(
                     "{} Type the place as latitude,longitude, for example 52.5200,13.4050.",
@@ -831,10 +830,10 @@ async fn worker_feed(
     after: i64,
     wait: u32,
 ) -> Result<(Vec<FeedItem>, i64, TaskState), ApiError> {
-    let view = crate::routes::worker_view(state.store.as_ref(), worker, id).await?;
+    let view = crate::routes::events::worker_view(state.store.as_ref(), worker, id).await?;
     let q = EventsQuery {
         after,
-        limit: Some(crate::routes::MAX_EVENTS_PAGE),
+        limit: Some(crate::routes::events::MAX_EVENTS_PAGE),
         wait: Some(wait),
     };
     let page = event_feed(state, id, &q, view.floor(), Reader::Worker(worker)).await?;
@@ -1007,7 +1006,7 @@ async fn claim(
         ..
     }: TaskForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    match workers::claim_task(&state, s.worker.id, id).await {
+    match worker_tasks::claim_task(&state, s.worker.id, id).await {
         Ok(_) => Ok(back_to(id)),
         Err(ApiError::NotFound(_)) => Err(AppError::Page(
             StatusCode::CONFLICT,
@@ -1238,9 +1237,11 @@ async fn send_photo(
         (Some(e), _) => Err(e),
         (None, Some(bytes)) if bytes.len() > state.photo_limits.max_bytes => Err(too_large()),
         (None, Some(bytes)) if !bytes.is_empty() => match form_position(&lat, &lon, &accuracy) {
-            Ok(position) => workers::send_photo_bytes(&state, s.worker.id, id, bytes, position)
-                .await
-                .map(|_| ()),
+            Ok(position) => {
+                worker_tasks::send_photo_bytes(&state, s.worker.id, id, bytes, position)
+                    .await
+                    .map(|_| ())
+            }
             Err(e) => Err(e),
         },
         (None, _) => Err(ApiError::invalid("choose a photo first")),

@@ -31,7 +31,7 @@ use meatspace_store::Store;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::AppState;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// Time between two pings of the database.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);

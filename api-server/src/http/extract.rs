@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// A JSON body. Malformed JSON is 400, a body of the wrong shape 422, a
 /// missing `Content-Type: application/json` 415, a body over the limit 413.

@@ -51,7 +51,7 @@ use sha2::{Digest, Sha256};
 
 use crate::AppState;
 use crate::auth::{self, Principal};
-use crate::error::{ApiError, problem};
+use crate::http::error::{ApiError, problem};
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -114,7 +114,7 @@ pub async fn middleware(State(state): State<AppState>, req: Request, next: Next)
     };
     let scope = scope_of(principal, req.headers());
     let limit = match req.extensions().get::<MatchedPath>() {
-        Some(path) if path.as_str() == crate::routes::workers::PHOTO_PATH => {
+        Some(path) if path.as_str() == crate::routes::worker_tasks::PHOTO_PATH => {
             state.photo_limits.max_bytes
         }
         _ => crate::MAX_JSON_BYTES,
@@ -415,7 +415,7 @@ fn problem_response(
         utoipa::openapi::ResponseBuilder::new()
             .description(description)
             .content(
-                crate::error::PROBLEM_JSON,
+                crate::http::error::PROBLEM_JSON,
                 ContentBuilder::new()
                     .schema(Some(Ref::from_schema_name("Problem")))
                     .build(),

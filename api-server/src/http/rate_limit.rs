@@ -37,7 +37,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::AppState;
 use crate::auth::{self, Presented, Principal};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// How often keys that have refilled their burst are forgotten.
 const CLEANUP_INTERVAL: Duration = Duration::from_secs(60);

@@ -1,0 +1,92 @@
+//! The audit trail, for operators: every privileged action, filtered by
+//! principal, action and time, newest first.
+
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use meatspace_api_types as api;
+use meatspace_store::{AuditEntry, AuditFilter};
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::page_limit;
+use crate::AppState;
+use crate::auth::Operator;
+use crate::http::error::ApiError;
+use crate::http::error::responses::AdminListErrors;
+use crate::http::extract::Query;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_audit))
+}
+
+/// Filters of the audit trail.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Only entries of this principal.
+    pub principal: Option<Uuid>,
+    /// Only entries at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only entries before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Largest page (1-200, default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A stored audit entry as operators see it.
+fn audit_view(e: AuditEntry) -> api::AuditEntry {
+    {
+        api::AuditEntry {
+            id: e.id,
+            at: e.at,
+            principal: e.principal,
+            action: e.action,
+            target: e.target,
+            address: e.address,
+            detail: e.detail,
+        }
+    }
+}
+
+/// The audit trail, newest first.
+#[utoipa::path(get, path = "/api/v1/audit", tag = "operator", params(AuditQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::AuditPage), AdminListErrors))]
+async fn list_audit(
+    State(state): State<AppState>,
+    _: Operator,
+    Query(q): Query<AuditQuery>,
+) -> Result<axum::Json<api::AuditPage>, ApiError> {
+    let limit = page_limit(q.limit, 50, 200)?;
+    let before = q
+        .cursor
+        .as_deref()
+        .map(|c| {
+            c.parse::<i64>()
+                .map_err(|_| ApiError::bad_request("invalid-query", "cursor is not valid"))
+        })
+        .transpose()?;
+    let filter = AuditFilter {
+        principal: q.principal,
+        since: q.since,
+        until: q.until,
+        before,
+        limit: limit + 1,
+    };
+    let mut entries = state.store.audit(&filter).await?;
+    let more = entries.len() > limit as usize;
+    entries.truncate(limit as usize);
+    let next_cursor = more
+        .then(|| entries.last().map(|e| e.id.to_string()))
+        .flatten();
+    Ok(axum::Json(api::AuditPage {
+        entries: entries.into_iter().map(audit_view).collect(),
+        next_cursor,
+    }))
+}

@@ -1,0 +1,299 @@
+//! API keys, for operators: create, list, read, rotate with a grace
+//! period, revoke (optionally cancelling the tasks the key's principal
+//! owns). Every change writes its audit entry in the same transaction.
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::TimeDelta;
+use meatspace_api_types as api;
+use meatspace_domain::Command;
+use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
+use meatspace_store::{ApiKey, NewApiKey};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::{PageQuery, checked_text, no_such, page};
+use crate::AppState;
+use crate::auth::{Caller, Operator, issue_key};
+use crate::http::error::ApiError;
+use crate::http::error::responses::{AdminActionErrors, AdminListErrors};
+use crate::http::extract::{Json, Path, Query};
+use crate::http::rate_limit::ClientAddress;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_key, list_keys))
+        .routes(routes!(get_key))
+        .routes(routes!(rotate_key))
+        .routes(routes!(revoke_key))
+}
+
+/// Longest name of a key or principal, in characters.
+const MAX_NAME_CHARS: usize = 200;
+/// Default grace period of a rotated secret: a day.
+pub const DEFAULT_ROTATION_GRACE_SECONDS: u64 = 86_400;
+/// Longest grace period: a week.
+pub const MAX_ROTATION_GRACE_SECONDS: u64 = 7 * 86_400;
+
+/// A stored key as operators see it.
+pub(crate) fn key_view(k: ApiKey) -> api::Key {
+    {
+        api::Key {
+            id: k.id,
+            name: k.name,
+            principal: k.principal,
+            scopes: k.scopes,
+            created_at: k.created_at,
+            expires_at: k.expires_at,
+            last_used_at: k.last_used_at,
+            revoked_at: k.revoked_at,
+            rotated_at: k.rotated_at,
+            previous_valid_until: k.previous_valid_until,
+        }
+    }
+}
+
+/// Creates an API key, for a new principal or another key of an existing one.
+#[utoipa::path(post, path = "/api/v1/keys", tag = "operator",
+    request_body = api::CreateKey,
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 201, body = api::KeySecret), AdminActionErrors))]
+async fn create_key(
+    State(state): State<AppState>,
+    Operator(caller): Operator,
+    address: ClientAddress,
+    Json(req): Json<api::CreateKey>,
+) -> Result<Response, ApiError> {
+    let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
+    let now = state.clock.now();
+    if req.expires_at.is_some_and(|at| at <= now) {
+        return Err(ApiError::invalid("expires_at must be in the future"));
+    }
+    let (principal, new_principal) = match req.principal_id {
+        Some(id) => (
+            state
+                .store
+                .principal(id)
+                .await?
+                .ok_or_else(|| ApiError::invalid("principal_id names no operator or agent"))?,
+            false,
+        ),
+        None => (
+            PrincipalRef {
+                id: Uuid::new_v4(),
+                kind: match req.kind.unwrap_or(PrincipalKind::Agent) {
+                    k @ (PrincipalKind::Agent | PrincipalKind::Operator) => k,
+                    _ => return Err(ApiError::invalid("kind must be agent or operator")),
+                },
+                name: name.clone(),
+            },
+            true,
+        ),
+    };
+    let scopes = match req.scopes {
+        Some(s) if s.is_empty() => return Err(ApiError::invalid("scopes must not be empty")),
+        Some(s) => Scopes::new(s),
+        None => Scopes::default_for(principal.kind),
+    };
+    let id = Uuid::new_v4();
+    let (secret, digest) = issue_key(id);
+    let new = NewApiKey {
+        id,
+        principal,
+        new_principal,
+        name,
+        scopes,
+        digest,
+        expires_at: req.expires_at,
+        created_at: now,
+    };
+    let audit = caller.audit(
+        AuditAction::KeyCreated,
+        format!("key:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "principal_id": new.principal.id, "scopes": new.scopes })),
+    );
+    let key = state.store.create_api_key(new, audit).await?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(api::KeySecret {
+            key: key_view(key),
+            secret,
+        }),
+    )
+        .into_response())
+}
+
+/// Every API key, revoked ones included, ordered by id.
+#[utoipa::path(get, path = "/api/v1/keys", tag = "operator", params(PageQuery),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::KeyPage), AdminListErrors))]
+async fn list_keys(
+    State(state): State<AppState>,
+    _: Operator,
+    Query(q): Query<PageQuery>,
+) -> Result<axum::Json<api::KeyPage>, ApiError> {
+    let (after, limit) = q.parts()?;
+    let keys = state.store.api_keys(after, limit + 1).await?;
+    let (keys, next_cursor) = page(keys, limit, |k| k.id);
+    Ok(axum::Json(api::KeyPage {
+        keys: keys.into_iter().map(key_view).collect(),
+        next_cursor,
+    }))
+}
+
+/// One API key.
+#[utoipa::path(get, path = "/api/v1/keys/{key_id}", tag = "operator",
+    params(("key_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::Key), AdminActionErrors))]
+async fn get_key(
+    State(state): State<AppState>,
+    _: Operator,
+    Path(id): Path<Uuid>,
+) -> Result<axum::Json<api::Key>, ApiError> {
+    let key = state
+        .store
+        .api_key(id)
+        .await?
+        .ok_or_else(|| no_such("key"))?;
+    Ok(axum::Json(key_view(key.key)))
+}
+
+/// Gives a key a new secret. The current one keeps working until
+/// `previous_valid_until` (a grace period, one day by default), so its
+/// users can switch without an outage.
+#[utoipa::path(post, path = "/api/v1/keys/{key_id}/rotate", tag = "operator",
+    params(("key_id" = Uuid, Path)),
+    request_body(content = Option<api::RotateKey>, description = "optional grace period"),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::KeySecret), AdminActionErrors))]
+async fn rotate_key(
+    State(state): State<AppState>,
+    Operator(caller): Operator,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let req = super::optional_json::<api::RotateKey>(&headers, &body)?;
+    let grace = req.grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
+    if grace > MAX_ROTATION_GRACE_SECONDS {
+        return Err(ApiError::invalid(format!(
+            "grace_seconds must be at most {MAX_ROTATION_GRACE_SECONDS}"
+        )));
+    }
+    let (secret, digest) = issue_key(id);
+    let audit = caller.audit(
+        AuditAction::KeyRotated,
+        format!("key:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "grace_seconds": grace })),
+    );
+    let until = audit.at + TimeDelta::seconds(i64::try_from(grace).unwrap_or(0));
+    let key = state
+        .store
+        .rotate_api_key(id, digest, until, audit)
+        .await?
+        .ok_or_else(|| no_such("key"))?;
+    if key.revoked_at.is_some() {
+        return Err(ApiError::Conflict {
+            slug: "key-revoked",
+            detail: "a revoked key cannot be rotated; create a new one".into(),
+            task_state: None,
+        });
+    }
+    state.credentials.keys.forget(id);
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(api::KeySecret {
+            key: key_view(key),
+            secret,
+        }),
+    )
+        .into_response())
+}
+
+/// Revokes a key at once on every replica. Its principal's tasks keep
+/// running and stay readable with their task tokens, unless `cancel_tasks`.
+#[utoipa::path(post, path = "/api/v1/keys/{key_id}/revoke", tag = "operator",
+    params(("key_id" = Uuid, Path)),
+    request_body(content = Option<api::RevokeKey>, description = "optional"),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = api::RevokedKey), AdminActionErrors))]
+async fn revoke_key(
+    State(state): State<AppState>,
+    Operator(caller): Operator,
+    address: ClientAddress,
+    Path(id): Path<Uuid>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<api::RevokedKey>, ApiError> {
+    let req = super::optional_json::<api::RevokeKey>(&headers, &body)?;
+    let audit = caller.audit(
+        AuditAction::KeyRevoked,
+        format!("key:{id}"),
+        Some(address.0.to_string()),
+        Some(serde_json::json!({ "cancel_tasks": req.cancel_tasks })),
+    );
+    let key = state
+        .store
+        .revoke_api_key(id, audit)
+        .await?
+        .ok_or_else(|| no_such("key"))?;
+    // This replica refuses it before answering; the others on the change
+    // stream's word.
+    state.credentials.keys.forget(id);
+    let mut cancelled = 0;
+    if req.cancel_tasks {
+        cancelled = cancel_owned(&state, &caller, &address, key.principal.id).await?;
+    }
+    Ok(axum::Json(api::RevokedKey {
+        key: key_view(key),
+        cancelled_tasks: cancelled,
+    }))
+}
+
+/// Cancels every non-terminal task of `owner`, each with its audit entry.
+async fn cancel_owned(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    owner: Uuid,
+) -> Result<u64, ApiError> {
+    let mut cancelled = 0;
+    let mut cursor = None;
+    loop {
+        let tasks = state.store.owned_tasks(owner, None, cursor, 200).await?;
+        let Some(last) = tasks.last() else { break };
+        cursor = Some(meatspace_store::OpenTasksCursor {
+            created_at: last.created_at,
+            id: last.id,
+        });
+        for task in tasks.iter().filter(|t| !t.state.is_terminal()) {
+            let command = Command::Cancel {
+                reason: Some("the owner's API key was revoked".into()),
+            };
+            let entry = caller.audit(
+                AuditAction::TaskCancelledByOperator,
+                format!("task:{}", task.id),
+                Some(address.0.to_string()),
+                None,
+            );
+            match state
+                .store
+                .apply_audited(task.id, command, caller.acted_by(), entry)
+                .await
+            {
+                Ok(_) => cancelled += 1,
+                // Ended meanwhile.
+                Err(meatspace_store::StoreError::Refused(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(cancelled)
+}
