@@ -140,6 +140,21 @@ pub(crate) fn replace_database(url: &str, name: &str) -> String {
 pub async fn eventually_timed<T, F, Fut>(
     limit: std::time::Duration,
     what: &str,
+    check: F,
+) -> (T, std::time::Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_every(std::time::Duration::from_millis(20), limit, what, check).await
+}
+
+/// [`eventually_timed`], polling every `every`: for a condition that
+/// holds only briefly (a sweep under way), which a test must see soon.
+pub async fn eventually_every<T, F, Fut>(
+    every: std::time::Duration,
+    limit: std::time::Duration,
+    what: &str,
     mut check: F,
 ) -> (T, std::time::Duration)
 where
@@ -155,7 +170,7 @@ where
             started.elapsed() < limit,
             "timed out after {limit:?} waiting for {what}"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -15,10 +15,13 @@
 //!   and that event is its last, however often the controller died
 //!   mid-sweep.
 //!
-//! Each round is killed once the controller has expired one of the round's
-//! short-lived tasks, and the test fails unless some kill came while a
-//! round's expiries were under way (some done, some left to the next
-//! processes): a kill that only ever hit an idle controller tests nothing.
+//! Each round ends with a second kill aimed at the controller's sweep: the
+//! round's short-lived tasks become due while nothing runs, so the next
+//! controller finds them all due at once and expires them one per
+//! transaction; the processes are killed as soon as the first expiry is
+//! in. The test fails unless some such kill left part of the sweep undone
+//! (the count is read after the kill): a kill that only ever hit an idle
+//! controller, or one that had finished, tests nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,8 +40,8 @@ use uuid::Uuid;
 
 const ROUNDS: usize = 4;
 const WRITERS: usize = 4;
-/// Tasks per round that expire a second or two after they are created.
-const SHORT_LIVED: usize = 6;
+/// Tasks per round that expire a second after they are created.
+const SHORT_LIVED: usize = 60;
 const DEV_KEY: &str = "msd_fault_test_dev_key_0123456789abcdef";
 
 mod postgres {
@@ -61,25 +64,32 @@ struct Round {
 }
 
 async fn start(db: Db, url: &str) -> Round {
+    let mut round = spawn(db, url);
+    round.api.ready().await;
+    if let Some(c) = &mut round.controller {
+        c.ready().await;
+    }
+    round
+}
+
+/// [`start`] without waiting for readiness: the controller sweeps what is
+/// due as soon as it runs, one task per transaction.
+fn spawn(db: Db, url: &str) -> Round {
     let common = [
         ("DATABASE_URL", url),
         ("MEATSPACE_DEV_KEY", DEV_KEY),
         ("MEATSPACE_RATE_LIMIT_PER_SECOND", "0"),
         ("MEATSPACE_CONTROLLER_MAX_SLEEP_SECONDS", "1"),
+        ("MEATSPACE_CONTROLLER_BATCH_SIZE", "1"),
         (
             "MEATSPACE_SECRET_KEY",
             "fault-test-server-key-of-at-least-32-characters",
         ),
     ];
-    let mut api = ServerProcess::start(Binary::ApiServer, &common);
-    api.ready().await;
+    let api = ServerProcess::start(Binary::ApiServer, &common);
     let controller = match db {
         Db::Sqlite => None,
-        Db::Postgres => {
-            let mut c = ServerProcess::start(Binary::Controller, &common);
-            c.ready().await;
-            Some(c)
-        }
+        Db::Postgres => Some(ServerProcess::start(Binary::Controller, &common)),
     };
     Round { api, controller }
 }
@@ -123,7 +133,7 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
     let store = test_db.store(Policy::default()).await;
     let mut ledger = Ledger::default();
     let mut n = 0;
-    let mut kills_mid_expiries = 0;
+    let mut kills_mid_sweep = 0;
     for round in 0..ROUNDS {
         let procs = start(db, &test_db.url).await;
         // Load until a few writes are in, then kill in the middle of it.
@@ -154,24 +164,16 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
                 acked_this_round += 1;
             }
         }
-        // Short-lived tasks, due in one and two seconds: the kill below
-        // comes once the first has expired, amid the round's expiries.
-        for i in 0..SHORT_LIVED {
-            let lifetime = if i < SHORT_LIVED / 2 { 1 } else { 2 };
-            let (id, token) = create(&client, &procs.api, lifetime).await;
+        // Short-lived tasks, due a second after their create.
+        for _ in 0..SHORT_LIVED {
+            let (id, token) = create(&client, &procs.api, 1).await;
             publish(&client, &procs.api, id, &token).await;
             ledger.short_lived.push((id, token));
         }
-        // The controller at work on this round's tasks: one has expired.
         let this_round: Vec<Uuid> = ledger.short_lived[ledger.short_lived.len() - SHORT_LIVED..]
             .iter()
             .map(|(id, _)| *id)
             .collect();
-        let what = format!("round {round}: one of its tasks expires");
-        meatspace_tests::eventually(Duration::from_secs(60), &what, || async {
-            (expired_count(&store, &this_round).await > 0).then_some(())
-        })
-        .await;
         // Kill with requests in flight: fire some and do not wait.
         let in_flight: Vec<_> = writers
             .iter()
@@ -189,14 +191,6 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
             .collect();
         let flying = tokio::spawn(futures::future::join_all(in_flight));
         procs.kill().await;
-        let expired = expired_count(&store, &this_round).await;
-        println!(
-            "round {round}: killed with {expired} of its {} short-lived tasks expired",
-            this_round.len()
-        );
-        if expired < this_round.len() {
-            kills_mid_expiries += 1;
-        }
         // Whatever those got, a 200 would count as acknowledged.
         for (res, (task, _, _)) in flying.await.unwrap().into_iter().zip(&writers) {
             if let Ok(res) = res
@@ -209,12 +203,49 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
                     .push(format!("r{round}-unacknowledged-{task}"));
             }
         }
+
+        // The round's deadlines pass while nothing runs (a bounded poll of
+        // the clock: the deadlines are what the test waits for) ...
+        let due = store
+            .tasks_by_id(&this_round)
+            .await
+            .expect("read the round's tasks")
+            .iter()
+            .map(|t| t.expires_at)
+            .max()
+            .expect("the round's tasks exist");
+        let what = format!("round {round}: its tasks are due");
+        meatspace_tests::eventually(Duration::from_secs(30), &what, || async {
+            (chrono::Utc::now() > due).then_some(())
+        })
+        .await;
+        let before = expired_count(&store, &this_round).await;
+        // ... so the next controller finds those still open due at once;
+        // the processes die as soon as it has expired one.
+        let sweeping = spawn(db, &test_db.url);
+        let what = format!("round {round}: the controller expires one of its tasks");
+        meatspace_tests::eventually_every(
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+            &what,
+            || async { (expired_count(&store, &this_round).await > before).then_some(()) },
+        )
+        .await;
+        sweeping.kill().await;
+        let after = expired_count(&store, &this_round).await;
+        println!(
+            "round {round}: {before} of its {SHORT_LIVED} short-lived tasks expired before the \
+             sweep, {after} when it was killed"
+        );
+        if after < SHORT_LIVED {
+            kills_mid_sweep += 1;
+        }
     }
 
     assert!(
-        kills_mid_expiries > 0,
-        "every kill came after the controller had expired all of its round's tasks: \
-         no kill hit the expiries under way"
+        kills_mid_sweep > 0,
+        "every kill aimed at a sweep came after it had expired all of its round's tasks: \
+         no kill hit a sweep under way"
     );
 
     // Everything running once more: the controller finishes what is due.
@@ -261,16 +292,15 @@ async fn killing_the_processes_in_loops_loses_nothing(db: Db) {
     last.kill().await;
 }
 
-/// How many of the tasks are expired in the database.
+/// How many of the tasks are expired in the database (one read).
 async fn expired_count(store: &Arc<dyn Store>, tasks: &[Uuid]) -> usize {
-    let mut n = 0;
-    for id in tasks {
-        let task = store.task(*id).await.expect("read a task");
-        if task.is_some_and(|t| t.state == TaskState::Expired) {
-            n += 1;
-        }
-    }
-    n
+    store
+        .tasks_by_id(tasks)
+        .await
+        .expect("read the tasks")
+        .iter()
+        .filter(|t| t.state == TaskState::Expired)
+        .count()
 }
 
 fn check_order(feed: &[Value]) {
