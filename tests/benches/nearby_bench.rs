@@ -12,11 +12,14 @@
 //! them open, all with a place spread evenly over an area the size of
 //! Germany, 47–55° N by 6–15° E), loads the tasks straight into the
 //! database, then asks the store for the first page of open tasks near 300
-//! points of the area (within 50 km, 50 a page, as the API does) and
-//! prints the latency percentiles, the CPU time per query of this process
-//! (the store's own work: the cover, the decoding, the distances; on SQLite
-//! also the database's) and the ratio of the medians. `MEATSPACE_BENCH_SIZES`
-//! overrides the sizes (comma-separated).
+//! points of the area (50 a page, as the API does), within 50 km (the API's
+//! default distance) and within 1,000 km (its largest: the small size then
+//! fills the page too), and prints the latency percentiles, the CPU time
+//! per query of this process (the store's own work: the cover, the
+//! decoding, the distances; on SQLite also the database's) and the ratio of
+//! the medians. `MEATSPACE_BENCH_SIZES` overrides the sizes
+//! (comma-separated), `MEATSPACE_BENCH_DBS` (`sqlite` or `postgres`) runs
+//! one backend.
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +32,10 @@ use uuid::Uuid;
 
 const QUERIES: usize = 300;
 const PAGE: u32 = 51;
-const WITHIN_M: f64 = 50_000.0;
+/// The two questions asked: the API's default distance, within which the
+/// small size has about one open task per point, and the API's largest,
+/// within which both sizes fill the page.
+const WITHIN_M: [f64; 2] = [50_000.0, 1_000_000.0];
 const AREA: ((f64, f64), (f64, f64)) = ((47.0, 55.0), (6.0, 15.0));
 
 /// A deterministic stream of numbers in [0, 1).
@@ -165,7 +171,7 @@ struct Figures {
     listed: f64,
 }
 
-async fn measure(store: &dyn Store) -> Figures {
+async fn measure(store: &dyn Store, within_m: f64) -> Figures {
     let mut rng = Lcg(42);
     // Warm the caches and the pool.
     for _ in 0..20 {
@@ -173,7 +179,7 @@ async fn measure(store: &dyn Store) -> Figures {
         let near = Near {
             latitude,
             longitude,
-            within_m: WITHIN_M,
+            within_m,
         };
         store
             .open_tasks_near(near, None, PAGE)
@@ -189,7 +195,7 @@ async fn measure(store: &dyn Store) -> Figures {
         let near = Near {
             latitude,
             longitude,
-            within_m: WITHIN_M,
+            within_m,
         };
         let started = Instant::now();
         let page = store
@@ -221,17 +227,21 @@ async fn main() {
                 .collect()
         })
         .unwrap_or_else(|| vec![1_000, 1_000_000]);
+    let backends: Vec<Db> = match std::env::var("MEATSPACE_BENCH_DBS").as_deref() {
+        Ok("sqlite") => vec![Db::Sqlite],
+        Ok("postgres") => vec![Db::Postgres],
+        _ => vec![Db::Sqlite, Db::Postgres],
+    };
     println!(
-        "nearby: first page ({} max) within {} km of {QUERIES} points, {}-{} ° N by {}-{} ° E",
+        "nearby: first page ({} max) of {QUERIES} points, {}-{} ° N by {}-{} ° E",
         PAGE - 1,
-        WITHIN_M / 1000.0,
         AREA.0.0,
         AREA.0.1,
         AREA.1.0,
         AREA.1.1,
     );
-    for db in [Db::Sqlite, Db::Postgres] {
-        let mut medians = Vec::new();
+    for db in backends {
+        let mut medians = vec![Vec::new(); WITHIN_M.len()];
         for &n in &sizes {
             let test_db = TestDb::new(db).await;
             // Migrations first, through the store.
@@ -239,25 +249,33 @@ async fn main() {
             let started = Instant::now();
             load(db, &test_db.url, n).await;
             let loaded = started.elapsed();
-            let f = measure(store.as_ref()).await;
             println!(
-                "{db:?} {n:>9} tasks ({:>7} open; loaded in {:.0?}): p50 {:.2?}  p90 {:.2?}  \
-                 p99 {:.2?}  CPU/query {:.2?}  tasks listed/query {:.1}",
-                n / 10,
-                loaded,
-                f.p50,
-                f.p90,
-                f.p99,
-                f.cpu,
-                f.listed
+                "{db:?} {n:>9} tasks ({:>7} open; loaded in {loaded:.0?})",
+                n / 10
             );
-            medians.push((n, f.p50));
+            for (i, &within_m) in WITHIN_M.iter().enumerate() {
+                let f = measure(store.as_ref(), within_m).await;
+                println!(
+                    "  within {:>4} km: p50 {:.2?}  p90 {:.2?}  p99 {:.2?}  CPU/query {:.2?}  \
+                     tasks listed/query {:.1}",
+                    within_m / 1000.0,
+                    f.p50,
+                    f.p90,
+                    f.p99,
+                    f.cpu,
+                    f.listed
+                );
+                medians[i].push((n, f.p50));
+            }
         }
-        if let [(small, a), .., (large, b)] = medians[..] {
-            println!(
-                "{db:?}: p50 at {large} / p50 at {small} = {:.2}",
-                b.as_secs_f64() / a.as_secs_f64()
-            );
+        for (within_m, medians) in WITHIN_M.iter().zip(&medians) {
+            if let [(small, a), .., (large, b)] = medians[..] {
+                println!(
+                    "{db:?}, within {} km: p50 at {large} / p50 at {small} = {:.2}",
+                    within_m / 1000.0,
+                    b.as_secs_f64() / a.as_secs_f64()
+                );
+            }
         }
     }
 }

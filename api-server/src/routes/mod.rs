@@ -125,7 +125,8 @@ fn page<T>(mut items: Vec<T>, limit: u32, id: impl Fn(&T) -> Uuid) -> (Vec<T>, O
     (items, next)
 }
 
-/// An optional JSON body: empty means every default.
+/// An optional JSON body: empty or `null` (what generated clients send for
+/// "no body", as the OpenAPI document allows) means every default.
 pub(crate) fn optional_json<T: Default + serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: &Bytes,
@@ -142,11 +143,13 @@ pub(crate) fn optional_json<T: Default + serde::de::DeserializeOwned>(
             "send the body as JSON with Content-Type: application/json".into(),
         ));
     }
-    serde_json::from_slice(body).map_err(|e| {
-        if e.is_syntax() || e.is_eof() {
-            ApiError::bad_request("malformed-json", e.to_string())
-        } else {
-            ApiError::invalid(e.to_string())
-        }
-    })
+    serde_json::from_slice::<Option<T>>(body)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                ApiError::bad_request("malformed-json", e.to_string())
+            } else {
+                ApiError::invalid(e.to_string())
+            }
+        })
 }

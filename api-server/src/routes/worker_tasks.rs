@@ -18,7 +18,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::events::{EventsQuery, FeedAnswer, Reader, open_feed};
-use super::{EventPage, TaskChange, checked_optional_text, checked_text};
+use super::{EventPage, TaskChange, checked_optional_text, checked_text, optional_json};
 use crate::AppState;
 use crate::auth::{WorkerAuth, task_id_param};
 use crate::http::error::ApiError;
@@ -419,7 +419,7 @@ async fn start(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let req: StartWork = optional_body(&headers, &body)?;
+    let req: StartWork = optional_json(&headers, &body)?;
     let position = req.position.map(checked_position).transpose()?;
     state.act(id, Command::Start { worker, position }).await
 }
@@ -593,38 +593,8 @@ async fn raise_issue(
 /// The optional `text` of a complete or stop request. The body itself is
 /// optional: empty means no text.
 fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, ApiError> {
-    let req: EndWork = optional_body(headers, body)?;
+    let req: EndWork = optional_json(headers, body)?;
     checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)
-}
-
-/// Reads an optional JSON body: empty or `null` means no fields.
-fn optional_body<T: Default + serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Ok(T::default());
-    }
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType(
-            "send the body as JSON with Content-Type: application/json".into(),
-        ));
-    }
-    // JSON `null` is no fields too, as the OpenAPI document says (and as
-    // generated clients send for "no body").
-    serde_json::from_slice::<Option<T>>(body)
-        .map(Option::unwrap_or_default)
-        .map_err(|e| {
-            if e.is_syntax() || e.is_eof() {
-                ApiError::bad_request("malformed-json", e.to_string())
-            } else {
-                ApiError::invalid(e.to_string())
-            }
-        })
 }
 
 /// Completes the active task: active → completed.
