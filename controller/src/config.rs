@@ -12,9 +12,9 @@ use meatspace_domain::policy::PolicyArgs;
 use meatspace_store::redact_url;
 
 #[cfg(feature = "kubernetes")]
-use crate::kubernetes::MirrorSettings;
-#[cfg(feature = "kubernetes")]
 use crate::leader::LeaseSettings;
+#[cfg(feature = "kubernetes")]
+use crate::mirror::MirrorSettings;
 #[cfg(feature = "kubernetes")]
 use crate::requests::RequestSettings;
 use crate::telemetry::LogFormat;

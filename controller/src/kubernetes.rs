@@ -7,7 +7,6 @@
 //! the [`requests`] reconciler side by side, so those modules never call
 //! each other.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,26 +14,9 @@ use meatspace_crds::FIELD_MANAGER;
 use meatspace_store::Store;
 use tokio::sync::watch;
 
-use crate::leader::{self, LeaseSettings};
-use crate::requests::{self, RequestSettings};
-use crate::{Error, Shutdown, mirror};
-
-/// Where and how to mirror.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MirrorSettings {
-    /// Namespace of the resources.
-    pub namespace: String,
-    /// Kubeconfig file; unset means the usual discovery (KUBECONFIG, then
-    /// the in-cluster service account).
-    pub kubeconfig: Option<PathBuf>,
-    /// Interval of the full resync.
-    pub resync_interval: Duration,
-    /// Lease to hold before mirroring; unset mirrors unconditionally.
-    pub lease: Option<LeaseSettings>,
-    /// Also turn requested resources (`spec.origin: Requested`) of the
-    /// namespace into tasks; unset leaves them alone.
-    pub requests: Option<RequestSettings>,
-}
+pub use crate::mirror::MirrorSettings;
+use crate::{Error, Shutdown};
+use crate::{leader, mirror, requests};
 
 /// Connects to the cluster named by `settings`.
 pub async fn client(settings: &MirrorSettings) -> Result<kube::Client, Error> {

@@ -17,6 +17,7 @@
 //! ([`crate::kubernetes`] runs it).
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,7 +39,8 @@ use uuid::Uuid;
 
 use crate::Error;
 use crate::error::kube_call;
-use crate::kubernetes::MirrorSettings;
+use crate::leader::LeaseSettings;
+use crate::requests::RequestSettings;
 
 /// What the mirror must do for one task.
 #[derive(Debug, Clone, PartialEq)]
@@ -405,6 +407,23 @@ impl Retries {
             }
         }
     }
+}
+
+/// Where and how to mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorSettings {
+    /// Namespace of the resources.
+    pub namespace: String,
+    /// Kubeconfig file; unset means the usual discovery (KUBECONFIG, then
+    /// the in-cluster service account).
+    pub kubeconfig: Option<PathBuf>,
+    /// Interval of the full resync.
+    pub resync_interval: Duration,
+    /// Lease to hold before mirroring; unset mirrors unconditionally.
+    pub lease: Option<LeaseSettings>,
+    /// Also turn requested resources (`spec.origin: Requested`) of the
+    /// namespace into tasks; unset leaves them alone.
+    pub requests: Option<RequestSettings>,
 }
 
 /// The mirror loop proper; runs until cancelled.

@@ -10,28 +10,9 @@ use anyhow::Context;
 use rmcp::ServiceExt;
 
 use crate::MeatspaceTools;
+pub use crate::remote::Credentials;
 use crate::remote::RemoteApi;
 use crate::state_dir::StateDir;
-
-/// The credentials the stdio server calls the API with, from where it is
-/// launched (never from the model).
-#[derive(Clone, Default)]
-pub struct Credentials {
-    /// `MEATSPACE_DEV_KEY`: creates tasks when there is no API key.
-    pub dev_key: Option<String>,
-    /// `MEATSPACE_API_KEY` (`msk_…`): the agent the tools act as; creates
-    /// tasks and reaches that agent's tasks without a stored token.
-    pub api_key: Option<String>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("dev_key", &self.dev_key.as_ref().map(|_| ".."))
-            .field("api_key", &self.api_key.as_ref().map(|_| ".."))
-            .finish()
-    }
-}
 
 /// Serves the tools on stdin/stdout until the client closes the session.
 /// stdout carries the protocol: log to stderr only.
