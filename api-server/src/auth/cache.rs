@@ -9,7 +9,7 @@ use uuid::Uuid;
 /// Token digests already read from the store, by the id of the task or
 /// worker a token names, so that a client's requests do not each read its
 /// digest again: workers' in [`Credentials::workers`]
-/// ([`DigestCache::for_workers`]), agents' in [`AppState`]'s
+/// ([`DigestCache::for_workers`]), agents' in [`AppState`](crate::AppState)'s
 /// `agent_digests` ([`DigestCache::for_agents`]). Only digests that exist are kept (read
 /// from the store, or [remembered](DigestCache::remember) once the create
 /// that stored them committed): an unknown id is read every time, so a

@@ -9,9 +9,9 @@
 //! separates a wrong token (401) from a valid token of another task (404,
 //! so task ids cannot be probed).
 //!
-//! The parts, by concern: [`keys`] (API keys, the development key and the
-//! [`Caller`] they prove), [`tokens`] (agent and worker tokens and their
-//! extractors), [`cache`] (the digests kept in memory and how a revocation
+//! The parts, by concern: `keys` (API keys, the development key and the
+//! [`Caller`] they prove), `tokens` (agent and worker tokens and their
+//! extractors), `cache` (the digests kept in memory and how a revocation
 //! drops them); here, what the rate limiter and idempotency ask of any
 //! credential before a handler runs ([`presented`], [`principal`]).
 

@@ -96,7 +96,7 @@ impl FromRequestParts<AppState> for AgentAuth {
 /// An agent's bearer token and the `{task_id}` it names in the path,
 /// checked for their form only: the handler checks the token itself
 /// (the feed reads the digest with the page, see
-/// [`crate::routes::agent_event_feed`]). No credential is a 401 and a
+/// [`crate::routes::events::agent_event_feed`]). No credential is a 401 and a
 /// malformed task id a 404, as with [`AgentAuth`].
 #[derive(Debug, Clone)]
 pub struct AgentCredential {
