@@ -277,15 +277,14 @@ impl TestServer {
     /// subscribed, read an empty page and sleep), so that what the test
     /// does next exercises the wake-up. Fails after 30 s.
     pub async fn until_waiting(&self, n: usize) {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-        while self.feed.waiting() < n {
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "{} of {n} long polls waiting after 30 s",
-                self.feed.waiting()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("{n} long polls waiting");
+        crate::eventually_every(
+            Duration::from_millis(5),
+            Duration::from_secs(30),
+            &what,
+            || std::future::ready((self.feed.waiting() >= n).then_some(())),
+        )
+        .await;
     }
 
     pub fn url(&self, path: &str) -> String {

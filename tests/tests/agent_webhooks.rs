@@ -493,13 +493,18 @@ async fn events_are_delivered_in_order_as_they_happen(db: Db) {
             .await;
     }
     for n in 0..40 {
-        w_api
+        let change = w_api
             .post(&format!("/api/v1/worker/tasks/{id}/messages"))
             .json(&json!({ "text": format!("update {n}") }))
             .expect_json(StatusCode::OK)
             .await;
-        // Spread the events out so each is delivered on its own.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Each delivered before the next happens, so each is delivered on
+        // its own and its lag is its own.
+        let event = change["events"][0]["id"].clone();
+        sys.wait_webhook(id, &token, "the message delivered", |w| {
+            w["last_delivered_event_id"] == event
+        })
+        .await;
     }
     w_api
         .post(&format!("/api/v1/worker/tasks/{id}/complete"))

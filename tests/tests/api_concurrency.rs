@@ -296,16 +296,17 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
             };
             let ender = async {
                 if cancel_midway {
-                    let give_up = tokio::time::Instant::now() + PATIENCE;
-                    while srv.store.events(t.task_id, 0, 100).await.unwrap().len() < 23 {
-                        assert!(
-                            tokio::time::Instant::now() < give_up,
-                            "the writers of task {} did not get 20 messages in within {PATIENCE:?}",
-                            t.task_id
-                        );
-                        // The interval of a bounded poll.
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
+                    let what = format!("the writers of task {} get 20 messages in", t.task_id);
+                    meatspace_tests::eventually_every(
+                        Duration::from_millis(2),
+                        PATIENCE,
+                        &what,
+                        || async {
+                            let events = srv.store.events(t.task_id, 0, 100).await.unwrap();
+                            (events.len() >= 23).then_some(())
+                        },
+                    )
+                    .await;
                     srv.agent(&t.agent_token)
                         .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
                         .expect_json(StatusCode::OK)
@@ -430,25 +431,24 @@ async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
         .expect("a message from another store")
         .events[0]
         .id;
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = poll(after).await;
-        let events = page["events"].as_array().unwrap();
-        if !events.is_empty() {
-            assert_eq!(ids(events), [sent]);
-            break;
-        }
-        assert_eq!(
-            page["next_cursor"], after,
-            "an empty page never moves the cursor"
-        );
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "another process's event unseen after 10 s"
-        );
-        // The interval of a bounded poll.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let events = meatspace_tests::eventually(
+        Duration::from_secs(10),
+        "another process's event",
+        || async {
+            let page = poll(after).await;
+            let events = page["events"].as_array().unwrap().clone();
+            if events.is_empty() {
+                assert_eq!(
+                    page["next_cursor"], after,
+                    "an empty page never moves the cursor"
+                );
+                return None;
+            }
+            Some(events)
+        },
+    )
+    .await;
+    assert_eq!(ids(&events), [sent]);
     server.stop().await;
 }
 
