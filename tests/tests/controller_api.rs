@@ -18,7 +18,7 @@ use controller_support::*;
 use meatspace_tests::eventually;
 
 meatspace_tests::api_tests!(
-    an_agent_sees_its_task_expire_in_the_feed_within_a_second,
+    an_agent_sees_its_task_expire_in_the_feed_at_its_deadline,
     a_task_past_retention_answers_404,
 );
 
@@ -34,7 +34,12 @@ impl Controller {
         match server.backend {
             Db::Sqlite => Controller::InProcess(InProcess::start(&server.store, config())),
             Db::Postgres => {
-                let mut p = controller_process(&server.db.url, &[]);
+                // As `config()`: a minute between deadline reads, so a
+                // prompt expiry shows the controller woke for the deadline.
+                let mut p = controller_process(
+                    &server.db.url,
+                    &[("MEATSPACE_CONTROLLER_MAX_SLEEP_SECONDS", "60")],
+                );
                 p.ready().await;
                 Controller::Binary(Box::new(p))
             }
@@ -56,10 +61,11 @@ fn time_at(v: &serde_json::Value, pointer: &str) -> DateTime<Utc> {
 }
 
 /// The user story: an agent creates a task with `expires_in_seconds: 2`,
-/// publishes it, polls the feed with `after=<next_cursor>`, and within about
-/// a second of the deadline sees `task.expired`, with the page saying the
-/// task is terminal so it can stop polling.
-async fn an_agent_sees_its_task_expire_in_the_feed_within_a_second(db: Db) {
+/// publishes it, polls the feed with `after=<next_cursor>`, and once the
+/// deadline passes sees `task.expired` (never before it; the lag is
+/// printed), with the page saying the task is terminal so it can stop
+/// polling.
+async fn an_agent_sees_its_task_expire_in_the_feed_at_its_deadline(db: Db) {
     let server = TestServer::start(db).await;
     let controller = Controller::start(&server).await;
     let created = server
@@ -100,18 +106,10 @@ async fn an_agent_sees_its_task_expire_in_the_feed_within_a_second(db: Db) {
     let lag = ms_after(time_at(&expired, "/created_at"), expires_at);
     let seen = ms_after(seen_at, expires_at);
     println!("task.expired written {lag} ms and seen by the agent {seen} ms after the deadline");
-    // Never early. The design aims at about a second (printed above); the
-    // bound is generous for a busy CI machine and only tells a controller
-    // woken for the deadline from one that slept through it until its
-    // safety-net re-read (10 s by default).
-    assert!(
-        (0..=5000).contains(&lag),
-        "expired {lag} ms after the deadline"
-    );
-    assert!(
-        seen <= 5000,
-        "the agent saw task.expired only {seen} ms after the deadline"
-    );
+    // Never early. Seen within the poll's 30 s while the test controller's
+    // safety-net re-read is a minute away: the controller woke for the
+    // deadline. How soon (about a second by design) is printed, not judged.
+    assert!(lag >= 0, "expired {} ms before the deadline", -lag);
     assert_eq!(expired["actor"], "system");
     assert_eq!(expired["data"]["reason"], "lifetime");
 
