@@ -96,7 +96,7 @@ pub enum PlaceError {
     Longitude,
     #[error("radius_m must be from 1 to {MAX_RADIUS_M}")]
     Radius,
-    #[error("address must be 1 to {MAX_ADDRESS_CHARS} characters, not blank")]
+    #[error("address must be 1 to {MAX_ADDRESS_CHARS} characters, not blank, without NUL")]
     Address,
     #[error("accuracy_m must be a number from 0 to {MAX_ACCURACY_M}")]
     Accuracy,
@@ -127,7 +127,13 @@ impl Location {
         }
         let address = match address {
             None => None,
-            Some(a) if a.trim().is_empty() || a.chars().count() > MAX_ADDRESS_CHARS => {
+            // NUL: PostgreSQL's text cannot hold it, so every surface (the
+            // API and a requested task's resource alike) refuses it here.
+            Some(a)
+                if a.trim().is_empty()
+                    || a.chars().count() > MAX_ADDRESS_CHARS
+                    || a.contains('\0') =>
+            {
                 return Err(PlaceError::Address);
             }
             Some(a) => Some(a),
@@ -467,5 +473,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_address_with_nul_is_refused() {
+        let with_nul = Some("Rathausplatz 1\0".to_owned());
+        assert_eq!(
+            Location::new(52.5, 13.4, None, with_nul),
+            Err(PlaceError::Address)
+        );
+        assert!(Location::new(52.5, 13.4, None, Some("Rathausplatz 1".into())).is_ok());
     }
 }
