@@ -166,20 +166,7 @@ impl TaskReads for d::Store {
         cursor: Option<OpenTasksCursor>,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError> {
-        let (created_at, id) = match cursor {
-            Some(c) => (d::time(c.created_at), d::id(c.id)),
-            None => d::before_every_task(),
-        };
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND (created_at, id) > ($1, $2) \
-             ORDER BY created_at, id LIMIT $3"
-        ))
-        .bind(created_at)
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(task_from_row).collect()
+        open_tasks_where(self, "", cursor, limit).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -188,20 +175,7 @@ impl TaskReads for d::Store {
         cursor: Option<OpenTasksCursor>,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError> {
-        let (created_at, id) = match cursor {
-            Some(c) => (d::time(c.created_at), d::id(c.id)),
-            None => d::before_every_task(),
-        };
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' AND cell IS NULL \
-             AND (created_at, id) > ($1, $2) ORDER BY created_at, id LIMIT $3"
-        ))
-        .bind(created_at)
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(task_from_row).collect()
+        open_tasks_where(self, "AND cell IS NULL", cursor, limit).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -330,4 +304,28 @@ impl TaskReads for d::Store {
         .await?;
         rows.iter().map(task_from_row).collect()
     }
+}
+
+/// Open tasks, oldest first, after `cursor`, that also meet `also` (a
+/// fixed SQL condition, or nothing).
+async fn open_tasks_where(
+    store: &d::Store,
+    also: &str,
+    cursor: Option<OpenTasksCursor>,
+    limit: u32,
+) -> Result<Vec<Task>, StoreError> {
+    let (created_at, id) = match cursor {
+        Some(c) => (d::time(c.created_at), d::id(c.id)),
+        None => d::before_every_task(),
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' {also} \
+         AND (created_at, id) > ($1, $2) ORDER BY created_at, id LIMIT $3"
+    ))
+    .bind(created_at)
+    .bind(id)
+    .bind(i64::from(limit))
+    .fetch_all(d::reader(store))
+    .await?;
+    rows.iter().map(task_from_row).collect()
 }

@@ -170,6 +170,7 @@ where
             started.elapsed() < limit,
             "timed out after {limit:?} waiting for {what}"
         );
+        // The interval of the poll: the condition is what is waited for.
         tokio::time::sleep(every).await;
     }
 }
