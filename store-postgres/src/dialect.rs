@@ -47,6 +47,34 @@ pub(crate) async fn begin_statement(store: &Store) -> Result<Tx, StoreError> {
     begin(store).await
 }
 
+/// A statement as the shared SQL builds it.
+pub(crate) type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Runs one statement as a write of its own (autocommit); returns how many
+/// rows it changed.
+pub(crate) async fn write_statement(store: &Store, query: Query<'_>) -> Result<u64, StoreError> {
+    Ok(query.execute(&store.pool).await?.rows_affected())
+}
+
+/// The column that addresses a row physically, for deleting a batch.
+pub(crate) const ROW_ADDRESS: &str = "ctid";
+
+/// What a read of rows to change adds so that replicas take different rows.
+pub(crate) const SKIP_LOCKED: &str = " FOR UPDATE SKIP LOCKED";
+
+/// Has the task's change announced on commit.
+pub(crate) async fn announce_task(tx: &mut Tx, id: Uuid) -> Result<(), StoreError> {
+    crate::notify(tx, id).await
+}
+
+/// Forgets what this process knows of tasks a write removed.
+pub(crate) fn forget_tasks(store: &Store, ids: &[Uuid]) {
+    for &id in ids {
+        store.versions.bump(id);
+        store.known.forget(id);
+    }
+}
+
 /// The payload that announces a credential change (a task change is the
 /// bare task id).
 pub(crate) const CREDENTIAL_PREFIX: &str = "credential:";
@@ -142,4 +170,15 @@ pub(crate) async fn touch_keys(
     .execute(&store.pool)
     .await?;
     Ok(())
+}
+
+/// Claims due webhook endpoints in one statement, skipping those another
+/// controller has locked.
+pub(crate) async fn claim_due_webhooks(
+    store: &Store,
+    now: DateTime<Utc>,
+    lease_until: DateTime<Utc>,
+    limit: u32,
+) -> Result<Vec<meatspace_store::DueWebhook>, StoreError> {
+    crate::webhooks::claim_due(&store.pool, now, lease_until, limit).await
 }

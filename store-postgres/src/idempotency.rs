@@ -1,11 +1,10 @@
-//! `Idempotency-Key` records in PostgreSQL: the SQL only. What a record
-//! means and how an existing one answers a claim is
-//! [`meatspace_store::idempotency`]'s.
+//! Claiming an `Idempotency-Key` in PostgreSQL: the engine's SQL (the rest
+//! is shared, `store/sql/deliveries.rs`). What a record means and how an
+//! existing one answers a claim is [`meatspace_store::idempotency`]'s.
 
-use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
@@ -74,51 +73,4 @@ pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), St
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-pub(crate) async fn complete(
-    pool: &PgPool,
-    scope: &[u8; 32],
-    key: &str,
-    status: u16,
-    response: &[u8],
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE idempotency_keys SET state = 'done', status = $3, response = $4 \
-         WHERE scope = $1 AND key = $2",
-    )
-    .bind(&scope[..])
-    .bind(key)
-    .bind(i32::from(status))
-    .bind(response)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-pub(crate) async fn release(pool: &PgPool, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND state = 'in_flight'",
-    )
-    .bind(&scope[..])
-    .bind(key)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-pub(crate) async fn purge(
-    pool: &PgPool,
-    before: DateTime<Utc>,
-    limit: u32,
-) -> Result<u64, StoreError> {
-    let done = sqlx::query(
-        "DELETE FROM idempotency_keys WHERE ctid IN \
-         (SELECT ctid FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2)",
-    )
-    .bind(before)
-    .bind(i64::from(limit))
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected())
 }

@@ -51,6 +51,8 @@ mod dialect;
 mod group_commit;
 mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/deliveries.rs"]
+mod deliveries;
 #[path = "../../store/sql/engine_writes.rs"]
 mod engine_writes;
 #[path = "../../store/sql/identity.rs"]
@@ -58,6 +60,8 @@ mod identity;
 #[path = "../../store/sql/reads.rs"]
 mod reads;
 mod requests;
+#[path = "../../store/sql/retention.rs"]
+mod retention;
 mod webhooks;
 
 /// The migrations of this backend, embedded at build time. sqlx records each
@@ -1038,57 +1042,6 @@ impl Store for PgStore {
         BackendKind::Postgres
     }
 
-    async fn webhook(
-        &self,
-        task_id: Uuid,
-    ) -> Result<Option<meatspace_store::webhooks::Webhook>, StoreError> {
-        crate::webhooks::get(&self.pool, task_id).await
-    }
-
-    async fn claim_due_webhooks(
-        &self,
-        now: DateTime<Utc>,
-        lease_until: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
-        crate::webhooks::claim_due(&self.pool, now, lease_until, limit).await
-    }
-
-    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        crate::webhooks::next_attempt(&self.pool).await
-    }
-
-    async fn record_webhook(
-        &self,
-        task_id: Uuid,
-        outcome: &meatspace_store::webhooks::WebhookOutcome,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        crate::webhooks::record(&self.pool, task_id, outcome, now).await
-    }
-
-    async fn idempotency_complete(
-        &self,
-        scope: &[u8; 32],
-        key: &str,
-        status: u16,
-        response: &[u8],
-    ) -> Result<(), StoreError> {
-        crate::idempotency::complete(&self.pool, scope, key, status, response).await
-    }
-
-    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        crate::idempotency::release(&self.pool, scope, key).await
-    }
-
-    async fn purge_idempotency_keys(
-        &self,
-        before: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        crate::idempotency::purge(&self.pool, before, limit).await
-    }
-
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
         if let Err(e) = sqlx::query("SELECT 1").execute(&self.probe).await {
@@ -1116,115 +1069,6 @@ impl Store for PgStore {
         Some(&self.versions)
     }
 
-    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
-    async fn create_worker(
-        &self,
-        id: Uuid,
-        name: &str,
-        token_hash: TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Worker, StoreError> {
-        sqlx::query(
-            "INSERT INTO workers (id, name, token_hash, created_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(id)
-        .bind(name)
-        .bind(&token_hash.0[..])
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(Worker {
-            id,
-            name: name.to_owned(),
-            created_at: now,
-            suspended_at: None,
-        })
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn purge_ended_before(
-        &self,
-        cutoff: DateTime<Utc>,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let ids: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE ended_at < $1 ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-        )
-        .bind(cutoff)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        // Issues reference events, so they go first; events and photos
-        // cascade from the task.
-        sqlx::query("DELETE FROM issues WHERE task_id = ANY($1)")
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO purged_tasks (id, agent_token_hash, purged_at) \
-             SELECT id, agent_token_hash, $2 FROM tasks WHERE id = ANY($1) ON CONFLICT DO NOTHING",
-        )
-        .bind(&ids)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let deleted = sqlx::query("DELETE FROM tasks WHERE id = ANY($1)")
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        for id in &ids {
-            notify(&mut tx, *id).await?;
-        }
-        let committed = tx.commit().await;
-        for id in &ids {
-            self.versions.bump(*id);
-            self.known.forget(*id);
-        }
-        committed?;
-        Ok(deleted)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn forget_purged_before(
-        &self,
-        cutoff: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(
-            "DELETE FROM purged_tasks WHERE id IN \
-             (SELECT id FROM purged_tasks WHERE purged_at < $1 ORDER BY purged_at LIMIT $2)",
-        )
-        .bind(cutoff)
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?
-        .rows_affected())
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
-        let sessions = sqlx::query(
-            "DELETE FROM worker_sessions WHERE id IN \
-             (SELECT id FROM worker_sessions WHERE expires_at <= $1 LIMIT $2)",
-        )
-        .bind(now)
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?;
-        let invites = sqlx::query(
-            "DELETE FROM worker_invites WHERE id IN \
-             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR revoked_at IS NOT NULL OR expires_at <= $1 LIMIT $2)",
-        )
-        .bind(now)
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?;
-        Ok(sessions.rows_affected() + invites.rows_affected())
-    }
-
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError> {
         let pool = listener_pool(&self.pool);
         // The first LISTEN happens here, so a caller learns at once that the
@@ -1244,17 +1088,6 @@ impl Store for PgStore {
             Some((next, (shared, consumer)))
         });
         Ok(stream.boxed())
-    }
-
-    async fn task_request(
-        &self,
-        resource_uid: &str,
-    ) -> Result<Option<meatspace_store::requests::TaskRequest>, StoreError> {
-        crate::requests::get(&self.pool, resource_uid).await
-    }
-
-    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
-        crate::requests::requested_among(&self.pool, task_ids).await
     }
 }
 
@@ -1591,61 +1424,18 @@ mod tests {
     }
 }
 
-/// Each migration's sqlx checksum (SHA-384 of the file) as it shipped: a
-/// database migrated by any earlier build records these, and refuses a build
-/// whose files differ. Adding a migration is fine; changing one is not.
+/// Shipped migrations never change (see [`meatspace_store::migrations`]).
 #[cfg(test)]
 mod migration_checksums {
-    const SHIPPED: &[(i64, &str)] = &[
-        (
-            1,
-            "6dc8bbc2cb035a514ee7fb4fc8a2dbbf8fe663b19ecde73d7683b53c00eb77d13248340589e91c8bbcfff1ac8fcb97b1",
-        ),
-        (
-            2,
-            "4a2adcc09218c9c46880b7c1e7236d00b9a2f3f7d3851a8ecf3df029634327e4ccf6d10b5137ac2145f7339a0477c6be",
-        ),
-        (
-            3,
-            "fb2a01eb41526a5e69fab836b1626ca0e7ecdd52e9b7c8b30c3507fd4b8db8300e9ec0279966ec1030809d9aa3e17146",
-        ),
-        (
-            4,
-            "5607c2d8627cc4bd4e9d1604e64385a8b42ddb4e3c411c2261717f66f439f131e025551d9f1b051265e03f50d19a79c8",
-        ),
-        (
-            5,
-            "37ba26be9d85b87156ae4ee3c569d1ca53f9efc9f59e804b582db0b2a398fa801b3b61f1ffff667833818e0dea0de139",
-        ),
-        (
-            20,
-            "6e214d49b4cd06a81f268cdb36765c267f4d33ff099d67b538ff34ab6cd2260c288a4b99a0441f910cb9715501ef1d12",
-        ),
-        (
-            21,
-            "7fc3216161a571141771943397e88e57474b04837259f6bc39c28040ced4288ac6c28138eb1dcf10975d3f0995707225",
-        ),
-        (
-            30,
-            "43a36da82f70da01f3abca40d06835e61e8c09363d36e73501b919670343882a8645ce8638d63e6218de6171462fe7ef",
-        ),
-    ];
-
     #[test]
     fn shipped_migrations_are_unchanged() {
-        let embedded: Vec<(i64, String)> = super::MIGRATOR
-            .iter()
-            .map(|m| {
-                let hex: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
-                (m.version, hex)
-            })
-            .collect();
-        for (i, (version, checksum)) in SHIPPED.iter().enumerate() {
-            assert_eq!(
-                embedded.get(i).map(|(v, c)| (*v, c.as_str())),
-                Some((*version, *checksum)),
-                "migration {version} changed or went missing: a database it ran on will not start"
-            );
-        }
+        let changed = meatspace_store::migrations::changed_since_shipped(
+            &super::MIGRATOR,
+            include_str!("../shipped-migrations.txt"),
+        );
+        assert!(
+            changed.is_empty(),
+            "{changed:?}: a database these ran on will not start"
+        );
     }
 }

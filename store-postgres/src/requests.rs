@@ -1,10 +1,9 @@
-//! Tasks requested from Kubernetes, in PostgreSQL: the SQL only. Why a
-//! request row exists is [`meatspace_store::requests`]'s.
+//! Tasks requested from Kubernetes, in PostgreSQL: the engine's claim of a
+//! request row (its reads are shared, `store/sql/reads.rs`). Why a request
+//! row exists is [`meatspace_store::requests`]'s.
 
 use meatspace_store::StoreError;
 use meatspace_store::requests::TaskRequest;
-use sqlx::{PgPool, Row};
-use uuid::Uuid;
 
 /// Inserts the request row unless the resource has one; returns the row
 /// now in the table (the new one, or the one a racing writer committed).
@@ -32,44 +31,5 @@ pub(crate) async fn claim(
     .bind(&request.resource_uid)
     .fetch_one(&mut **tx)
     .await?;
-    from_row(&row)
-}
-
-pub(crate) async fn get(
-    pool: &PgPool,
-    resource_uid: &str,
-) -> Result<Option<TaskRequest>, StoreError> {
-    let row = sqlx::query(
-        "SELECT resource_uid, task_id, namespace, name, created_at FROM task_requests \
-         WHERE resource_uid = $1",
-    )
-    .bind(resource_uid)
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(from_row).transpose()
-}
-
-pub(crate) async fn requested_among(
-    pool: &PgPool,
-    task_ids: &[Uuid],
-) -> Result<Vec<Uuid>, StoreError> {
-    if task_ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    Ok(
-        sqlx::query_scalar("SELECT task_id FROM task_requests WHERE task_id = ANY($1)")
-            .bind(task_ids)
-            .fetch_all(pool)
-            .await?,
-    )
-}
-
-fn from_row(row: &sqlx::postgres::PgRow) -> Result<TaskRequest, StoreError> {
-    Ok(TaskRequest {
-        resource_uid: row.try_get("resource_uid")?,
-        task_id: row.try_get("task_id")?,
-        namespace: row.try_get("namespace")?,
-        name: row.try_get("name")?,
-        created_at: row.try_get("created_at")?,
-    })
+    crate::reads::task_request_from_row(&row)
 }

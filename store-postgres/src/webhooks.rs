@@ -1,10 +1,11 @@
-//! Webhook endpoints and their delivery cursors in PostgreSQL: the SQL only
-//! (claims with `FOR UPDATE SKIP LOCKED`). The model is
+//! Webhook endpoints in PostgreSQL: the engine's insert and the claim of due
+//! endpoints (`FOR UPDATE SKIP LOCKED`); the rest of their SQL is shared
+//! (`store/sql/deliveries.rs`). The model is
 //! [`meatspace_store::webhooks`]'s.
 
 use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
-use meatspace_store::webhooks::{DueWebhook, Webhook, WebhookOutcome, WebhookState};
+use meatspace_store::webhooks::DueWebhook;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
@@ -24,32 +25,6 @@ pub(crate) async fn insert(
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-pub(crate) async fn get(pool: &PgPool, task_id: Uuid) -> Result<Option<Webhook>, StoreError> {
-    let row = sqlx::query(
-        "SELECT url, state, delivered_event_id, attempts, next_attempt_at, failing_since, last_error \
-         FROM webhooks WHERE task_id = $1",
-    )
-    .bind(task_id)
-    .fetch_optional(pool)
-    .await?;
-    row.map(|r| {
-        Ok(Webhook {
-            url: r.try_get("url")?,
-            state: {
-                let state: String = r.try_get("state")?;
-                WebhookState::parse(&state)
-                    .ok_or_else(|| StoreError::Corrupt(format!("webhook state {state:?}")))?
-            },
-            last_delivered_event_id: r.try_get("delivered_event_id")?,
-            attempts: r.try_get("attempts")?,
-            next_attempt_at: r.try_get("next_attempt_at")?,
-            failing_since: r.try_get("failing_since")?,
-            last_error: r.try_get("last_error")?,
-        })
-    })
-    .transpose()
 }
 
 pub(crate) async fn claim_due(
@@ -83,54 +58,4 @@ pub(crate) async fn claim_due(
             })
         })
         .collect()
-}
-
-pub(crate) async fn next_attempt(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT min(w.next_attempt_at) FROM webhooks w JOIN tasks t ON t.id = w.task_id \
-         WHERE w.next_attempt_at IS NOT NULL AND w.state <> 'disabled' \
-           AND t.last_event_id > w.delivered_event_id",
-    )
-    .fetch_one(pool)
-    .await?)
-}
-
-pub(crate) async fn record(
-    pool: &PgPool,
-    task_id: Uuid,
-    outcome: &WebhookOutcome,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    let q = match outcome {
-        WebhookOutcome::Delivered {
-            event_id,
-            next_attempt_at,
-        } => sqlx::query(
-            "UPDATE webhooks SET state = 'active', delivered_event_id = GREATEST(delivered_event_id, $2), \
-             attempts = 0, failing_since = NULL, last_error = NULL, next_attempt_at = $3, updated_at = $4 \
-             WHERE task_id = $1 AND state <> 'disabled'",
-        )
-        .bind(task_id)
-        .bind(event_id)
-        .bind(next_attempt_at),
-        WebhookOutcome::Failed {
-            error,
-            next_attempt_at,
-        } => sqlx::query(
-            "UPDATE webhooks SET state = 'failing', attempts = attempts + 1, \
-             failing_since = COALESCE(failing_since, $4), last_error = $2, next_attempt_at = $3, updated_at = $4 \
-             WHERE task_id = $1 AND state <> 'disabled'",
-        )
-        .bind(task_id)
-        .bind(error)
-        .bind(next_attempt_at),
-        WebhookOutcome::Disabled { error } => sqlx::query(
-            "UPDATE webhooks SET state = 'disabled', last_error = $2, next_attempt_at = NULL, \
-             updated_at = $3 WHERE task_id = $1",
-        )
-        .bind(task_id)
-        .bind(error),
-    };
-    q.bind(now).execute(pool).await?;
-    Ok(())
 }

@@ -55,6 +55,33 @@ pub(crate) async fn begin_statement(store: &Store) -> Result<Tx, StoreError> {
     store.begin_statement().await
 }
 
+/// A statement as the shared SQL builds it.
+pub(crate) type Query<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// Runs one statement as a write of the writer's; returns how many rows it
+/// changed.
+pub(crate) async fn write_statement(store: &Store, query: Query<'_>) -> Result<u64, StoreError> {
+    let mut tx = begin_statement(store).await?;
+    let changed = query.execute(&mut *tx).await?.rows_affected();
+    tx.commit().await?;
+    Ok(changed)
+}
+
+/// The column that addresses a row physically, for deleting a batch.
+pub(crate) const ROW_ADDRESS: &str = "rowid";
+
+/// Nothing: the writer is the only writer.
+pub(crate) const SKIP_LOCKED: &str = "";
+
+/// Has the writer announce the task's change after `tx` commits.
+pub(crate) async fn announce_task(tx: &mut Tx, id: Uuid) -> Result<(), StoreError> {
+    tx.touch(id);
+    Ok(())
+}
+
+/// Nothing to do: the writer bumps the versions of the tasks it announces.
+pub(crate) fn forget_tasks(_store: &Store, _ids: &[Uuid]) {}
+
 // ---- values as bound ----------------------------------------------------------------
 
 pub(crate) fn id(v: Uuid) -> String {
@@ -138,4 +165,18 @@ pub(crate) async fn touch_keys(
         .await?;
     }
     tx.commit().await
+}
+
+/// Claims due webhook endpoints: an inline job of the writer, so no other
+/// write comes between reading them and moving their next attempt.
+pub(crate) async fn claim_due_webhooks(
+    store: &Store,
+    now: DateTime<Utc>,
+    lease_until: DateTime<Utc>,
+    limit: u32,
+) -> Result<Vec<meatspace_store::DueWebhook>, StoreError> {
+    store
+        .writes
+        .run(move |db| db.one_write(|db| crate::webhooks::claim_due(db, now, lease_until, limit)))
+        .await
 }

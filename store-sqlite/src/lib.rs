@@ -28,18 +28,17 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use meatspace_domain::{Event, Issue, IssueKind, IssueStatus, Policy, Task, TaskState};
-use meatspace_store::engine::{self, Backend as _};
-use meatspace_store::token::TokenHash;
+use meatspace_store::engine;
 use meatspace_store::{
-    BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, Worker,
-    stored_event,
+    BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, stored_event,
 };
 
 mod checkpoint;
 pub use checkpoint::CheckpointCounts;
 mod dialect;
-mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/deliveries.rs"]
+mod deliveries;
 #[path = "../../store/sql/engine_writes.rs"]
 mod engine_writes;
 #[path = "../../store/sql/identity.rs"]
@@ -48,6 +47,8 @@ pub mod inline;
 #[path = "../../store/sql/reads.rs"]
 mod reads;
 mod requests;
+#[path = "../../store/sql/retention.rs"]
+mod retention;
 mod webhooks;
 mod writer;
 
@@ -361,72 +362,6 @@ impl Store for SqliteStore {
         BackendKind::Sqlite
     }
 
-    async fn webhook(
-        &self,
-        task_id: Uuid,
-    ) -> Result<Option<meatspace_store::webhooks::Webhook>, StoreError> {
-        crate::webhooks::get(&self.reader, task_id).await
-    }
-
-    async fn claim_due_webhooks(
-        &self,
-        now: DateTime<Utc>,
-        lease_until: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<meatspace_store::webhooks::DueWebhook>, StoreError> {
-        self.writes
-            .run(move |db| db.one_write(|db| webhooks::claim_due(db, now, lease_until, limit)))
-            .await
-    }
-
-    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        crate::webhooks::next_attempt(&self.reader).await
-    }
-
-    async fn record_webhook(
-        &self,
-        task_id: Uuid,
-        outcome: &meatspace_store::webhooks::WebhookOutcome,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        let outcome = outcome.clone();
-        self.writes
-            .run(move |db| db.one_write(|db| webhooks::record(db, task_id, &outcome, now)))
-            .await
-    }
-
-    async fn idempotency_complete(
-        &self,
-        scope: &[u8; 32],
-        key: &str,
-        status: u16,
-        response: &[u8],
-    ) -> Result<(), StoreError> {
-        let (scope, key, response) = (*scope, key.to_owned(), response.to_vec());
-        self.writes
-            .run(move |db| {
-                db.one_write(|db| idempotency::complete(db, &scope, &key, status, &response))
-            })
-            .await
-    }
-
-    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError> {
-        let (scope, key) = (*scope, key.to_owned());
-        self.writes
-            .run(move |db| db.one_write(|db| idempotency::release(db, &scope, &key)))
-            .await
-    }
-
-    async fn purge_idempotency_keys(
-        &self,
-        before: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        self.writes
-            .run(move |db| db.one_write(|db| idempotency::purge(db, before, limit)))
-            .await
-    }
-
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.probe).await?;
@@ -444,115 +379,6 @@ impl Store for SqliteStore {
         Some(&self.versions)
     }
 
-    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
-    async fn create_worker(
-        &self,
-        id: Uuid,
-        name: &str,
-        token_hash: TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Worker, StoreError> {
-        let worker = Worker {
-            id,
-            name: name.to_owned(),
-            created_at: now,
-            suspended_at: None,
-        };
-        self.writes
-            .run(move |db| {
-                inline::run_to_end(async {
-                    let mut tx = db.begin_write().await?;
-                    db.insert_worker(&mut tx, &worker, &token_hash).await?;
-                    db.commit(tx).await?;
-                    Ok(worker)
-                })
-            })
-            .await
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn purge_ended_before(
-        &self,
-        cutoff: DateTime<Utc>,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM tasks WHERE ended_at IS NOT NULL AND ended_at < ? ORDER BY ended_at LIMIT ?",
-        )
-        .bind(ms(cutoff))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut deleted = 0;
-        for id in &ids {
-            tx.touch(uuid(id)?);
-            sqlx::query("DELETE FROM issues WHERE task_id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "INSERT OR IGNORE INTO purged_tasks (id, agent_token_hash, purged_at) \
-                 SELECT id, agent_token_hash, ? FROM tasks WHERE id = ?",
-            )
-            .bind(ms(now))
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-            deleted += sqlx::query("DELETE FROM tasks WHERE id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(deleted)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn forget_purged_before(
-        &self,
-        cutoff: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let mut tx = self.begin_statement().await?;
-        let forgotten = sqlx::query(
-            "DELETE FROM purged_tasks WHERE id IN \
-             (SELECT id FROM purged_tasks WHERE purged_at < ? ORDER BY purged_at LIMIT ?)",
-        )
-        .bind(ms(cutoff))
-        .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(forgotten)
-    }
-
-    #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let sessions = sqlx::query(
-            "DELETE FROM worker_sessions WHERE id IN \
-             (SELECT id FROM worker_sessions WHERE expires_at <= ? LIMIT ?)",
-        )
-        .bind(ms(now))
-        .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await?;
-        let invites = sqlx::query(
-            "DELETE FROM worker_invites WHERE id IN \
-             (SELECT id FROM worker_invites WHERE used_at IS NOT NULL OR revoked_at IS NOT NULL OR expires_at <= ? LIMIT ?)",
-        )
-        .bind(ms(now))
-        .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(sessions.rows_affected() + invites.rows_affected())
-    }
-
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError> {
         // The broadcast channel is fed by the writers themselves, so nothing
         // needs driving in the background; a receiver that falls behind
@@ -566,17 +392,6 @@ impl Store for SqliteStore {
             }
         });
         Ok(stream.boxed())
-    }
-
-    async fn task_request(
-        &self,
-        resource_uid: &str,
-    ) -> Result<Option<meatspace_store::requests::TaskRequest>, StoreError> {
-        crate::requests::get(&self.reader, resource_uid).await
-    }
-
-    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
-        crate::requests::requested_among(&self.reader, task_ids).await
     }
 }
 
@@ -606,61 +421,18 @@ mod tests {
     }
 }
 
-/// Each migration's sqlx checksum (SHA-384 of the file) as it shipped: a
-/// database migrated by any earlier build records these, and refuses a build
-/// whose files differ. Adding a migration is fine; changing one is not.
+/// Shipped migrations never change (see [`meatspace_store::migrations`]).
 #[cfg(test)]
 mod migration_checksums {
-    const SHIPPED: &[(i64, &str)] = &[
-        (
-            1,
-            "dbc33eff09a0c6e5cf8e612e10143a54e19d2707c70d292d1bb6b9c12ff3bdcc84cdf9dbe6709c26685546155a6caf7f",
-        ),
-        (
-            2,
-            "2d5ec757df2535ccb6e3e1a08f4196bca30f384a573cae0fc86ee1ee7e156968b903d53d2fe4b088019966dc33333260",
-        ),
-        (
-            3,
-            "55b60e6069ec335509733a755a898823904a2c13953ee540d3b5a9d52f42349ff84842dc373ebf2ed63ea5ac9f4c79b7",
-        ),
-        (
-            4,
-            "5ddd64a74207226309b951de4af1368b49035e79ad644070d30b5d550e7142eaec3384811dc384f364a70b1aab76c6e5",
-        ),
-        (
-            5,
-            "37ba26be9d85b87156ae4ee3c569d1ca53f9efc9f59e804b582db0b2a398fa801b3b61f1ffff667833818e0dea0de139",
-        ),
-        (
-            20,
-            "178fcdaf1868c95dc3b05857211c970b9b4280700c4990e7ae56373abaac7b91c1904227425431dd168c34f5fe267595",
-        ),
-        (
-            21,
-            "46e82b11f202269133abc092d1a707105a160012a64815f59d53e2b897241663d57035e3e5b99512d4f0141c36accdc0",
-        ),
-        (
-            30,
-            "7cb1ba380405d4d6e77cf337e6fe0ccb0e35f3e9f41221e6789e40eda134bda8461ef6adf6008a31bbb58b229ec5b6e9",
-        ),
-    ];
-
     #[test]
     fn shipped_migrations_are_unchanged() {
-        let embedded: Vec<(i64, String)> = super::MIGRATOR
-            .iter()
-            .map(|m| {
-                let hex: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
-                (m.version, hex)
-            })
-            .collect();
-        for (i, (version, checksum)) in SHIPPED.iter().enumerate() {
-            assert_eq!(
-                embedded.get(i).map(|(v, c)| (*v, c.as_str())),
-                Some((*version, *checksum)),
-                "migration {version} changed or went missing: a database it ran on will not start"
-            );
-        }
+        let changed = meatspace_store::migrations::changed_since_shipped(
+            &super::MIGRATOR,
+            include_str!("../shipped-migrations.txt"),
+        );
+        assert!(
+            changed.is_empty(),
+            "{changed:?}: a database these ran on will not start"
+        );
     }
 }

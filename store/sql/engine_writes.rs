@@ -62,6 +62,26 @@ impl EngineWrites for d::Store {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip(self, token_hash), err)]
+    async fn create_worker(
+        &self,
+        id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Worker, StoreError> {
+        let worker = Worker {
+            id,
+            name: name.to_owned(),
+            created_at: now,
+            suspended_at: None,
+        };
+        d::engine(self, move |b, _| {
+            Box::pin(async move { engine::create_worker(b, worker, &token_hash).await })
+        })
+        .await
+    }
+
     async fn create_task_with_webhook(
         &self,
         new: NewTask,

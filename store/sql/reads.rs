@@ -8,7 +8,7 @@ use meatspace_domain::{Event, EventType, Issue, Task, TaskState};
 use meatspace_store::engine::COUNT_EVENTS_SQL;
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    FeedRead, OpenPlace, OpenTasksCursor, Photo, StoreError, TaskReads, stored_event,
+    FeedRead, OpenPlace, OpenTasksCursor, Photo, StoreError, TaskReads, TaskRequest, stored_event,
 };
 use sqlx::Row as _;
 use uuid::Uuid;
@@ -222,10 +222,9 @@ impl TaskReads for d::Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let list: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({})",
-            list.join(", ")
+            placeholders(ids.len())
         );
         let mut query = sqlx::query(&sql);
         for &id in ids {
@@ -304,6 +303,36 @@ impl TaskReads for d::Store {
         .await?;
         rows.iter().map(task_from_row).collect()
     }
+
+    async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError> {
+        let row = sqlx::query(
+            "SELECT resource_uid, task_id, namespace, name, created_at FROM task_requests \
+             WHERE resource_uid = $1",
+        )
+        .bind(resource_uid)
+        .fetch_optional(d::reader(self))
+        .await?;
+        row.as_ref().map(task_request_from_row).transpose()
+    }
+
+    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+        let mut found = Vec::new();
+        // Well under either database's limit of bound parameters.
+        for chunk in task_ids.chunks(500) {
+            let sql = format!(
+                "SELECT task_id FROM task_requests WHERE task_id IN ({})",
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query(&sql);
+            for &id in chunk {
+                query = query.bind(d::id(id));
+            }
+            for row in query.fetch_all(d::reader(self)).await? {
+                found.push(d::read_id(&row, "task_id")?);
+            }
+        }
+        Ok(found)
+    }
 }
 
 /// Open tasks, oldest first, after `cursor`, that also meet `also` (a
@@ -328,4 +357,23 @@ async fn open_tasks_where(
     .fetch_all(d::reader(store))
     .await?;
     rows.iter().map(task_from_row).collect()
+}
+
+/// `$1, $2, …, $n`: the parameters of an `IN` list.
+fn placeholders(n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A `task_requests` row, as both the reads and the engine's claim see it.
+pub(crate) fn task_request_from_row(row: &d::Row) -> Result<TaskRequest, StoreError> {
+    Ok(TaskRequest {
+        resource_uid: row.try_get("resource_uid")?,
+        task_id: d::read_id(row, "task_id")?,
+        namespace: row.try_get("namespace")?,
+        name: row.try_get("name")?,
+        created_at: d::read_time(row, "created_at")?,
+    })
 }

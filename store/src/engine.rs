@@ -513,6 +513,18 @@ pub async fn idempotency_begin<B: Backend + ?Sized>(
     Ok(IdempotencyBegin::Started)
 }
 
+/// Registers a worker (see `EngineWrites::create_worker`).
+pub async fn create_worker<B: Backend + ?Sized>(
+    backend: &B,
+    worker: Worker,
+    token_hash: &TokenHash,
+) -> Result<Worker, StoreError> {
+    let mut tx = backend.begin_write().await?;
+    backend.insert_worker(&mut tx, &worker, token_hash).await?;
+    backend.commit(tx).await?;
+    Ok(worker)
+}
+
 /// Redeems an invite for a new worker in one transaction (see
 /// `EngineWrites::redeem_invite`): `None`, and no worker, when the invite is used,
 /// expired or unknown.

@@ -30,6 +30,7 @@ use crate::token::TokenHash;
 pub mod engine;
 pub mod idempotency;
 pub mod identity;
+pub mod migrations;
 pub mod requests;
 pub mod secret;
 pub mod token;
@@ -310,7 +311,9 @@ pub struct Session {
 
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
-pub trait Store: EngineWrites + TaskReads + IdentityStore + std::fmt::Debug + 'static {
+pub trait Store:
+    EngineWrites + TaskReads + DeliveryRecords + Retention + IdentityStore + std::fmt::Debug + 'static
+{
     fn backend(&self) -> BackendKind;
 
     /// Checks the database answers (readiness).
@@ -325,85 +328,6 @@ pub trait Store: EngineWrites + TaskReads + IdentityStore + std::fmt::Debug + 's
         None
     }
 
-    async fn create_worker(
-        &self,
-        id: Uuid,
-        name: &str,
-        token_hash: TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Worker, StoreError>;
-
-    /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
-    /// oldest first, with their events, issues and photos, keeping only
-    /// the agent token's digest (a tombstone stamped `now`). Returns how
-    /// many went.
-    async fn purge_ended_before(
-        &self,
-        cutoff: DateTime<Utc>,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError>;
-
-    /// Deletes at most `limit` tombstones of tasks purged before `cutoff`:
-    /// after that their tokens answer 401 like any unknown token. Returns
-    /// how many went.
-    async fn forget_purged_before(
-        &self,
-        cutoff: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError>;
-
-    /// Deletes at most `limit` sign-in records that can no longer be used:
-    /// sessions expired at `now`, and invites used, revoked or expired. Returns how
-    /// many went. Each sign-in adds a session and each invite a row, so
-    /// without this the tables grow for ever.
-    async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;
-
-    /// Records the (sealed) answer of a request that claimed `key`.
-    async fn idempotency_complete(
-        &self,
-        scope: &[u8; 32],
-        key: &str,
-        status: u16,
-        response: &[u8],
-    ) -> Result<(), StoreError>;
-
-    /// Forgets an in-flight claim whose request had no answer worth
-    /// replaying (a server error): a retry runs the request again.
-    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError>;
-
-    /// The task's webhook endpoint, if it has one.
-    async fn webhook(&self, task_id: Uuid) -> Result<Option<Webhook>, StoreError>;
-
-    /// Claims at most `limit` endpoints with undelivered events whose next
-    /// attempt is due at `now`, moving their next attempt to `lease_until`
-    /// so that no other controller takes them meanwhile.
-    async fn claim_due_webhooks(
-        &self,
-        now: DateTime<Utc>,
-        lease_until: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<DueWebhook>, StoreError>;
-
-    /// The earliest next attempt of an endpoint with undelivered events.
-    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
-
-    /// Records what a delivery attempt did.
-    async fn record_webhook(
-        &self,
-        task_id: Uuid,
-        outcome: &WebhookOutcome,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError>;
-
-    /// Deletes at most `limit` idempotency records whose window ended
-    /// before `before`. Returns how many went.
-    async fn purge_idempotency_keys(
-        &self,
-        before: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<u64, StoreError>;
-
     /// A stream of the tasks changed after the call, from any process
     /// sharing the database (PostgreSQL LISTEN/NOTIFY) or from this process
     /// (SQLite). Used to wake long polls and the controller early.
@@ -416,13 +340,6 @@ pub trait Store: EngineWrites + TaskReads + IdentityStore + std::fmt::Debug + 's
     /// neither stalls the reconnect nor leaves the database's side of the
     /// connection unread. It ends only when the store is closed.
     async fn changes(&self) -> Result<BoxStream<'static, Change>, StoreError>;
-
-    /// The request row of the resource with this UID, if it has one.
-    async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError>;
-
-    /// Which of `task_ids` were requested from Kubernetes (the mirror
-    /// leaves those to the resource that asked for them).
-    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
 }
 
 /// The writes the engine decides: commands on a task, creates, reconciles,
@@ -463,6 +380,16 @@ pub trait EngineWrites: Send + Sync {
         by: meatspace_domain::identity::ActedBy,
         audit: NewAudit,
     ) -> Result<Applied, StoreError>;
+
+    /// Registers a worker (an operator's direct registration; an invite's
+    /// goes through [`EngineWrites::redeem_invite`]).
+    async fn create_worker(
+        &self,
+        id: Uuid,
+        name: &str,
+        token_hash: TokenHash,
+        now: DateTime<Utc>,
+    ) -> Result<Worker, StoreError>;
 
     /// Creates a task with a webhook endpoint, in one transaction, so the
     /// endpoint (and with it the delivery of every event) exists from the
@@ -520,6 +447,89 @@ pub trait EngineWrites: Send + Sync {
     /// first time and writes no second audit entry.
     async fn suspend_worker(&self, id: Uuid, audit: NewAudit)
     -> Result<Option<Worker>, StoreError>;
+}
+
+/// What the store keeps of deliveries: each webhook endpoint's cursor and
+/// the sealed answers of idempotent requests. Both backends run the same
+/// SQL for them (`store/sql/deliveries.rs`); claiming due endpoints is each
+/// database's own.
+#[async_trait]
+pub trait DeliveryRecords: Send + Sync {
+    /// Records the (sealed) answer of a request that claimed `key`.
+    async fn idempotency_complete(
+        &self,
+        scope: &[u8; 32],
+        key: &str,
+        status: u16,
+        response: &[u8],
+    ) -> Result<(), StoreError>;
+
+    /// Forgets an in-flight claim whose request had no answer worth
+    /// replaying (a server error): a retry runs the request again.
+    async fn idempotency_release(&self, scope: &[u8; 32], key: &str) -> Result<(), StoreError>;
+
+    /// The task's webhook endpoint, if it has one.
+    async fn webhook(&self, task_id: Uuid) -> Result<Option<Webhook>, StoreError>;
+
+    /// Claims at most `limit` endpoints with undelivered events whose next
+    /// attempt is due at `now`, moving their next attempt to `lease_until`
+    /// so that no other controller takes them meanwhile.
+    async fn claim_due_webhooks(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<DueWebhook>, StoreError>;
+
+    /// The earliest next attempt of an endpoint with undelivered events.
+    async fn next_webhook_attempt(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Records what a delivery attempt did.
+    async fn record_webhook(
+        &self,
+        task_id: Uuid,
+        outcome: &WebhookOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+}
+
+/// What the controller deletes once it is no longer needed. Both backends
+/// run the same SQL for it (`store/sql/retention.rs`).
+#[async_trait]
+pub trait Retention: Send + Sync {
+    /// Deletes at most `limit` terminal tasks that ended before `cutoff`,
+    /// oldest first, with their events, issues and photos, keeping only
+    /// the agent token's digest (a tombstone stamped `now`). Returns how
+    /// many went.
+    async fn purge_ended_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// Deletes at most `limit` tombstones of tasks purged before `cutoff`:
+    /// after that their tokens answer 401 like any unknown token. Returns
+    /// how many went.
+    async fn forget_purged_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// Deletes at most `limit` sign-in records that can no longer be used:
+    /// sessions expired at `now`, and invites used, revoked or expired. Returns how
+    /// many went. Each sign-in adds a session and each invite a row, so
+    /// without this the tables grow for ever.
+    async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError>;
+
+    /// Deletes at most `limit` idempotency records whose window ended
+    /// before `before`. Returns how many went.
+    async fn purge_idempotency_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 }
 
 /// Reads of tasks, their feeds, issues and photos. Both backends run the
@@ -698,6 +708,13 @@ pub trait TaskReads: Send + Sync {
 
     /// Open tasks, newest first, at most `limit`.
     async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError>;
+
+    /// The request row of the resource with this UID, if it has one.
+    async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError>;
+
+    /// Which of `task_ids` were requested from Kubernetes (the mirror
+    /// leaves those to the resource that asked for them).
+    async fn requested_among(&self, task_ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError>;
 }
 
 /// Identity and access: keys, principals, workers' suspension and tokens,
