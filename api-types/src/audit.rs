@@ -24,11 +24,7 @@ pub struct AuditEntry {
     pub detail: Option<serde_json::Value>,
 }
 
-/// A page of the audit trail, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-pub struct AuditPage {
-    pub entries: Vec<AuditEntry>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
+crate::page! {
+    /// A page of the audit trail, newest first.
+    AuditPage { entries: AuditEntry }
 }

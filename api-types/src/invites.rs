@@ -49,11 +49,7 @@ pub struct Invite {
     pub created_by: Uuid,
 }
 
-/// A page of invites, by id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-pub struct InvitePage {
-    pub invites: Vec<Invite>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
+crate::page! {
+    /// A page of invites, by id.
+    InvitePage { invites: Invite }
 }

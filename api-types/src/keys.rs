@@ -109,13 +109,9 @@ pub struct RevokedKey {
     pub cancelled_tasks: u64,
 }
 
-/// A page of API keys, by id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-pub struct KeyPage {
-    pub keys: Vec<Key>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
+crate::page! {
+    /// A page of API keys, by id.
+    KeyPage { keys: Key }
 }
 
 #[cfg(test)]

@@ -34,6 +34,23 @@ pub use workers::{
     RotatedWorker, StartWork, Suspend, WorkerPage,
 };
 
+/// A page of a listing: its items under `$field`, and the cursor of the
+/// next page, left out on the last one.
+macro_rules! page {
+    ($(#[$doc:meta])* $name:ident { $field:ident: $item:ty }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+        pub struct $name {
+            pub $field: Vec<$item>,
+            /// Pass as `cursor` for the next page; absent on the last page.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub next_cursor: Option<String>,
+        }
+    };
+}
+pub(crate) use page;
+
 /// `Debug` of a body that carries a secret: every field but the secrets.
 macro_rules! debug_without_secrets {
     ($ty:ident { $($field:ident),* }) => {

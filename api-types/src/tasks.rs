@@ -129,14 +129,9 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
-/// A page of the caller's tasks (`GET /api/v1/tasks`), newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-pub struct TaskPage {
-    pub tasks: Vec<Task>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
+crate::page! {
+    /// A page of the caller's tasks (`GET /api/v1/tasks`), newest first.
+    TaskPage { tasks: Task }
 }
 
 /// Body of `POST /api/v1/tasks/{id}/issues/{event_id}/respond`.

@@ -108,13 +108,9 @@ pub struct EndWork {
     pub text: Option<String>,
 }
 
-/// A page of registered workers (`GET /api/v1/workers`), by id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-pub struct WorkerPage {
-    pub workers: Vec<Worker>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
+crate::page! {
+    /// A page of registered workers (`GET /api/v1/workers`), by id.
+    WorkerPage { workers: Worker }
 }
 
 /// Optional body of `POST /api/v1/workers/{id}/suspend`.

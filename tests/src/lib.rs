@@ -8,6 +8,7 @@
 //! test failure, never a skip.
 
 pub mod browser;
+pub mod cli;
 pub mod k8s;
 pub mod pg;
 pub mod process;

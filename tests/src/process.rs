@@ -65,25 +65,37 @@ impl Binary {
     /// Its path: the variable [`Self::path_env`] if set, else
     /// target/<profile>/<name>, next to the test binary's deps/.
     pub fn path(self) -> PathBuf {
-        let path = match std::env::var_os(self.path_env()) {
-            Some(p) => PathBuf::from(p),
-            None => {
-                let exe = std::env::current_exe().expect("test binary path");
-                exe.parent()
-                    .and_then(|deps| deps.parent())
-                    .expect("target directory")
-                    .join(self.name())
-            }
-        };
-        assert!(
-            path.is_file(),
-            "{} does not exist: build the binaries first (`cargo build --workspace --bins`, \
-             which scripts/test runs), or set {}",
-            path.display(),
-            self.path_env()
-        );
-        path
+        built(self.name(), self.path_env())
     }
+}
+
+/// Path of the `meatspace` CLI: `MEATSPACE_CLI_BIN` if set, else the one
+/// cargo built next to the test binary.
+pub fn cli_bin() -> PathBuf {
+    built("meatspace", "MEATSPACE_CLI_BIN")
+}
+
+/// The binary `name`: the variable `env` if set, else target/<profile>/<name>,
+/// next to the test binary's deps/. Panics, saying how to build it, when it
+/// is not there.
+fn built(name: &str, env: &str) -> PathBuf {
+    let path = match std::env::var_os(env) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let exe = std::env::current_exe().expect("test binary path");
+            exe.parent()
+                .and_then(|deps| deps.parent())
+                .expect("target directory")
+                .join(name)
+        }
+    };
+    assert!(
+        path.is_file(),
+        "{} does not exist: build the binaries first (`cargo build --workspace --bins`, \
+         which scripts/test runs), or set {env}",
+        path.display()
+    );
+    path
 }
 
 /// A free TCP port on 127.0.0.1 (free when this returns).

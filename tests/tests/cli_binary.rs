@@ -9,10 +9,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
+use meatspace_tests::cli::{cli_bin, json_of, run};
 use meatspace_tests::server::{Expect, TestServer, ids, images, types};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
@@ -27,26 +28,6 @@ api_tests!(
     errors_say_what_to_do_next,
 );
 
-/// Path of the `meatspace` binary.
-fn cli_bin() -> PathBuf {
-    let path = match std::env::var_os("MEATSPACE_CLI_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()
-            .expect("test binary path")
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target directory")
-            .join("meatspace"),
-    };
-    assert!(
-        path.is_file(),
-        "the CLI binary {} does not exist: build it first with `cargo build -p meatspace-cli` \
-         (scripts/test builds every binary), or set MEATSPACE_CLI_BIN",
-        path.display()
-    );
-    path
-}
-
 /// A `meatspace` command aimed at `server`, keeping its state in `state`.
 fn cli(server: &TestServer, state: &Path) -> Command {
     let mut cmd = Command::new(cli_bin());
@@ -58,37 +39,6 @@ fn cli(server: &TestServer, state: &Path) -> Command {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd
-}
-
-struct Ran {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-async fn run(mut cmd: Command, args: &[&str]) -> Ran {
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.args(args).output())
-        .await
-        .expect("the command finishes")
-        .expect("run the CLI");
-    Ran {
-        status: out.status,
-        stdout: String::from_utf8(out.stdout).expect("UTF-8 stdout"),
-        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
-    }
-}
-
-/// Runs a command that must succeed and print one JSON document.
-async fn run_json(cmd: Command, args: &[&str]) -> Value {
-    let ran = run(cmd, &[&["--output", "json"], args].concat()).await;
-    assert!(
-        ran.status.success(),
-        "meatspace {args:?} failed: {}\n{}",
-        ran.stderr,
-        ran.stdout
-    );
-    serde_json::from_str(ran.stdout.trim())
-        .unwrap_or_else(|e| panic!("meatspace {args:?} printed no JSON ({e}): {}", ran.stdout))
 }
 
 fn mode(p: &Path) -> u32 {
@@ -167,7 +117,7 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
 
-    let created = run_json(
+    let created = json_of(
         cli(&server, &state),
         &[
             "task",
@@ -246,7 +196,7 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
     let mut second = Watch::spawn(&server, &state, id, transport);
     let mut printed_second = second.events_through(issue_id).await;
     // The agent answers the issue through the CLI while watch runs.
-    let answered = run_json(
+    let answered = json_of(
         cli(&server, &state),
         &[
             "task",
@@ -313,7 +263,7 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
     assert_eq!(stored_cursor(&state, id), *ids(&feed).last().unwrap());
 
     // The local listing shows the last known state.
-    let list = run_json(cli(&server, &state), &["task", "list"]).await;
+    let list = json_of(cli(&server, &state), &["task", "list"]).await;
     assert_eq!(list["tasks"][0]["id"], id.to_string(), "{list}");
     assert_eq!(list["tasks"][0]["state"], "completed", "{list}");
     assert!(
@@ -362,24 +312,24 @@ async fn worker_commands_do_a_task(db: Db) {
     let agent = || cli(&server, &agent_state);
     let worker = || cli(&server, &worker_state);
 
-    let created = run_json(
+    let created = json_of(
         agent(),
         &["task", "create", "--description", "Feed the cat"],
     )
     .await;
     assert_eq!(created["task"]["state"], "draft");
     let id = created["task"]["id"].as_str().unwrap().to_owned();
-    let published = run_json(agent(), &["task", "publish", &id]).await;
+    let published = json_of(agent(), &["task", "publish", &id]).await;
     assert_eq!(published["task"]["state"], "open");
 
-    let registered = run_json(worker(), &["worker", "register", "--name", "Lin"]).await;
+    let registered = json_of(worker(), &["worker", "register", "--name", "Lin"]).await;
     assert_eq!(registered["worker"]["name"], "Lin");
     assert_eq!(mode(&worker_state.join("worker.json")), 0o600);
     let again = run(worker(), &["worker", "register", "--name", "Lin"]).await;
     assert!(!again.status.success(), "a second register needs --replace");
     assert!(again.stderr.contains("--replace"), "{}", again.stderr);
 
-    let open = run_json(worker(), &["worker", "tasks"]).await;
+    let open = json_of(worker(), &["worker", "tasks"]).await;
     assert!(
         open["tasks"]
             .as_array()
@@ -389,22 +339,22 @@ async fn worker_commands_do_a_task(db: Db) {
         "{open}"
     );
     assert_eq!(
-        run_json(worker(), &["worker", "get", &id]).await["state"],
+        json_of(worker(), &["worker", "get", &id]).await["state"],
         "open"
     );
-    run_json(worker(), &["worker", "claim", &id]).await;
-    let started = run_json(worker(), &["worker", "start", &id]).await;
+    json_of(worker(), &["worker", "claim", &id]).await;
+    let started = json_of(worker(), &["worker", "start", &id]).await;
     assert_eq!(started["task"]["state"], "active");
-    run_json(worker(), &["worker", "message", &id, "At the door"]).await;
+    json_of(worker(), &["worker", "message", &id, "At the door"]).await;
     let png = dir.path().join("cat.png");
     std::fs::write(&png, images::png(20, 20)).unwrap();
-    let photo = run_json(worker(), &["worker", "photo", &id, png.to_str().unwrap()]).await;
+    let photo = json_of(worker(), &["worker", "photo", &id, png.to_str().unwrap()]).await;
     assert_eq!(photo["events"][0]["type"], "worker.photo");
     let photo_id = photo["events"][0]["data"]["photo_id"]
         .as_str()
         .unwrap()
         .to_owned();
-    let issue = run_json(
+    let issue = json_of(
         worker(),
         &[
             "worker",
@@ -419,7 +369,7 @@ async fn worker_commands_do_a_task(db: Db) {
     .await;
     assert_eq!(issue["events"][0]["data"]["kind"], "item_unavailable");
     let issue_id = issue["events"][0]["id"].as_i64().unwrap().to_string();
-    run_json(
+    json_of(
         agent(),
         &[
             "task",
@@ -433,11 +383,11 @@ async fn worker_commands_do_a_task(db: Db) {
         ],
     )
     .await;
-    let done = run_json(worker(), &["worker", "complete", &id, "--text", "Cat fed"]).await;
+    let done = json_of(worker(), &["worker", "complete", &id, "--text", "Cat fed"]).await;
     assert_eq!(done["task"]["state"], "completed");
 
     let saved = dir.path().join("photo.png");
-    let got = run_json(
+    let got = json_of(
         agent(),
         &[
             "task",
@@ -452,7 +402,7 @@ async fn worker_commands_do_a_task(db: Db) {
     assert_eq!(got["content_type"], "image/png");
     assert!(std::fs::read(&saved).unwrap().starts_with(b"\x89PNG"));
 
-    let task = run_json(agent(), &["task", "get", &id]).await;
+    let task = json_of(agent(), &["task", "get", &id]).await;
     assert_eq!(task["state"], "completed");
     let id: Uuid = id.parse().unwrap();
     let token = serde_json::from_str::<Value>(
@@ -477,7 +427,7 @@ async fn worker_commands_do_a_task(db: Db) {
     );
 
     // Cancel and stop, on tasks of their own.
-    let other = run_json(
+    let other = json_of(
         agent(),
         &[
             "task",
@@ -489,9 +439,9 @@ async fn worker_commands_do_a_task(db: Db) {
     )
     .await;
     let other_id = other["task"]["id"].as_str().unwrap().to_owned();
-    let cancelled = run_json(agent(), &["task", "cancel", &other_id]).await;
+    let cancelled = json_of(agent(), &["task", "cancel", &other_id]).await;
     assert_eq!(cancelled["task"]["state"], "cancelled");
-    let third = run_json(
+    let third = json_of(
         agent(),
         &[
             "task",
@@ -503,14 +453,14 @@ async fn worker_commands_do_a_task(db: Db) {
     )
     .await;
     let third_id = third["task"]["id"].as_str().unwrap().to_owned();
-    run_json(worker(), &["worker", "claim", &third_id]).await;
-    let stopped = run_json(
+    json_of(worker(), &["worker", "claim", &third_id]).await;
+    let stopped = json_of(
         worker(),
         &["worker", "stop", &third_id, "--text", "Hose broken"],
     )
     .await;
     assert_eq!(stopped["task"]["state"], "stopped");
-    let list = run_json(agent(), &["task", "list"]).await;
+    let list = json_of(agent(), &["task", "list"]).await;
     assert_eq!(list["tasks"].as_array().unwrap().len(), 3, "{list}");
     server.stop().await;
 }
@@ -536,7 +486,7 @@ async fn errors_say_what_to_do_next(db: Db) {
     assert!(ran.stderr.contains("no local record"), "{}", ran.stderr);
     assert!(ran.stderr.contains("meatspace task list"), "{}", ran.stderr);
 
-    let created = run_json(
+    let created = json_of(
         cli(&server, &state),
         &["task", "create", "--description", "Buy stamps", "--publish"],
     )
@@ -613,7 +563,7 @@ async fn extend_moves_the_deadline(db: Db) {
     let server = TestServer::start(db).await;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let created = run_json(
+    let created = json_of(
         cli(&server, &state),
         &[
             "task",
@@ -628,7 +578,7 @@ async fn extend_moves_the_deadline(db: Db) {
     let id = created["task"]["id"].as_str().unwrap().to_owned();
     let before: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(created["task"]["expires_at"].clone()).unwrap();
-    let extended = run_json(
+    let extended = json_of(
         cli(&server, &state),
         &["task", "extend", &id, "--add-seconds", "120"],
     )
@@ -638,7 +588,7 @@ async fn extend_moves_the_deadline(db: Db) {
         serde_json::from_value(extended["task"]["expires_at"].clone()).unwrap();
     assert_eq!(after - before, chrono::TimeDelta::seconds(120));
     let target = (after + chrono::TimeDelta::seconds(60)).to_rfc3339();
-    let extended = run_json(
+    let extended = json_of(
         cli(&server, &state),
         &["task", "extend", &id, "--expires-at", &target],
     )
@@ -651,7 +601,7 @@ async fn extend_moves_the_deadline(db: Db) {
         after + chrono::TimeDelta::seconds(60)
     );
     // The local copy follows.
-    let list = run_json(cli(&server, &state), &["task", "list"]).await;
+    let list = json_of(cli(&server, &state), &["task", "list"]).await;
     assert_eq!(
         list["tasks"][0]["expires_at"],
         extended["task"]["expires_at"]

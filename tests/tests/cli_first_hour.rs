@@ -9,8 +9,8 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
 
+use meatspace_tests::cli::{Ran, cli_bin, run};
 use meatspace_tests::server::TestServer;
 use meatspace_tests::{Db, api_tests};
 use serde_json::{Value, json};
@@ -22,21 +22,6 @@ api_tests!(
     errors_have_exit_statuses_and_json,
 );
 
-fn cli_bin() -> std::path::PathBuf {
-    let path = std::env::current_exe()
-        .expect("test binary path")
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory")
-        .join("meatspace");
-    assert!(
-        path.is_file(),
-        "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
-}
-
 fn cli(server: &TestServer, state: &Path) -> Command {
     let mut cmd = Command::new(cli_bin());
     cmd.env_clear()
@@ -46,24 +31,6 @@ fn cli(server: &TestServer, state: &Path) -> Command {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd
-}
-
-struct Ran {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-async fn run(mut cmd: Command, args: &[&str]) -> Ran {
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.args(args).output())
-        .await
-        .expect("the command finishes")
-        .expect("run the CLI");
-    Ran {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }
 
 /// The error object a `--output json` command wrote on stderr.
@@ -77,7 +44,7 @@ fn json_error(ran: &Ran) -> Value {
     let v: Value =
         serde_json::from_str(line).unwrap_or_else(|e| panic!("stderr is not JSON ({e}): {line}"));
     assert_eq!(v["kind"], "error", "{v}");
-    assert_eq!(v["exit_code"].as_i64(), ran.code.map(i64::from), "{v}");
+    assert_eq!(v["exit_code"].as_i64(), ran.code().map(i64::from), "{v}");
     v
 }
 
@@ -103,7 +70,7 @@ async fn import_adopts_a_task_created_elsewhere(db: Db) {
         ],
     )
     .await;
-    assert_eq!(ran.code, Some(3), "401 is exit 3: {}", ran.stderr);
+    assert_eq!(ran.code(), Some(3), "401 is exit 3: {}", ran.stderr);
     assert!(!state.join(format!("tasks/{id}.json")).exists());
 
     // From stdin, with the newline a file or echo leaves.
@@ -149,7 +116,7 @@ async fn import_adopts_a_task_created_elsewhere(db: Db) {
         &["--output", "json", "task", "watch", &sid],
     )
     .await;
-    assert_eq!(watched.code, Some(0), "{}", watched.stderr);
+    assert_eq!(watched.code(), Some(0), "{}", watched.stderr);
     let last: Value = serde_json::from_str(watched.stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["kind"], "final");
     assert_eq!(last["task"]["state"], "completed");
@@ -170,12 +137,12 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
     let mut no_scheme = cli(&server, &state);
     no_scheme.env("MEATSPACE_URL", &host);
     let ran = run(no_scheme, &["task", "create", "--description", "x"]).await;
-    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert_eq!(ran.code(), Some(2), "{}", ran.stderr);
     assert!(ran.stderr.contains("add http://"), "{}", ran.stderr);
     let mut api_path = cli(&server, &state);
     api_path.env("MEATSPACE_URL", format!("{}/api/v1", server.base_url));
     let ran = run(api_path, &["worker", "register", "--name", "Ada"]).await;
-    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert_eq!(ran.code(), Some(2), "{}", ran.stderr);
     assert!(
         ran.stderr
             .contains(&format!("use the base URL (--url {})", server.base_url)),
@@ -190,7 +157,7 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
         &["--output", "json", "task", "get", &unknown],
     )
     .await;
-    assert_eq!(ran.code, Some(2));
+    assert_eq!(ran.code(), Some(2));
     let e = json_error(&ran);
     assert!(
         e["message"].as_str().unwrap().contains("task import"),
@@ -205,7 +172,7 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
         &["-o", "json", "task", "create", "--description", "x"],
     )
     .await;
-    assert_eq!(ran.code, Some(3));
+    assert_eq!(ran.code(), Some(3));
     let e = json_error(&ran);
     assert_eq!(e["status"], 401, "{e}");
     assert_eq!(e["problem"]["status"], 401, "{e}");
@@ -239,7 +206,7 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
 
     // Worker actions print one line (and what to do next), not the task.
     let claimed = run(cli(&server, &worker_state), &["worker", "claim", &id]).await;
-    assert_eq!(claimed.code, Some(0), "{}", claimed.stderr);
+    assert_eq!(claimed.code(), Some(0), "{}", claimed.stderr);
     let first = claimed.stdout.lines().next().unwrap();
     assert!(
         first.starts_with(&format!(
@@ -264,7 +231,7 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
     // Completing before starting: 1, and the worker is pointed at the
     // worker's command with the real id.
     let ran = run(cli(&server, &worker_state), &["worker", "complete", &id]).await;
-    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert_eq!(ran.code(), Some(1), "{}", ran.stderr);
     assert!(ran.stderr.contains("409"), "{}", ran.stderr);
     assert!(
         ran.stderr.contains(&format!("meatspace worker get {id}")),
@@ -283,7 +250,7 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
         &["-o", "json", "worker", "get", &unknown],
     )
     .await;
-    assert_eq!(ran.code, Some(4), "{}", ran.stderr);
+    assert_eq!(ran.code(), Some(4), "{}", ran.stderr);
     assert_eq!(json_error(&ran)["status"], 404);
 
     // Nobody listening: 5, the cause said once.
@@ -293,7 +260,7 @@ async fn errors_have_exit_statuses_and_json(db: Db) {
         format!("http://127.0.0.1:{}", meatspace_tests::process::free_port()),
     );
     let ran = run(dead, &["task", "get", &id]).await;
-    assert_eq!(ran.code, Some(5), "{}", ran.stderr);
+    assert_eq!(ran.code(), Some(5), "{}", ran.stderr);
     assert!(
         ran.stderr.contains("is the server running"),
         "{}",

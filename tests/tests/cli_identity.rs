@@ -10,10 +10,10 @@
 //! `meatspace mcp` with `MEATSPACE_API_KEY` lists and reads the agent's
 //! task without a local record.
 
-use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
+use std::path::Path;
+use std::process::Stdio;
 
+use meatspace_tests::cli::{cli_bin, json_of, refused, run};
 use meatspace_tests::server::{Expect, ServerOptions, TestServer};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
@@ -31,25 +31,6 @@ api_tests!(
     mcp_stdio_reaches_the_agents_tasks_with_its_key,
     a_disabled_dev_key_says_how_to_get_a_key,
 );
-
-/// Path of the `meatspace` binary (built by `cargo build --workspace --bins`).
-fn cli_bin() -> PathBuf {
-    let path = match std::env::var_os("MEATSPACE_CLI_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()
-            .expect("test binary path")
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target directory")
-            .join("meatspace"),
-    };
-    assert!(
-        path.is_file(),
-        "the CLI binary {} does not exist: build it first with `cargo build -p meatspace-cli`",
-        path.display()
-    );
-    path
-}
 
 /// Who a command runs as.
 #[derive(Clone, Copy)]
@@ -74,53 +55,6 @@ fn cli(server: &TestServer, state: &Path, who: As<'_>) -> Command {
         As::Key(key) => cmd.env("MEATSPACE_API_KEY", key),
     };
     cmd
-}
-
-struct Ran {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-async fn run(mut cmd: Command, args: &[&str]) -> Ran {
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.args(args).output())
-        .await
-        .expect("the command finishes")
-        .expect("run the CLI");
-    Ran {
-        status: out.status,
-        stdout: String::from_utf8(out.stdout).expect("UTF-8 stdout"),
-        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
-    }
-}
-
-/// Runs `meatspace --output json ARGS`, which must succeed.
-async fn json_of(cmd: Command, args: &[&str]) -> Value {
-    let ran = run(cmd, &[&["--output", "json"], args].concat()).await;
-    assert!(
-        ran.status.success(),
-        "meatspace {args:?} failed ({:?}): {}\n{}",
-        ran.status.code(),
-        ran.stderr,
-        ran.stdout
-    );
-    serde_json::from_str(ran.stdout.trim())
-        .unwrap_or_else(|e| panic!("meatspace {args:?} printed no JSON ({e}): {}", ran.stdout))
-}
-
-/// Runs `meatspace --output json ARGS`, which must fail with `code`; the
-/// error document it printed on stderr.
-async fn refused(cmd: Command, args: &[&str], code: i32) -> Value {
-    let ran = run(cmd, &[&["--output", "json"], args].concat()).await;
-    assert_eq!(
-        ran.status.code(),
-        Some(code),
-        "meatspace {args:?}: {}\n{}",
-        ran.stderr,
-        ran.stdout
-    );
-    serde_json::from_str(ran.stderr.trim())
-        .unwrap_or_else(|e| panic!("meatspace {args:?}: no JSON error ({e}): {}", ran.stderr))
 }
 
 /// A new API key made by `who`: its id and secret.

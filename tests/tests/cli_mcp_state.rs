@@ -7,9 +7,10 @@
 //! The API server is the built binary on SQLite; the CLI and its `mcp`
 //! subcommand are the built `meatspace` binary.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
+use meatspace_tests::process::cli_bin;
 use meatspace_tests::process::{Binary, ServerProcess};
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
@@ -20,21 +21,6 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 const DEV_KEY: &str = "msd_shared_state_test_dev_key_0123456789";
-
-fn cli_bin() -> PathBuf {
-    let path = std::env::current_exe()
-        .expect("test binary path")
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory")
-        .join("meatspace");
-    assert!(
-        path.is_file(),
-        "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
-}
 
 /// The CLI with only the given state directory and server.
 fn cli(base: &str, state: &Path) -> tokio::process::Command {

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use meatspace_tests::process::cli_bin;
 use meatspace_tests::process::{Binary, ServerProcess, free_port};
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
@@ -24,21 +25,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
 
 const DEV_KEY: &str = "msd_restart_test_dev_key_0123456789";
-
-fn cli_bin() -> PathBuf {
-    let path = std::env::current_exe()
-        .expect("test binary path")
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory")
-        .join("meatspace");
-    assert!(
-        path.is_file(),
-        "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
-}
 
 /// A server on a fixed address in `dir`, restartable.
 struct Restartable {

@@ -5,11 +5,11 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 
 use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
+use meatspace_tests::process::cli_bin;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, uuid_at};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
@@ -96,7 +96,7 @@ impl Agent {
     async fn stdio_in(srv: &TestServer, state_dir: tempfile::TempDir) -> Agent {
         // `meatspace mcp`, as an agent's MCP configuration launches it; it
         // keeps its records in the `mcp` subdirectory of the state dir.
-        let mut cmd = tokio::process::Command::new(cli_binary());
+        let mut cmd = tokio::process::Command::new(cli_bin());
         cmd.arg("mcp")
             .arg("--url")
             .arg(&srv.base_url)
@@ -233,23 +233,6 @@ impl Agent {
         }
         panic!("the awaited event never came; saw {seen:?}");
     }
-}
-
-/// target/<profile>/meatspace (the CLI), which `cargo build --workspace
-/// --bins` (run by scripts/test) puts next to the test binary's deps/.
-fn cli_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory")
-        .join("meatspace");
-    assert!(
-        path.is_file(),
-        "{} does not exist: build the binaries first (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
 }
 
 /// The result's structured content; its text block carries the same JSON,
