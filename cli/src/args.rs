@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use meatspace_domain::{IssueKind, TaskState};
 use uuid::Uuid;
 
 /// meatspace: hire people for work in the physical world, from the shell.
@@ -194,7 +195,7 @@ pub enum TaskCommand {
     List {
         /// Only tasks in this state.
         #[arg(long, value_enum)]
-        state: Option<StateArg>,
+        state: Option<TaskState>,
         /// Only the state directory, even with an API key.
         #[arg(long, conflicts_with = "server")]
         local: bool,
@@ -281,19 +282,6 @@ pub struct Page {
     pub cursor: Option<String>,
 }
 
-/// A task state, as `--state` takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StateArg {
-    Draft,
-    Open,
-    Assigned,
-    Active,
-    Completed,
-    Stopped,
-    Cancelled,
-    Expired,
-}
-
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
 pub struct ExtendBy {
@@ -323,24 +311,6 @@ pub enum ActionArg {
     Acknowledge,
     /// Cancel the task because of the issue.
     Cancel,
-}
-
-/// The issue kinds of the API (`GET /api/v1/capabilities` describes them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum IssueKindArg {
-    /// The instructions are ambiguous or incomplete.
-    UnclearInstructions,
-    /// You cannot reach or enter the place.
-    AccessBlocked,
-    /// What the task is about is missing, closed or sold out.
-    ItemUnavailable,
-    /// Doing the task as described would be unsafe.
-    SafetyConcern,
-    /// The task will take longer than expected.
-    NeedsMoreTime,
-    /// Anything else; the text says what.
-    Other,
 }
 
 #[derive(Debug, Subcommand)]
@@ -395,7 +365,7 @@ pub enum WorkerCommand {
         id: Uuid,
         /// What kind of problem it is.
         #[arg(long, value_enum)]
-        kind: IssueKindArg,
+        kind: IssueKind,
         /// What the agent should know (1-4000 characters).
         #[arg(long)]
         text: String,

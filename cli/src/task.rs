@@ -15,7 +15,7 @@ use meatspace_client::{Client, IssueAction, RetryPolicy, Task, TaskHandle, TaskS
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::args::{ActionArg, Output, Page, StateArg, TaskCommand, TransportArg};
+use crate::args::{ActionArg, Output, Page, TaskCommand, TransportArg};
 use crate::output::{self, emit, event_human, one_line, task_summary};
 use crate::state::{TaskRecord, merge_task};
 use crate::{Ctx, Usage};
@@ -95,7 +95,6 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
             server,
             page,
         } => {
-            let state = state.map(task_state);
             if !local && (server || ctx.global.api_key.is_some()) {
                 list_server(ctx, state, page).await
             } else {
@@ -132,19 +131,6 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
                 },
             )
         }
-    }
-}
-
-fn task_state(s: StateArg) -> TaskState {
-    match s {
-        StateArg::Draft => TaskState::Draft,
-        StateArg::Open => TaskState::Open,
-        StateArg::Assigned => TaskState::Assigned,
-        StateArg::Active => TaskState::Active,
-        StateArg::Completed => TaskState::Completed,
-        StateArg::Stopped => TaskState::Stopped,
-        StateArg::Cancelled => TaskState::Cancelled,
-        StateArg::Expired => TaskState::Expired,
     }
 }
 

@@ -4,11 +4,11 @@
 
 use anyhow::{Context, Result, bail};
 use meatspace_client::types::TaskChange;
-use meatspace_client::{IssueKind, WorkerHandle};
+use meatspace_client::WorkerHandle;
 use serde_json::json;
 
 use crate::Ctx;
-use crate::args::{IssueKindArg, WorkerCommand};
+use crate::args::WorkerCommand;
 use crate::output::{emit, one_line, task_summary};
 use crate::state::WorkerRecord;
 
@@ -65,11 +65,9 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
             };
             show(ctx, "sent photo", h.photo(id, content_type, bytes).await?)
         }
-        WorkerCommand::Issue { id, kind, text } => show(
-            ctx,
-            "raised issue",
-            h.issue(id, issue_kind(kind), &text).await?,
-        ),
+        WorkerCommand::Issue { id, kind, text } => {
+            show(ctx, "raised issue", h.issue(id, kind, &text).await?)
+        }
         WorkerCommand::Complete { id, note } => {
             show(ctx, "completed", h.complete(id, note.as_deref()).await?)
         }
@@ -156,17 +154,6 @@ fn next_step(task: &meatspace_client::Task) -> Option<String> {
             "meatspace worker message {id} TEXT | photo {id} FILE | complete {id} --note TEXT"
         )),
         _ => None,
-    }
-}
-
-fn issue_kind(k: IssueKindArg) -> IssueKind {
-    match k {
-        IssueKindArg::UnclearInstructions => IssueKind::UnclearInstructions,
-        IssueKindArg::AccessBlocked => IssueKind::AccessBlocked,
-        IssueKindArg::ItemUnavailable => IssueKind::ItemUnavailable,
-        IssueKindArg::SafetyConcern => IssueKind::SafetyConcern,
-        IssueKindArg::NeedsMoreTime => IssueKind::NeedsMoreTime,
-        IssueKindArg::Other => IssueKind::Other,
     }
 }
 

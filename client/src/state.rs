@@ -289,8 +289,9 @@ fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     }
 }
 
-/// Writes `value` to `path` atomically and durably, mode 0600.
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+/// Writes `value` to `path` as JSON atomically and durably, mode 0600 (the
+/// directory must exist).
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| io_error("encode", path, e))?;
     let dir = path
         .parent()

@@ -335,7 +335,7 @@ pub struct MeatspaceTaskStatus {
     /// terminal states completed, stopped, cancelled, expired. Unset on a
     /// requested resource whose task does not exist (yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<State>,
+    pub state: Option<TaskState>,
     /// Id of the task in the meatspace API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<Uuid>,
@@ -429,51 +429,6 @@ pub enum ResponseResult {
     Refused,
 }
 
-/// A task state as it appears in a resource: the same names as in the
-/// meatspace API.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    Draft,
-    Open,
-    Assigned,
-    Active,
-    Completed,
-    Stopped,
-    Cancelled,
-    Expired,
-}
-
-impl From<TaskState> for State {
-    fn from(state: TaskState) -> Self {
-        match state {
-            TaskState::Draft => State::Draft,
-            TaskState::Open => State::Open,
-            TaskState::Assigned => State::Assigned,
-            TaskState::Active => State::Active,
-            TaskState::Completed => State::Completed,
-            TaskState::Stopped => State::Stopped,
-            TaskState::Cancelled => State::Cancelled,
-            TaskState::Expired => State::Expired,
-        }
-    }
-}
-
-impl From<State> for TaskState {
-    fn from(state: State) -> Self {
-        match state {
-            State::Draft => TaskState::Draft,
-            State::Open => TaskState::Open,
-            State::Assigned => TaskState::Assigned,
-            State::Active => TaskState::Active,
-            State::Completed => TaskState::Completed,
-            State::Stopped => TaskState::Stopped,
-            State::Cancelled => TaskState::Cancelled,
-            State::Expired => TaskState::Expired,
-        }
-    }
-}
-
 /// The name of the resource that mirrors a task: its id, which in the
 /// lowercase hyphenated form is a valid DNS-1123 subdomain.
 pub fn resource_name(task_id: Uuid) -> String {
@@ -524,7 +479,7 @@ pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
 /// controller adds what only requested resources carry).
 pub fn status(task: &Task) -> MeatspaceTaskStatus {
     MeatspaceTaskStatus {
-        state: Some(task.state.into()),
+        state: Some(task.state),
         task_id: Some(task.id),
         expires_at: Some(task.expires_at),
         worker_id: task.worker_id,
@@ -798,7 +753,7 @@ mod tests {
             }
         );
         let status = mst.status.clone().expect("status");
-        assert_eq!(status.state, Some(State::Active));
+        assert_eq!(status.state, Some(TaskState::Active));
         assert_eq!(status.task_id, Some(TASK));
         assert_eq!(status.expires_at, Some(task.expires_at));
         assert_eq!(status.worker_id, Some(WORKER));
@@ -931,15 +886,6 @@ mod tests {
                 assert!(matches!(c.status.as_str(), "True" | "False"));
                 assert!(!c.message.is_empty());
             }
-        }
-    }
-
-    #[test]
-    fn states_keep_their_api_names() {
-        for state in TaskState::ALL {
-            let mirrored = State::from(state);
-            assert_eq!(serde_json::to_value(mirrored).unwrap(), state.as_str());
-            assert_eq!(TaskState::from(mirrored), state);
         }
     }
 

@@ -16,9 +16,8 @@
 //! only there moves to the shared layout the first time the API returns
 //! its task (the shared record needs the whole task).
 
-use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs::{self, DirBuilder};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use chrono::Utc;
@@ -294,24 +293,7 @@ fn write_private(path: &Path, value: &impl Serialize) -> Result<(), StateError> 
         .mode(0o700)
         .create(dir)
         .map_err(|e| io_error("create", dir, e))?;
-    let tmp = dir.join(format!(".{}.tmp", Uuid::new_v4().simple()));
-    let bytes = serde_json::to_vec_pretty(value).map_err(|e| io_error("encode", path, e))?;
-    let write = || -> std::io::Result<()> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        fs::File::open(dir)?.sync_all()
-    };
-    write()
-        .inspect_err(|_| {
-            let _ = fs::remove_file(&tmp);
-        })
-        .map_err(|e| io_error("write", path, e))
+    state::write_json(path, value).map_err(|e| StateError(e.to_string()))
 }
 
 #[cfg(test)]
