@@ -542,23 +542,10 @@ mod tests {
     fn task() -> Task {
         let t0: DateTime<Utc> = DateTime::from_timestamp(1_800_000_000, 0).expect("valid");
         Task {
-            id: Uuid::from_u128(1),
-            description: "feed the cat".into(),
             state: TaskState::Open,
-            worker_id: None,
-            created_at: t0,
-            updated_at: t0,
             published_at: Some(t0),
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: t0,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
             last_event_id: 1,
-            location: None,
-            presence: meatspace_domain::Presence::None,
+            ..Task::draft(Uuid::from_u128(1), "feed the cat".into(), t0, t0)
         }
     }
 

@@ -634,26 +634,12 @@ mod tests {
     }
 
     fn draft() -> Task {
-        Task {
-            id: TASK,
-            description: "Photograph the opening hours on the door of the bakery at 5 Main St."
-                .into(),
-            state: TaskState::Draft,
-            worker_id: None,
-            created_at: at(0),
-            updated_at: at(0),
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: at(86_400),
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-            location: None,
-            presence: meatspace_domain::Presence::None,
-        }
+        Task::draft(
+            TASK,
+            "Photograph the opening hours on the door of the bakery at 5 Main St.".into(),
+            at(0),
+            at(86_400),
+        )
     }
 
     fn active() -> Task {

@@ -138,6 +138,35 @@ pub enum Due {
 }
 
 impl Task {
+    /// A task as it is created: a draft, in no place in particular, with
+    /// no worker, no deadline but its lifetime, and no events yet.
+    pub fn draft(
+        id: Uuid,
+        description: String,
+        created_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Task {
+        Task {
+            id,
+            description,
+            state: TaskState::Draft,
+            worker_id: None,
+            created_at,
+            updated_at: created_at,
+            published_at: None,
+            assigned_at: None,
+            started_at: None,
+            ended_at: None,
+            expires_at,
+            start_by: None,
+            active_until: None,
+            open_issues: 0,
+            last_event_id: 0,
+            location: None,
+            presence: Presence::None,
+        }
+    }
+
     /// The earliest instant at which [`Task::due`] will return something, or
     /// `None` if nothing will ever be due (terminal tasks). The store indexes
     /// this value so the controller finds due tasks without a table scan.
@@ -183,23 +212,8 @@ pub(crate) mod tests {
 
     pub fn task(state: TaskState) -> Task {
         Task {
-            id: Uuid::nil(),
-            description: "water the plants".into(),
             state,
-            worker_id: None,
-            created_at: at(0),
-            updated_at: at(0),
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: at(1000),
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-            location: None,
-            presence: Presence::None,
+            ..Task::draft(Uuid::nil(), "water the plants".into(), at(0), at(1000))
         }
     }
 

@@ -1315,23 +1315,13 @@ mod tests {
     fn task(state: TaskState) -> Task {
         let at = DateTime::from_timestamp(1_800_000_000, 0).expect("valid timestamp");
         Task {
-            id: Uuid::from_u128(1),
-            description: "water the plants".into(),
             state,
-            worker_id: None,
-            created_at: at,
-            updated_at: at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: at + chrono::TimeDelta::hours(1),
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
-            location: None,
-            presence: meatspace_domain::Presence::None,
+            ..Task::draft(
+                Uuid::from_u128(1),
+                "water the plants".into(),
+                at,
+                at + chrono::TimeDelta::hours(1),
+            )
         }
     }
 

@@ -185,23 +185,9 @@ impl NewTask {
     /// agent token's digest that is stored beside it.
     pub fn into_draft(self) -> (Task, TokenHash) {
         let task = Task {
-            id: self.id,
-            description: self.description,
-            state: meatspace_domain::TaskState::Draft,
-            worker_id: None,
-            created_at: self.created_at,
-            updated_at: self.created_at,
-            published_at: None,
-            assigned_at: None,
-            started_at: None,
-            ended_at: None,
-            expires_at: self.expires_at,
-            start_by: None,
-            active_until: None,
-            open_issues: 0,
-            last_event_id: 0,
             location: self.location,
             presence: self.presence,
+            ..Task::draft(self.id, self.description, self.created_at, self.expires_at)
         };
         (task, self.agent_token_hash)
     }
