@@ -652,12 +652,6 @@ impl engine::Backend for PgStore {
         crate::requests::claim(tx, request).await
     }
 
-    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
-        let (task, agent_token_hash) = new.clone().into_draft();
-        let row = NewRow::draft(&task, agent_token_hash, new.owner_id);
-        creates::insert(&mut **tx, CHANNEL, std::iter::once(&row)).await
-    }
-
     async fn insert_idempotency_key(
         &self,
         tx: &mut Self::Tx,

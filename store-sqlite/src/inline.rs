@@ -26,7 +26,7 @@ use meatspace_store::engine::{Backend, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use meatspace_store::requests::TaskRequest;
 use meatspace_store::token::TokenHash;
-use meatspace_store::{Applied, Change, NewAudit, NewTask, StoreError, Worker};
+use meatspace_store::{Applied, Change, NewAudit, StoreError, Worker};
 use rusqlite::{Connection, Params, Row};
 use uuid::Uuid;
 
@@ -493,11 +493,6 @@ impl Backend for Inline {
             |row| crate::requests::from_row(row),
         )?
         .ok_or_else(|| StoreError::Corrupt("a claimed request is not stored".into()))
-    }
-
-    async fn insert_requested(&self, _tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError> {
-        let (task, agent_token_hash) = new.clone().into_draft();
-        self.insert_task(&task, &agent_token_hash, new.owner_id)
     }
 
     /// The key's record; the batch's write lock already serialises claims.

@@ -179,9 +179,6 @@ pub trait Backend: Send + Sync {
         request: &TaskRequest,
     ) -> Result<TaskRequest, StoreError>;
 
-    /// Inserts the draft task a won request creates, in `tx`.
-    async fn insert_requested(&self, tx: &mut Self::Tx, new: &NewTask) -> Result<(), StoreError>;
-
     /// Inserts a fresh in-flight record for `claim` in `tx` unless its key
     /// has one; true when it did (the claim has started). The default
     /// inserts nothing, so the engine reads the record first: right for a
@@ -467,15 +464,19 @@ pub async fn create_requested_task<B: Backend + ?Sized>(
     new: NewTask,
     request: &TaskRequest,
 ) -> Result<TaskRequest, StoreError> {
+    let owner_id = new.owner_id;
+    let (task, agent_token_hash) = new.into_draft();
     let mut tx = backend.begin_write().await?;
     let row = backend.claim_request(&mut tx, request).await?;
-    let created = row.task_id == new.id;
+    let created = row.task_id == task.id;
     if created {
-        backend.insert_requested(&mut tx, &new).await?;
+        backend
+            .insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
+            .await?;
     }
     let committed = backend.commit(tx).await;
     if created {
-        backend.after_create(new.id, committed.is_ok());
+        backend.after_create(task.id, committed.is_ok());
     }
     committed?;
     Ok(row)
