@@ -291,6 +291,17 @@ impl TestServer {
         format!("{}{path}", self.base_url)
     }
 
+    /// Fails the test unless the server still answers `GET /livez` with
+    /// success.
+    pub async fn assert_live(&self) {
+        self.get("/livez")
+            .send()
+            .await
+            .expect("send GET /livez")
+            .error_for_status()
+            .expect("GET /livez answers with success");
+    }
+
     /// `GET /metrics` of the metrics listener.
     pub fn metrics(&self) -> RequestBuilder {
         self.client.get(format!("{}/metrics", self.metrics_url))
@@ -315,38 +326,62 @@ impl TestServer {
             .header(DEV_KEY_HEADER, &self.dev_key)
     }
 
-    /// Requests as the holder of an agent token.
-    pub fn agent<'a>(&'a self, token: &'a str) -> Bearer<'a> {
+    /// Requests carrying a bearer token.
+    pub fn bearer<'a>(&'a self, token: &'a str) -> Bearer<'a> {
         Bearer {
             server: self,
             token,
         }
     }
 
+    /// Requests as the holder of an agent token.
+    pub fn agent<'a>(&'a self, token: &'a str) -> Bearer<'a> {
+        self.bearer(token)
+    }
+
     /// Requests as the holder of a worker token.
     pub fn worker<'a>(&'a self, token: &'a str) -> Bearer<'a> {
-        Bearer {
-            server: self,
-            token,
-        }
+        self.bearer(token)
     }
 
     /// Creates a draft task; returns its id and agent token.
     pub async fn create_task(&self, description: &str) -> (Uuid, String) {
         let body = self
-            .dev(Method::POST, "/api/v1/tasks")
-            .json(&json!({ "description": description }))
-            .expect_json(StatusCode::CREATED)
+            .create_task_with(json!({ "description": description }))
             .await;
         (uuid_at(&body, "/task/id"), str_at(&body, "/agent_token"))
     }
 
+    /// Creates a draft task from the request body `body` with the dev key;
+    /// asserts 201 and returns the answer.
+    pub async fn create_task_with(&self, body: Value) -> Value {
+        self.dev(Method::POST, "/api/v1/tasks")
+            .json(&body)
+            .expect_json(StatusCode::CREATED)
+            .await
+    }
+
     /// Publishes a draft (draft → open).
     pub async fn publish(&self, task_id: Uuid, agent_token: &str) {
+        self.agent_post(task_id, agent_token, "publish").await;
+    }
+
+    /// `POST /api/v1/tasks/{task_id}/{action}` without a body as the agent
+    /// (`publish`, `cancel`, ...); asserts 200 and returns the answer.
+    pub async fn agent_post(&self, task_id: Uuid, agent_token: &str, action: &str) -> Value {
         self.agent(agent_token)
-            .post(&format!("/api/v1/tasks/{task_id}/publish"))
+            .post(&format!("/api/v1/tasks/{task_id}/{action}"))
             .expect_json(StatusCode::OK)
-            .await;
+            .await
+    }
+
+    /// `POST /api/v1/worker/tasks/{task_id}/{action}` without a body as the
+    /// worker (`claim`, `start`, ...); asserts 200 and returns the answer.
+    pub async fn worker_post(&self, task_id: Uuid, worker_token: &str, action: &str) -> Value {
+        self.worker(worker_token)
+            .post(&format!("/api/v1/worker/tasks/{task_id}/{action}"))
+            .expect_json(StatusCode::OK)
+            .await
     }
 
     /// Creates and publishes a task; returns its id and agent token.
@@ -369,20 +404,23 @@ impl TestServer {
     /// A task a new worker has claimed and started.
     pub async fn active_task(&self, description: &str) -> ActiveTask {
         let (task_id, agent_token) = self.create_open_task(description).await;
-        let (worker_id, worker_token) = self.register_worker("Ada").await;
-        let worker = self.worker(&worker_token);
-        for action in ["claim", "start"] {
-            worker
-                .post(&format!("/api/v1/worker/tasks/{task_id}/{action}"))
-                .expect_json(StatusCode::OK)
-                .await;
-        }
+        let (worker_id, worker_token) = self.claim_and_start(task_id).await;
         ActiveTask {
             task_id,
             agent_token,
             worker_id,
             worker_token,
         }
+    }
+
+    /// A new worker ("Ada") claims and starts the open task `task_id`;
+    /// returns the worker's id and token.
+    pub async fn claim_and_start(&self, task_id: Uuid) -> (Uuid, String) {
+        let (worker_id, worker_token) = self.register_worker("Ada").await;
+        for action in ["claim", "start"] {
+            self.worker_post(task_id, &worker_token, action).await;
+        }
+        (worker_id, worker_token)
     }
 
     /// The task as the agent sees it.
@@ -423,12 +461,11 @@ impl TestServer {
 /// process's database, say), read straight from it.
 pub async fn row_counts(backend: Db, url: &str) -> RowCounts {
     const TABLES: [&str; 5] = ["tasks", "events", "issues", "photos", "workers"];
-    let mut n = [0i64; 5];
-    match backend {
-        Db::Postgres => {
-            let mut conn = sqlx::PgConnection::connect(url)
-                .await
-                .expect("connect to the test database");
+    // The same counts on either backend's connection type.
+    macro_rules! count_tables {
+        ($conn:expr) => {{
+            let mut conn = $conn;
+            let mut n = [0i64; 5];
             for (i, table) in TABLES.iter().enumerate() {
                 n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
                     .fetch_one(&mut conn)
@@ -436,23 +473,26 @@ pub async fn row_counts(backend: Db, url: &str) -> RowCounts {
                     .expect("count rows");
             }
             conn.close().await.ok();
-        }
+            n
+        }};
+    }
+    let n = match backend {
+        Db::Postgres => count_tables!(
+            sqlx::PgConnection::connect(url)
+                .await
+                .expect("connect to the test database")
+        ),
         Db::Sqlite => {
             let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
                 .expect("SQLite URL")
                 .read_only(true);
-            let mut conn = sqlx::SqliteConnection::connect_with(&options)
-                .await
-                .expect("open the test database");
-            for (i, table) in TABLES.iter().enumerate() {
-                n[i] = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-                    .fetch_one(&mut conn)
+            count_tables!(
+                sqlx::SqliteConnection::connect_with(&options)
                     .await
-                    .expect("count rows");
-            }
-            conn.close().await.ok();
+                    .expect("open the test database")
+            )
         }
-    }
+    };
     RowCounts {
         tasks: n[0],
         events: n[1],
@@ -605,6 +645,137 @@ pub fn ids(events: &[Value]) -> Vec<i64> {
         .iter()
         .map(|e| e["id"].as_i64().expect("event id"))
         .collect()
+}
+
+/// The worker web app over plain HTTP, as a browser without JavaScript
+/// sends its forms: redirects shown, cookies and CSRF tokens carried by
+/// hand.
+pub mod web {
+    use reqwest::header::{COOKIE, SET_COOKIE};
+    use reqwest::{Client, Response, StatusCode};
+
+    use super::TestServer;
+
+    /// A client that shows redirects instead of following them.
+    pub fn client() -> Client {
+        Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client")
+    }
+
+    /// `name=value` of the Set-Cookie header named `name`, and the whole
+    /// header (its attributes).
+    pub fn cookie_pair(res: &Response, name: &str) -> Option<(String, String)> {
+        res.headers()
+            .get_all(SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with(&format!("{name}=")))
+            .map(|v| {
+                let pair = v.split(';').next().unwrap_or_default().to_owned();
+                (pair, v.to_owned())
+            })
+    }
+
+    /// The value of the hidden `csrf` field of a page.
+    pub fn csrf_of(html: &str) -> String {
+        let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+        html[at..]
+            .split('"')
+            .next()
+            .expect("field value")
+            .to_owned()
+    }
+
+    /// GETs `url` sending the cookie `cookie`.
+    pub async fn get_with(http: &Client, url: &str, cookie: &str) -> Response {
+        http.get(url)
+            .header(COOKIE, cookie)
+            .send()
+            .await
+            .expect("get the page")
+    }
+
+    /// Posts `form` to `url`, sending the cookie `cookie` and `headers`.
+    pub async fn post_form(
+        http: &Client,
+        url: &str,
+        cookie: &str,
+        headers: &[(&str, &str)],
+        form: &[(&str, &str)],
+    ) -> Response {
+        let mut req = http.post(url).header(COOKIE, cookie);
+        for &(name, value) in headers {
+            req = req.header(name, value);
+        }
+        req.form(form).send().await.expect("post the form")
+    }
+
+    /// The headers a browser sends with a form of the page's own `origin`.
+    pub fn same_origin(origin: &str) -> [(&str, &str); 2] {
+        [("origin", origin), ("sec-fetch-site", "same-origin")]
+    }
+
+    /// The login page's pre-session cookie (`name=value`) and CSRF token.
+    pub async fn login_page(srv: &TestServer, http: &Client) -> (String, String) {
+        let login = http
+            .get(srv.url("/app/login"))
+            .send()
+            .await
+            .expect("login page");
+        let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
+        let csrf = csrf_of(&login.text().await.expect("page"));
+        (pre, csrf)
+    }
+
+    /// Posts the worker token `token` to the login form of the pre-session
+    /// cookie `pre` and its `csrf` token, sending `headers`.
+    pub async fn post_login(
+        srv: &TestServer,
+        http: &Client,
+        (pre, csrf): (&str, &str),
+        token: &str,
+        headers: &[(&str, &str)],
+    ) -> Response {
+        post_form(
+            http,
+            &srv.url("/app/login"),
+            pre,
+            headers,
+            &[("csrf", csrf), ("token", token)],
+        )
+        .await
+    }
+
+    /// Signs in on the login form of the pre-session cookie `pre` and its
+    /// `csrf` token with the worker token `token`, sending `headers`;
+    /// returns the session cookie (`name=value`).
+    pub async fn sign_in_with(
+        srv: &TestServer,
+        http: &Client,
+        form: (&str, &str),
+        token: &str,
+        headers: &[(&str, &str)],
+    ) -> String {
+        let ok = post_login(srv, http, form, token, headers).await;
+        assert_eq!(ok.status(), StatusCode::SEE_OTHER, "signing in");
+        let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
+        session
+    }
+
+    /// Signs in on a fresh login page with the worker token `token`,
+    /// sending `headers`; returns the session cookie (`name=value`).
+    pub async fn sign_in(
+        srv: &TestServer,
+        http: &Client,
+        token: &str,
+        headers: &[(&str, &str)],
+    ) -> String {
+        let (pre, csrf) = login_page(srv, http).await;
+        sign_in_with(srv, http, (&pre, &csrf), token, headers).await
+    }
 }
 
 /// Real images to upload, built with the `image` crate.

@@ -11,7 +11,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::Policy;
 use meatspace_tests::server::{Expect, TestServer, str_at, types, uuid_at};
 use meatspace_tests::{Db, eventually};
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::json;
 
 use controller_support::{InProcess, config};
@@ -31,9 +31,9 @@ fn time_at(v: &serde_json::Value, pointer: &str) -> DateTime<Utc> {
 
 async fn create(server: &TestServer, lifetime: i64) -> (uuid::Uuid, String, DateTime<Utc>) {
     let created = server
-        .dev(Method::POST, "/api/v1/tasks")
-        .json(&json!({ "description": "Check the mailbox", "expires_in_seconds": lifetime }))
-        .expect_json(StatusCode::CREATED)
+        .create_task_with(
+            json!({ "description": "Check the mailbox", "expires_in_seconds": lifetime }),
+        )
         .await;
     (
         uuid_at(&created, "/task/id"),

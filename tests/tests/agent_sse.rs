@@ -10,7 +10,7 @@ use meatspace_api::agent_integrations::Integrations;
 use meatspace_domain::Policy;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, ids, types};
+use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, ids, types, web};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -229,11 +229,7 @@ async fn heartbeats_arrive_as_comments_on_an_idle_stream(db: Db) {
 async fn a_stream_of_a_terminal_task_sends_the_rest_and_ends(db: Db) {
     let server = TestServer::start(db).await;
     let (id, token) = server.create_open_task("Feed the cat").await;
-    server
-        .agent(&token)
-        .post(&format!("/api/v1/tasks/{id}/cancel"))
-        .expect_json(StatusCode::OK)
-        .await;
+    server.agent_post(id, &token, "cancel").await;
     let path = format!("/api/v1/tasks/{id}/events/stream");
     let mut reader = SseReader::open(server.agent(&token).get(&path)).await;
     let mut kinds = Vec::new();
@@ -279,40 +275,6 @@ async fn the_worker_stream_is_for_the_assigned_worker_only(db: Db) {
         .get(&path)
         .expect_problem(StatusCode::UNAUTHORIZED)
         .await;
-}
-
-/// A session cookie (`name=value`) of the web app for a worker token, signed
-/// in over plain HTTP as a browser would.
-async fn web_session(server: &TestServer, token: &str) -> String {
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let cookie_of = |res: &reqwest::Response, name: &str| {
-        res.headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|v| v.contains(name))
-            .and_then(|v| v.split(';').next())
-            .expect("the cookie")
-            .to_owned()
-    };
-    let form = http.get(server.url("/app/login")).send().await.unwrap();
-    let pre = cookie_of(&form, "ms_presession");
-    let html = form.text().await.unwrap();
-    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
-    let csrf = html[at..].split('"').next().unwrap().to_owned();
-    let signed_in = http
-        .post(server.url("/app/login"))
-        .header("cookie", &pre)
-        .form(&[("csrf", csrf.as_str()), ("token", token)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
-    cookie_of(&signed_in, "ms_session")
 }
 
 async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
@@ -411,16 +373,10 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
         .await;
     let events = page["events"].as_array().unwrap().clone();
     assert_eq!(types(&events), ["task.assigned", "worker.message"]);
-    let session = web_session(&server, &b).await;
-    let html = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(server.url(&format!("/app/tasks/{id}")))
-        .header("cookie", session)
-        .send()
+    let http = web::client();
+    let session = web::sign_in(&server, &http, &b, &[]).await;
+    let html = web::get_with(&http, &server.url(&format!("/app/tasks/{id}")), &session)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

@@ -307,10 +307,7 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
                         },
                     )
                     .await;
-                    srv.agent(&t.agent_token)
-                        .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
-                        .expect_json(StatusCode::OK)
-                        .await;
+                    srv.agent_post(t.task_id, &t.agent_token, "cancel").await;
                 }
             };
             let poller = follow(srv, t.task_id, &t.agent_token);
@@ -318,9 +315,7 @@ async fn pollers_see_every_committed_event_in_order(db: Db) {
                 async {
                     let (sent, ()) = tokio::join!(writers, ender);
                     if !cancel_midway {
-                        srv.worker(&t.worker_token)
-                            .post(&worker_path(t.task_id, "/complete"))
-                            .expect_json(StatusCode::OK)
+                        srv.worker_post(t.task_id, &t.worker_token, "complete")
                             .await;
                     }
                     (sent, ())

@@ -33,7 +33,7 @@ use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    Expect, ServerOptions, TestServer, header_str, images, str_at, types,
+    Expect, ServerOptions, TestServer, header_str, images, str_at, types, web,
 };
 use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
@@ -122,11 +122,7 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
     let (id, agent_token) = srv.create_open_task("Count the bikes").await;
     let (_, first) = srv.register_worker("First").await;
     let (_, second) = srv.register_worker("Second").await;
-    let claimed = srv
-        .worker(&first)
-        .post(&worker_path(id, "/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
+    let claimed = srv.worker_post(id, &first, "claim").await;
     srv.worker(&first)
         .post(&worker_path(id, "/messages"))
         .json(&json!({ "text": "first worker's private note" }))
@@ -161,10 +157,7 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
     );
 
     // The next worker's feed starts at the reopening.
-    srv.worker(&second)
-        .post(&worker_path(id, "/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.worker_post(id, &second, "claim").await;
     let page = srv
         .worker(&second)
         .get(&worker_path(id, "/events?after=0"))
@@ -204,10 +197,7 @@ async fn clarify_without_text_on_a_terminal_task_is_a_conflict(db: Db) {
     respond(json!({ "action": "clarify" }))
         .expect_problem(StatusCode::UNPROCESSABLE_ENTITY)
         .await;
-    srv.worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/stop"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.worker_post(t.task_id, &t.worker_token, "stop").await;
     // ... on a terminal task the answer is that it is terminal.
     let body = respond(json!({ "action": "clarify" }))
         .expect_problem(StatusCode::CONFLICT)
@@ -413,6 +403,14 @@ async fn failed_authentications_are_limited_per_address(db: Db) {
     srv.create_task("And the lawn").await;
 }
 
+/// Sends `req`, an event stream or a long poll whose headers arrive at once
+/// and whose body follows later, and asserts that it took a place (200).
+async fn admitted(req: reqwest::RequestBuilder) -> reqwest::Response {
+    let res = req.send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "not admitted");
+    res
+}
+
 /// Event streams and long polls are capped per credential and per address:
 /// HTTP/2 allows a thousand requests per connection, and every change
 /// wakes each open stream of its task.
@@ -439,21 +437,9 @@ async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
     let poll_path = format!("/api/v1/tasks/{}/events?after=1000000&wait=30", t.task_id);
     // One event stream (its headers arrive at once) and one waiting long
     // poll: the agent token's two places.
-    let stream = srv
-        .agent(&t.agent_token)
-        .get(&stream_path)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), StatusCode::OK);
+    let stream = admitted(srv.agent(&t.agent_token).get(&stream_path)).await;
     // A waiting long poll is answered 200 at once; its page follows later.
-    let poll = srv
-        .agent(&t.agent_token)
-        .get(&poll_path)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(poll.status(), StatusCode::OK);
+    let poll = admitted(srv.agent(&t.agent_token).get(&poll_path)).await;
     for path in [&stream_path, &poll_path] {
         let body = srv
             .agent(&t.agent_token)
@@ -477,13 +463,7 @@ async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
         .await;
     // The worker has places of its own, but the address holds three.
     let worker_stream = format!("/api/v1/worker/tasks/{}/events/stream", t.task_id);
-    let third = srv
-        .worker(&t.worker_token)
-        .get(&worker_stream)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(third.status(), StatusCode::OK);
+    let third = admitted(srv.worker(&t.worker_token).get(&worker_stream)).await;
     let body = srv
         .worker(&t.worker_token)
         .get(&worker_stream)
@@ -512,16 +492,44 @@ async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
     drop((poll, third));
 }
 
-/// A server with these connection limits.
-async fn server_with(db: Db, serve: ServeOptions) -> TestServer {
-    TestServer::start_with(
+/// A server with these connection limits, and its address for raw
+/// connections.
+async fn server_with(db: Db, serve: ServeOptions) -> (TestServer, String) {
+    let srv = TestServer::start_with(
         db,
         ServerOptions {
             serve,
             ..ServerOptions::default()
         },
     )
+    .await;
+    let addr = srv.base_url.trim_start_matches("http://").to_owned();
+    (srv, addr)
+}
+
+/// A server that waits at most a second for a request's headers.
+async fn header_timeout_server(db: Db) -> (TestServer, String) {
+    server_with(
+        db,
+        ServeOptions {
+            header_read_timeout: Duration::from_secs(1),
+            ..ServeOptions::default()
+        },
+    )
     .await
+}
+
+/// A raw HTTP/1.1 connection to `addr` that has been served one
+/// `GET /livez` (so the server accepted it) and is kept alive.
+async fn served_connection(addr: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut status = [0u8; 12];
+    c.read_exact(&mut status).await.unwrap();
+    assert_eq!(&status, b"HTTP/1.1 200");
+    c
 }
 
 /// Reads until the server closes the connection; true if it did within `bound`.
@@ -539,15 +547,7 @@ async fn closed_within(stream: &mut TcpStream, bound: Duration) -> bool {
 }
 
 async fn slow_and_idle_connections_are_closed(db: Db) {
-    let srv = server_with(
-        db,
-        ServeOptions {
-            header_read_timeout: Duration::from_secs(1),
-            ..ServeOptions::default()
-        },
-    )
-    .await;
-    let addr = srv.base_url.trim_start_matches("http://").to_owned();
+    let (srv, addr) = header_timeout_server(db).await;
 
     // Slowloris: one header byte every 200 ms would take 8 s for this
     // request; the server hangs up long before.
@@ -567,29 +567,18 @@ async fn slow_and_idle_connections_are_closed(db: Db) {
     assert!(hung_up, "a client trickling headers kept its connection");
 
     // Idle keep-alive: after a complete exchange, silence closes it.
-    let mut idle = TcpStream::connect(&addr).await.unwrap();
-    idle.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut first = [0u8; 12];
-    idle.read_exact(&mut first).await.unwrap();
-    assert_eq!(&first, b"HTTP/1.1 200");
+    let mut idle = served_connection(&addr).await;
     assert!(
         closed_within(&mut idle, Duration::from_secs(30)).await,
         "an idle keep-alive connection stayed open"
     );
 
     // The server still answers.
-    srv.get("/livez")
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    srv.assert_live().await;
 }
 
 async fn the_connection_cap_holds_clients_back_until_one_closes(db: Db) {
-    let srv = server_with(
+    let (srv, addr) = server_with(
         db,
         ServeOptions {
             max_connections: 2,
@@ -597,18 +586,10 @@ async fn the_connection_cap_holds_clients_back_until_one_closes(db: Db) {
         },
     )
     .await;
-    let addr = srv.base_url.trim_start_matches("http://").to_owned();
     // Two connections, each proven accepted by a served request.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut c = TcpStream::connect(&addr).await.unwrap();
-        c.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut status = [0u8; 12];
-        c.read_exact(&mut status).await.unwrap();
-        assert_eq!(&status, b"HTTP/1.1 200");
-        held.push(c);
+        held.push(served_connection(&addr).await);
     }
     // A third client is not served while both are held ...
     let third = tokio::spawn({
@@ -638,16 +619,8 @@ async fn an_idle_http2_connection_is_closed_but_not_while_a_request_waits(db: Db
     use hyper::body::Bytes;
     use hyper_util::rt::{TokioExecutor, TokioIo};
 
-    let srv = server_with(
-        db,
-        ServeOptions {
-            header_read_timeout: Duration::from_secs(1),
-            ..ServeOptions::default()
-        },
-    )
-    .await;
+    let (srv, addr) = header_timeout_server(db).await;
     let (id, token) = srv.create_task("Count the benches in the park").await;
-    let addr = srv.base_url.trim_start_matches("http://").to_owned();
     let tcp = TcpStream::connect(&addr).await.unwrap();
     let (mut send, connection) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
@@ -772,36 +745,23 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
         .await;
 
     // The web app's message form is refused the same way, as a page.
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = http.get(srv.url("/app/login")).send().await.unwrap();
-    let pre = cookie(&login, "ms_presession");
-    let csrf = csrf_in(&login.text().await.unwrap());
-    let signed_in = http
-        .post(srv.url("/app/login"))
-        .header("cookie", &pre)
-        .form(&[("csrf", csrf.as_str()), ("token", t.worker_token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    let session = cookie(&signed_in, "ms_session");
-    let page = http
-        .get(srv.url(&format!("/app/tasks/{}", t.task_id)))
-        .header("cookie", &session)
-        .send()
-        .await
-        .unwrap();
-    let csrf = csrf_in(&page.text().await.unwrap());
-    let res = http
-        .post(srv.url(&format!("/app/tasks/{}/messages", t.task_id)))
-        .header("cookie", &session)
-        .form(&[("csrf", csrf.as_str()), ("text", "from the phone")])
-        .send()
-        .await
-        .unwrap();
+    let http = web::client();
+    let session = web::sign_in(&srv, &http, &t.worker_token, &[]).await;
+    let page = web::get_with(
+        &http,
+        &srv.url(&format!("/app/tasks/{}", t.task_id)),
+        &session,
+    )
+    .await;
+    let csrf = web::csrf_of(&page.text().await.unwrap());
+    let res = web::post_form(
+        &http,
+        &srv.url(&format!("/app/tasks/{}/messages", t.task_id)),
+        &session,
+        &[],
+        &[("csrf", csrf.as_str()), ("text", "from the phone")],
+    )
+    .await;
     assert_eq!(res.status(), StatusCode::CONFLICT);
     assert!(res.text().await.unwrap().contains("limit of 10 events"));
     assert_eq!(
@@ -820,22 +780,4 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
         .expect_json(StatusCode::OK)
         .await;
     assert_eq!(caps["limits"]["events_per_task"], LIMIT);
-}
-
-/// `name=value` of the Set-Cookie header `name`.
-fn cookie(res: &reqwest::Response, name: &str) -> String {
-    res.headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with(&format!("{name}=")))
-        .and_then(|v| v.split(';').next())
-        .expect("the cookie")
-        .to_owned()
-}
-
-/// The hidden `csrf` field of a page.
-fn csrf_in(html: &str) -> String {
-    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
-    html[at..].split('"').next().unwrap().to_owned()
 }

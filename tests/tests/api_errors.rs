@@ -1023,11 +1023,6 @@ async fn no_input_gets_a_server_error(db: Db) {
     );
 
     // Still serving, and the task is intact.
-    srv.get("/livez")
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    srv.assert_live().await;
     srv.task(t.task_id, &t.agent_token).await;
 }

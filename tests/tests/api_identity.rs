@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_tests::server::{
-    DEV_KEY_HEADER, Expect, PROBLEM_TYPE_BASE, ServerOptions, TestServer, str_at, uuid_at,
+    DEV_KEY_HEADER, Expect, PROBLEM_TYPE_BASE, ServerOptions, TestServer, str_at, uuid_at, web,
 };
 use meatspace_tests::{Db, TestDb, eventually};
-use reqwest::header::{COOKIE, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -101,10 +100,7 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
     let (task_b, _) = create_with(&srv, &b.secret, "B's errand").await;
 
     // The owner's key drives its task without the task token.
-    srv.agent(&a.secret)
-        .post(&format!("/api/v1/tasks/{task_a}/publish"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.agent_post(task_a, &a.secret, "publish").await;
     let got = srv
         .agent(&a.secret)
         .get(&format!("/api/v1/tasks/{task_a}"))
@@ -153,21 +149,14 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
         .expect_json(StatusCode::OK)
         .await;
     let (task_c, token_c) = create_with(&srv, &a.secret, "handed to a sub-agent").await;
-    let published = srv
-        .agent(&token_c)
-        .post(&format!("/api/v1/tasks/{task_c}/publish"))
-        .expect_json(StatusCode::OK)
-        .await;
+    let published = srv.agent_post(task_c, &token_c, "publish").await;
     assert_eq!(
         published["events"][0]["data"]["by"],
         json!({ "via": "agent_token" })
     );
     // An operator may cancel any task; the audit trail records it.
     let op = operator_key(&srv, "ops").await;
-    srv.agent(&op.secret)
-        .post(&format!("/api/v1/tasks/{task_c}/cancel"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.agent_post(task_c, &op.secret, "cancel").await;
     let trail = srv
         .agent(&op.secret)
         .get(&format!("/api/v1/audit?principal={}", op.principal))
@@ -388,54 +377,18 @@ async fn a_rotated_secret_works_for_its_grace_period_only(db: Db) {
     assert_eq!(slug(&refused), "key-revoked");
 }
 
-/// `name=value` of the Set-Cookie header named `name`.
-fn cookie(res: &reqwest::Response, name: &str) -> Option<String> {
-    res.headers()
-        .get_all(SET_COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with(&format!("{name}=")))
-        .map(|v| v.split(';').next().unwrap_or_default().to_owned())
-}
-
-fn csrf_of(html: &str) -> String {
-    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
-    html[at..].split('"').next().expect("value").to_owned()
-}
-
-/// Signs the worker in to the web app; returns the session cookie.
-async fn sign_in(srv: &TestServer, http: &reqwest::Client, token: &str) -> String {
-    let login = http.get(srv.url("/app/login")).send().await.expect("login");
-    let pre = cookie(&login, "ms_presession").expect("pre-session cookie");
-    let csrf = csrf_of(&login.text().await.expect("page"));
-    let ok = http
-        .post(srv.url("/app/login"))
-        .header(COOKIE, &pre)
-        .header("origin", &srv.base_url)
-        .header("sec-fetch-site", "same-origin")
-        .form(&[("csrf", csrf.as_str()), ("token", token)])
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
-    cookie(&ok, "ms_session").expect("session cookie")
-}
-
 async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
     let srv = TestServer::start(db).await;
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client");
+    let http = web::client();
     let active = srv.active_task("Water the plants.").await;
-    let session = sign_in(&srv, &http, &active.worker_token).await;
-    let page = http
-        .get(srv.url("/app/my"))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("page");
+    let session = web::sign_in(
+        &srv,
+        &http,
+        &active.worker_token,
+        &web::same_origin(&srv.base_url),
+    )
+    .await;
+    let page = web::get_with(&http, &srv.url("/app/my"), &session).await;
     assert_eq!(page.status(), StatusCode::OK);
 
     let suspended = srv
@@ -453,12 +406,7 @@ async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
         .get("/api/v1/worker/tasks")
         .expect_problem(StatusCode::UNAUTHORIZED)
         .await;
-    let page = http
-        .get(srv.url("/app/my"))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("page");
+    let page = web::get_with(&http, &srv.url("/app/my"), &session).await;
     assert_eq!(page.status(), StatusCode::SEE_OTHER, "signed out");
     assert_eq!(
         page.headers().get("location").and_then(|v| v.to_str().ok()),
@@ -473,10 +421,7 @@ async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
     assert_eq!(last["type"], "task.unassigned");
     assert_eq!(last["data"]["reason"], "worker_suspended");
     let (_, other) = srv.register_worker("Grace").await;
-    srv.worker(&other)
-        .post(&format!("/api/v1/worker/tasks/{}/claim", active.task_id))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.worker_post(active.task_id, &other, "claim").await;
 
     // Reinstated, it works again; a rotated token replaces the old one.
     srv.dev(

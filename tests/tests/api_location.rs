@@ -303,10 +303,7 @@ async fn claimed(srv: &TestServer, presence: &str) -> (Uuid, String, String) {
     )
     .await;
     let (_, worker) = srv.register_worker("Ada").await;
-    srv.worker(&worker)
-        .post(&format!("/api/v1/worker/tasks/{id}/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.worker_post(id, &worker, "claim").await;
     (id, token, worker)
 }
 

@@ -93,17 +93,11 @@ async fn every_served_event_matches_its_schema(db: Db) {
 
     // Cancelled by the agent; expired; a lapsed assignment.
     let (d, d_token) = srv.create_open_task("Buy bread").await;
-    srv.agent(&d_token)
-        .post(&format!("/api/v1/tasks/{d}/cancel"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.agent_post(d, &d_token, "cancel").await;
     feeds.push((d, d_token));
     let (e, e_token) = srv.create_open_task("Read the meter").await;
     let (_, w) = srv.register_worker("Lin").await;
-    srv.worker(&w)
-        .post(&format!("/api/v1/worker/tasks/{e}/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.worker_post(e, &w, "claim").await;
     let task = srv.task(e, &e_token).await;
     let start_by: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(task["start_by"].clone()).unwrap();

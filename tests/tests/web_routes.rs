@@ -5,8 +5,12 @@
 use meatspace_api::public_url::PublicOrigin;
 use meatspace_tests::Db;
 use meatspace_tests::api_tests;
+use meatspace_tests::server::web::{
+    client as no_redirects, cookie_pair, csrf_of, get_with, login_page, post_form, post_login,
+    same_origin, sign_in_with,
+};
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, str_at};
-use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use reqwest::header::{CONTENT_TYPE, LOCATION};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -20,36 +24,11 @@ api_tests!(
     the_pages_live_feed_takes_a_capped_place,
 );
 
-/// A client that shows redirects instead of following them.
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client")
-}
-
-/// The value of the hidden `csrf` field of a page.
-fn csrf_of(html: &str) -> String {
-    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
-    html[at..]
-        .split('"')
-        .next()
-        .expect("field value")
-        .to_owned()
-}
-
-/// `name=value` of a Set-Cookie header named `name`.
-fn cookie_pair(res: &reqwest::Response, name: &str) -> Option<(String, String)> {
-    res.headers()
-        .get_all(SET_COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with(&format!("{name}=")))
-        .map(|v| {
-            let pair = v.split(';').next().unwrap_or_default().to_owned();
-            (pair, v.to_owned())
-        })
+/// Whether the answer is an HTML page.
+fn is_html(res: &reqwest::Response) -> bool {
+    header_str(res, CONTENT_TYPE)
+        .unwrap_or_default()
+        .starts_with("text/html")
 }
 
 async fn create_invite(srv: &TestServer) -> String {
@@ -103,24 +82,24 @@ async fn a_public_url_decides_links_and_cookies_not_the_client(db: Db) {
     );
     let csrf = csrf_of(&page.text().await.expect("page"));
     // The browser's Origin is the public one, not the address it connected to.
-    let refused = http
-        .post(srv.url(&path))
-        .header(COOKIE, &pre)
-        .header("origin", &srv.base_url)
-        .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
-        .send()
-        .await
-        .expect("post");
+    let form = [("csrf", csrf.as_str()), ("name", "Grace")];
+    let refused = post_form(
+        &http,
+        &srv.url(&path),
+        &pre,
+        &[("origin", &srv.base_url)],
+        &form,
+    )
+    .await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-    let joined = http
-        .post(srv.url(&path))
-        .header(COOKIE, &pre)
-        .header("origin", "https://meatspace.example.test")
-        .header("sec-fetch-site", "same-origin")
-        .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
-        .send()
-        .await
-        .expect("post");
+    let joined = post_form(
+        &http,
+        &srv.url(&path),
+        &pre,
+        &same_origin("https://meatspace.example.test"),
+        &form,
+    )
+    .await;
     assert_eq!(joined.status(), StatusCode::SEE_OTHER);
     let (_, attrs) = cookie_pair(&joined, "ms_session").expect("a session cookie");
     assert!(attrs.contains("Secure"), "{attrs}");
@@ -131,36 +110,26 @@ async fn session_forms_from_other_origins_are_refused(db: Db) {
     let http = no_redirects();
     let (task, _) = srv.create_open_task("Feed the cat.").await;
     let (_, token) = srv.register_worker("Ada").await;
-    let login = http.get(srv.url("/app/login")).send().await.expect("login");
-    let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
-    let csrf = csrf_of(&login.text().await.expect("page"));
+    let (pre, csrf) = login_page(&srv, &http).await;
     // Signing in from another site is refused, token or not.
-    let refused = http
-        .post(srv.url("/app/login"))
-        .header(COOKIE, &pre)
-        .header("sec-fetch-site", "cross-site")
-        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
-        .send()
-        .await
-        .expect("post");
+    let refused = post_login(
+        &srv,
+        &http,
+        (&pre, &csrf),
+        &token,
+        &[("sec-fetch-site", "cross-site")],
+    )
+    .await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-    let ok = http
-        .post(srv.url("/app/login"))
-        .header(COOKIE, &pre)
-        .header("origin", &srv.base_url)
-        .header("sec-fetch-site", "same-origin")
-        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
-    let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
-    let page = http
-        .get(srv.url(&format!("/app/tasks/{task}")))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("page");
+    let session = sign_in_with(
+        &srv,
+        &http,
+        (&pre, &csrf),
+        &token,
+        &same_origin(&srv.base_url),
+    )
+    .await;
+    let page = get_with(&http, &srv.url(&format!("/app/tasks/{task}")), &session).await;
     let csrf = csrf_of(&page.text().await.expect("page"));
     let claim = srv.url(&format!("/app/tasks/{task}/claim"));
     for (name, value) in [
@@ -169,14 +138,14 @@ async fn session_forms_from_other_origins_are_refused(db: Db) {
         ("origin", srv.base_url.replace("127.0.0.1:", "127.0.0.1:1")),
         ("sec-fetch-site", "same-site".to_owned()),
     ] {
-        let res = http
-            .post(&claim)
-            .header(COOKIE, &session)
-            .header(name, value.as_str())
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .expect("post");
+        let res = post_form(
+            &http,
+            &claim,
+            &session,
+            &[(name, value.as_str())],
+            &[("csrf", csrf.as_str())],
+        )
+        .await;
         assert_eq!(res.status(), StatusCode::FORBIDDEN, "{name}: {value}");
     }
     let task_json = srv.store.task(task).await.unwrap().unwrap();
@@ -185,15 +154,14 @@ async fn session_forms_from_other_origins_are_refused(db: Db) {
         meatspace_domain::TaskState::Open,
         "not claimed"
     );
-    let res = http
-        .post(&claim)
-        .header(COOKIE, &session)
-        .header("origin", &srv.base_url)
-        .header("sec-fetch-site", "same-origin")
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .expect("post");
+    let res = post_form(
+        &http,
+        &claim,
+        &session,
+        &same_origin(&srv.base_url),
+        &[("csrf", csrf.as_str())],
+    )
+    .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
 }
 
@@ -267,13 +235,7 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
     let csrf = csrf_of(&page.text().await.expect("page"));
 
     // Without the token: refused, and nobody is registered.
-    let refused = http
-        .post(&url)
-        .header(COOKIE, &pre)
-        .form(&[("name", "Mallory")])
-        .send()
-        .await
-        .expect("post");
+    let refused = post_form(&http, &url, &pre, &[], &[("name", "Mallory")]).await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     assert_eq!(srv.counts().await.workers, 0);
 
@@ -283,14 +245,14 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
         ("sec-fetch-site", "cross-site"),
         ("sec-fetch-site", "same-site"),
     ] {
-        let refused = http
-            .post(&url)
-            .header(COOKIE, &pre)
-            .header(name, value)
-            .form(&[("csrf", csrf.as_str()), ("name", "Mallory")])
-            .send()
-            .await
-            .expect("post");
+        let refused = post_form(
+            &http,
+            &url,
+            &pre,
+            &[(name, value)],
+            &[("csrf", csrf.as_str()), ("name", "Mallory")],
+        )
+        .await;
         assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{name}: {value}");
     }
     assert_eq!(srv.counts().await.workers, 0);
@@ -310,19 +272,16 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
         assert!(attrs.contains(attr), "{attr} missing: {attrs}");
     }
     let csrf = csrf_of(&tls_page.text().await.expect("page"));
-    let joined = http
-        .post(&url)
-        .header(COOKIE, &pre)
-        .header("x-forwarded-proto", "https")
-        .header(
-            "origin",
-            format!("https://{}", srv.base_url.trim_start_matches("http://")),
-        )
-        .header("sec-fetch-site", "same-origin")
-        .form(&[("csrf", csrf.as_str()), ("name", "Grace")])
-        .send()
-        .await
-        .expect("post");
+    let tls_origin = format!("https://{}", srv.base_url.trim_start_matches("http://"));
+    let [origin, fetch_site] = same_origin(&tls_origin);
+    let joined = post_form(
+        &http,
+        &url,
+        &pre,
+        &[("x-forwarded-proto", "https"), origin, fetch_site],
+        &[("csrf", csrf.as_str()), ("name", "Grace")],
+    )
+    .await;
     assert_eq!(joined.status(), StatusCode::SEE_OTHER);
     assert_eq!(header_str(&joined, LOCATION).as_deref(), Some("/app/tasks"));
     let (session, attrs) = cookie_pair(&joined, "ms_session").expect("a session cookie");
@@ -330,26 +289,21 @@ async fn an_invite_signs_a_person_in_once(db: Db) {
         assert!(attrs.contains(attr), "{attr} missing: {attrs}");
     }
     assert_eq!(srv.counts().await.workers, 1);
-    let tasks = http
-        .get(srv.url("/app/tasks"))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("tasks");
+    let tasks = get_with(&http, &srv.url("/app/tasks"), &session).await;
     assert_eq!(tasks.status(), StatusCode::OK);
     assert!(tasks.text().await.expect("page").contains("Grace"));
 
     // Once only.
     let again = http.get(&url).send().await.expect("invite page");
     assert_eq!(again.status(), StatusCode::GONE);
-    let again = http
-        .post(&url)
-        .header(COOKIE, &pre)
-        .header("x-forwarded-proto", "https")
-        .form(&[("csrf", csrf.as_str()), ("name", "Eve")])
-        .send()
-        .await
-        .expect("post");
+    let again = post_form(
+        &http,
+        &url,
+        &pre,
+        &[("x-forwarded-proto", "https")],
+        &[("csrf", csrf.as_str()), ("name", "Eve")],
+    )
+    .await;
     assert_eq!(again.status(), StatusCode::GONE);
     assert_eq!(srv.counts().await.workers, 1);
     // A made-up code is no invite either.
@@ -393,15 +347,14 @@ async fn a_revoked_invite_link_shows_no_form(db: Db) {
     assert!(!text.contains("name=\"name\""), "no sign-up form: {text}");
     // A submission that passes the session and origin checks (the form was
     // fetched before the revocation): refused for the revocation.
-    let post = http
-        .post(&url)
-        .header(COOKIE, &pre)
-        .header("origin", &srv.base_url)
-        .header("sec-fetch-site", "same-origin")
-        .form(&[("csrf", csrf.as_str()), ("name", "Eve")])
-        .send()
-        .await
-        .expect("post");
+    let post = post_form(
+        &http,
+        &url,
+        &pre,
+        &same_origin(&srv.base_url),
+        &[("csrf", csrf.as_str()), ("name", "Eve")],
+    )
+    .await;
     assert_eq!(post.status(), StatusCode::GONE);
     assert_eq!(srv.counts().await.workers, 0);
 }
@@ -434,60 +387,20 @@ async fn pages_need_a_session_and_forms_their_token(db: Db) {
 
     // Sign in with a worker token; a wrong one is a human error, not a 500.
     let (_, token) = srv.register_worker("Ada").await;
-    let login = http
-        .get(srv.url("/app/login"))
-        .send()
-        .await
-        .expect("login page");
-    let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
-    let csrf = csrf_of(&login.text().await.expect("page"));
-    let wrong = http
-        .post(srv.url("/app/login"))
-        .header(COOKIE, &pre)
-        .form(&[("csrf", csrf.as_str()), ("token", "msw_wrong")])
-        .send()
-        .await
-        .expect("post");
+    let (pre, csrf) = login_page(&srv, &http).await;
+    let wrong = post_login(&srv, &http, (&pre, &csrf), "msw_wrong", &[]).await;
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
-    assert!(
-        header_str(&wrong, CONTENT_TYPE)
-            .unwrap_or_default()
-            .starts_with("text/html")
-    );
+    assert!(is_html(&wrong));
     assert!(wrong.text().await.expect("page").contains("not valid"));
-    let ok = http
-        .post(srv.url("/app/login"))
-        .header(COOKIE, &pre)
-        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
-    let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
+    let session = sign_in_with(&srv, &http, (&pre, &csrf), &token, &[]).await;
 
     // Another session's (or the pre-session's) token does not pass.
-    let res = http
-        .post(srv.url(&format!("/app/tasks/{task}/claim")))
-        .header(COOKIE, &session)
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .expect("post");
+    let claim = srv.url(&format!("/app/tasks/{task}/claim"));
+    let res = post_form(&http, &claim, &session, &[], &[("csrf", csrf.as_str())]).await;
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
-    let page = http
-        .get(srv.url(&format!("/app/tasks/{task}")))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("page");
+    let page = get_with(&http, &srv.url(&format!("/app/tasks/{task}")), &session).await;
     let token = csrf_of(&page.text().await.expect("page"));
-    let res = http
-        .post(srv.url(&format!("/app/tasks/{task}/claim")))
-        .header(COOKIE, &session)
-        .form(&[("csrf", token.as_str())])
-        .send()
-        .await
-        .expect("post");
+    let res = post_form(&http, &claim, &session, &[], &[("csrf", token.as_str())]).await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(
         header_str(&res, LOCATION),
@@ -496,29 +409,20 @@ async fn pages_need_a_session_and_forms_their_token(db: Db) {
     assert_eq!(srv.task(task, &agent_token).await["state"], "assigned");
 
     // The live feed answers JSON in words for the session's own task.
-    let feed = http
-        .get(srv.url(&format!("/app/tasks/{task}/feed?after=0")))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("feed");
+    let feed = get_with(
+        &http,
+        &srv.url(&format!("/app/tasks/{task}/feed?after=0")),
+        &session,
+    )
+    .await;
     assert_eq!(feed.status(), StatusCode::OK);
     let feed: serde_json::Value = feed.json().await.expect("JSON");
     assert_eq!(feed["task_state"], "assigned");
     assert_eq!(feed["items"][1]["text"], "You claimed the task.");
     // An unknown task page is a human 404 page.
-    let res = http
-        .get(srv.url("/app/tasks/not-a-task"))
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("page");
+    let res = get_with(&http, &srv.url("/app/tasks/not-a-task"), &session).await;
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
-    assert!(
-        header_str(&res, CONTENT_TYPE)
-            .unwrap_or_default()
-            .starts_with("text/html")
-    );
+    assert!(is_html(&res));
 }
 
 async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
@@ -540,26 +444,9 @@ async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
     let http = no_redirects();
     let (task, agent_token) = srv.create_open_task("Water the plants.").await;
     let (_, token) = srv.register_worker("Ada").await;
-    srv.worker(&token)
-        .post(&format!("/api/v1/worker/tasks/{task}/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
-    let login = http
-        .get(srv.url("/app/login"))
-        .send()
-        .await
-        .expect("login page");
-    let (pre, _) = cookie_pair(&login, "ms_presession").expect("pre-session cookie");
-    let csrf = csrf_of(&login.text().await.expect("page"));
-    let ok = http
-        .post(srv.url("/app/login"))
-        .header(COOKIE, &pre)
-        .form(&[("csrf", csrf.as_str()), ("token", token.as_str())])
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
-    let (session, _) = cookie_pair(&ok, "ms_session").expect("session cookie");
+    srv.worker_post(task, &token, "claim").await;
+    let (pre, csrf) = login_page(&srv, &http).await;
+    let session = sign_in_with(&srv, &http, (&pre, &csrf), &token, &[]).await;
     let last = srv
         .feed(task, &agent_token)
         .await
@@ -567,15 +454,10 @@ async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
         .and_then(|e| e["id"].as_i64())
         .expect("the task's events");
     let feed_url = srv.url(&format!("/app/tasks/{task}/feed?after={last}"));
-    let first = http.get(&feed_url).header(COOKIE, &session).send();
+    let first = get_with(&http, &feed_url, &session);
     let second = async {
         srv.until_waiting(1).await;
-        let refused = http
-            .get(&feed_url)
-            .header(COOKIE, &session)
-            .send()
-            .await
-            .expect("second wait");
+        let refused = get_with(&http, &feed_url, &session).await;
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         let body: serde_json::Value = refused.json().await.expect("problem");
         assert!(
@@ -583,22 +465,13 @@ async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
             "{body}"
         );
         // The agent cancels: the first wait answers.
-        srv.agent(&agent_token)
-            .post(&format!("/api/v1/tasks/{task}/cancel"))
-            .expect_json(StatusCode::OK)
-            .await;
+        srv.agent_post(task, &agent_token, "cancel").await;
     };
     let (first, ()) = tokio::join!(first, second);
-    let first = first.expect("first wait");
     assert_eq!(first.status(), StatusCode::OK);
     let page: serde_json::Value = first.json().await.expect("feed page");
     assert_eq!(page["terminal"], true, "{page}");
     // Its place is free again: a read of the ended task answers at once.
-    let again = http
-        .get(&feed_url)
-        .header(COOKIE, &session)
-        .send()
-        .await
-        .expect("third wait");
+    let again = get_with(&http, &feed_url, &session).await;
     assert_eq!(again.status(), StatusCode::OK);
 }
