@@ -370,7 +370,7 @@ impl TestServer {
     /// (`publish`, `cancel`, ...); asserts 200 and returns the answer.
     pub async fn agent_post(&self, task_id: Uuid, agent_token: &str, action: &str) -> Value {
         self.agent(agent_token)
-            .post(&format!("/api/v1/tasks/{task_id}/{action}"))
+            .post(&task_path(task_id, &format!("/{action}")))
             .expect_json(StatusCode::OK)
             .await
     }
@@ -379,7 +379,7 @@ impl TestServer {
     /// worker (`claim`, `start`, ...); asserts 200 and returns the answer.
     pub async fn worker_post(&self, task_id: Uuid, worker_token: &str, action: &str) -> Value {
         self.worker(worker_token)
-            .post(&format!("/api/v1/worker/tasks/{task_id}/{action}"))
+            .post(&worker_path(task_id, &format!("/{action}")))
             .expect_json(StatusCode::OK)
             .await
     }
@@ -616,6 +616,17 @@ pub fn header_str(
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// `/api/v1/tasks/{id}{rest}`: the agent's path of a task (`rest` is
+/// empty or starts with `/` or `?`).
+pub fn task_path(id: impl std::fmt::Display, rest: &str) -> String {
+    format!("/api/v1/tasks/{id}{rest}")
+}
+
+/// `/api/v1/worker/tasks/{id}{rest}`: the worker's path of a task.
+pub fn worker_path(id: impl std::fmt::Display, rest: &str) -> String {
+    format!("/api/v1/worker/tasks/{id}{rest}")
 }
 
 /// The string at a JSON pointer; panics if absent.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use meatspace_tests::Db;
 use meatspace_tests::prometheus::counter;
-use meatspace_tests::server::{ActiveTask, Expect, TestServer, ids, types};
+use meatspace_tests::server::{ActiveTask, Expect, TestServer, ids, types, worker_path};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -31,10 +31,6 @@ const TERMINAL_EVENTS: [&str; 4] = [
 /// How long a loop that waits for the others may wait before it fails
 /// (instead of hanging the test run).
 const PATIENCE: Duration = Duration::from_secs(120);
-
-fn worker_path(id: Uuid, rest: &str) -> String {
-    format!("/api/v1/worker/tasks/{id}{rest}")
-}
 
 async fn twenty_workers_race_to_claim_one_task(db: Db) {
     let srv = &TestServer::start(db).await;

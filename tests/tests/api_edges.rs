@@ -33,7 +33,7 @@ use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    Expect, ServerOptions, TestServer, header_str, images, str_at, types, web,
+    Expect, ServerOptions, TestServer, header_str, images, str_at, types, web, worker_path,
 };
 use reqwest::StatusCode;
 use reqwest::header::RETRY_AFTER;
@@ -56,10 +56,6 @@ meatspace_tests::api_tests!(
     an_idle_http2_connection_is_closed_but_not_while_a_request_waits,
     a_full_feed_refuses_additions_but_not_endings,
 );
-
-fn worker_path(id: Uuid, rest: &str) -> String {
-    format!("/api/v1/worker/tasks/{id}{rest}")
-}
 
 fn time_at(v: &Value, pointer: &str) -> DateTime<Utc> {
     str_at(v, pointer).parse().expect("an RFC 3339 time")

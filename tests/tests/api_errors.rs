@@ -9,6 +9,7 @@ use meatspace_api::photo::PhotoLimits;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
     DEV_KEY_HEADER, Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str, ids, images,
+    task_path, worker_path,
 };
 use reqwest::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, StatusCode};
@@ -30,14 +31,6 @@ meatspace_tests::api_tests!(
 const NOT_FOUND: StatusCode = StatusCode::NOT_FOUND;
 const UNAUTHORIZED: StatusCode = StatusCode::UNAUTHORIZED;
 const UNPROCESSABLE: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
-
-fn task_path(id: impl std::fmt::Display, rest: &str) -> String {
-    format!("/api/v1/tasks/{id}{rest}")
-}
-
-fn worker_path(id: impl std::fmt::Display, rest: &str) -> String {
-    format!("/api/v1/worker/tasks/{id}{rest}")
-}
 
 /// A 401 must tell the client how to authenticate.
 async fn expect_unauthorized(request: RequestBuilder) {

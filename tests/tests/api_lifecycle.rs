@@ -6,7 +6,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    ActiveTask, Expect, TestServer, header_str, ids, images, str_at, types, uuid_at,
+    ActiveTask, Expect, TestServer, header_str, ids, images, str_at, task_path, types, uuid_at,
+    worker_path,
 };
 use reqwest::StatusCode;
 use reqwest::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION};
@@ -37,12 +38,25 @@ const WORKER_CONTENT: [&str; 5] = [
     "task.stopped",
 ];
 
-fn task_path(id: Uuid, rest: &str) -> String {
-    format!("/api/v1/tasks/{id}{rest}")
+/// Asserts that `request` is refused with 409, the problem naming the
+/// task's state `state`; returns the problem.
+async fn refused_in(request: reqwest::RequestBuilder, state: &str) -> Value {
+    let problem = request.expect_problem(CONFLICT).await;
+    assert_eq!(problem["task_state"], state, "{problem}");
+    problem
 }
 
-fn worker_path(id: Uuid, rest: &str) -> String {
-    format!("/api/v1/worker/tasks/{id}{rest}")
+/// An open task that a new worker named `worker_name` claimed (and did not
+/// start): the task's id, its agent token and the worker's token.
+async fn claimed_task(
+    srv: &TestServer,
+    description: &str,
+    worker_name: &str,
+) -> (Uuid, String, String) {
+    let (id, token) = srv.create_open_task(description).await;
+    let (_, worker_token) = srv.register_worker(worker_name).await;
+    srv.worker_post(id, &worker_token, "claim").await;
+    (id, token, worker_token)
 }
 
 /// Event types of a `TaskChange` response.
@@ -283,13 +297,8 @@ async fn a_worker_stops_an_assigned_or_an_active_task(db: Db) {
     let srv = TestServer::start(db).await;
 
     // Assigned, not started: stop with a reason.
-    let (id, token) = srv.create_open_task("Feed the cat").await;
-    let (_, worker_token) = srv.register_worker("Linus").await;
+    let (id, token, worker_token) = claimed_task(&srv, "Feed the cat", "Linus").await;
     let worker = srv.worker(&worker_token);
-    worker
-        .post(&worker_path(id, "/claim"))
-        .expect_json(OK)
-        .await;
     let change = worker
         .post(&worker_path(id, "/stop"))
         .json(&json!({ "text": "The cat bit me." }))
@@ -308,11 +317,7 @@ async fn a_worker_stops_an_assigned_or_an_active_task(db: Db) {
 
     // Active: stop with no body at all.
     let t = srv.active_task("Water the plants").await;
-    let change = srv
-        .worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/stop"))
-        .expect_json(OK)
-        .await;
+    let change = srv.worker_post(t.task_id, &t.worker_token, "stop").await;
     assert_eq!(change["task"]["state"], "stopped");
     assert!(change["task"]["ended_at"].is_string());
     let page = srv
@@ -326,12 +331,12 @@ async fn a_worker_stops_an_assigned_or_an_active_task(db: Db) {
         Some(&"task.stopped")
     );
     // Stop ends the agent's obligation: the agent cannot cancel any more.
-    let problem = srv
-        .agent(&t.agent_token)
-        .post(&task_path(t.task_id, "/cancel"))
-        .expect_problem(CONFLICT)
-        .await;
-    assert_eq!(problem["task_state"], "stopped");
+    refused_in(
+        srv.agent(&t.agent_token)
+            .post(&task_path(t.task_id, "/cancel")),
+        "stopped",
+    )
+    .await;
 }
 
 /// The OpenAPI document gives complete and stop an optional body that may
@@ -362,11 +367,7 @@ async fn an_agent_cancels_a_draft_an_open_or_an_active_task(db: Db) {
     let worker = srv.worker(&worker_token);
 
     let (draft, draft_token) = srv.create_task("Draft").await;
-    let change = srv
-        .agent(&draft_token)
-        .post(&task_path(draft, "/cancel"))
-        .expect_json(OK)
-        .await;
+    let change = srv.agent_post(draft, &draft_token, "cancel").await;
     assert_eq!(change["task"]["state"], "cancelled");
     let feed = srv.feed(draft, &draft_token).await;
     assert_eq!(types(&feed), ["task.cancelled"]);
@@ -374,10 +375,7 @@ async fn an_agent_cancels_a_draft_an_open_or_an_active_task(db: Db) {
     assert_eq!(feed[0]["untrusted"], false);
 
     let (open, open_token) = srv.create_open_task("Open").await;
-    srv.agent(&open_token)
-        .post(&task_path(open, "/cancel"))
-        .expect_json(OK)
-        .await;
+    srv.agent_post(open, &open_token, "cancel").await;
     assert_eq!(
         types(&srv.feed(open, &open_token).await),
         ["task.published", "task.cancelled"]
@@ -396,22 +394,19 @@ async fn an_agent_cancels_a_draft_an_open_or_an_active_task(db: Db) {
     assert!(problem.get("task_state").is_none(), "{problem}");
 
     let t = srv.active_task("Active").await;
-    srv.agent(&t.agent_token)
-        .post(&task_path(t.task_id, "/cancel"))
-        .expect_json(OK)
-        .await;
+    srv.agent_post(t.task_id, &t.agent_token, "cancel").await;
     assert_eq!(
         srv.task(t.task_id, &t.agent_token).await["state"],
         "cancelled"
     );
     // The worker learns it from the refusal.
-    let problem = srv
-        .worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/messages"))
-        .json(&json!({ "text": "Halfway there" }))
-        .expect_problem(CONFLICT)
-        .await;
-    assert_eq!(problem["task_state"], "cancelled");
+    refused_in(
+        srv.worker(&t.worker_token)
+            .post(&worker_path(t.task_id, "/messages"))
+            .json(&json!({ "text": "Halfway there" })),
+        "cancelled",
+    )
+    .await;
     let worker_feed = srv
         .worker(&t.worker_token)
         .get(&worker_path(t.task_id, "/events"))
@@ -497,10 +492,7 @@ async fn ended_tasks(srv: &TestServer) -> Vec<(ActiveTask, &'static str, Value)>
             .expect_json(OK)
             .await;
         if how == "cancel" {
-            srv.agent(&t.agent_token)
-                .post(&task_path(t.task_id, "/cancel"))
-                .expect_json(OK)
-                .await;
+            srv.agent_post(t.task_id, &t.agent_token, "cancel").await;
         } else {
             worker
                 .post(&worker_path(t.task_id, how))
@@ -549,8 +541,7 @@ async fn a_terminal_task_refuses_changes_and_stays_readable(db: Db) {
             worker.post(&worker_path(id, "/stop")),
         ];
         for request in refusals {
-            let problem = request.expect_problem(CONFLICT).await;
-            assert_eq!(problem["task_state"], state, "{problem}");
+            let problem = refused_in(request, state).await;
             assert!(
                 problem["type"]
                     .as_str()
@@ -683,9 +674,7 @@ async fn the_event_feed_pages_by_after_and_limit(db: Db) {
     agent.get(&events_at("limit=1000")).expect_json(OK).await;
 
     // A terminal state shows on the page that carries the terminal event.
-    srv.worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/complete"))
-        .expect_json(OK)
+    srv.worker_post(t.task_id, &t.worker_token, "complete")
         .await;
     let last = agent
         .get(&events_at(&format!("after={after}")))
@@ -712,10 +701,7 @@ async fn workers_page_through_open_tasks_oldest_first(db: Db) {
     }
     srv.create_task("a draft is not listed").await;
     let (cancelled, token) = srv.create_open_task("cancelled is not listed").await;
-    srv.agent(&token)
-        .post(&task_path(cancelled, "/cancel"))
-        .expect_json(OK)
-        .await;
+    srv.agent_post(cancelled, &token, "cancel").await;
     // Oldest first; ties broken by id (timestamps have millisecond precision).
     open.sort();
     let expected: Vec<Uuid> = open.iter().map(|(_, id)| *id).collect();
@@ -778,13 +764,8 @@ async fn actions_past_a_deadline_are_refused_but_stop_and_cancel_are_not(db: Db)
     let srv = TestServer::start_with_policy(db, policy).await;
 
     // The assigned worker did not start in time.
-    let (id, token) = srv.create_open_task("Be quick").await;
-    let (_, worker_token) = srv.register_worker("Slow").await;
+    let (id, token, worker_token) = claimed_task(&srv, "Be quick", "Slow").await;
     let worker = srv.worker(&worker_token);
-    worker
-        .post(&worker_path(id, "/claim"))
-        .expect_json(OK)
-        .await;
     srv.advance_clock(TimeDelta::milliseconds(1001));
     for request in [
         worker.post(&worker_path(id, "/start")),
@@ -807,9 +788,7 @@ async fn actions_past_a_deadline_are_refused_but_stop_and_cancel_are_not(db: Db)
 
     // A draft whose lifetime ran out cannot be published, only cancelled.
     let created = srv
-        .dev(reqwest::Method::POST, "/api/v1/tasks")
-        .json(&json!({ "description": "Short-lived", "expires_in_seconds": 1 }))
-        .expect_json(StatusCode::CREATED)
+        .create_task_with(json!({ "description": "Short-lived", "expires_in_seconds": 1 }))
         .await;
     let id = uuid_at(&created, "/task/id");
     let token = str_at(&created, "/agent_token");
@@ -826,9 +805,6 @@ async fn actions_past_a_deadline_are_refused_but_stop_and_cancel_are_not(db: Db)
             .ends_with("/deadline-passed"),
         "{problem}"
     );
-    srv.agent(&token)
-        .post(&task_path(id, "/cancel"))
-        .expect_json(OK)
-        .await;
+    srv.agent_post(id, &token, "cancel").await;
     assert_eq!(types(&srv.feed(id, &token).await), ["task.cancelled"]);
 }
