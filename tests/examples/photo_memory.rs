@@ -7,8 +7,9 @@
 //! scripts/photo-memory.sh [UPLOADS]      # default 4 concurrent uploads per case
 //! ```
 //!
-//! By hand: `photo_memory [--uploads N] [--server PATH]` (default: the
-//! `meatspace-api-server` next to the `examples/` directory). Extra
+//! By hand: `photo_memory [--uploads N] [--server PATH]` (default:
+//! `MEATSPACE_API_SERVER_BIN`, else the `meatspace-api-server` next to
+//! the `examples/` directory). Extra
 //! `MEATSPACE_*` variables of the environment (e.g.
 //! `MEATSPACE_PHOTO_DECODE_MEMORY_BYTES`) pass through to the server.
 //!
@@ -28,24 +29,16 @@
 //! - 4000 × 3000 JPEG (a phone photo, 36 MB of pixels: accepted).
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use meatspace_tests::process::{Binary, DevApi, free_port, until_ready};
 use meatspace_tests::server::images;
-use serde_json::{Value, json};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `VmHWM` (peak resident set) of `pid`, in MiB.
@@ -99,20 +92,7 @@ async fn start(server: &std::path::Path) -> Server {
         .spawn()
         .unwrap_or_else(|e| panic!("start {}: {e}", server.display()));
     let base = format!("http://{addr}");
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let give_up = Instant::now() + Duration::from_secs(60);
-    while !client
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            Instant::now() < give_up,
-            "the server is not ready after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_ready(&base, Duration::from_secs(60)).await;
     Server {
         child,
         base,
@@ -121,57 +101,12 @@ async fn start(server: &std::path::Path) -> Server {
     }
 }
 
-/// Creates, publishes, claims and starts a task: its id and worker token.
-async fn active_task(client: &reqwest::Client, s: &Server) -> (String, String) {
-    let post = |path: &str| client.post(format!("{}{path}", s.base));
-    let created: Value = post("/api/v1/tasks")
-        .header("x-meatspace-dev-key", &s.dev_key)
-        .json(&json!({ "description": "Photograph the building" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["task"]["id"].as_str().unwrap().to_owned();
-    let agent = created["agent_token"].as_str().unwrap().to_owned();
-    post(&format!("/api/v1/tasks/{id}/publish"))
-        .bearer_auth(&agent)
-        .send()
-        .await
-        .unwrap();
-    let worker: Value = post("/api/v1/workers")
-        .header("x-meatspace-dev-key", &s.dev_key)
-        .json(&json!({ "name": "Ada" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = worker["worker_token"].as_str().unwrap().to_owned();
-    for action in ["claim", "start"] {
-        post(&format!("/api/v1/worker/tasks/{id}/{action}"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap();
-    }
-    (id, token)
-}
-
 #[tokio::main]
 async fn main() {
     let uploads: usize = arg("--uploads").map_or(4, |s| s.parse().expect("--uploads N"));
     let server = arg("--server")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let exe = std::env::current_exe().expect("own path");
-            exe.parent()
-                .and_then(|examples| examples.parent())
-                .expect("target directory")
-                .join("meatspace-api-server")
-        });
+        .unwrap_or_else(|| Binary::ApiServer.path());
     println!("building the uploads ...");
     let cases: Vec<(&str, &str, Vec<u8>)> = vec![
         (
@@ -202,7 +137,9 @@ async fn main() {
     for (name, content_type, body) in cases {
         let mut s = start(&server).await;
         let pid = s.child.id().expect("pid");
-        let (id, token) = active_task(&client, &s).await;
+        let (id, _, token) = DevApi::new(&s.base, &s.dev_key)
+            .active_task("Photograph the building", "Ada")
+            .await;
         let idle = peak_mib(pid);
         let sends = (0..uploads).map(|_| {
             client

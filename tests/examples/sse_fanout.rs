@@ -16,8 +16,9 @@
 //!
 //! The script raises the open-file limit (`ulimit -n`), builds the server
 //! and this example in release mode and runs it. By hand:
-//! `sse_fanout [--streams N] [--mode sse|longpoll] [--server PATH]` (default: the
-//! `meatspace-api-server` next to the `examples/` directory).
+//! `sse_fanout [--streams N] [--mode sse|longpoll] [--server PATH]` (default:
+//! `MEATSPACE_API_SERVER_BIN`, else the `meatspace-api-server` next to the
+//! `examples/` directory).
 //!
 //! It starts the binary on the embedded SQLite default (a temporary data
 //! directory, a free 127.0.0.1 port, `RUST_LOG=warn`), creates one task,
@@ -35,6 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use meatspace_tests::process::{Binary, DevApi, free_port, until_ready};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -100,26 +102,10 @@ async fn main() {
         arg("--http2").map(|s| s.parse().expect("--http2 CONNECTIONS"));
     let server = arg("--server")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let exe = std::env::current_exe().expect("own path");
-            exe.parent()
-                .and_then(|examples| examples.parent())
-                .expect("target directory")
-                .join("meatspace-api-server")
-        });
+        .unwrap_or_else(|| Binary::ApiServer.path());
     let dir = tempfile::tempdir().expect("temporary directory");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
     let dev_key = "msd_sse-fanout-benchmark-key-0123456789";
     let mut child = tokio::process::Command::new(&server)
         .env_clear()
@@ -143,37 +129,11 @@ async fn main() {
     let pid = child.id().expect("pid");
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let base = format!("http://{addr}");
-    let give_up = Instant::now() + Duration::from_secs(60);
-    while client
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .map(|r| r.status() != 200)
-        .unwrap_or(true)
-    {
-        assert!(Instant::now() < give_up, "the server did not become ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let created: serde_json::Value = client
-        .post(format!("{base}/api/v1/tasks"))
-        .header("x-meatspace-dev-key", dev_key)
-        .json(&serde_json::json!({ "description": "fan-out benchmark" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["task"]["id"].as_str().unwrap().to_owned();
-    let token = created["agent_token"].as_str().unwrap().to_owned();
+    until_ready(&base, Duration::from_secs(60)).await;
+    let api = DevApi::new(&base, dev_key);
+    let (id, token) = api.create_task("fan-out benchmark").await;
     // Published first, so every stream starts by reading one event.
-    let r = client
-        .post(format!("{base}/api/v1/tasks/{id}/publish"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "publish");
+    api.agent_post(&token, id, "publish").await;
     println!(
         "server idle: VmRSS {}, threads {}, open fds {}",
         status_field(pid, "VmRSS:"),
@@ -183,18 +143,10 @@ async fn main() {
 
     // Open the streams.
     // The feed's newest event id: a long poll after it waits.
-    let page: serde_json::Value = client
-        .get(format!("{base}/api/v1/tasks/{id}/events?after=0"))
-        .bearer_auth(&token)
-        .send()
+    let last = api
+        .events(&token, id, "after=0")
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let last = page["events"]
-        .as_array()
-        .and_then(|events| events.last())
+        .last()
         .and_then(|event| event["id"].as_i64())
         .expect("the published task has events");
     let request = Arc::new(if long_poll {
@@ -384,13 +336,7 @@ async fn main() {
 
     // Fan-out: one event to every stream (the terminal one: the streams end).
     let t0 = Instant::now();
-    let r = client
-        .post(format!("{base}/api/v1/tasks/{id}/cancel"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "cancel");
+    api.agent_post(&token, id, "cancel").await;
     let give_up = Instant::now() + Duration::from_secs(120);
     while got_event.load(Ordering::Relaxed) < open && Instant::now() < give_up {
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -302,3 +302,174 @@ impl ServerProcess {
         }
     }
 }
+
+/// Polls `{base}/readyz` until it answers 2xx, for a server started some
+/// other way than [`ServerProcess`]; panics after `within`.
+pub async fn until_ready(base: &str, within: Duration) {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("HTTP client");
+    let give_up = tokio::time::Instant::now() + within;
+    while !client
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the server at {base} is not ready after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The HTTP API of a server process as a client reaches it: the dev key
+/// creates tasks and workers, the tokens they hand out do the rest.
+#[derive(Debug, Clone)]
+pub struct DevApi {
+    pub base: String,
+    dev_key: String,
+    http: reqwest::Client,
+}
+
+impl DevApi {
+    pub fn new(base: &str, dev_key: &str) -> DevApi {
+        DevApi {
+            base: base.to_owned(),
+            dev_key: dev_key.to_owned(),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("HTTP client"),
+        }
+    }
+
+    /// Sends `request` (`what` says which in a failure): the status and
+    /// the body.
+    async fn send(request: reqwest::RequestBuilder, what: &str) -> (reqwest::StatusCode, String) {
+        let res = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let status = res.status();
+        (status, res.text().await.unwrap_or_default())
+    }
+
+    /// POSTs `body` to `path` with the dev key, which must succeed: the
+    /// JSON it answers.
+    async fn dev_post(&self, path: &str, body: serde_json::Value) -> serde_json::Value {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("x-meatspace-dev-key", &self.dev_key)
+            .json(&body);
+        let (status, text) = Self::send(request, path).await;
+        assert!(status.is_success(), "POST {path}: {status}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("POST {path}: {e}: {text}"))
+    }
+
+    /// POSTs `body` (none when `None`) to `path` as `token`, which must
+    /// answer 200.
+    async fn post_200(&self, path: &str, token: &str, body: Option<serde_json::Value>) {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let (status, text) = Self::send(request, path).await;
+        assert_eq!(status, reqwest::StatusCode::OK, "POST {path}: {text}");
+    }
+
+    /// Creates a draft task: its id and agent token.
+    pub async fn create_task(&self, description: &str) -> (uuid::Uuid, String) {
+        let created = self
+            .dev_post(
+                "/api/v1/tasks",
+                serde_json::json!({ "description": description }),
+            )
+            .await;
+        let id = created["task"]["id"]
+            .as_str()
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("a task id in {created}"));
+        let token = created["agent_token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("an agent token in {created}"));
+        (id, token.to_owned())
+    }
+
+    /// POSTs to the agent route `action` (`publish`, `cancel`, …) of task
+    /// `id`, which must answer 200.
+    pub async fn agent_post(&self, agent_token: &str, id: uuid::Uuid, action: &str) {
+        self.post_200(&format!("/api/v1/tasks/{id}/{action}"), agent_token, None)
+            .await;
+    }
+
+    /// The events of task `id` its agent reads with `query` (`after=0`, …):
+    /// the page's `events`.
+    pub async fn events(
+        &self,
+        agent_token: &str,
+        id: uuid::Uuid,
+        query: &str,
+    ) -> Vec<serde_json::Value> {
+        let path = format!("/api/v1/tasks/{id}/events?{query}");
+        let request = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(agent_token);
+        let (status, text) = Self::send(request, &path).await;
+        assert_eq!(status, reqwest::StatusCode::OK, "GET {path}: {text}");
+        let mut page: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"));
+        match page["events"].take() {
+            serde_json::Value::Array(events) => events,
+            other => panic!("GET {path}: no events: {other}"),
+        }
+    }
+
+    /// Registers a worker named `name`: its token.
+    pub async fn register_worker(&self, name: &str) -> String {
+        let worker = self
+            .dev_post("/api/v1/workers", serde_json::json!({ "name": name }))
+            .await;
+        worker["worker_token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a worker token in {worker}"))
+            .to_owned()
+    }
+
+    /// POSTs `body` to the worker route `action` (`claim`, `messages`, …)
+    /// of task `id`, which must answer 200.
+    pub async fn worker_post(
+        &self,
+        worker_token: &str,
+        id: uuid::Uuid,
+        action: &str,
+        body: serde_json::Value,
+    ) {
+        let path = format!("/api/v1/worker/tasks/{id}/{action}");
+        self.post_200(&path, worker_token, Some(body)).await;
+    }
+
+    /// A task published, then claimed and started by a new worker named
+    /// `worker`: (task id, agent token, worker token).
+    pub async fn active_task(
+        &self,
+        description: &str,
+        worker: &str,
+    ) -> (uuid::Uuid, String, String) {
+        let (id, token) = self.create_task(description).await;
+        self.agent_post(&token, id, "publish").await;
+        let wtoken = self.register_worker(worker).await;
+        for action in ["claim", "start"] {
+            self.worker_post(&wtoken, id, action, serde_json::json!({}))
+                .await;
+        }
+        (id, token, wtoken)
+    }
+}

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use meatspace_tests::cli::{cli_bin, json_of, run};
+use meatspace_tests::cli::{dev_cli as cli, json_of, run};
 use meatspace_tests::server::{Expect, TestServer, ids, images, types};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
@@ -28,17 +28,18 @@ api_tests!(
     errors_say_what_to_do_next,
 );
 
-/// A `meatspace` command aimed at `server`, keeping its state in `state`.
-fn cli(server: &TestServer, state: &Path) -> Command {
-    let mut cmd = Command::new(cli_bin());
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("MEATSPACE_URL", &server.base_url)
-        .env("MEATSPACE_DEV_KEY", &server.dev_key)
-        .env("MEATSPACE_STATE_DIR", state)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
+/// `meatspace task create --description DESCRIPTION ARGS…`: the new
+/// task's id, and all it printed.
+async fn create_task(cmd: Command, description: &str, args: &[&str]) -> (String, Value) {
+    let created = json_of(
+        cmd,
+        &[&["task", "create", "--description", description], args].concat(),
+    )
+    .await;
+    let id = created["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task id in {created}"));
+    (id.to_owned(), created)
 }
 
 fn mode(p: &Path) -> u32 {
@@ -117,21 +118,14 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
 
-    let created = json_of(
+    let (id, created) = create_task(
         cli(&server, &state),
-        &[
-            "task",
-            "create",
-            "--description",
-            "Read the gas meter",
-            "--lifetime",
-            "3600",
-            "--publish",
-        ],
+        "Read the gas meter",
+        &["--lifetime", "3600", "--publish"],
     )
     .await;
     assert_eq!(created["task"]["state"], "open", "{created}");
-    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+    let id: Uuid = id.parse().unwrap();
     let file = state.join(format!("tasks/{id}.json"));
     assert_eq!(created["state_file"], json!(file));
     assert_eq!(mode(&state), 0o700, "state directory is private");
@@ -312,13 +306,8 @@ async fn worker_commands_do_a_task(db: Db) {
     let agent = || cli(&server, &agent_state);
     let worker = || cli(&server, &worker_state);
 
-    let created = json_of(
-        agent(),
-        &["task", "create", "--description", "Feed the cat"],
-    )
-    .await;
+    let (id, created) = create_task(agent(), "Feed the cat", &[]).await;
     assert_eq!(created["task"]["state"], "draft");
-    let id = created["task"]["id"].as_str().unwrap().to_owned();
     let published = json_of(agent(), &["task", "publish", &id]).await;
     assert_eq!(published["task"]["state"], "open");
 
@@ -427,32 +416,10 @@ async fn worker_commands_do_a_task(db: Db) {
     );
 
     // Cancel and stop, on tasks of their own.
-    let other = json_of(
-        agent(),
-        &[
-            "task",
-            "create",
-            "--description",
-            "Walk the dog",
-            "--publish",
-        ],
-    )
-    .await;
-    let other_id = other["task"]["id"].as_str().unwrap().to_owned();
+    let (other_id, _) = create_task(agent(), "Walk the dog", &["--publish"]).await;
     let cancelled = json_of(agent(), &["task", "cancel", &other_id]).await;
     assert_eq!(cancelled["task"]["state"], "cancelled");
-    let third = json_of(
-        agent(),
-        &[
-            "task",
-            "create",
-            "--description",
-            "Water the roses",
-            "--publish",
-        ],
-    )
-    .await;
-    let third_id = third["task"]["id"].as_str().unwrap().to_owned();
+    let (third_id, _) = create_task(agent(), "Water the roses", &["--publish"]).await;
     json_of(worker(), &["worker", "claim", &third_id]).await;
     let stopped = json_of(
         worker(),
@@ -486,12 +453,7 @@ async fn errors_say_what_to_do_next(db: Db) {
     assert!(ran.stderr.contains("no local record"), "{}", ran.stderr);
     assert!(ran.stderr.contains("meatspace task list"), "{}", ran.stderr);
 
-    let created = json_of(
-        cli(&server, &state),
-        &["task", "create", "--description", "Buy stamps", "--publish"],
-    )
-    .await;
-    let id = created["task"]["id"].as_str().unwrap().to_owned();
+    let (id, _) = create_task(cli(&server, &state), "Buy stamps", &["--publish"]).await;
     let ran = run(cli(&server, &state), &["task", "publish", &id]).await;
     assert_eq!(ran.status.code(), Some(1));
     assert!(ran.stderr.contains("409"), "{}", ran.stderr);
@@ -563,19 +525,12 @@ async fn extend_moves_the_deadline(db: Db) {
     let server = TestServer::start(db).await;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let created = json_of(
+    let (id, created) = create_task(
         cli(&server, &state),
-        &[
-            "task",
-            "create",
-            "--description",
-            "Queue for tickets",
-            "--lifetime",
-            "600",
-        ],
+        "Queue for tickets",
+        &["--lifetime", "600"],
     )
     .await;
-    let id = created["task"]["id"].as_str().unwrap().to_owned();
     let before: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(created["task"]["expires_at"].clone()).unwrap();
     let extended = json_of(

@@ -7,31 +7,18 @@
 //! to write; hints name the id and the command of the side that failed;
 //! listings are objects; worker actions print one line each.
 
-use std::path::Path;
 use std::process::Stdio;
 
-use meatspace_tests::cli::{Ran, cli_bin, run};
+use meatspace_tests::cli::{Ran, dev_cli as cli, run};
 use meatspace_tests::server::TestServer;
 use meatspace_tests::{Db, api_tests};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
 
 api_tests!(
     import_adopts_a_task_created_elsewhere,
     errors_have_exit_statuses_and_json,
 );
-
-fn cli(server: &TestServer, state: &Path) -> Command {
-    let mut cmd = Command::new(cli_bin());
-    cmd.env_clear()
-        .env("MEATSPACE_URL", &server.base_url)
-        .env("MEATSPACE_DEV_KEY", &server.dev_key)
-        .env("MEATSPACE_STATE_DIR", state)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
 
 /// The error object a `--output json` command wrote on stderr.
 fn json_error(ran: &Ran) -> Value {

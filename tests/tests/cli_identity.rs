@@ -13,14 +13,13 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use meatspace_tests::cli::{cli_bin, json_of, refused, run};
+use meatspace_tests::cli::{
+    call_tool as call, call_tool_result, cli_at, json_of, mcp_session, refused, run,
+};
 use meatspace_tests::server::{Expect, ServerOptions, TestServer};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
-use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 use tokio::process::Command;
 use uuid::Uuid;
@@ -43,13 +42,7 @@ enum As<'a> {
 
 /// A `meatspace` command against `server` with only `who`'s credential.
 fn cli(server: &TestServer, state: &Path, who: As<'_>) -> Command {
-    let mut cmd = Command::new(cli_bin());
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("MEATSPACE_URL", &server.base_url)
-        .env("MEATSPACE_STATE_DIR", state)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+    let mut cmd = cli_at(&server.base_url, state);
     match who {
         As::DevKey => cmd.env("MEATSPACE_DEV_KEY", &server.dev_key),
         As::Key(key) => cmd.env("MEATSPACE_API_KEY", key),
@@ -418,23 +411,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
 async fn mcp(server: &TestServer, state: &Path, key: &str) -> RunningService<RoleClient, ()> {
     let mut cmd = cli(server, state, As::Key(key));
     cmd.arg("mcp");
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start meatspace mcp");
-    ().serve(transport).await.expect("MCP session over stdio")
-}
-
-async fn call(client: &RunningService<RoleClient, ()>, name: &str, args: Value) -> Value {
-    let Value::Object(args) = args else {
-        unreachable!()
-    };
-    let result: CallToolResult = client
-        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(args))
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
-    result.structured_content.expect("structured result")
+    mcp_session(cmd, Stdio::null()).await
 }
 
 async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
@@ -503,13 +480,7 @@ async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
 
     // B's MCP server cannot reach A's task: a tool error with 404.
     let client = mcp(&server, &dir.path().join("mcp-b"), &b).await;
-    let Value::Object(args) = json!({ "task_id": task }) else {
-        unreachable!()
-    };
-    let result = client
-        .call_tool(CallToolRequestParams::new("get_task".to_owned()).with_arguments(args))
-        .await
-        .expect("get_task answers");
+    let result = call_tool_result(&client, "get_task", json!({ "task_id": task })).await;
     assert_eq!(result.is_error, Some(true), "{result:?}");
     // The tool's structured problem: the API's status and kind, not a text
     // that merely mentions 404 somewhere.

@@ -10,13 +10,10 @@
 use std::path::Path;
 use std::process::Stdio;
 
+use meatspace_tests::cli::{call_tool as call, mcp_session};
 use meatspace_tests::process::cli_bin;
-use meatspace_tests::process::{Binary, ServerProcess};
-use reqwest::StatusCode;
-use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use meatspace_tests::process::{Binary, DevApi, ServerProcess};
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -35,51 +32,8 @@ fn cli(base: &str, state: &Path) -> tokio::process::Command {
 /// `meatspace mcp` as an MCP session over its stdio.
 async fn mcp(base: &str, state: &Path) -> RunningService<RoleClient, ()> {
     let mut cmd = cli(base, state);
-    cmd.arg("mcp").kill_on_drop(true);
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start meatspace mcp");
-    ().serve(transport).await.expect("MCP session over stdio")
-}
-
-async fn call(client: &RunningService<RoleClient, ()>, name: &str, args: Value) -> Value {
-    let Value::Object(args) = args else {
-        unreachable!()
-    };
-    let result: CallToolResult = client
-        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(args))
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
-    result.structured_content.expect("structured result")
-}
-
-async fn worker_token(base: &str) -> String {
-    let worker: Value = reqwest::Client::new()
-        .post(format!("{base}/api/v1/workers"))
-        .header("x-meatspace-dev-key", DEV_KEY)
-        .json(&json!({ "name": "Lin" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    worker["worker_token"].as_str().unwrap().to_owned()
-}
-
-async fn worker_post(base: &str, wtoken: &str, id: Uuid, path: &str, body: Value) {
-    let res = reqwest::Client::new()
-        .post(format!("{base}/api/v1/worker/tasks/{id}/{path}"))
-        .bearer_auth(wtoken)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = res.status();
-    let body = res.text().await.unwrap_or_default();
-    assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    cmd.arg("mcp");
+    mcp_session(cmd, Stdio::null()).await
 }
 
 async fn server(data: &Path) -> ServerProcess {
@@ -112,11 +66,13 @@ async fn a_task_created_through_mcp_is_watched_with_the_cli() {
     let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
     session.cancel().await.expect("end the MCP session");
 
-    let wtoken = worker_token(&base).await;
+    let api = DevApi::new(&base, DEV_KEY);
+    let wtoken = api.register_worker("Lin").await;
     for step in ["claim", "start"] {
-        worker_post(&base, &wtoken, id, step, json!({})).await;
+        api.worker_post(&wtoken, id, step, json!({})).await;
     }
-    worker_post(&base, &wtoken, id, "complete", json!({ "text": "empty" })).await;
+    api.worker_post(&wtoken, id, "complete", json!({ "text": "empty" }))
+        .await;
 
     // Only the id: the token is the one `meatspace mcp` stored.
     let out = cli(&base, &state)
@@ -178,9 +134,10 @@ async fn a_task_created_with_the_cli_is_driven_through_mcp() {
     let task = call(&session, "get_task", json!({ "task_id": id })).await;
     assert_eq!(task["task"]["state"], "draft", "{task}");
     call(&session, "publish_task", json!({ "task_id": id })).await;
-    let wtoken = worker_token(&base).await;
+    let api = DevApi::new(&base, DEV_KEY);
+    let wtoken = api.register_worker("Lin").await;
     let id: Uuid = id.parse().unwrap();
-    worker_post(&base, &wtoken, id, "claim", json!({})).await;
+    api.worker_post(&wtoken, id, "claim", json!({})).await;
     let events = call(
         &session,
         "wait_for_events",

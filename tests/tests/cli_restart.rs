@@ -14,12 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use meatspace_tests::process::cli_bin;
-use meatspace_tests::process::{Binary, ServerProcess, free_port};
-use reqwest::StatusCode;
-use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
-use rmcp::transport::TokioChildProcess;
+use meatspace_tests::cli::{call_tool, call_tool_result, cli_bin, mcp_session};
+use meatspace_tests::process::{Binary, DevApi, ServerProcess, free_port};
+use meatspace_tests::server::{ids, types};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
@@ -70,81 +67,10 @@ impl Restartable {
     fn base(&self) -> String {
         format!("http://{}", self.addr)
     }
-}
 
-/// An open task with an active worker, made over HTTP: (id, agent token, worker token).
-async fn active_task(base: &str) -> (Uuid, String, String) {
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{base}/api/v1/tasks"))
-        .header("x-meatspace-dev-key", DEV_KEY)
-        .json(&json!({ "description": "Count the bikes in the rack" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
-    let token = created["agent_token"].as_str().unwrap().to_owned();
-    let ok = |r: reqwest::Response| {
-        assert!(r.status().is_success(), "{}", r.status());
-    };
-    ok(http
-        .post(format!("{base}/api/v1/tasks/{id}/publish"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap());
-    let worker: Value = http
-        .post(format!("{base}/api/v1/workers"))
-        .header("x-meatspace-dev-key", DEV_KEY)
-        .json(&json!({ "name": "Ada" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let wtoken = worker["worker_token"].as_str().unwrap().to_owned();
-    for step in ["claim", "start"] {
-        ok(http
-            .post(format!("{base}/api/v1/worker/tasks/{id}/{step}"))
-            .bearer_auth(&wtoken)
-            .send()
-            .await
-            .unwrap());
+    fn api(&self) -> DevApi {
+        DevApi::new(&self.base(), DEV_KEY)
     }
-    (id, token, wtoken)
-}
-
-async fn worker_post(base: &str, wtoken: &str, id: Uuid, path: &str, body: Value) {
-    let res = reqwest::Client::new()
-        .post(format!("{base}/api/v1/worker/tasks/{id}/{path}"))
-        .bearer_auth(wtoken)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK, "{path}");
-}
-
-async fn feed_ids(base: &str, token: &str, id: Uuid) -> Vec<i64> {
-    let page: Value = reqwest::Client::new()
-        .get(format!("{base}/api/v1/tasks/{id}/events?after=0&limit=500"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["id"].as_i64().unwrap())
-        .collect()
 }
 
 type Lines<R> = tokio::io::Lines<BufReader<R>>;
@@ -184,7 +110,8 @@ async fn watch_survives_a_server_restart(transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Restartable::start(dir.path()).await;
     let base = server.base();
-    let (id, token, wtoken) = active_task(&base).await;
+    let api = server.api();
+    let (id, token, wtoken) = api.active_task("Count the bikes in the rack", "Ada").await;
 
     // The task was made with curl-like calls: the CLI adopts it.
     let state = dir.path().join("state");
@@ -216,7 +143,8 @@ async fn watch_survives_a_server_restart(transport: &str) {
     let mut out = BufReader::new(watch.stdout.take().unwrap()).lines();
     let mut err = BufReader::new(watch.stderr.take().unwrap()).lines();
     let mut printed: Vec<i64> = Vec::new();
-    worker_post(&base, &wtoken, id, "messages", json!({ "text": "one" })).await;
+    api.worker_post(&wtoken, id, "messages", json!({ "text": "one" }))
+        .await;
     loop {
         let v = read_event(&mut out, &mut printed).await;
         if v["event"]["data"]["text"] == "one" {
@@ -248,16 +176,12 @@ async fn watch_survives_a_server_restart(transport: &str) {
         all
     });
 
-    worker_post(&base, &wtoken, id, "messages", json!({ "text": "two" })).await;
-    worker_post(&base, &wtoken, id, "messages", json!({ "text": "three" })).await;
-    worker_post(
-        &base,
-        &wtoken,
-        id,
-        "complete",
-        json!({ "text": "12 bikes" }),
-    )
-    .await;
+    for text in ["two", "three"] {
+        api.worker_post(&wtoken, id, "messages", json!({ "text": text }))
+            .await;
+    }
+    api.worker_post(&wtoken, id, "complete", json!({ "text": "12 bikes" }))
+        .await;
     let last = loop {
         let v = read_event(&mut out, &mut printed).await;
         if v["kind"] == "final" {
@@ -277,7 +201,7 @@ async fn watch_survives_a_server_restart(transport: &str) {
     );
     assert_eq!(
         printed,
-        feed_ids(&base, &token, id).await,
+        ids(&api.events(&token, id, "after=0&limit=500").await),
         "every event printed once, in order, across the restart"
     );
     server.process.kill().await;
@@ -293,58 +217,40 @@ async fn mcp_wait_for_events_waits_out_a_server_restart() {
     cmd.env_clear()
         .env("MEATSPACE_DEV_KEY", DEV_KEY)
         .args(["mcp", "--url", &base, "--state-dir"])
-        .arg(dir.path().join("state"))
-        .kill_on_drop(true);
-    let (transport, _) = TokioChildProcess::builder(cmd)
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .expect("start meatspace mcp");
-    let client = ().serve(transport).await.expect("MCP session over stdio");
-    let call = |name: &'static str, args: Value| {
-        let client = client.clone();
-        async move {
-            let Value::Object(args) = args else {
-                unreachable!()
-            };
-            client
-                .call_tool(CallToolRequestParams::new(name).with_arguments(args))
-                .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"))
-        }
-    };
-    let created = call(
+        .arg(dir.path().join("state"));
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let client = mcp_session(cmd, stderr).await;
+    let created = call_tool(
+        &client,
         "create_task",
         json!({ "description": "Check the mailbox", "publish": true }),
     )
     .await;
-    let created = created.structured_content.expect("structured result");
     let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
 
     // A worker claims; the agent reads up to there.
-    let http = reqwest::Client::new();
-    let worker: Value = http
-        .post(format!("{base}/api/v1/workers"))
-        .header("x-meatspace-dev-key", DEV_KEY)
-        .json(&json!({ "name": "Lin" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let wtoken = worker["worker_token"].as_str().unwrap().to_owned();
-    worker_post(&base, &wtoken, id, "claim", json!({})).await;
-    let first = call("wait_for_events", json!({ "task_id": id, "cursor": 0 })).await;
-    assert_ne!(first.is_error, Some(true), "{first:?}");
-    let first = first.structured_content.unwrap();
+    let api = server.api();
+    let wtoken = api.register_worker("Lin").await;
+    api.worker_post(&wtoken, id, "claim", json!({})).await;
+    let first = call_tool(
+        &client,
+        "wait_for_events",
+        json!({ "task_id": id, "cursor": 0 }),
+    )
+    .await;
     let cursor = first["next_cursor"].as_i64().unwrap();
 
     // Down: a wait starts now and must outlast the restart.
     server.process.kill().await;
-    let waiting = tokio::spawn(call(
-        "wait_for_events",
-        json!({ "task_id": id, "cursor": cursor, "wait_seconds": 25 }),
-    ));
+    let peer = client.peer().clone();
+    let waiting = tokio::spawn(async move {
+        call_tool_result(
+            &peer,
+            "wait_for_events",
+            json!({ "task_id": id, "cursor": cursor, "wait_seconds": 25 }),
+        )
+        .await
+    });
     meatspace_tests::eventually(
         Duration::from_secs(60),
         "wait_for_events says it is retrying",
@@ -357,7 +263,7 @@ async fn mcp_wait_for_events_waits_out_a_server_restart() {
     )
     .await;
     server.restart().await;
-    worker_post(&base, &wtoken, id, "start", json!({})).await;
+    api.worker_post(&wtoken, id, "start", json!({})).await;
     let result = tokio::time::timeout(Duration::from_secs(90), waiting)
         .await
         .expect("wait_for_events answers")
@@ -368,13 +274,8 @@ async fn mcp_wait_for_events_waits_out_a_server_restart() {
         "a restart is not an error: {result:?}"
     );
     let result = result.structured_content.unwrap();
-    let types: Vec<&str> = result["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["type"].as_str().unwrap())
-        .collect();
-    assert_eq!(types, ["task.started"], "{result}");
+    let events = result["events"].as_array().expect("events");
+    assert_eq!(types(events), ["task.started"], "{result}");
     client.cancel().await.ok();
     server.process.kill().await;
 }
