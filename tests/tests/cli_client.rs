@@ -31,6 +31,36 @@ fn client(server: &TestServer) -> Client {
         .expect("client")
 }
 
+/// A client of `base` (with the dev key when given) that makes each call
+/// up to `max_attempts` times, backing off from the first to the second
+/// of `backoff_ms` milliseconds.
+fn retrying(
+    base: &str,
+    dev_key: Option<&str>,
+    max_attempts: u32,
+    backoff_ms: (u64, u64),
+) -> Client {
+    let mut builder = Client::builder(base).retry(RetryPolicy {
+        max_attempts,
+        initial_backoff: Duration::from_millis(backoff_ms.0),
+        max_backoff: Duration::from_millis(backoff_ms.1),
+    });
+    if let Some(key) = dev_key {
+        builder = builder.dev_key(key);
+    }
+    builder.build().expect("client")
+}
+
+/// `err` is an answer of HTTP `status` with the problem `slug`.
+#[track_caller]
+fn assert_problem(err: &Error, status: u16, slug: &str) {
+    assert_eq!(
+        (err.status(), err.problem_slug()),
+        (Some(status), Some(slug)),
+        "{err}"
+    );
+}
+
 /// Reads a feed to its end; returns every event and checks the batches.
 async fn drain(feed: Feed) -> Vec<Event> {
     drain_over(feed).await.0
@@ -221,21 +251,13 @@ async fn problems_are_typed_errors(db: Db) {
         .get()
         .await
         .unwrap_err();
-    assert_eq!(
-        (err.status(), err.problem_slug()),
-        (Some(401), Some("unauthorized")),
-        "{err}"
-    );
+    assert_problem(&err, 401, "unauthorized");
 
     let err = client
         .create_task(&CreateTask::new("  "))
         .await
         .unwrap_err();
-    assert_eq!(
-        (err.status(), err.problem_slug()),
-        (Some(422), Some("invalid-input")),
-        "{err}"
-    );
+    assert_problem(&err, 422, "invalid-input");
 
     let wrong_key = Client::builder(&server.base_url)
         .dev_key("msd_wrong")
@@ -252,11 +274,7 @@ async fn problems_are_typed_errors(db: Db) {
 
     task.cancel().await.expect("cancel");
     let err = task.cancel().await.unwrap_err();
-    assert_eq!(
-        (err.status(), err.problem_slug()),
-        (Some(409), Some("task-terminal")),
-        "{err}"
-    );
+    assert_problem(&err, 409, "task-terminal");
     assert_eq!(
         err.problem().unwrap().task_state,
         Some(TaskState::Cancelled)
@@ -514,15 +532,7 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
 async fn retries_reuse_one_idempotency_key(db: Db) {
     let server = TestServer::start(db).await;
     let (proxy, seen) = flaky_proxy(server.base_url.clone(), drop_busy_forward).await;
-    let client = Client::builder(&proxy)
-        .dev_key(server.dev_key.clone())
-        .retry(RetryPolicy {
-            max_attempts: 3,
-            initial_backoff: Duration::from_millis(20),
-            max_backoff: Duration::from_millis(50),
-        })
-        .build()
-        .unwrap();
+    let client = retrying(&proxy, Some(&server.dev_key), 3, (20, 50));
     // Each call fails twice (a broken connection, then 503) and succeeds on
     // the third attempt.
     let (created, task) = client
@@ -567,24 +577,13 @@ async fn retries_reuse_one_idempotency_key(db: Db) {
     );
 
     // With fewer attempts than failures, the last failure is the answer.
-    let impatient = Client::builder(&proxy)
-        .retry(RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(10),
-        })
-        .build()
-        .unwrap();
+    let impatient = retrying(&proxy, None, 2, (10, 10));
     let err = impatient
         .task(task.id(), task.token().expect("a created task has a token"))
         .get()
         .await
         .unwrap_err();
-    assert_eq!(
-        (err.status(), err.problem_slug()),
-        (Some(503), Some("database-unavailable")),
-        "{err}"
-    );
+    assert_problem(&err, 503, "database-unavailable");
     server.stop().await;
 }
 
@@ -612,15 +611,7 @@ async fn a_lost_answer_is_replayed_not_repeated(db: Db) {
         }
     })
     .await;
-    let client = Client::builder(&proxy)
-        .dev_key(server.dev_key.clone())
-        .retry(RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(20),
-            max_backoff: Duration::from_millis(50),
-        })
-        .build()
-        .unwrap();
+    let client = retrying(&proxy, Some(&server.dev_key), 2, (20, 50));
     let (created, task) = client
         .create_task(&CreateTask::new("Post the letter"))
         .await
