@@ -23,38 +23,40 @@ const TASKS: usize = 3000;
 /// tasks are expired; returns how many were.
 async fn first_expiries(url: &str) -> i64 {
     let sql = "SELECT count(*) FROM tasks WHERE state = 'expired'";
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
     if url.starts_with("postgres") {
         let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
-        loop {
-            let n: i64 = sqlx::query_scalar(sql)
+        first_positive(async || {
+            sqlx::query_scalar(sql)
                 .fetch_one(&mut c)
                 .await
-                .expect("count");
-            if n > 0 {
-                return n;
-            }
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "nothing expired in 30 s"
-            );
-        }
+                .expect("count")
+        })
+        .await
     } else {
         let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
-        loop {
-            let n: i64 = sqlx::query_scalar(sql)
+        first_positive(async || {
+            tokio::task::yield_now().await;
+            sqlx::query_scalar(sql)
                 .fetch_one(&mut c)
                 .await
-                .expect("count");
-            if n > 0 {
-                return n;
-            }
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "nothing expired in 30 s"
-            );
-            tokio::task::yield_now().await;
+                .expect("count")
+        })
+        .await
+    }
+}
+
+/// Calls `count` until it is positive (within 30 s): that count.
+async fn first_positive(mut count: impl AsyncFnMut() -> i64) -> i64 {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = count().await;
+        if n > 0 {
+            return n;
         }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "nothing expired in 30 s"
+        );
     }
 }
 
