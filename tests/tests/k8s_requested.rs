@@ -150,7 +150,7 @@ fn condition(m: &MeatspaceTask, type_: &str) -> Option<(String, String)> {
 }
 
 fn state(m: &MeatspaceTask) -> Option<TaskState> {
-    m.status.as_ref()?.state.map(TaskState::from)
+    m.status.as_ref()?.state
 }
 
 fn task_id(m: &MeatspaceTask) -> Uuid {
