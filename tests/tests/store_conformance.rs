@@ -58,6 +58,19 @@ fn invite_audit(id: Uuid, at: DateTime<Utc>) -> meatspace_store::NewAudit {
     }
 }
 
+/// Creates the invite `id` with `code`, at `created` seconds, expiring at
+/// `expires`.
+async fn new_invite(s: &dyn Store, id: Uuid, code: &str, created: i64, expires: i64) {
+    s.create_invite(
+        id,
+        TokenHash::of(code),
+        at(expires),
+        invite_audit(id, at(created)),
+    )
+    .await
+    .expect("create invite");
+}
+
 fn policy() -> Policy {
     Policy {
         default_lifetime: TimeDelta::seconds(LIFETIME),
@@ -546,14 +559,7 @@ async fn stored_data_reveals_no_token(db: &TestDb) {
     // are kept only as digests.
     let invite_code = token::generate("msi_");
     let invite = Uuid::new_v4();
-    s.create_invite(
-        invite,
-        TokenHash::of(&invite_code),
-        at(100),
-        invite_audit(invite, at(1)),
-    )
-    .await
-    .expect("create invite");
+    new_invite(s, invite, &invite_code, 1, 100).await;
     let invited = Uuid::new_v4();
     s.redeem_invite(invite, invited, "marker-invited", TokenHash::of("x"), at(2))
         .await
@@ -892,31 +898,27 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
         .await
         .expect("create with webhook");
     assert_eq!(task.id, id);
+    // What is due at `secs`, leased for 30 s (at most 10).
+    let claim_due = async |secs: i64| {
+        s.claim_due_webhooks(at(secs), at(secs + 30), 10)
+            .await
+            .unwrap()
+    };
     let w = s.webhook(id).await.unwrap().expect("endpoint");
     assert_eq!(w.url, "https://example.test/hook");
     assert_eq!(w.state, WebhookState::Active);
     assert_eq!(w.last_delivered_event_id, 0);
     assert_eq!(s.webhook(create(s).await.id).await.unwrap(), None);
     // No event yet: nothing due.
-    assert!(
-        s.claim_due_webhooks(at(1), at(31), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim_due(1).await.is_empty());
     assert_eq!(s.next_webhook_attempt().await.unwrap(), None);
     let published = ok(s, id, Command::Publish, 1).await.events[0].id;
     assert_eq!(s.next_webhook_attempt().await.unwrap(), Some(at(0)));
-    let due = s.claim_due_webhooks(at(2), at(32), 10).await.unwrap();
+    let due = claim_due(2).await;
     assert_eq!(due.len(), 1);
     assert_eq!((due[0].task_id, due[0].delivered_event_id), (id, 0));
     // Leased: not due again before the lease ends.
-    assert!(
-        s.claim_due_webhooks(at(3), at(33), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim_due(3).await.is_empty());
     assert_eq!(s.next_webhook_attempt().await.unwrap(), Some(at(32)));
     // A failure counts and schedules the retry.
     let failed = O::Failed {
@@ -928,13 +930,8 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
     assert_eq!((w.state, w.attempts), (WebhookState::Failing, 1));
     assert_eq!(w.failing_since, Some(at(4)));
     assert_eq!(w.last_error.as_deref(), Some("could not connect"));
-    assert!(
-        s.claim_due_webhooks(at(9), at(39), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    let due = s.claim_due_webhooks(at(10), at(40), 10).await.unwrap();
+    assert!(claim_due(9).await.is_empty());
+    let due = claim_due(10).await;
     assert_eq!((due[0].attempts, due[0].failing_since), (1, Some(at(4))));
     // Delivered: the cursor moves, the failure is forgotten, nothing is due.
     let delivered = O::Delivered {
@@ -948,21 +945,10 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
         (w.state, w.attempts, w.last_error),
         (WebhookState::Active, 0, None)
     );
-    assert!(
-        s.claim_due_webhooks(at(12), at(42), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim_due(12).await.is_empty());
     // A new event makes it due again; disabling ends it for good.
     ok(s, id, Command::Cancel { reason: None }, 13).await;
-    assert_eq!(
-        s.claim_due_webhooks(at(14), at(44), 10)
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(claim_due(14).await.len(), 1);
     s.record_webhook(
         id,
         &O::Disabled {
@@ -981,12 +967,7 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
         s.webhook(id).await.unwrap().unwrap().state,
         WebhookState::Disabled
     );
-    assert!(
-        s.claim_due_webhooks(at(1000), at(1030), 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim_due(1000).await.is_empty());
     assert_eq!(s.next_webhook_attempt().await.unwrap(), None);
     // Retention removes the endpoint with its task.
     s.purge_ended_before(at(100), at(100), 10).await.unwrap();
@@ -1007,18 +988,12 @@ async fn idempotency_keys_are_claimed_once_and_replayed(store: Arc<dyn Store>) {
         lease: TimeDelta::seconds(60),
         ttl: TimeDelta::seconds(3600),
     };
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 1, 0)).await.unwrap(),
-        B::Started
-    );
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 1, 1)).await.unwrap(),
-        B::InFlight
-    );
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 2, 1)).await.unwrap(),
-        B::Mismatch
-    );
+    // The request of fingerprint `print` for the key "k", at `secs`.
+    let begin =
+        async |print: u8, secs: i64| s.idempotency_begin(&claim("k", print, secs)).await.unwrap();
+    assert_eq!(begin(1, 0).await, B::Started);
+    assert_eq!(begin(1, 1).await, B::InFlight);
+    assert_eq!(begin(2, 1).await, B::Mismatch);
     // Another scope with the same key is independent.
     let mut other = claim("k", 2, 1);
     other.scope = [2; 32];
@@ -1027,44 +1002,26 @@ async fn idempotency_keys_are_claimed_once_and_replayed(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(
-        s.idempotency_begin(&claim("k", 1, 2)).await.unwrap(),
+        begin(1, 2).await,
         B::Completed {
             status: 201,
             response: b"sealed".to_vec()
         }
     );
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 2, 2)).await.unwrap(),
-        B::Mismatch
-    );
+    assert_eq!(begin(2, 2).await, B::Mismatch);
     // After its window the key is new again, for any request.
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 2, 3600)).await.unwrap(),
-        B::Started
-    );
+    assert_eq!(begin(2, 3600).await, B::Started);
     // A release frees an in-flight claim; a completed one is kept.
     s.idempotency_release(&[1; 32], "k").await.unwrap();
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 3, 3601)).await.unwrap(),
-        B::Started
-    );
+    assert_eq!(begin(3, 3601).await, B::Started);
     // An abandoned claim is taken over after its lease.
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 3, 3630)).await.unwrap(),
-        B::InFlight
-    );
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 4, 3661)).await.unwrap(),
-        B::Started
-    );
+    assert_eq!(begin(3, 3630).await, B::InFlight);
+    assert_eq!(begin(4, 3661).await, B::Started);
     // Purging removes what expired by the cutoff (the other scope's claim),
     // and only that.
     assert_eq!(s.purge_idempotency_keys(at(3601), 100).await.unwrap(), 1);
     assert_eq!(s.purge_idempotency_keys(at(3601), 100).await.unwrap(), 0);
-    assert_eq!(
-        s.idempotency_begin(&claim("k", 4, 3662)).await.unwrap(),
-        B::InFlight
-    );
+    assert_eq!(begin(4, 3662).await, B::InFlight);
 }
 
 /// The extended deadline is written, read back, and is the one the
@@ -1475,11 +1432,14 @@ async fn a_feed_read_is_the_token_state_and_page_together(store: Arc<dyn Store>)
     let s = &*store;
     let created = create_at(s, 0, "read my feed").await;
     let id = created.task.id;
-    let empty = s
-        .feed_read(id, 0, 10)
-        .await
-        .expect("read")
-        .expect("the task");
+    // The task's feed read after `after`, at most `limit` events.
+    let feed = async |after: i64, limit: u32| {
+        s.feed_read(id, after, limit)
+            .await
+            .expect("read")
+            .expect("the task")
+    };
+    let empty = feed(0, 10).await;
     assert!(empty.agent_token_hash.verify(&created.token));
     assert_eq!(empty.state, TaskState::Draft);
     assert_eq!(empty.last_event_id, 0);
@@ -1493,25 +1453,13 @@ async fn a_feed_read_is_the_token_state_and_page_together(store: Arc<dyn Store>)
         ok(s, id, message(w, &format!("m{n}")), 4).await;
     }
     let all = all_events(s, id).await;
-    let read = s
-        .feed_read(id, 0, 100)
-        .await
-        .expect("read")
-        .expect("the task");
+    let read = feed(0, 100).await;
     assert_eq!(read.state, TaskState::Active);
     assert_eq!(read.last_event_id, all.last().expect("events").id);
     assert_eq!(read.events, all);
-    let page = s
-        .feed_read(id, all[2].id, 3)
-        .await
-        .expect("read")
-        .expect("the task");
+    let page = feed(all[2].id, 3).await;
     assert_eq!(page.events, all[3..6]);
-    let tail = s
-        .feed_read(id, read.last_event_id, 3)
-        .await
-        .expect("read")
-        .expect("the task");
+    let tail = feed(read.last_event_id, 3).await;
     assert!(tail.events.is_empty());
     assert_eq!(tail.last_event_id, read.last_event_id);
 
@@ -1522,11 +1470,7 @@ async fn a_feed_read_is_the_token_state_and_page_together(store: Arc<dyn Store>)
             .is_none()
     );
     ok(s, id, complete(w, None), 5).await;
-    let ended = s
-        .feed_read(id, 0, 100)
-        .await
-        .expect("read")
-        .expect("the task");
+    let ended = feed(0, 100).await;
     assert_eq!(ended.state, TaskState::Completed);
     s.purge_ended_before(at(1000), at(1000), 10)
         .await
@@ -2093,11 +2037,7 @@ async fn a_failing_create_among_concurrent_ones_fails_alone(store: Arc<dyn Store
         })
         .collect();
     let outcomes = race(jobs).await;
-    let failed: Vec<_> = outcomes
-        .iter()
-        .filter(|(_, outcome)| outcome.is_err())
-        .map(|(id, _)| *id)
-        .collect();
+    let failed = keys_where(&outcomes, false);
     assert_eq!(failed, vec![taken], "only the create of a taken id fails");
     for (id, outcome) in &outcomes {
         if outcome.is_ok() {
@@ -2133,6 +2073,16 @@ async fn race<T: Send + 'static>(jobs: Vec<BoxFuture<'static, T>>) -> Vec<T> {
     out
 }
 
+/// The keys of the racers whose outcome succeeded (`true`) or failed
+/// (`false`), in order.
+fn keys_where<K: Copy, T, E>(outcomes: &[(K, Result<T, E>)], succeeded: bool) -> Vec<K> {
+    outcomes
+        .iter()
+        .filter(|(_, outcome)| outcome.is_ok() == succeeded)
+        .map(|(key, _)| *key)
+        .collect()
+}
+
 type Outcome = Result<Applied, StoreError>;
 
 async fn racing_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
@@ -2155,11 +2105,7 @@ async fn racing_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
             .collect();
         let results = race(jobs).await;
 
-        let winners: Vec<Uuid> = results
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|(w, _)| *w)
-            .collect();
+        let winners = keys_where(&results, true);
         assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
         let winner = winners[0];
         for (_, r) in &results {
@@ -2845,9 +2791,7 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
     let s = &*store;
     let code = token::generate("msi_");
     let id = Uuid::new_v4();
-    s.create_invite(id, TokenHash::of(&code), at(100), invite_audit(id, at(0)))
-        .await
-        .expect("create invite");
+    new_invite(s, id, &code, 0, 100).await;
     let invite = s.invite(id).await.expect("read").expect("stored");
     assert!(invite.code_hash.verify(&code) && !invite.code_hash.verify("msi_other"));
     assert_eq!(
@@ -2874,50 +2818,26 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
 
     // Used: a second redemption creates nobody.
     let eve = Uuid::new_v4();
-    assert_eq!(
-        s.redeem_invite(id, eve, "Eve", TokenHash::of("msw_e"), at(11))
+    // Eve redeeming `invite` at `secs`.
+    let redeem_as_eve = async |invite: Uuid, secs: i64| {
+        s.redeem_invite(invite, eve, "Eve", TokenHash::of("msw_e"), at(secs))
             .await
-            .expect("redeem"),
-        None
-    );
+            .expect("redeem")
+    };
+    assert_eq!(redeem_as_eve(id, 11).await, None);
     assert_eq!(s.worker_token_hash(eve).await.expect("read"), None);
 
     // Expired at its deadline, and unknown invites redeem nothing.
     let late = Uuid::new_v4();
-    s.create_invite(
-        late,
-        TokenHash::of("msi_late"),
-        at(100),
-        invite_audit(late, at(0)),
-    )
-    .await
-    .expect("create invite");
-    assert_eq!(
-        s.redeem_invite(late, eve, "Eve", TokenHash::of("msw_e"), at(100))
-            .await
-            .expect("redeem"),
-        None
-    );
-    assert_eq!(
-        s.redeem_invite(Uuid::new_v4(), eve, "Eve", TokenHash::of("msw_e"), at(1))
-            .await
-            .expect("redeem"),
-        None
-    );
+    new_invite(s, late, "msi_late", 0, 100).await;
+    assert_eq!(redeem_as_eve(late, 100).await, None);
+    assert_eq!(redeem_as_eve(Uuid::new_v4(), 1).await, None);
     assert_eq!(s.worker_token_hash(eve).await.expect("read"), None);
 }
 
 async fn racing_invite_redemptions_have_one_winner(store: Arc<dyn Store>) {
     let id = Uuid::new_v4();
-    store
-        .create_invite(
-            id,
-            TokenHash::of("msi_race"),
-            at(100),
-            invite_audit(id, at(0)),
-        )
-        .await
-        .expect("create invite");
+    new_invite(&*store, id, "msi_race", 0, 100).await;
     let racers = (0..8).map(|i| {
         let store = Arc::clone(&store);
         tokio::spawn(async move {
@@ -2979,14 +2899,7 @@ async fn unusable_sign_ins_are_purged_and_usable_ones_kept(store: Arc<dyn Store>
     let (used, lapsed, open) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
     let revoked = Uuid::new_v4();
     for (id, until) in [(used, 500), (lapsed, 50), (open, 500), (revoked, 500)] {
-        s.create_invite(
-            id,
-            TokenHash::of(&format!("msi_{id}")),
-            at(until),
-            invite_audit(id, at(0)),
-        )
-        .await
-        .unwrap();
+        new_invite(s, id, &format!("msi_{id}"), 0, until).await;
     }
     s.redeem_invite(
         used,
@@ -3070,6 +2983,11 @@ async fn events_are_counted_up_to_a_bound(store: Arc<dyn Store>) {
     assert_eq!(s.count_events(Uuid::new_v4(), 100).await.unwrap(), 0);
 }
 
+/// The ids of `tasks`, in order.
+fn ids_of(tasks: Vec<Task>) -> Vec<Uuid> {
+    tasks.iter().map(|t| t.id).collect()
+}
+
 async fn worker_tasks_and_newest_open_tasks(store: Arc<dyn Store>) {
     let s = &*store;
     let w = worker(s).await;
@@ -3080,13 +2998,7 @@ async fn worker_tasks_and_newest_open_tasks(store: Arc<dyn Store>) {
         ok(s, t.task.id, Command::Publish, i).await;
         ids.push(t.task.id);
     }
-    let newest: Vec<Uuid> = s
-        .newest_open_tasks(10)
-        .await
-        .expect("list")
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let newest = ids_of(s.newest_open_tasks(10).await.expect("list"));
     assert_eq!(newest, [ids[3], ids[2], ids[1], ids[0]]);
     assert_eq!(s.newest_open_tasks(2).await.expect("list").len(), 2);
 
@@ -3094,21 +3006,9 @@ async fn worker_tasks_and_newest_open_tasks(store: Arc<dyn Store>) {
     ok(s, ids[2], claim(w), 11).await;
     ok(s, ids[3], claim(other), 12).await;
     ok(s, ids[1], start(w), 13).await;
-    let open: Vec<Uuid> = s
-        .newest_open_tasks(10)
-        .await
-        .expect("list")
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let open = ids_of(s.newest_open_tasks(10).await.expect("list"));
     assert_eq!(open, [ids[0]], "claimed tasks are no longer open");
-    let mine: Vec<Uuid> = s
-        .worker_tasks(w, 10)
-        .await
-        .expect("list")
-        .iter()
-        .map(|t| t.id)
-        .collect();
+    let mine = ids_of(s.worker_tasks(w, 10).await.expect("list"));
     assert_eq!(mine, [ids[1], ids[2]], "most recently changed first");
     assert_eq!(s.worker_tasks(w, 1).await.expect("list").len(), 1);
     assert!(
