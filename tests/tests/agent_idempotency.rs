@@ -382,7 +382,7 @@ async fn requests_that_do_not_authenticate_or_are_not_the_apis_record_nothing(db
     let t = server.active_task("Walk the dog").await;
     let body = json!({ "description": "x" }).to_string();
     let forged = format!("mst_{}_forged", t.task_id);
-    let requests = [
+    let mut requests = vec![
         // Not authenticated: a bogus token, a real task's id with a forged
         // secret, a wrong dev key.
         (
@@ -400,28 +400,17 @@ async fn requests_that_do_not_authenticate_or_are_not_the_apis_record_nothing(db
             "/api/v1/tasks".to_owned(),
             Some((DEV_KEY_HEADER, "msd_wrong".to_owned())),
         ),
-        // Not the API's state-changing routes.
-        (
-            "POST",
-            "/nope".to_owned(),
-            Some((DEV_KEY_HEADER, server.dev_key.clone())),
-        ),
-        (
-            "POST",
-            "/app/login".to_owned(),
-            Some((DEV_KEY_HEADER, server.dev_key.clone())),
-        ),
-        (
-            "POST",
-            "/mcp".to_owned(),
-            Some((DEV_KEY_HEADER, server.dev_key.clone())),
-        ),
-        (
-            "POST",
-            "/api/v1/capabilities".to_owned(),
-            Some((DEV_KEY_HEADER, server.dev_key.clone())),
-        ),
     ];
+    // Not the API's state-changing routes.
+    requests.extend(
+        ["/nope", "/app/login", "/mcp", "/api/v1/capabilities"].map(|path| {
+            (
+                "POST",
+                path.to_owned(),
+                Some((DEV_KEY_HEADER, server.dev_key.clone())),
+            )
+        }),
+    );
     for (i, (method, path, credential)) in requests.iter().enumerate() {
         let mut req = server
             .request(Method::from_bytes(method.as_bytes()).unwrap(), path)

@@ -282,6 +282,30 @@ impl System {
         })
         .await
     }
+
+    /// The worker completes the task; waits until the webhook delivered
+    /// the feed's last event and returns the feed and the webhook's state.
+    async fn complete_and_deliver(
+        &self,
+        id: uuid::Uuid,
+        token: &str,
+        worker_token: &str,
+    ) -> (Vec<Value>, Value) {
+        self.server
+            .worker(worker_token)
+            .post(&format!("/api/v1/worker/tasks/{id}/complete"))
+            .json(&json!({}))
+            .expect_json(StatusCode::OK)
+            .await;
+        let feed = self.server.feed(id, token).await;
+        let last = *ids(&feed).last().unwrap();
+        let webhook = self
+            .wait_webhook(id, token, "everything delivered", |w| {
+                w["last_delivered_event_id"] == last
+            })
+            .await;
+        (feed, webhook)
+    }
 }
 
 async fn every_event_arrives_signed_once_the_receiver_is_up(db: Db) {
@@ -334,18 +358,7 @@ async fn every_event_arrives_signed_once_the_receiver_is_up(db: Db) {
     controller.stop().await;
     let controller = sys.controller();
     let receiver = Receiver::start(port, Mode::Ok, Some(shared)).await;
-    w_api
-        .post(&format!("/api/v1/worker/tasks/{id}/complete"))
-        .json(&json!({}))
-        .expect_json(StatusCode::OK)
-        .await;
-    let feed = sys.server.feed(id, &token).await;
-    let last = *ids(&feed).last().unwrap();
-    let done = sys
-        .wait_webhook(id, &token, "everything delivered", |w| {
-            w["last_delivered_event_id"] == last
-        })
-        .await;
+    let (feed, done) = sys.complete_and_deliver(id, &token, &worker).await;
     assert_eq!(done["state"], "active");
     assert!(done["last_error"].is_null());
 
@@ -488,17 +501,7 @@ async fn events_are_delivered_in_order_as_they_happen(db: Db) {
         })
         .await;
     }
-    w_api
-        .post(&format!("/api/v1/worker/tasks/{id}/complete"))
-        .json(&json!({}))
-        .expect_json(StatusCode::OK)
-        .await;
-    let feed = sys.server.feed(id, &token).await;
-    let last = *ids(&feed).last().unwrap();
-    sys.wait_webhook(id, &token, "everything delivered", |w| {
-        w["last_delivered_event_id"] == last
-    })
-    .await;
+    let (feed, _) = sys.complete_and_deliver(id, &token, &worker).await;
     let mut seen: Vec<Value> = Vec::new();
     let mut lags = Vec::new();
     for r in receiver.received() {

@@ -795,60 +795,55 @@ async fn the_binary_bootstraps_an_operator_and_logs_no_credential() {
         .no_proxy()
         .build()
         .expect("client");
-    let bearer = |key: &str| format!("Bearer {key}");
+    let call = |method: Method, path: &str, key: &str, body: Option<Value>| {
+        let mut req = http
+            .request(method, api.url(path))
+            .header("authorization", format!("Bearer {key}"));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let what = path.to_owned();
+        async move {
+            let res = req.send().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+            let status = res.status();
+            let body: Value = res
+                .json()
+                .await
+                .unwrap_or_else(|e| panic!("{what}: not JSON ({e})"));
+            (status, body)
+        }
+    };
     let mut secrets = vec![operator.clone(), configured.clone()];
     // Both operator keys work; the configured one makes an agent key.
     for key in [&operator, &configured] {
-        let res = http
-            .get(api.url("/api/v1/keys"))
-            .header("authorization", bearer(key))
-            .send()
-            .await
-            .expect("list keys");
-        assert_eq!(res.status(), StatusCode::OK);
+        let (status, _) = call(Method::GET, "/api/v1/keys", key, None).await;
+        assert_eq!(status, StatusCode::OK);
     }
-    let made: Value = http
-        .post(api.url("/api/v1/keys"))
-        .header("authorization", bearer(&configured))
-        .json(&json!({ "name": "agent" }))
-        .send()
-        .await
-        .expect("create key")
-        .json()
-        .await
-        .expect("json");
+    let (_, made) = call(
+        Method::POST,
+        "/api/v1/keys",
+        &configured,
+        Some(json!({ "name": "agent" })),
+    )
+    .await;
     let agent = str_at(&made, "/secret");
     secrets.push(agent.clone());
-    let created: Value = http
-        .post(api.url("/api/v1/tasks"))
-        .header("authorization", bearer(&agent))
-        .json(&json!({ "description": "trace me" }))
-        .send()
-        .await
-        .expect("create task")
-        .json()
-        .await
-        .expect("json");
+    let (_, created) = call(
+        Method::POST,
+        "/api/v1/tasks",
+        &agent,
+        Some(json!({ "description": "trace me" })),
+    )
+    .await;
     let task = str_at(&created, "/task/id");
     secrets.push(str_at(&created, "/agent_token"));
     for _ in 0..2 {
-        let res = http
-            .get(api.url(&format!("/api/v1/tasks/{task}/events?after=0")))
-            .header("authorization", bearer(&agent))
-            .send()
-            .await
-            .expect("poll");
-        assert_eq!(res.status(), StatusCode::OK);
+        let events = format!("/api/v1/tasks/{task}/events?after=0");
+        let (status, _) = call(Method::GET, &events, &agent, None).await;
+        assert_eq!(status, StatusCode::OK);
     }
-    let rotated: Value = http
-        .post(api.url(&format!("/api/v1/keys/{}/rotate", str_at(&made, "/key/id"))))
-        .header("authorization", bearer(&operator))
-        .send()
-        .await
-        .expect("rotate")
-        .json()
-        .await
-        .expect("json");
+    let rotate = format!("/api/v1/keys/{}/rotate", str_at(&made, "/key/id"));
+    let (_, rotated) = call(Method::POST, &rotate, &operator, None).await;
     secrets.push(str_at(&rotated, "/secret"));
     let refused = http
         .post(api.url("/api/v1/tasks"))
