@@ -413,6 +413,16 @@ impl TestServer {
         }
     }
 
+    /// The worker sends the message `text` on the task; asserts 200 and
+    /// returns the answer.
+    pub async fn message(&self, task_id: Uuid, worker_token: &str, text: &str) -> Value {
+        self.worker(worker_token)
+            .post(&worker_path(task_id, "/messages"))
+            .json(&json!({ "text": text }))
+            .expect_json(StatusCode::OK)
+            .await
+    }
+
     /// A new worker ("Ada") claims and starts the open task `task_id`;
     /// returns the worker's id and token.
     pub async fn claim_and_start(&self, task_id: Uuid) -> (Uuid, String) {

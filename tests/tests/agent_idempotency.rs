@@ -352,24 +352,35 @@ async fn agents_sharing_the_dev_key_never_get_each_others_answers(db: Db) {
     assert_eq!(retry, a, "A's retry is A's answer");
 }
 
+/// Evaluates `$query`, which reads through `&mut $conn`, on a connection
+/// to the server's own database, of either backend (SQLite read-only).
+macro_rules! on_server_db {
+    ($server:expr, |$conn:ident| $query:expr) => {
+        match $server.backend {
+            Db::Postgres => {
+                let mut $conn = sqlx::PgConnection::connect(&$server.db.url).await.unwrap();
+                $query
+            }
+            Db::Sqlite => {
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(&$server.db.url)
+                    .unwrap()
+                    .read_only(true);
+                let mut $conn = sqlx::SqliteConnection::connect_with(&options)
+                    .await
+                    .unwrap();
+                $query
+            }
+        }
+    };
+}
+
 /// Rows of the idempotency table.
 async fn recorded_keys(server: &TestServer) -> i64 {
     let sql = "SELECT COUNT(*) FROM idempotency_keys";
-    match server.backend {
-        Db::Postgres => {
-            let mut conn = sqlx::PgConnection::connect(&server.db.url).await.unwrap();
-            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-        }
-        Db::Sqlite => {
-            let options = sqlx::sqlite::SqliteConnectOptions::from_str(&server.db.url)
-                .unwrap()
-                .read_only(true);
-            let mut conn = sqlx::SqliteConnection::connect_with(&options)
-                .await
-                .unwrap();
-            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-        }
-    }
+    on_server_db!(server, |conn| sqlx::query_scalar(sql)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap())
 }
 
 /// The middleware used to run before authentication, on every route: any
@@ -595,27 +606,11 @@ async fn the_database_holds_no_readable_token(db: Db) {
     // `mst_<task id>_<secret>`; the secret itself may contain `_`.
     let secret_part = token.splitn(3, '_').nth(2).unwrap().to_owned();
     assert!(secret_part.len() >= 40, "{token}");
-    let rows: Vec<Vec<u8>> = match db {
-        Db::Postgres => {
-            let mut conn = sqlx::PgConnection::connect(&server.db.url).await.unwrap();
-            sqlx::query_scalar("SELECT response FROM idempotency_keys")
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-        }
-        Db::Sqlite => {
-            let options = sqlx::sqlite::SqliteConnectOptions::from_str(&server.db.url)
-                .unwrap()
-                .read_only(true);
-            let mut conn = sqlx::SqliteConnection::connect_with(&options)
-                .await
-                .unwrap();
-            sqlx::query_scalar("SELECT response FROM idempotency_keys")
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-        }
-    };
+    let sql = "SELECT response FROM idempotency_keys";
+    let rows: Vec<Vec<u8>> = on_server_db!(server, |conn| sqlx::query_scalar(sql)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap());
     assert_eq!(rows.len(), 1);
     let raw = String::from_utf8_lossy(&rows[0]);
     assert!(

@@ -10,7 +10,9 @@ use meatspace_api::agent_integrations::Integrations;
 use meatspace_domain::Policy;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, ids, types, web};
+use meatspace_tests::server::{
+    Expect, ServerOptions, TestServer, header_str, ids, types, web, worker_path,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -290,21 +292,11 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     let (id, agent) = server.create_open_task("Water the plants").await;
     let (_, a) = server.register_worker("A").await;
     let (_, b) = server.register_worker("B").await;
-    let worker_path = |rest: &str| format!("/api/v1/worker/tasks/{id}{rest}");
-    let claimed = server
-        .worker(&a)
-        .post(&worker_path("/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
-    server
-        .worker(&a)
-        .post(&worker_path("/messages"))
-        .json(&json!({ "text": "A's private note" }))
-        .expect_json(StatusCode::OK)
-        .await;
+    let claimed = server.worker_post(id, &a, "claim").await;
+    server.message(id, &a, "A's private note").await;
     let raised = server
         .worker(&a)
-        .post(&worker_path("/issues"))
+        .post(&worker_path(id, "/issues"))
         .json(&json!({ "kind": "access_blocked", "text": "the door is locked" }))
         .expect_json(StatusCode::OK)
         .await;
@@ -325,21 +317,13 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     server.advance_clock_past(start_by);
     let reopened = server.store.reconcile_due(server.now(), 10).await.unwrap();
     assert_eq!(reopened.len(), 1);
-    server
-        .worker(&b)
-        .post(&worker_path("/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
+    server.worker_post(id, &b, "claim").await;
 
     // B's stream from the start: its own assignment, then its own message,
     // and nothing of A's conversation before them.
-    let mut stream = SseReader::open(server.worker(&b).get(&worker_path("/events/stream"))).await;
-    server
-        .worker(&b)
-        .post(&worker_path("/messages"))
-        .json(&json!({ "text": "B is here" }))
-        .expect_json(StatusCode::OK)
-        .await;
+    let mut stream =
+        SseReader::open(server.worker(&b).get(&worker_path(id, "/events/stream"))).await;
+    server.message(id, &b, "B is here").await;
     let mut seen = Vec::new();
     loop {
         let (_, kind, data) = stream.next_event().await.expect("the stream goes on");
@@ -358,7 +342,7 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     let mut again = SseReader::open(
         server
             .worker(&b)
-            .get(&worker_path("/events/stream"))
+            .get(&worker_path(id, "/events/stream"))
             .header("last-event-id", "0"),
     )
     .await;
@@ -368,7 +352,7 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     // The polled feed and the web page agree.
     let page = server
         .worker(&b)
-        .get(&worker_path("/events?after=0"))
+        .get(&worker_path(id, "/events?after=0"))
         .expect_json(StatusCode::OK)
         .await;
     let events = page["events"].as_array().unwrap().clone();

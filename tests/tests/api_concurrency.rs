@@ -377,10 +377,7 @@ async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
             assert_eq!(page["next_cursor"], after);
         }
         let sent = if i % 2 == 0 {
-            srv.worker(&t.worker_token)
-                .post(&worker_path(t.task_id, "/messages"))
-                .json(&json!({ "text": format!("message {i}") }))
-                .expect_json(StatusCode::OK)
+            srv.message(t.task_id, &t.worker_token, &format!("message {i}"))
                 .await["events"][0]["id"]
                 .as_i64()
                 .unwrap()

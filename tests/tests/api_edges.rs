@@ -119,11 +119,7 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
     let (_, first) = srv.register_worker("First").await;
     let (_, second) = srv.register_worker("Second").await;
     let claimed = srv.worker_post(id, &first, "claim").await;
-    srv.worker(&first)
-        .post(&worker_path(id, "/messages"))
-        .json(&json!({ "text": "first worker's private note" }))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.message(id, &first, "first worker's private note").await;
     let issue = raise(&srv, id, &first, "which rack?").await;
 
     // The first worker never starts; the controller reopens the task.

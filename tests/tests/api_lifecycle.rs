@@ -575,10 +575,7 @@ async fn the_event_feed_pages_by_after_and_limit(db: Db) {
     let srv = TestServer::start(db).await;
     let t = srv.active_task("Count the ducks").await;
     for i in 0..10 {
-        srv.worker(&t.worker_token)
-            .post(&worker_path(t.task_id, "/messages"))
-            .json(&json!({ "text": format!("duck {i}") }))
-            .expect_json(OK)
+        srv.message(t.task_id, &t.worker_token, &format!("duck {i}"))
             .await;
     }
     let agent = srv.agent(&t.agent_token);

@@ -360,11 +360,12 @@ async fn the_database_holds_no_credential(db: Db) {
     let srv = TestServer::start(db).await;
     let marker = format!("dump-marker-{}", Uuid::new_v4().simple());
     let t = srv.active_task(&marker).await;
-    srv.worker(&t.worker_token)
-        .post(&format!("/api/v1/worker/tasks/{}/messages", t.task_id))
-        .json(&json!({ "text": format!("{marker} from the worker") }))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.message(
+        t.task_id,
+        &t.worker_token,
+        &format!("{marker} from the worker"),
+    )
+    .await;
     let bytes = meatspace_tests::stored_bytes(srv.backend, &srv.db.url).await;
     assert!(
         meatspace_tests::contains(&bytes, marker.as_bytes()),

@@ -176,10 +176,7 @@ async fn a_fast_shutdown_completes_promptly_and_the_controller_wakes_after_the_r
     };
     srv.until_waiting(1).await;
     for i in 0..200 {
-        srv.worker(&t.worker_token)
-            .post(&format!("/api/v1/worker/tasks/{}/messages", t.task_id))
-            .json(&json!({ "text": format!("note {i}") }))
-            .expect_json(StatusCode::OK)
+        srv.message(t.task_id, &t.worker_token, &format!("note {i}"))
             .await;
     }
 
