@@ -240,6 +240,22 @@ fn pg_dump() -> std::path::PathBuf {
         .expect("pg_dump not found: set MEATSPACE_TEST_PG_BIN to PostgreSQL's bin directory")
 }
 
+/// `GET /metrics` of a server process's own metrics listener; asserts 200
+/// and returns the answer.
+pub async fn process_metrics(
+    http: &reqwest::Client,
+    api: &process::ServerProcess,
+) -> reqwest::Response {
+    let metrics_addr = api.metrics_addr.as_deref().expect("a metrics address");
+    let res = http
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(res.status(), reqwest::StatusCode::OK, "GET /metrics");
+    res
+}
+
 /// Whether `needle` occurs in `haystack`.
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)

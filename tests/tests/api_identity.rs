@@ -377,6 +377,17 @@ async fn a_rotated_secret_works_for_its_grace_period_only(db: Db) {
     assert_eq!(slug(&refused), "key-revoked");
 }
 
+/// Asserts that the worker token `token` is `accepted` (its task list is
+/// answered) or refused (401).
+async fn assert_worker_token(srv: &TestServer, token: &str, accepted: bool) {
+    let list = srv.worker(token).get("/api/v1/worker/tasks");
+    if accepted {
+        list.expect_json(StatusCode::OK).await;
+    } else {
+        list.expect_problem(StatusCode::UNAUTHORIZED).await;
+    }
+}
+
 async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
     let srv = TestServer::start(db).await;
     let http = web::client();
@@ -391,21 +402,20 @@ async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
     let page = web::get_with(&http, &srv.url("/app/my"), &session).await;
     assert_eq!(page.status(), StatusCode::OK);
 
-    let suspended = srv
-        .dev(
+    let manage = |action: &str| {
+        srv.dev(
             Method::POST,
-            &format!("/api/v1/workers/{}/suspend", active.worker_id),
+            &format!("/api/v1/workers/{}/{action}", active.worker_id),
         )
+    };
+    let suspended = manage("suspend")
         .json(&json!({ "reason": "reported" }))
         .expect_json(StatusCode::OK)
         .await;
     assert!(suspended["suspended_at"].is_string());
 
     // Its token, its session and its browser are refused.
-    srv.worker(&active.worker_token)
-        .get("/api/v1/worker/tasks")
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
+    assert_worker_token(&srv, &active.worker_token, false).await;
     let page = web::get_with(&http, &srv.url("/app/my"), &session).await;
     assert_eq!(page.status(), StatusCode::SEE_OTHER, "signed out");
     assert_eq!(
@@ -424,31 +434,11 @@ async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
     srv.worker_post(active.task_id, &other, "claim").await;
 
     // Reinstated, it works again; a rotated token replaces the old one.
-    srv.dev(
-        Method::POST,
-        &format!("/api/v1/workers/{}/reinstate", active.worker_id),
-    )
-    .expect_json(StatusCode::OK)
-    .await;
-    srv.worker(&active.worker_token)
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
-    let rotated = srv
-        .dev(
-            Method::POST,
-            &format!("/api/v1/workers/{}/rotate", active.worker_id),
-        )
-        .expect_json(StatusCode::OK)
-        .await;
-    srv.worker(&active.worker_token)
-        .get("/api/v1/worker/tasks")
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
-    srv.worker(&str_at(&rotated, "/worker_token"))
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    manage("reinstate").expect_json(StatusCode::OK).await;
+    assert_worker_token(&srv, &active.worker_token, true).await;
+    let rotated = manage("rotate").expect_json(StatusCode::OK).await;
+    assert_worker_token(&srv, &active.worker_token, false).await;
+    assert_worker_token(&srv, &str_at(&rotated, "/worker_token"), true).await;
     let listed = srv
         .dev(Method::GET, "/api/v1/workers")
         .expect_json(StatusCode::OK)
@@ -854,12 +844,8 @@ async fn the_binary_bootstraps_an_operator_and_logs_no_credential() {
         .expect("dev key");
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
 
-    let metrics_addr = api.metrics_addr.clone().expect("a metrics address");
-    let metrics = http
-        .get(format!("http://{metrics_addr}/metrics"))
-        .send()
+    let metrics = meatspace_tests::process_metrics(&http, &api)
         .await
-        .expect("metrics")
         .text()
         .await
         .expect("text");

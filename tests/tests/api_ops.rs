@@ -5,9 +5,7 @@
 use std::time::{Duration, Instant};
 
 use meatspace_store::ConnectOptions;
-use meatspace_tests::server::{
-    DEV_KEY_HEADER, Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str, str_at,
-};
+use meatspace_tests::server::{Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str};
 use meatspace_tests::{Db, POSTGRES_ENV, TestDb};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
@@ -27,7 +25,7 @@ meatspace_tests::api_tests!(
 /// the other backend's variant (or any other test) could supply the counts
 /// this test looks for.
 async fn probes_answer_and_metrics_name_route_templates(db: Db) {
-    use meatspace_tests::process::{Binary, ServerProcess};
+    use meatspace_tests::process::{Binary, DevApi, ServerProcess};
     const KEY: &str = "msd_ops-metrics-test-key-0123456789";
     let test_db = TestDb::new(db).await;
     let mut api = ServerProcess::start(
@@ -48,6 +46,8 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
         assert_eq!(res.status(), StatusCode::OK, "{probe}");
     }
     // A task created, published, claimed and started, then read.
+    let dev = DevApi::new(&api.base_url(), KEY);
+    let (task, token, _) = dev.active_task("Measure the shed", "Ada").await;
     let ok = |req: reqwest::RequestBuilder| async move {
         let res = req.send().await.unwrap();
         let status = res.status();
@@ -55,29 +55,6 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
         assert!(status.is_success(), "{status}: {body}");
         body
     };
-    let created = ok(http
-        .post(api.url("/api/v1/tasks"))
-        .header(DEV_KEY_HEADER, KEY)
-        .json(&json!({ "description": "Measure the shed" })))
-    .await;
-    let task = str_at(&created, "/task/id");
-    let token = str_at(&created, "/agent_token");
-    ok(http
-        .post(api.url(&format!("/api/v1/tasks/{task}/publish")))
-        .bearer_auth(&token))
-    .await;
-    let worker = ok(http
-        .post(api.url("/api/v1/workers"))
-        .header(DEV_KEY_HEADER, KEY)
-        .json(&json!({ "name": "Ada" })))
-    .await;
-    let worker_token = str_at(&worker, "/worker_token");
-    for action in ["claim", "start"] {
-        ok(http
-            .post(api.url(&format!("/api/v1/worker/tasks/{task}/{action}")))
-            .bearer_auth(&worker_token))
-        .await;
-    }
     for path in [
         format!("/api/v1/tasks/{task}"),
         format!("/api/v1/tasks/{task}/events?after=0"),
@@ -88,13 +65,7 @@ async fn probes_answer_and_metrics_name_route_templates(db: Db) {
     let res = http.get(api.url(&stray)).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
 
-    let metrics_addr = api.metrics_addr.clone().expect("a metrics address");
-    let res = http
-        .get(format!("http://{metrics_addr}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
+    let res = meatspace_tests::process_metrics(&http, &api).await;
     assert!(
         header_str(&res, CONTENT_TYPE).is_some_and(|c| c.starts_with("text/plain")),
         "Prometheus text format"
@@ -434,13 +405,7 @@ async fn the_binary_logs_no_invite_code_and_serves_metrics_apart() {
     assert!(!logs.contains(secret), "the invite secret is logged");
     assert!(!logs.contains(dev_key), "the dev key is logged");
 
-    let metrics_addr = api.metrics_addr.clone().expect("a metrics address");
-    let metrics = client
-        .get(format!("http://{metrics_addr}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(metrics.status(), StatusCode::OK);
+    let metrics = meatspace_tests::process_metrics(&client, &api).await;
     assert!(
         metrics
             .text()

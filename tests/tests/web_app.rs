@@ -539,45 +539,9 @@ async fn agent_text_is_text_and_forms_need_csrf(db: Db) {
     server.stop().await;
 }
 
-mod sqlite {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn end_to_end() {
-        super::end_to_end(Db::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn two_browsers_race_to_claim() {
-        super::two_browsers_race_to_claim(Db::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn agent_text_is_text_and_forms_need_csrf() {
-        super::agent_text_is_text_and_forms_need_csrf(Db::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_phone_finds_tasks_near_it_and_works_on_site() {
-        super::a_phone_finds_tasks_near_it_and_works_on_site(Db::Sqlite).await;
-    }
-}
-
-mod postgres {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn end_to_end() {
-        super::end_to_end(Db::Postgres).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn two_browsers_race_to_claim() {
-        super::two_browsers_race_to_claim(Db::Postgres).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_phone_finds_tasks_near_it_and_works_on_site() {
-        super::a_phone_finds_tasks_near_it_and_works_on_site(Db::Postgres).await;
-    }
-}
+meatspace_tests::api_tests!(
+    end_to_end,
+    two_browsers_race_to_claim,
+    agent_text_is_text_and_forms_need_csrf,
+    a_phone_finds_tasks_near_it_and_works_on_site,
+);
