@@ -185,6 +185,26 @@ pub enum ActedBy {
     DevelopmentKey,
 }
 
+/// One privileged action, as the audit trail keeps it and the API serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = AuditEntryView))]
+pub struct AuditEntry {
+    /// Ascending with time; the trail is append-only.
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    /// Who acted.
+    pub principal: PrincipalRef,
+    pub action: AuditAction,
+    /// What was acted on: `key:<id>`, `worker:<id>`, `invite:<id>`, `task:<id>`, `route:<path>`.
+    pub target: String,
+    /// The client's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
 /// A privileged action, as the audit trail names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]

@@ -4,6 +4,7 @@
 //! that decides whether a presented secret is good at a given instant.
 
 use chrono::{DateTime, Utc};
+pub use meatspace_domain::identity::AuditEntry;
 use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
 use uuid::Uuid;
 
@@ -120,18 +121,6 @@ pub struct NewAudit {
     /// What was acted on: `key:<id>`, `worker:<id>`, `invite:<id>`, `task:<id>`.
     pub target: String,
     /// The client's address, as the server saw it.
-    pub address: Option<String>,
-    pub detail: Option<serde_json::Value>,
-}
-
-/// An entry of the audit trail as read back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AuditEntry {
-    pub id: i64,
-    pub at: DateTime<Utc>,
-    pub principal: PrincipalRef,
-    pub action: AuditAction,
-    pub target: String,
     pub address: Option<String>,
     pub detail: Option<serde_json::Value>,
 }
