@@ -433,6 +433,13 @@ impl TestServer {
         (worker_id, worker_token)
     }
 
+    /// `GET /api/v1/capabilities`, which must answer 200.
+    pub async fn capabilities(&self) -> Value {
+        self.get("/api/v1/capabilities")
+            .expect_json(StatusCode::OK)
+            .await
+    }
+
     /// The task as the agent sees it.
     pub async fn task(&self, task_id: Uuid, agent_token: &str) -> Value {
         self.agent(agent_token)

@@ -455,25 +455,16 @@ async fn an_empty_poll_answered_from_memory_still_checks_the_token(db: Db) {
             .await;
     }
     let forged = format!("mst_{}_{}", t.task_id.simple(), "x".repeat(43));
-    srv.agent(&forged)
-        .get(&path)
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
-    srv.agent(&other_token)
-        .get(&path)
-        .expect_problem(StatusCode::NOT_FOUND)
-        .await;
-    srv.agent(&t.agent_token)
-        .get(&format!("/api/v1/tasks/{other}/events?after=1000000"))
-        .expect_problem(StatusCode::NOT_FOUND)
-        .await;
-    srv.agent(&forged)
-        .get(&format!("{path}&limit=0"))
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
-    srv.agent(&t.agent_token)
-        .get(&format!("{path}&limit=0"))
-        .expect_problem(StatusCode::BAD_REQUEST)
-        .await;
+    let other_path = format!("/api/v1/tasks/{other}/events?after=1000000");
+    let bad_limit = format!("{path}&limit=0");
+    for (token, path, status) in [
+        (&forged, &path, StatusCode::UNAUTHORIZED),
+        (&other_token, &path, StatusCode::NOT_FOUND),
+        (&t.agent_token, &other_path, StatusCode::NOT_FOUND),
+        (&forged, &bad_limit, StatusCode::UNAUTHORIZED),
+        (&t.agent_token, &bad_limit, StatusCode::BAD_REQUEST),
+    ] {
+        srv.agent(token).get(path).expect_problem(status).await;
+    }
     server.stop().await;
 }

@@ -270,10 +270,7 @@ fn allowed(burst: u32, took: Duration) -> usize {
 
 async fn a_client_over_its_limit_gets_429_and_others_do_not(db: Db) {
     let srv = limited_server(db, 3, None).await;
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.capabilities().await;
     assert_eq!(caps["limits"]["rate_limit"]["requests_per_second"], 1);
     assert_eq!(caps["limits"]["rate_limit"]["burst"], 3);
 
@@ -418,10 +415,7 @@ async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
     // A closed stream is noticed at its next write, the next heartbeat.
     options.integrations.sse_heartbeat = Duration::from_millis(200);
     let srv = TestServer::start_with(db, options).await;
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.capabilities().await;
     assert_eq!(caps["limits"]["rate_limit"]["streams"]["per_credential"], 2);
     assert_eq!(caps["limits"]["rate_limit"]["streams"]["per_address"], 3);
     let t = srv.active_task("Guard the gate").await;
@@ -767,9 +761,6 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
         .json(&json!({}))
         .expect_json(StatusCode::OK)
         .await;
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.capabilities().await;
     assert_eq!(caps["limits"]["events_per_task"], LIMIT);
 }

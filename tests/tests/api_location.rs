@@ -119,10 +119,7 @@ async fn a_task_has_a_place_and_bad_places_are_refused(db: Db) {
 
     // The capabilities document states the model and its bounds, and that
     // a position is evidence, not proof.
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.capabilities().await;
     let place = &caps["task_location"];
     assert_eq!(place["default_radius_m"], 100);
     assert_eq!(place["max_radius_m"], 50_000);
@@ -239,6 +236,15 @@ async fn open_tasks_come_nearest_first_across_pages(db: Db) {
     }
 }
 
+/// The ids of the listed tasks that have a distance (a place), in order.
+fn located(listed: &[(Uuid, Option<f64>)]) -> Vec<Uuid> {
+    listed
+        .iter()
+        .filter(|(_, d)| d.is_some())
+        .map(|(id, _)| *id)
+        .collect()
+}
+
 async fn nearby_lists_cross_the_antimeridian_and_the_pole(db: Db) {
     let srv = TestServer::start(db).await;
     // Fiji: two tasks on either side of the antimeridian.
@@ -251,31 +257,17 @@ async fn nearby_lists_cross_the_antimeridian_and_the_pole(db: Db) {
     let (pole_c, _) = open_task(&srv, at("pole c", 89.99, 90.0)).await;
     let (_, worker) = srv.register_worker("Ada").await;
 
-    let from_west = nearby(&srv, &worker, "-17.0,-179.9995", "within_m=2000").await;
-    let ids: Vec<Uuid> = from_west
-        .iter()
-        .filter(|(_, d)| d.is_some())
-        .map(|(id, _)| *id)
-        .collect();
+    let ids = located(&nearby(&srv, &worker, "-17.0,-179.9995", "within_m=2000").await);
     assert_eq!(
         ids,
         [east, west],
         "both sides of the antimeridian, nearest first"
     );
-    let ids: Vec<Uuid> = nearby(&srv, &worker, "-17.0,179.94", "within_m=20000")
-        .await
-        .iter()
-        .filter(|(_, d)| d.is_some())
-        .map(|(id, _)| *id)
-        .collect();
+    let ids = located(&nearby(&srv, &worker, "-17.0,179.94", "within_m=20000").await);
     assert_eq!(ids, [inland, east, west]);
 
     let over_the_pole = nearby(&srv, &worker, "89.9995,90.0", "within_m=5000&limit=1").await;
-    let ids: Vec<Uuid> = over_the_pole
-        .iter()
-        .filter(|(_, d)| d.is_some())
-        .map(|(id, _)| *id)
-        .collect();
+    let ids = located(&over_the_pole);
     let (mut pair, mut first_two) = ([pole_a, pole_b], [ids[0], ids[1]]);
     pair.sort();
     first_two.sort();

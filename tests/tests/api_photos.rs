@@ -61,10 +61,7 @@ async fn a_photo_with_too_many_pixels_is_refused_from_its_header(db: Db) {
     );
     assert_eq!(photo_events(&srv, t.task_id, &t.agent_token).await, 0);
     // Capabilities state the bound.
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.capabilities().await;
     assert_eq!(caps["limits"]["photo_max_pixels"], 40_000_000);
 }
 
@@ -117,10 +114,7 @@ async fn a_task_holds_at_most_its_photo_bytes(db: Db) {
         },
     )
     .await;
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.capabilities().await;
     assert_eq!(caps["limits"]["photo_bytes_per_task"], cap);
     let t = srv.active_task("Photograph every room").await;
     let worker = srv.worker(&t.worker_token);
