@@ -16,6 +16,13 @@ use reqwest::header::COOKIE;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+/// A screenshot named `name`, when this run takes them (`shots`).
+async fn screenshot_if(browser: &Browser, shots: bool, name: &str) {
+    if shots {
+        browser.screenshot(name).await;
+    }
+}
+
 /// Creates a one-time invite link as the operator.
 async fn invite(server: &TestServer) -> String {
     let body = server
@@ -74,9 +81,7 @@ async fn end_to_end(db: Db) {
     // Getting in: the invite link, a display name, a session.
     let link = invite(&server).await;
     browser.goto(&link).await;
-    if shots {
-        browser.screenshot("invite").await;
-    }
+    screenshot_if(&browser, shots, "invite").await;
     // An empty name is refused next to the field.
     browser
         .js("document.getElementById('name').removeAttribute('required');")
@@ -89,9 +94,7 @@ async fn end_to_end(db: Db) {
     browser
         .wait_for_text("main", "Photograph the notice board")
         .await;
-    if shots {
-        browser.screenshot("open-tasks").await;
-    }
+    screenshot_if(&browser, shots, "open-tasks").await;
     // The invite worked once.
     let second = driver.browser(&server.base_url).await;
     second.goto(&link).await;
@@ -101,9 +104,7 @@ async fn end_to_end(db: Db) {
     // Claim and start.
     browser.click(&format!("a[href='/app/tasks/{task}']")).await;
     browser.wait_for("#claim").await;
-    if shots {
-        browser.screenshot("task-open").await;
-    }
+    screenshot_if(&browser, shots, "task-open").await;
     browser.click("#claim").await;
     browser.wait_for("#start").await;
     browser.click("#start").await;
@@ -214,9 +215,7 @@ async fn end_to_end(db: Db) {
     browser
         .wait_for_text("main", "Photograph the notice board")
         .await;
-    if shots {
-        browser.screenshot("my-tasks").await;
-    }
+    screenshot_if(&browser, shots, "my-tasks").await;
     browser.goto(&format!("/app/tasks/{task}")).await;
     browser
         .fill("#note", "Photo taken through the glass.")
@@ -227,9 +226,7 @@ async fn end_to_end(db: Db) {
         !browser.has("#send-message").await,
         "a terminal task is read-only"
     );
-    if shots {
-        browser.screenshot("task-completed").await;
-    }
+    screenshot_if(&browser, shots, "task-completed").await;
 
     assert_eq!(
         agent_types(&server, task, &agent).await,
@@ -258,9 +255,7 @@ async fn end_to_end(db: Db) {
         .to_owned();
     browser.click("nav button").await;
     browser.wait_for_text("main", "You are signed out").await;
-    if shots {
-        browser.screenshot("sign-in").await;
-    }
+    screenshot_if(&browser, shots, "sign-in").await;
     let res = server
         .get("/app/tasks")
         .header(COOKIE, format!("ms_session={cookie}"))
@@ -360,9 +355,7 @@ async fn a_phone_finds_tasks_near_it_and_works_on_site(db: Db) {
         cards[2].contains("Proofread a menu.") && !cards[2].contains("away"),
         "{cards:?}"
     );
-    if shots {
-        browser.screenshot("nearby-tasks").await;
-    }
+    screenshot_if(&browser, shots, "nearby-tasks").await;
 
     // The task page: its address, and its point as a link the phone's map
     // app opens.
@@ -381,9 +374,7 @@ async fn a_phone_finds_tasks_near_it_and_works_on_site(db: Db) {
         .wait_for_text(".error", "m from the task's place")
         .await;
     assert_eq!(server.task(near, &agent).await["state"], "assigned");
-    if shots {
-        browser.screenshot("start-off-site").await;
-    }
+    screenshot_if(&browser, shots, "start-off-site").await;
     // At the fountain: started, then a photo that records where it was taken.
     browser.set_position(north(lat, 310.0), lon, 8.0).await;
     browser.goto(&format!("/app/tasks/{near}")).await;
