@@ -20,12 +20,14 @@ use std::time::Duration;
 
 pub use crate::prometheus::counter;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use meatspace_controller::leader::LeaseSettings;
 use uuid::Uuid;
 
 /// Environment variable naming the admin kubeconfig of the test control plane.
@@ -382,4 +384,82 @@ pub fn write_token_kubeconfig(path: &Path, namespace: &str, user: &str, token: &
     });
     std::fs::write(path, config.to_string())
         .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// A namespace of one test with the CRD installed and the controller's
+/// identity in it (allowed the Lease `lease`), seen by the admin.
+pub struct MirrorNamespace {
+    pub admin: Client,
+    pub ns: String,
+    pub identity: ControllerIdentity,
+    /// The admin's view of the namespace's MeatspaceTasks.
+    pub api: Api<meatspace_crds::MeatspaceTask>,
+    lease: String,
+}
+
+impl std::fmt::Debug for MirrorNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MirrorNamespace")
+            .field("ns", &self.ns)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MirrorNamespace {
+    /// Installs the CRD and creates the namespace `<prefix>-<random>` with
+    /// the controller's identity in it.
+    pub async fn create(prefix: &str, lease: &str) -> MirrorNamespace {
+        let admin = admin_client().await;
+        install_crd(&admin).await;
+        let ns = create_namespace(&admin, prefix).await;
+        let identity = ControllerIdentity::create(&admin, &ns, lease).await;
+        let api = Api::namespaced(admin.clone(), &ns);
+        MirrorNamespace {
+            admin,
+            ns,
+            identity,
+            api,
+            lease: lease.to_owned(),
+        }
+    }
+
+    /// The controller's Lease, held as `identity` for `duration`.
+    pub fn lease(&self, identity: &str, duration: Duration) -> LeaseSettings {
+        LeaseSettings {
+            name: self.lease.clone(),
+            namespace: self.ns.clone(),
+            identity: identity.to_owned(),
+            duration,
+        }
+    }
+
+    /// Who holds the Lease, if anyone.
+    pub async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), &self.ns);
+        leases
+            .get_opt(&self.lease)
+            .await
+            .expect("read the Lease")
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+    }
+
+    /// The namespace's MeatspaceTasks.
+    pub async fn list(&self) -> Vec<meatspace_crds::MeatspaceTask> {
+        self.api
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("LIST {}: {e}", self.ns))
+            .items
+    }
+
+    /// The names of the namespace's MeatspaceTasks.
+    pub async fn names(&self) -> std::collections::BTreeSet<String> {
+        self.list()
+            .await
+            .iter()
+            .map(kube::ResourceExt::name_any)
+            .collect()
+    }
 }

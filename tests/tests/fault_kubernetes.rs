@@ -17,29 +17,24 @@
 //!   within seconds of the permission's return, not at the next full resync
 //!   (set to 300 s here).
 
+mod controller_support;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use chrono::{TimeDelta, Utc};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::config::Kubeconfig;
-use kube::{Client, ResourceExt};
-use meatspace_controller::ControllerConfig;
 use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_controller::leader::{LEADER_GAUGE, LeaseSettings};
-use meatspace_crds::{MeatspaceTask, resource_name};
-use meatspace_domain::{Policy, Task};
-use meatspace_store::NewTask;
-use meatspace_store::Store;
-use meatspace_store::token::{TokenHash, generate};
+use meatspace_crds::resource_name;
+use meatspace_domain::Policy;
 use meatspace_tests::k8s::{
-    ControllerIdentity, TEST_MANAGER, admin_client, controller_rules, counter, create_namespace,
-    drop_namespace, install_crd,
+    ControllerIdentity, MirrorNamespace, TEST_MANAGER, admin_client, controller_rules, counter,
+    create_namespace, drop_namespace, install_crd,
 };
 use meatspace_tests::{Db, TestDb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,119 +42,58 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, oneshot};
 use uuid::Uuid;
 
+use controller_support::{InProcess, draft_named, with_mirror};
+
 /// The Lease the controller identity may hold.
 const LEASE: &str = "meatspace-controller";
 
 /// The two tests read process-wide metrics of the mirror; one at a time.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
-struct Cluster {
-    admin: Client,
-    ns: String,
-    identity: ControllerIdentity,
-    api: Api<MeatspaceTask>,
+/// A namespace for one test (the metrics recorder installed first: the
+/// mirror counts into it).
+async fn cluster() -> MirrorNamespace {
+    meatspace_api::http::metrics::handle();
+    MirrorNamespace::create("fault", LEASE).await
 }
 
-impl Cluster {
-    async fn new() -> Cluster {
-        meatspace_api::http::metrics::handle();
-        let admin = admin_client().await;
-        install_crd(&admin).await;
-        let ns = create_namespace(&admin, "fault").await;
-        let identity = ControllerIdentity::create(&admin, &ns, LEASE).await;
-        let api = Api::namespaced(admin.clone(), &ns);
-        Cluster {
-            admin,
-            ns,
-            identity,
-            api,
-        }
+/// Mirror settings for `c`'s namespace, reached through `kubeconfig`.
+fn mirror(c: &MirrorNamespace, kubeconfig: &Path, lease: Option<LeaseSettings>) -> MirrorSettings {
+    MirrorSettings {
+        namespace: c.ns.clone(),
+        kubeconfig: Some(kubeconfig.to_owned()),
+        // Only the retries and the change stream may bring a resource
+        // in step within a test.
+        resync_interval: Duration::from_secs(300),
+        lease,
+        requests: None,
     }
+}
 
-    fn mirror(&self, kubeconfig: &Path, lease: Option<LeaseSettings>) -> MirrorSettings {
-        MirrorSettings {
-            namespace: self.ns.clone(),
-            kubeconfig: Some(kubeconfig.to_owned()),
-            // Only the retries and the change stream may bring a resource
-            // in step within a test.
-            resync_interval: Duration::from_secs(300),
-            lease,
-            requests: None,
-        }
-    }
-
-    fn lease(&self, identity: &str, duration: Duration) -> LeaseSettings {
-        LeaseSettings {
-            name: LEASE.to_owned(),
-            namespace: self.ns.clone(),
-            identity: identity.to_owned(),
-            duration,
-        }
-    }
-
-    async fn names(&self) -> BTreeSet<String> {
-        self.api
-            .list(&ListParams::default())
-            .await
-            .expect("list MeatspaceTasks")
-            .items
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect()
-    }
-
-    async fn lease_holder(&self) -> Option<String> {
-        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), &self.ns);
-        leases
-            .get_opt(LEASE)
-            .await
-            .expect("read the Lease")
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity)
-    }
-
-    /// Replaces the controller's Role rules.
-    async fn set_rules(&self, rules: Vec<PolicyRule>) {
-        let roles: Api<Role> = Api::namespaced(self.admin.clone(), &self.ns);
-        let role = Role {
-            metadata: kube::api::ObjectMeta {
-                name: Some(self.identity.service_account.clone()),
-                ..Default::default()
-            },
-            rules: Some(rules),
-        };
-        roles
-            .patch(
-                &self.identity.service_account,
-                &PatchParams::apply(TEST_MANAGER).force(),
-                &Patch::Apply(&role),
-            )
-            .await
-            .expect("update the controller's Role");
-    }
+/// Replaces the controller's Role rules in `c`'s namespace.
+async fn set_rules(c: &MirrorNamespace, rules: Vec<PolicyRule>) {
+    let roles: Api<Role> = Api::namespaced(c.admin.clone(), &c.ns);
+    let role = Role {
+        metadata: kube::api::ObjectMeta {
+            name: Some(c.identity.service_account.clone()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+    };
+    roles
+        .patch(
+            &c.identity.service_account,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(&role),
+        )
+        .await
+        .expect("update the controller's Role");
 }
 
 /// Whether `identity` leads, by its `meatspace_leader` gauge.
 fn leads(identity: &str) -> bool {
     let text = meatspace_api::http::metrics::handle().render();
     counter(&text, LEADER_GAUGE, &[("identity", identity)]) > 0.0
-}
-
-async fn new_task(store: &Arc<dyn Store>, description: &str) -> Task {
-    let now = Utc::now();
-    store
-        .create_task(NewTask {
-            id: Uuid::new_v4(),
-            description: description.to_owned(),
-            agent_token_hash: TokenHash::of(&generate("mst_")),
-            created_at: now,
-            expires_at: now + TimeDelta::days(1),
-            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-            location: None,
-            presence: meatspace_domain::Presence::None,
-        })
-        .await
-        .expect("create a task")
 }
 
 /// Waits until `check` holds (within `limit`); returns how long it took.
@@ -175,39 +109,6 @@ where
     meatspace_tests::eventually_timed(limit, what, check)
         .await
         .1
-}
-
-/// The controller library running in this process.
-struct Controller {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), meatspace_controller::Error>>,
-}
-
-impl Controller {
-    fn start(store: &Arc<dyn Store>, mirror: MirrorSettings) -> Controller {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let config = ControllerConfig {
-            mirror: Some(mirror),
-            ..ControllerConfig::default()
-        };
-        let task = tokio::spawn(meatspace_controller::run(
-            store.clone(),
-            config,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Controller { stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("the controller stops within 20 s of shutdown")
-            .expect("controller task")
-            .expect("the controller returns Ok");
-    }
 }
 
 // ---- a TCP relay that can be frozen ------------------------------------------------------
@@ -290,7 +191,7 @@ fn kubeconfig_via(kubeconfig: &Path, server: impl FnOnce(&str) -> String, out: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_cut_off_by_a_frozen_apiserver_steps_down_before_the_takeover() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::new().await;
+    let c = cluster().await;
     let duration = Duration::from_secs(3);
     let (a_id, b_id) = (format!("a-{}", c.ns), format!("b-{}", c.ns));
 
@@ -312,26 +213,30 @@ async fn a_leader_cut_off_by_a_frozen_apiserver_steps_down_before_the_takeover()
     let store_a = db_a.store(Policy::default()).await;
     let db_b = TestDb::new(Db::Postgres).await;
     let store_b = db_b.store(Policy::default()).await;
-    let a_tasks: BTreeSet<String> = [new_task(&store_a, "A: fold the laundry.").await]
+    let a_tasks: BTreeSet<String> = [draft_named(&store_a, "A: fold the laundry.").await]
         .iter()
         .map(|t| resource_name(t.id))
         .collect();
-    let b_tasks: BTreeSet<String> = [new_task(&store_b, "B: buy bread.").await]
+    let b_tasks: BTreeSet<String> = [draft_named(&store_b, "B: buy bread.").await]
         .iter()
         .map(|t| resource_name(t.id))
         .collect();
 
-    let a = Controller::start(
+    let a = InProcess::start(
         &store_a,
-        c.mirror(&via_relay, Some(c.lease(&a_id, duration))),
+        with_mirror(mirror(&c, &via_relay, Some(c.lease(&a_id, duration)))),
     );
     eventually(Duration::from_secs(15), "A to lead and mirror", || async {
         leads(&a_id) && c.names().await == a_tasks
     })
     .await;
-    let b = Controller::start(
+    let b = InProcess::start(
         &store_b,
-        c.mirror(&c.identity.kubeconfig, Some(c.lease(&b_id, duration))),
+        with_mirror(mirror(
+            &c,
+            &c.identity.kubeconfig,
+            Some(c.lease(&b_id, duration)),
+        )),
     );
     // B follows: it is running when it has published its gauge at 0.
     eventually(
@@ -398,19 +303,22 @@ async fn a_leader_cut_off_by_a_frozen_apiserver_steps_down_before_the_takeover()
         a_down.as_millis(),
         b_up.as_millis()
     );
-    a.stop().await;
-    b.stop().await;
+    a.stop_within(Duration::from_secs(20)).await;
+    b.stop_within(Duration::from_secs(20)).await;
     drop_namespace(&c.admin, &c.ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_the_apiserver_refused_is_retried_within_seconds() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::new().await;
+    let c = cluster().await;
     let db = TestDb::new(Db::Postgres).await;
     let store = db.store(Policy::default()).await;
-    let first = new_task(&store, "Feed the cat.").await;
-    let controller = Controller::start(&store, c.mirror(&c.identity.kubeconfig, None));
+    let first = draft_named(&store, "Feed the cat.").await;
+    let controller = InProcess::start(
+        &store,
+        with_mirror(mirror(&c, &c.identity.kubeconfig, None)),
+    );
     eventually(Duration::from_secs(15), "the mirror to run", || async {
         c.names().await.contains(&resource_name(first.id))
     })
@@ -424,7 +332,7 @@ async fn a_write_the_apiserver_refused_is_retried_within_seconds() {
             r
         })
         .collect();
-    c.set_rules(without_patch).await;
+    set_rules(&c, without_patch).await;
     eventually(Duration::from_secs(10), "RBAC to refuse patch", || async {
         !c.identity
             .can_i(&["patch", "meatspacetasks.meatspace.dev", "-n", &c.ns])
@@ -439,7 +347,7 @@ async fn a_write_the_apiserver_refused_is_retried_within_seconds() {
         )
     };
     let before = errors();
-    let second = new_task(&store, "Water the plants.").await;
+    let second = draft_named(&store, "Water the plants.").await;
     eventually(
         Duration::from_secs(10),
         "the apiserver to refuse the write",
@@ -449,7 +357,7 @@ async fn a_write_the_apiserver_refused_is_retried_within_seconds() {
     assert!(!c.names().await.contains(&resource_name(second.id)));
 
     // Give it back: the retry (not a resync, 300 s away) writes it.
-    c.set_rules(controller_rules(LEASE)).await;
+    set_rules(&c, controller_rules(LEASE)).await;
     let restored = Instant::now();
     eventually(
         Duration::from_secs(30),
@@ -461,6 +369,6 @@ async fn a_write_the_apiserver_refused_is_retried_within_seconds() {
         "a write refused by the apiserver was retried and landed {} ms after the permission came back",
         restored.elapsed().as_millis()
     );
-    controller.stop().await;
+    controller.stop_within(Duration::from_secs(20)).await;
     drop_namespace(&c.admin, &c.ns).await;
 }

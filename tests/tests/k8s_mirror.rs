@@ -16,38 +16,39 @@
 //! (`MEATSPACE_TEST_KUBECONFIG`, `MEATSPACE_TEST_POSTGRES_URL`); a missing
 //! one is a failure, never a skip. Each test has a namespace of its own.
 
+mod controller_support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
 use meatspace_controller::ControllerConfig;
 use meatspace_controller::kubernetes::MirrorSettings;
-use meatspace_controller::leader::LeaseSettings;
 use meatspace_controller::telemetry::LogFormat;
 use meatspace_crds::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask, MeatspaceTaskSpec, desired,
     resource_name,
 };
 use meatspace_domain::{Command, Policy, Task};
-use meatspace_store::NewTask;
 use meatspace_store::Store;
 use meatspace_store::token::{TokenHash, generate};
 use meatspace_tests::k8s::{
-    ControllerIdentity, admin_client, counter, create_namespace, drop_namespace, install_crd,
-    kubectl, kubectl_as, service_account_with_rules, write_token_kubeconfig,
+    MirrorNamespace, counter, create_namespace, drop_namespace, kubectl, kubectl_as,
+    service_account_with_rules, write_token_kubeconfig,
 };
 use meatspace_tests::server::{Expect, TestServer, images, str_at};
 use meatspace_tests::{Db, TestDb, eventually_timed as eventually};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
-use tokio::sync::{RwLock, oneshot};
+use tokio::sync::RwLock;
 use uuid::Uuid;
+
+use controller_support::{InProcess, draft_named, with_mirror};
 
 /// Name of the Lease the controller identity may hold.
 const LEASE: &str = "meatspace-controller";
@@ -61,6 +62,9 @@ const LAG_LIMIT: Duration = Duration::from_secs(5);
 /// Tests take it shared; the steady-state test takes it alone, because it
 /// counts every write the apiserver receives for MeatspaceTasks, and the
 /// other tests' mirrors write too.
+/// How soon a controller must stop once told to.
+const STOP_WITHIN: Duration = Duration::from_secs(15);
+
 static APISERVER: LazyLock<RwLock<()>> = LazyLock::new(|| RwLock::new(()));
 
 meatspace_tests::api_tests!(
@@ -71,12 +75,14 @@ meatspace_tests::api_tests!(
 // ---- harness -------------------------------------------------------------------
 
 /// A namespace with the CRD installed and the controller's identity in it.
-struct Cluster {
-    admin: Client,
-    ns: String,
-    identity: ControllerIdentity,
-    /// The admin's view of the namespace's MeatspaceTasks.
-    api: Api<MeatspaceTask>,
+struct Cluster(MirrorNamespace);
+
+impl std::ops::Deref for Cluster {
+    type Target = MirrorNamespace;
+
+    fn deref(&self) -> &MirrorNamespace {
+        &self.0
+    }
 }
 
 impl Cluster {
@@ -89,17 +95,7 @@ impl Cluster {
             meatspace_controller::telemetry::init(&filter, LogFormat::Text)
                 .expect("MEATSPACE_TEST_LOG is a tracing filter");
         }
-        let admin = admin_client().await;
-        install_crd(&admin).await;
-        let ns = create_namespace(&admin, "mirror").await;
-        let identity = ControllerIdentity::create(&admin, &ns, LEASE).await;
-        let api = Api::namespaced(admin.clone(), &ns);
-        Cluster {
-            admin,
-            ns,
-            identity,
-            api,
-        }
+        Cluster(MirrorNamespace::create("mirror", LEASE).await)
     }
 
     /// Mirror settings for this namespace, as the controller identity.
@@ -113,16 +109,6 @@ impl Cluster {
         }
     }
 
-    /// The controller's Lease, held as `identity`.
-    fn lease(&self, identity: &str, duration: Duration) -> LeaseSettings {
-        LeaseSettings {
-            name: LEASE.to_owned(),
-            namespace: self.ns.clone(),
-            identity: identity.to_owned(),
-            duration,
-        }
-    }
-
     async fn get(&self, id: Uuid) -> Option<MeatspaceTask> {
         self.api
             .get_opt(&resource_name(id))
@@ -130,20 +116,13 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("GET {}/{id}: {e}", self.ns))
     }
 
-    async fn list(&self) -> Vec<MeatspaceTask> {
-        self.api
-            .list(&ListParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("LIST {}: {e}", self.ns))
-            .items
-    }
-
-    async fn names(&self) -> BTreeSet<String> {
-        self.list()
-            .await
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect()
+    /// The arguments of `kubectl patch mst NAME -n NS EXTRA… --type=merge
+    /// -p PATCH`.
+    fn merge_patch<'a>(&'a self, name: &'a str, extra: &[&'a str], patch: &'a str) -> Vec<&'a str> {
+        let mut args = vec!["patch", "mst", name, "-n", &self.ns];
+        args.extend_from_slice(extra);
+        args.extend(["--type=merge", "-p", patch]);
+        args
     }
 
     /// `kubectl get mst -n NS -o json`, as the admin.
@@ -161,16 +140,6 @@ impl Cluster {
     /// Full resyncs the mirror of this namespace has finished.
     fn resyncs(&self) -> u64 {
         mirror_counter("meatspace_mirror_resyncs_total", &self.ns)
-    }
-
-    async fn lease_holder(&self) -> Option<String> {
-        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), &self.ns);
-        leases
-            .get_opt(LEASE)
-            .await
-            .expect("read the Lease")
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity)
     }
 
     async fn drop(self) {
@@ -253,68 +222,6 @@ fn median_and_max(lags: &[Duration]) -> (u128, u128) {
     let mut ms: Vec<u128> = lags.iter().map(Duration::as_millis).collect();
     ms.sort_unstable();
     (ms[ms.len() / 2], ms[ms.len() - 1])
-}
-
-/// The controller library running in this process, as the binary runs it.
-struct Controller {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), meatspace_controller::Error>>,
-}
-
-impl Controller {
-    fn start(store: &Arc<dyn Store>, config: ControllerConfig) -> Controller {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(meatspace_controller::run(
-            store.clone(),
-            config,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Controller { stop, task }
-    }
-
-    /// Shuts it down and checks it stops cleanly and promptly.
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(15), self.task)
-            .await
-            .expect("the controller stops within 15 s of shutdown")
-            .expect("controller task")
-            .expect("the controller returns Ok");
-    }
-
-    /// Ends it the way a killed process ends: no clean-up, the Lease is
-    /// not released.
-    async fn crash(self) {
-        self.task.abort();
-        let _ = self.task.await;
-    }
-}
-
-fn with_mirror(mirror: MirrorSettings) -> ControllerConfig {
-    ControllerConfig {
-        mirror: Some(mirror),
-        ..ControllerConfig::default()
-    }
-}
-
-/// A draft written straight into the store, as the API would create it.
-async fn new_task(store: &Arc<dyn Store>, description: &str) -> Task {
-    let now = Utc::now();
-    store
-        .create_task(NewTask {
-            id: Uuid::new_v4(),
-            description: description.to_owned(),
-            agent_token_hash: TokenHash::of(&generate("mst_")),
-            created_at: now,
-            expires_at: now + TimeDelta::days(1),
-            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-            location: None,
-            presence: meatspace_domain::Presence::None,
-        })
-        .await
-        .expect("create a task")
 }
 
 async fn command(store: &Arc<dyn Store>, id: Uuid, command: Command) {
@@ -442,7 +349,7 @@ async fn a_task_driven_over_http_shows_its_states_in_kubectl(db: Db) {
     let _shared = APISERVER.read().await;
     let c = Cluster::new().await;
     let srv = TestServer::start(db).await;
-    let controller = Controller::start(&srv.store, with_mirror(c.mirror(SLOW_RESYNC)));
+    let controller = InProcess::start(&srv.store, with_mirror(c.mirror(SLOW_RESYNC)));
     let mut lags = Vec::new();
     // Strings that must never reach the cluster.
     let mut secrets = Vec::new();
@@ -629,7 +536,7 @@ async fn a_task_driven_over_http_shows_its_states_in_kubectl(db: Db) {
         "mirror lag ({db:?}), from sending the HTTP request to the resource in step, over {} changes: median {median} ms, max {max} ms",
         lags.len()
     );
-    controller.stop().await;
+    controller.stop_within(STOP_WITHIN).await;
     srv.stop().await;
     c.drop().await;
 }
@@ -645,7 +552,7 @@ async fn the_store_is_the_authority(db: Db) {
         retention_interval: Duration::from_millis(500),
         ..with_mirror(c.mirror(Duration::from_secs(1)))
     };
-    let controller = Controller::start(&srv.store, config);
+    let controller = InProcess::start(&srv.store, config);
     let (id, token) = srv
         .create_open_task("Read the water meter in the basement.")
         .await;
@@ -655,16 +562,11 @@ async fn the_store_is_the_authority(db: Db) {
     // The apiserver refuses a new description outright (CEL: immutable)…
     let refused = kubectl_as(
         &meatspace_tests::k8s::admin_kubeconfig(),
-        &[
-            "patch",
-            "mst",
+        &c.merge_patch(
             &name,
-            "-n",
-            &c.ns,
-            "--type=merge",
-            "-p",
+            &[],
             r#"{"spec":{"description":"Read the gas meter instead."}}"#,
-        ],
+        ),
     );
     assert!(
         !refused.status.success()
@@ -672,16 +574,11 @@ async fn the_store_is_the_authority(db: Db) {
         "{refused:?}"
     );
     // …and a spec edited by hand where the rules allow it is reverted.
-    kubectl(&[
-        "patch",
-        "mst",
+    kubectl(&c.merge_patch(
         &name,
-        "-n",
-        &c.ns,
-        "--type=merge",
-        "-p",
+        &[],
         r#"{"spec":{"expiresAt":"2099-01-01T00:00:00Z"}}"#,
-    ]);
+    ));
     let started = Instant::now();
     let (reverted, revert_lag) = follows(&c, &srv.store, id, started).await;
     assert!(
@@ -691,17 +588,11 @@ async fn the_store_is_the_authority(db: Db) {
     assert_one_field_manager(&reverted);
 
     // So is a status edited by hand, and a label taken away.
-    kubectl(&[
-        "patch",
-        "mst",
+    kubectl(&c.merge_patch(
         &name,
-        "-n",
-        &c.ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
+        &["--subresource=status"],
         r#"{"status":{"state":"completed","openIssues":3}}"#,
-    ]);
+    ));
     let started = Instant::now();
     let (_, status_lag) = follows(&c, &srv.store, id, started).await;
     kubectl(&[
@@ -818,7 +709,7 @@ async fn the_store_is_the_authority(db: Db) {
         stray_lag.as_millis(),
         retention_lag.as_millis(),
     );
-    controller.stop().await;
+    controller.stop_within(STOP_WITHIN).await;
     srv.stop().await;
     c.drop().await;
 }
@@ -884,7 +775,7 @@ async fn a_thousand_tasks_are_mirrored_and_a_resync_of_unchanged_tasks_writes_no
         .expect("register a worker");
     let mut tasks = Vec::with_capacity(TASKS);
     for i in 0..TASKS {
-        let t = new_task(
+        let t = draft_named(
             &store,
             &format!("Task {i}: count the pigeons on square {i}."),
         )
@@ -909,7 +800,7 @@ async fn a_thousand_tasks_are_mirrored_and_a_resync_of_unchanged_tasks_writes_no
 
     let resync = Duration::from_secs(1);
     let (apiserver_before, _) = apiserver_requests();
-    let controller = Controller::start(&store, with_mirror(c.mirror(resync)));
+    let controller = InProcess::start(&store, with_mirror(c.mirror(resync)));
     let (_, took) = eventually(Duration::from_secs(180), "1,000 tasks mirrored", || async {
         let all = c.list().await;
         (all.len() == TASKS
@@ -1001,7 +892,7 @@ async fn a_thousand_tasks_are_mirrored_and_a_resync_of_unchanged_tasks_writes_no
         lag.as_millis()
     );
 
-    controller.stop().await;
+    controller.stop_within(STOP_WITHIN).await;
     c.drop().await;
 }
 
@@ -1020,20 +911,20 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     let db_b = TestDb::new(Db::Postgres).await;
     let store_b = db_b.store(Policy::default()).await;
     let a_tasks: BTreeSet<String> = [
-        new_task(&store_a, "A: fold the laundry.").await,
-        new_task(&store_a, "A: walk the dog.").await,
+        draft_named(&store_a, "A: fold the laundry.").await,
+        draft_named(&store_a, "A: walk the dog.").await,
     ]
     .iter()
     .map(|t| resource_name(t.id))
     .collect();
-    let b1 = new_task(&store_b, "B: buy bread.").await;
+    let b1 = draft_named(&store_b, "B: buy bread.").await;
 
     let replica = |store: &Arc<dyn Store>, who: &str| {
         let mirror = MirrorSettings {
             lease: Some(c.lease(who, duration)),
             ..c.mirror(Duration::from_secs(1))
         };
-        Controller::start(store, with_mirror(mirror))
+        InProcess::start(store, with_mirror(mirror))
     };
     let a = replica(&store_a, "replica-a");
     eventually(
@@ -1080,7 +971,7 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
     })
     .await;
     let after_crash = crashed.elapsed();
-    let b2 = new_task(&store_b, "B: return the library books.").await;
+    let b2 = draft_named(&store_b, "B: return the library books.").await;
     follows(&c, &store_b, b2.id, Instant::now()).await;
 
     // A new follower; the leader shuts down cleanly and releases the Lease,
@@ -1098,7 +989,7 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let stopping = Instant::now();
-    b.stop().await;
+    b.stop_within(STOP_WITHIN).await;
     // Released on the way out, not left to expire: once stop() returns the
     // Lease is no longer b's.
     assert_ne!(
@@ -1125,7 +1016,7 @@ async fn only_the_lease_holder_mirrors_and_a_survivor_takes_over() {
         after_crash.as_millis(),
         handover.as_millis()
     );
-    a2.stop().await;
+    a2.stop_within(STOP_WITHIN).await;
     c.drop().await;
 }
 

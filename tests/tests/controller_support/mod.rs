@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::StreamExt;
 use meatspace_controller::ControllerConfig;
+use meatspace_controller::kubernetes::MirrorSettings;
 use meatspace_domain::{Command, Event, EventType, IssueStatus, Task, TaskState, clock};
 use meatspace_store::NewTask;
 use meatspace_store::token::TokenHash;
@@ -32,13 +33,27 @@ macro_rules! on_both_backends {
 
 /// A draft task whose lifetime ends at `expires_at`.
 pub async fn draft_until(store: &Arc<dyn Store>, expires_at: DateTime<Utc>) -> Task {
-    let now = clock::now();
+    draft_of(
+        store,
+        "Check whether the bakery on Elm Street is open",
+        expires_at,
+    )
+    .await
+}
+
+/// A draft task described as `description`, living a day from now, as the
+/// API would create it.
+pub async fn draft_named(store: &Arc<dyn Store>, description: &str) -> Task {
+    draft_of(store, description, clock::now() + TimeDelta::days(1)).await
+}
+
+async fn draft_of(store: &Arc<dyn Store>, description: &str, expires_at: DateTime<Utc>) -> Task {
     store
         .create_task(NewTask {
             id: Uuid::new_v4(),
-            description: "Check whether the bakery on Elm Street is open".into(),
+            description: description.to_owned(),
             agent_token_hash: TokenHash::of(&Uuid::new_v4().to_string()),
-            created_at: now,
+            created_at: clock::now(),
             expires_at: clock::truncate(expires_at),
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
             location: None,
@@ -253,15 +268,35 @@ impl InProcess {
         InProcess { stop, task }
     }
 
-    /// Shuts the controller down and checks it stops cleanly and promptly.
+    /// Shuts the controller down and checks it stops cleanly within 10 s.
     pub async fn stop(self) {
+        self.stop_within(Duration::from_secs(10)).await;
+    }
+
+    /// Shuts the controller down and checks it stops cleanly within `limit`.
+    pub async fn stop_within(self, limit: Duration) {
         let _ = self.stop.send(());
-        let ended = tokio::time::timeout(Duration::from_secs(10), self.task)
+        let ended = tokio::time::timeout(limit, self.task)
             .await
-            .expect("the controller stops within 10 s of shutdown");
+            .unwrap_or_else(|_| panic!("the controller stops within {limit:?} of shutdown"));
         ended
             .expect("controller task")
             .expect("controller run returns Ok");
+    }
+
+    /// Ends it the way a killed process ends: no clean-up, the Lease is
+    /// not released.
+    pub async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// The default controller, mirroring into Kubernetes with `mirror`.
+pub fn with_mirror(mirror: MirrorSettings) -> ControllerConfig {
+    ControllerConfig {
+        mirror: Some(mirror),
+        ..ControllerConfig::default()
     }
 }
 
