@@ -131,3 +131,18 @@ pub async fn call_tool(client: &Peer<RoleClient>, name: &str, args: Value) -> Va
     assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
     result.structured_content.expect("structured result")
 }
+
+/// Creates and publishes a task described as `description` through the
+/// MCP tool `create_task`: its id.
+pub async fn mcp_open_task(client: &Peer<RoleClient>, description: &str) -> uuid::Uuid {
+    let created = call_tool(
+        client,
+        "create_task",
+        serde_json::json!({ "description": description, "publish": true }),
+    )
+    .await;
+    created["task"]["id"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("a task id in {created}"))
+}

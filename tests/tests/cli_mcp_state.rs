@@ -7,14 +7,14 @@
 //! The API server is the built binary on SQLite; the CLI and its `mcp`
 //! subcommand are the built `meatspace` binary.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use meatspace_tests::cli::{call_tool as call, mcp_session};
+use meatspace_tests::cli::{call_tool as call, json_of, mcp_open_task, mcp_session, run};
 use meatspace_tests::process::cli_bin;
 use meatspace_tests::process::{Binary, DevApi, ServerProcess};
 use rmcp::service::{RoleClient, RunningService};
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 
 const DEV_KEY: &str = "msd_shared_state_test_dev_key_0123456789";
@@ -36,8 +36,10 @@ async fn mcp(base: &str, state: &Path) -> RunningService<RoleClient, ()> {
     mcp_session(cmd, Stdio::null()).await
 }
 
-async fn server(data: &Path) -> ServerProcess {
-    let data = data.display().to_string();
+/// The API server on SQLite in `dir`/data, its URL, and the state
+/// directory `dir`/state for the CLI.
+async fn server(dir: &Path) -> (ServerProcess, String, PathBuf) {
+    let data = dir.join("data").display().to_string();
     let mut server = ServerProcess::start(
         Binary::ApiServer,
         &[
@@ -46,24 +48,17 @@ async fn server(data: &Path) -> ServerProcess {
         ],
     );
     server.ready().await;
-    server
+    let base = server.base_url();
+    (server, base, dir.join("state"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_created_through_mcp_is_watched_with_the_cli() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = server(&dir.path().join("data")).await;
-    let base = server.base_url();
-    let state = dir.path().join("state");
+    let (mut server, base, state) = server(dir.path()).await;
 
     let session = mcp(&base, &state).await;
-    let created = call(
-        &session,
-        "create_task",
-        json!({ "description": "Check the mailbox", "publish": true }),
-    )
-    .await;
-    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+    let id = mcp_open_task(&session, "Check the mailbox").await;
     session.cancel().await.expect("end the MCP session");
 
     let api = DevApi::new(&base, DEV_KEY);
@@ -75,21 +70,22 @@ async fn a_task_created_through_mcp_is_watched_with_the_cli() {
         .await;
 
     // Only the id: the token is the one `meatspace mcp` stored.
-    let out = cli(&base, &state)
-        .args(["--output", "json", "task", "watch"])
-        .arg(id.to_string())
-        .output()
-        .await
-        .expect("run meatspace task watch");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let id = id.to_string();
+    let out = run(
+        cli(&base, &state),
+        &["--output", "json", "task", "watch", &id],
+    )
+    .await;
     assert!(
         out.status.success(),
-        "task watch failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        "task watch failed: {}\n{}",
+        out.stderr,
+        out.stdout
     );
     assert!(
-        stdout.contains("task.completed"),
-        "the watch follows the task to its end: {stdout}"
+        out.stdout.contains("task.completed"),
+        "the watch follows the task to its end: {}",
+        out.stdout
     );
     server.kill().await;
 }
@@ -97,28 +93,13 @@ async fn a_task_created_through_mcp_is_watched_with_the_cli() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_created_with_the_cli_is_driven_through_mcp() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = server(&dir.path().join("data")).await;
-    let base = server.base_url();
-    let state = dir.path().join("state");
+    let (mut server, base, state) = server(dir.path()).await;
 
-    let out = cli(&base, &state)
-        .args([
-            "--output",
-            "json",
-            "task",
-            "create",
-            "-d",
-            "Read the gas meter",
-        ])
-        .output()
-        .await
-        .expect("run meatspace task create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let created: Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let created = json_of(
+        cli(&base, &state),
+        &["task", "create", "-d", "Read the gas meter"],
+    )
+    .await;
     let id = created["task"]["id"]
         .as_str()
         .or_else(|| created["id"].as_str())

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use meatspace_tests::cli::{call_tool, call_tool_result, cli_bin, mcp_session};
+use meatspace_tests::cli::{call_tool, call_tool_result, cli_bin, mcp_open_task, mcp_session};
 use meatspace_tests::process::{Binary, DevApi, ServerProcess, free_port};
 use meatspace_tests::server::{ids, types};
 use serde_json::{Value, json};
@@ -220,13 +220,7 @@ async fn mcp_wait_for_events_waits_out_a_server_restart() {
         .arg(dir.path().join("state"));
     let stderr = std::fs::File::create(&stderr_path).unwrap();
     let client = mcp_session(cmd, stderr).await;
-    let created = call_tool(
-        &client,
-        "create_task",
-        json!({ "description": "Check the mailbox", "publish": true }),
-    )
-    .await;
-    let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+    let id = mcp_open_task(&client, "Check the mailbox").await;
 
     // A worker claims; the agent reads up to there.
     let api = server.api();
