@@ -413,6 +413,40 @@ impl TestServer {
         }
     }
 
+    /// The worker raises an issue of `kind` with `text` on the task;
+    /// asserts 200 and returns the issue's event id.
+    pub async fn raise_issue(
+        &self,
+        task_id: Uuid,
+        worker_token: &str,
+        kind: &str,
+        text: &str,
+    ) -> i64 {
+        let change = self
+            .worker(worker_token)
+            .post(&worker_path(task_id, "/issues"))
+            .json(&json!({ "kind": kind, "text": text }))
+            .expect_json(StatusCode::OK)
+            .await;
+        change["events"][0]["id"]
+            .as_i64()
+            .expect("the issue's event id")
+    }
+
+    /// The agent's answer `body` (`{"action": ..., "text": ...}`) to the
+    /// issue (event) `issue_id` of the task, ready to send.
+    pub fn respond_to_issue(
+        &self,
+        task_id: Uuid,
+        agent_token: &str,
+        issue_id: i64,
+        body: Value,
+    ) -> RequestBuilder {
+        self.agent(agent_token)
+            .post(&task_path(task_id, &format!("/issues/{issue_id}/respond")))
+            .json(&body)
+    }
+
     /// The worker sends the message `text` on the task; asserts 200 and
     /// returns the answer.
     pub async fn message(&self, task_id: Uuid, worker_token: &str, text: &str) -> Value {

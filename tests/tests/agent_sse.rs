@@ -294,17 +294,16 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     let (_, b) = server.register_worker("B").await;
     let claimed = server.worker_post(id, &a, "claim").await;
     server.message(id, &a, "A's private note").await;
-    let raised = server
-        .worker(&a)
-        .post(&worker_path(id, "/issues"))
-        .json(&json!({ "kind": "access_blocked", "text": "the door is locked" }))
-        .expect_json(StatusCode::OK)
+    let issue = server
+        .raise_issue(id, &a, "access_blocked", "the door is locked")
         .await;
-    let issue = raised["events"][0]["id"].as_i64().unwrap();
     server
-        .agent(&agent)
-        .post(&format!("/api/v1/tasks/{id}/issues/{issue}/respond"))
-        .json(&json!({ "action": "clarify", "text": "the door code is 4711" }))
+        .respond_to_issue(
+            id,
+            &agent,
+            issue,
+            json!({ "action": "clarify", "text": "the door code is 4711" }),
+        )
         .expect_json(StatusCode::OK)
         .await;
 

@@ -61,15 +61,10 @@ fn time_at(v: &Value, pointer: &str) -> DateTime<Utc> {
     str_at(v, pointer).parse().expect("an RFC 3339 time")
 }
 
-/// Raises an issue as the worker; returns its event id.
+/// Raises an access issue as the worker; returns its event id.
 async fn raise(srv: &TestServer, task: Uuid, worker_token: &str, text: &str) -> i64 {
-    let body = srv
-        .worker(worker_token)
-        .post(&worker_path(task, "/issues"))
-        .json(&json!({ "kind": "access_blocked", "text": text }))
-        .expect_json(StatusCode::OK)
-        .await;
-    body["events"][0]["id"].as_i64().expect("event id")
+    srv.raise_issue(task, worker_token, "access_blocked", text)
+        .await
 }
 
 async fn cancel_as_an_answer_works_past_the_deadline(db: Db) {
@@ -85,12 +80,12 @@ async fn cancel_as_an_answer_works_past_the_deadline(db: Db) {
     srv.advance_clock_past(time_at(&task, "/active_until"));
 
     let respond = |action: &str, text: Option<&str>| {
-        srv.agent(&t.agent_token)
-            .post(&format!(
-                "/api/v1/tasks/{}/issues/{issue}/respond",
-                t.task_id
-            ))
-            .json(&json!({ "action": action, "text": text }))
+        srv.respond_to_issue(
+            t.task_id,
+            &t.agent_token,
+            issue,
+            json!({ "action": action, "text": text }),
+        )
     };
     // Other answers wait for the controller to apply the deadline ...
     let refused = respond("clarify", Some("use the side gate"))
@@ -138,9 +133,12 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
 
     // The agent's late answer is refused: the issue closed with the assignment.
     let late = srv
-        .agent(&agent_token)
-        .post(&format!("/api/v1/tasks/{id}/issues/{issue}/respond"))
-        .json(&json!({ "action": "clarify", "text": "the blue one" }))
+        .respond_to_issue(
+            id,
+            &agent_token,
+            issue,
+            json!({ "action": "clarify", "text": "the blue one" }),
+        )
         .expect_problem(StatusCode::CONFLICT)
         .await;
     assert!(
@@ -177,14 +175,7 @@ async fn clarify_without_text_on_a_terminal_task_is_a_conflict(db: Db) {
     let srv = TestServer::start(db).await;
     let t = srv.active_task("Ring the bell").await;
     let issue = raise(&srv, t.task_id, &t.worker_token, "no bell").await;
-    let respond = |body: Value| {
-        srv.agent(&t.agent_token)
-            .post(&format!(
-                "/api/v1/tasks/{}/issues/{issue}/respond",
-                t.task_id
-            ))
-            .json(&body)
-    };
+    let respond = |body: Value| srv.respond_to_issue(t.task_id, &t.agent_token, issue, body);
     // On a live task a missing text is invalid input ...
     respond(json!({ "action": "clarify" }))
         .expect_problem(StatusCode::UNPROCESSABLE_ENTITY)
@@ -719,14 +710,14 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
         .json(&json!({ "kind": "access_blocked", "text": "again" }))
         .expect_problem(StatusCode::CONFLICT)
         .await;
-    srv.agent(&t.agent_token)
-        .post(&format!(
-            "/api/v1/tasks/{}/issues/{issue}/respond",
-            t.task_id
-        ))
-        .json(&json!({ "action": "clarify", "text": "green" }))
-        .expect_problem(StatusCode::CONFLICT)
-        .await;
+    srv.respond_to_issue(
+        t.task_id,
+        &t.agent_token,
+        issue,
+        json!({ "action": "clarify", "text": "green" }),
+    )
+    .expect_problem(StatusCode::CONFLICT)
+    .await;
     srv.agent(&t.agent_token)
         .post(&format!("/api/v1/tasks/{}/extend", t.task_id))
         .json(&json!({ "add_seconds": 60 }))

@@ -74,21 +74,17 @@ async fn every_served_event_matches_its_schema(db: Db) {
 
     // Cancelled by answering an issue with `cancel`.
     let c = srv.active_task("Fix the gate").await;
-    let issue = srv
-        .worker(&c.worker_token)
-        .post(&format!("/api/v1/worker/tasks/{}/issues", c.task_id))
-        .json(&json!({ "kind": "safety_concern", "text": "Live wires" }))
-        .expect_json(StatusCode::OK)
+    let issue_id = srv
+        .raise_issue(c.task_id, &c.worker_token, "safety_concern", "Live wires")
         .await;
-    let issue_id = issue["events"][0]["id"].as_i64().unwrap();
-    srv.agent(&c.agent_token)
-        .post(&format!(
-            "/api/v1/tasks/{}/issues/{issue_id}/respond",
-            c.task_id
-        ))
-        .json(&json!({ "action": "cancel" }))
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.respond_to_issue(
+        c.task_id,
+        &c.agent_token,
+        issue_id,
+        json!({ "action": "cancel" }),
+    )
+    .expect_json(StatusCode::OK)
+    .await;
     feeds.push((c.task_id, c.agent_token));
 
     // Cancelled by the agent; expired; a lapsed assignment.

@@ -171,9 +171,12 @@ async fn end_to_end(db: Db) {
     assert_eq!(issue["data"]["kind"], "access_blocked");
     let issue_id = issue["id"].as_i64().expect("issue id");
     server
-        .agent(&agent)
-        .post(&format!("/api/v1/tasks/{task}/issues/{issue_id}/respond"))
-        .json(&json!({ "action": "clarify", "text": "Ask at the front desk for the key." }))
+        .respond_to_issue(
+            task,
+            &agent,
+            issue_id,
+            json!({ "action": "clarify", "text": "Ask at the front desk for the key." }),
+        )
         .expect_json(StatusCode::OK)
         .await;
     browser
