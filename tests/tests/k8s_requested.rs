@@ -134,6 +134,24 @@ impl Setup {
         .await
     }
 
+    /// Deletes the resource `name` and waits until it is gone (`what`
+    /// names the wait in a failure).
+    async fn delete(&self, name: &str, what: &str) {
+        self.api
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+        eventually(PATIENCE, what, || async {
+            self.api
+                .get_opt(name)
+                .await
+                .unwrap_or_else(|e| panic!("read {name}: {e}"))
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+
     async fn finish(self) {
         drop_namespace(&self.admin, &self.ns).await;
         self.server.stop().await;
@@ -151,6 +169,17 @@ fn condition(m: &MeatspaceTask, type_: &str) -> Option<(String, String)> {
 
 fn state(m: &MeatspaceTask) -> Option<TaskState> {
     m.status.as_ref()?.state
+}
+
+/// The status's acknowledged responses: (issue event id, result).
+fn response_results(m: &MeatspaceTask) -> Vec<(i64, meatspace_crds::ResponseResult)> {
+    m.status
+        .as_ref()
+        .expect("a status")
+        .responses
+        .iter()
+        .map(|r| (r.issue_event_id, r.result))
+        .collect()
 }
 
 fn task_id(m: &MeatspaceTask) -> Uuid {
@@ -189,19 +218,16 @@ async fn token(s: &Setup, m: &MeatspaceTask) -> String {
 async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     let s = Setup::new("requested").await;
     let controller = s.controller();
-    s.apply(
-        "fetch-milk",
-        json!({
-            "description": "Buy a litre of milk at the corner shop.",
-            "publish": true,
-            "lifetimeSeconds": 7200,
-            "showUntrustedWorkerText": true,
-            "location": { "latitude": 51.5072, "longitude": -0.1276, "radiusM": 80,
-                          "address": "Corner shop, Strand" },
-            "presence": "flag",
-        }),
-    )
-    .await;
+    let spec = json!({
+        "description": "Buy a litre of milk at the corner shop.",
+        "publish": true,
+        "lifetimeSeconds": 7200,
+        "showUntrustedWorkerText": true,
+        "location": { "latitude": 51.5072, "longitude": -0.1276, "radiusM": 80,
+                      "address": "Corner shop, Strand" },
+        "presence": "flag",
+    });
+    s.apply("fetch-milk", spec.clone()).await;
     let published = s
         .until("fetch-milk", "Published", |m| {
             condition(m, "Published").is_some_and(|(status, _)| status == "True")
@@ -283,20 +309,10 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     assert_eq!(asked.status.as_ref().unwrap().open_issues, 1);
 
     // The agent answers by appending to spec.responses.
-    s.apply(
-        "fetch-milk",
-        json!({
-            "description": "Buy a litre of milk at the corner shop.",
-            "publish": true,
-            "lifetimeSeconds": 7200,
-            "showUntrustedWorkerText": true,
-            "location": { "latitude": 51.5072, "longitude": -0.1276, "radiusM": 80,
-                          "address": "Corner shop, Strand" },
-            "presence": "flag",
-            "responses": [{ "issueEventId": issue.event_id, "action": "clarify", "text": "Whole." }],
-        }),
-    )
-    .await;
+    let mut answered = spec.clone();
+    answered["responses"] =
+        json!([{ "issueEventId": issue.event_id, "action": "clarify", "text": "Whole." }]);
+    s.apply("fetch-milk", answered).await;
     let answered = s
         .until("fetch-milk", "the answer acknowledged", |m| {
             m.status.as_ref().is_some_and(|st| {
@@ -424,19 +440,7 @@ async fn cancel_through_the_spec_and_delete_with_the_finalizer() {
         .token_secret_name
         .clone()
         .unwrap();
-    s.api
-        .delete("walk-dog", &DeleteParams::default())
-        .await
-        .expect("delete");
-    eventually(PATIENCE, "the resource to go", || async {
-        s.api
-            .get_opt("walk-dog")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    s.delete("walk-dog", "the resource to go").await;
     assert_eq!(
         s.server.store.task(walk).await.unwrap().unwrap().state,
         TaskState::Cancelled
@@ -445,19 +449,7 @@ async fn cancel_through_the_spec_and_delete_with_the_finalizer() {
     assert!(secrets.get_opt(&secret_name).await.unwrap().is_none());
 
     // A terminal task's resource goes at once too.
-    s.api
-        .delete("plants", &DeleteParams::default())
-        .await
-        .expect("delete");
-    eventually(PATIENCE, "the cancelled resource to go", || async {
-        s.api
-            .get_opt("plants")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    s.delete("plants", "the cancelled resource to go").await;
 
     controller.stop().await;
     s.finish().await;
@@ -805,14 +797,7 @@ async fn each_answer_reaches_the_worker_once_across_restarts() {
             m.status.as_ref().is_some_and(|st| st.responses.len() == 3)
         })
         .await;
-    let results: Vec<_> = acked
-        .status
-        .as_ref()
-        .unwrap()
-        .responses
-        .iter()
-        .map(|r| (r.issue_event_id, r.result))
-        .collect();
+    let results = response_results(&acked);
     use meatspace_crds::ResponseResult::{Accepted, Refused};
     assert_eq!(
         results,
@@ -848,14 +833,7 @@ async fn each_answer_reaches_the_worker_once_across_restarts() {
             },
         )
         .await;
-    let results_after: Vec<_> = after_restart
-        .status
-        .as_ref()
-        .unwrap()
-        .responses
-        .iter()
-        .map(|r| (r.issue_event_id, r.result))
-        .collect();
+    let results_after = response_results(&after_restart);
     assert_eq!(
         results_after, results,
         "the acknowledgements changed across the restart"
