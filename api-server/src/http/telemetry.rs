@@ -9,18 +9,19 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber once; later calls do nothing.
+/// Installs the global subscriber once, as the controller binary does
+/// ([`meatspace_controller::telemetry::init`]); later calls do nothing.
+/// The filter is `RUST_LOG`, or `info` when it is unset or not valid.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal, never into a file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    use meatspace_controller::telemetry;
+    let format = match format {
+        LogFormat::Text => telemetry::LogFormat::Text,
+        LogFormat::Json => telemetry::LogFormat::Json,
     };
+    let from_env = std::env::var(EnvFilter::DEFAULT_ENV).ok();
+    if from_env.is_none_or(|filter| telemetry::init(&filter, format).is_err()) {
+        let _ = telemetry::init("info", format);
+    }
 }
 
 /// The span of one request: method and path, with every path segment that
