@@ -125,10 +125,12 @@ fn forwarded_https(headers: &HeaderMap) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    /// Request headers from name-value pairs (the web session's tests use
+    /// it too).
+    pub(crate) fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.insert(*k, v.parse().unwrap());

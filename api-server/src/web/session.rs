@@ -247,14 +247,7 @@ pub fn digest(credential: &str) -> TokenHash {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, v.parse().unwrap());
-        }
-        h
-    }
+    use crate::public_url::tests::headers;
 
     #[test]
     fn forms_from_other_origins_are_refused() {
