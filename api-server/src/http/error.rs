@@ -105,67 +105,44 @@ pub mod responses {
         TaskBodyCommandErrors = [400, 401, 404, 409, 413, 415, 422, 503]
     );
 
-    /// Malformed request: JSON syntax, an unreadable body or a bad query string.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct BadRequest(Problem);
+    /// Error responses of the document: each a [`Problem`] served as
+    /// `application/problem+json`, with the headers given after its name.
+    /// They describe the document and are never constructed.
+    macro_rules! problem_responses {
+        ($($(#[doc = $doc:literal])* $name:ident $(headers($($header:tt)*))?;)+) => {$(
+            $(#[doc = $doc])*
+            #[derive(Debug, utoipa::ToResponse)]
+            #[response(
+                content_type = "application/problem+json"
+                $(, headers($($header)*))?
+            )]
+            #[allow(dead_code)]
+            pub struct $name(Problem);
+        )+};
+    }
 
-    /// No credential, or one that is not valid.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(
-        content_type = "application/problem+json",
-        headers(("WWW-Authenticate" = String, description = "Always `Bearer`"))
-    )]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct Unauthorized(Problem);
-
-    /// The API key lacks the scope this operation needs.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct Forbidden(Problem);
-
-    /// No such task (or not the caller's), or no such resource on it.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct NotFound(Problem);
-
-    /// The task's state does not allow this; `task_state` says what it is.
-    /// Or (`task-event-limit`) the task's feed holds its limit of events
-    /// (`limits.events_per_task` of the capabilities document).
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct Conflict(Problem);
-
-    /// The request body is over the limit.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct PayloadTooLarge(Problem);
-
-    /// The body's `Content-Type` is not one this operation takes.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct UnsupportedMediaType(Problem);
-
-    /// Well-formed but invalid input (a missing or out-of-range field).
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(content_type = "application/problem+json")]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct UnprocessableEntity(Problem);
-
-    /// The database is unavailable; retry after the given seconds.
-    #[derive(Debug, utoipa::ToResponse)]
-    #[response(
-        content_type = "application/problem+json",
-        headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))
-    )]
-    #[allow(dead_code)] // describes the document; never constructed
-    pub struct ServiceUnavailable(Problem);
+    problem_responses! {
+        /// Malformed request: JSON syntax, an unreadable body or a bad query string.
+        BadRequest;
+        /// No credential, or one that is not valid.
+        Unauthorized headers(("WWW-Authenticate" = String, description = "Always `Bearer`"));
+        /// The API key lacks the scope this operation needs.
+        Forbidden;
+        /// No such task (or not the caller's), or no such resource on it.
+        NotFound;
+        /// The task's state does not allow this; `task_state` says what it is.
+        /// Or (`task-event-limit`) the task's feed holds its limit of events
+        /// (`limits.events_per_task` of the capabilities document).
+        Conflict;
+        /// The request body is over the limit.
+        PayloadTooLarge;
+        /// The body's `Content-Type` is not one this operation takes.
+        UnsupportedMediaType;
+        /// Well-formed but invalid input (a missing or out-of-range field).
+        UnprocessableEntity;
+        /// The database is unavailable; retry after the given seconds.
+        ServiceUnavailable headers(("Retry-After" = u64, description = "Seconds to wait before retrying"));
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
