@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::http::error::ApiError;
+use crate::http::rate_limit::ClientAddress;
 
 use super::{DEV_KEY_HEADER, Principal, bearer, issue_token, token_subject};
 
@@ -120,12 +121,12 @@ impl Caller {
         }
     }
 
-    /// An audit entry of an action by this caller.
+    /// An audit entry of an action by this caller, from `address`.
     pub fn audit(
         &self,
         action: AuditAction,
         target: String,
-        address: Option<String>,
+        address: &ClientAddress,
         detail: Option<serde_json::Value>,
     ) -> NewAudit {
         NewAudit {
@@ -133,7 +134,7 @@ impl Caller {
             principal_id: self.principal,
             action,
             target,
-            address,
+            address: Some(address.0.to_string()),
             detail,
         }
     }

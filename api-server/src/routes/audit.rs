@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::page_limit;
+use super::{page, page_limit};
 use crate::AppState;
 use crate::auth::Operator;
 use crate::http::error::ApiError;
@@ -79,12 +79,8 @@ async fn list_audit(
         before,
         limit: limit + 1,
     };
-    let mut entries = state.store.audit(&filter).await?;
-    let more = entries.len() > limit as usize;
-    entries.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| entries.last().map(|e| e.id.to_string()))
-        .flatten();
+    let entries = state.store.audit(&filter).await?;
+    let (entries, next_cursor) = page(entries, limit, |e| e.id);
     Ok(axum::Json(api::AuditPage {
         entries: entries.into_iter().map(audit_view).collect(),
         next_cursor,

@@ -7,8 +7,8 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use chrono::Duration;
 use meatspace_api_types as api;
 use meatspace_api_types::{CreateInvite, CreatedInvite};
@@ -18,7 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{PageQuery, no_such, optional_json, page};
+use super::{PageQuery, no_such, optional_json, secret_answer};
 use crate::AppState;
 use crate::auth::{Caller, Operator, issue_token};
 use crate::http::error::ApiError;
@@ -67,7 +67,7 @@ async fn create_invite(
     let audit = caller.audit(
         meatspace_domain::identity::AuditAction::InviteCreated,
         format!("invite:{id}"),
-        Some(address.0.to_string()),
+        &address,
         Some(serde_json::json!({ "expires_at": expires_at })),
     );
     state
@@ -80,17 +80,15 @@ async fn create_invite(
         )
         .await?;
     let invite_url = format!("{}/app/invite/{code}", state.public_origin.origin(&headers));
-    Ok((
+    Ok(secret_answer(
         StatusCode::CREATED,
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(CreatedInvite {
+        CreatedInvite {
             id,
             invite_url,
             expires_at,
             created_by: caller.principal,
-        }),
-    )
-        .into_response())
+        },
+    ))
 }
 
 /// A stored invite as operators see it.
@@ -116,9 +114,9 @@ pub(crate) async fn list_invites(
     _: Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<api::InvitePage>, ApiError> {
-    let (after, limit) = q.parts()?;
-    let invites = state.store.invites(after, limit + 1).await?;
-    let (invites, next_cursor) = page(invites, limit, |i| i.id);
+    let (invites, next_cursor) = q
+        .read(|after, n| state.store.invites(after, n), |i| i.id)
+        .await?;
     Ok(axum::Json(api::InvitePage {
         invites: invites.into_iter().map(invite_view).collect(),
         next_cursor,
@@ -139,7 +137,7 @@ async fn revoke_invite(
     let audit = caller.audit(
         AuditAction::InviteRevoked,
         format!("invite:{id}"),
-        Some(address.0.to_string()),
+        &address,
         None,
     );
     let invite = state

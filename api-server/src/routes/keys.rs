@@ -3,8 +3,8 @@
 //! owns). Every change writes its audit entry in the same transaction.
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use chrono::TimeDelta;
 use meatspace_api_types as api;
 use meatspace_domain::Command;
@@ -14,7 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{PageQuery, checked_text, no_such, page};
+use super::{PageQuery, checked_text, no_such, secret_answer};
 use crate::AppState;
 use crate::auth::{Caller, Operator, issue_key};
 use crate::http::error::ApiError;
@@ -112,19 +112,17 @@ async fn create_key(
     let audit = caller.audit(
         AuditAction::KeyCreated,
         format!("key:{id}"),
-        Some(address.0.to_string()),
+        &address,
         Some(serde_json::json!({ "principal_id": new.principal.id, "scopes": new.scopes })),
     );
     let key = state.store.create_api_key(new, audit).await?;
-    Ok((
+    Ok(secret_answer(
         StatusCode::CREATED,
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(api::KeySecret {
+        api::KeySecret {
             key: key_view(key),
             secret,
-        }),
-    )
-        .into_response())
+        },
+    ))
 }
 
 /// Every API key, revoked ones included, ordered by id.
@@ -136,9 +134,9 @@ async fn list_keys(
     _: Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<api::KeyPage>, ApiError> {
-    let (after, limit) = q.parts()?;
-    let keys = state.store.api_keys(after, limit + 1).await?;
-    let (keys, next_cursor) = page(keys, limit, |k| k.id);
+    let (keys, next_cursor) = q
+        .read(|after, n| state.store.api_keys(after, n), |k| k.id)
+        .await?;
     Ok(axum::Json(api::KeyPage {
         keys: keys.into_iter().map(key_view).collect(),
         next_cursor,
@@ -190,7 +188,7 @@ async fn rotate_key(
     let audit = caller.audit(
         AuditAction::KeyRotated,
         format!("key:{id}"),
-        Some(address.0.to_string()),
+        &address,
         Some(serde_json::json!({ "grace_seconds": grace })),
     );
     let until = audit.at + TimeDelta::seconds(i64::try_from(grace).unwrap_or(0));
@@ -207,14 +205,13 @@ async fn rotate_key(
         });
     }
     state.credentials.keys.forget(id);
-    Ok((
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(api::KeySecret {
+    Ok(secret_answer(
+        StatusCode::OK,
+        api::KeySecret {
             key: key_view(key),
             secret,
-        }),
-    )
-        .into_response())
+        },
+    ))
 }
 
 /// Revokes a key at once on every replica. Its principal's tasks keep
@@ -236,7 +233,7 @@ async fn revoke_key(
     let audit = caller.audit(
         AuditAction::KeyRevoked,
         format!("key:{id}"),
-        Some(address.0.to_string()),
+        &address,
         Some(serde_json::json!({ "cancel_tasks": req.cancel_tasks })),
     );
     let key = state
@@ -280,7 +277,7 @@ async fn cancel_owned(
             let entry = caller.audit(
                 AuditAction::TaskCancelledByOperator,
                 format!("task:{}", task.id),
-                Some(address.0.to_string()),
+                address,
                 None,
             );
             match state

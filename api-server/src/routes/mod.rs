@@ -17,7 +17,8 @@ use meatspace_domain::Task;
 use uuid::Uuid;
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 /// The answer of an action: the task as written and the events appended.
@@ -109,20 +110,47 @@ pub struct PageQuery {
 }
 
 impl PageQuery {
-    fn parts(&self) -> Result<(Option<Uuid>, u32), ApiError> {
+    /// One page of a listing ordered by id, and its `next_cursor`: `read`
+    /// is asked for one item more than the limit after the cursor's id.
+    async fn read<T, F>(
+        &self,
+        read: impl FnOnce(Option<Uuid>, u32) -> F,
+        id: impl Fn(&T) -> Uuid,
+    ) -> Result<(Vec<T>, Option<String>), ApiError>
+    where
+        F: Future<Output = Result<Vec<T>, meatspace_store::StoreError>>,
+    {
         let after = self.cursor.as_deref().map(decode_id_cursor).transpose()?;
-        Ok((after, page_limit(self.limit, 50, 200)?))
+        let limit = page_limit(self.limit, 50, 200)?;
+        let items = read(after, limit + 1).await?;
+        Ok(page(items, limit, id))
     }
 }
 
-/// The cursor of a page of `items` read with one more than `limit`.
-fn page<T>(mut items: Vec<T>, limit: u32, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Option<String>) {
+/// A page of `items` read with one more than `limit`, and the cursor of
+/// the next page (`cursor` of its last item) when there is one.
+fn page<T, C: ToString>(
+    mut items: Vec<T>,
+    limit: u32,
+    cursor: impl Fn(&T) -> C,
+) -> (Vec<T>, Option<String>) {
     let more = items.len() > limit as usize;
     items.truncate(limit as usize);
     let next = more
-        .then(|| items.last().map(|i| id(i).to_string()))
+        .then(|| items.last().map(|i| cursor(i).to_string()))
         .flatten();
     (items, next)
+}
+
+/// A JSON answer that shows a secret once (a new key, token or invite
+/// link): no cache may keep it.
+fn secret_answer(status: StatusCode, body: impl serde::Serialize) -> Response {
+    (
+        status,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// An optional JSON body: empty or `null` (what generated clients send for

@@ -190,15 +190,11 @@ async fn list_tasks(
         .as_deref()
         .map(super::decode_task_cursor)
         .transpose()?;
-    let mut tasks = state
+    let tasks = state
         .store
         .owned_tasks(caller.principal, q.state, cursor, limit + 1)
         .await?;
-    let more = tasks.len() > limit as usize;
-    tasks.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| tasks.last().map(super::encode_task_cursor))
-        .flatten();
+    let (tasks, next_cursor) = super::page(tasks, limit, super::encode_task_cursor);
     Ok(axum::Json(TaskPage { tasks, next_cursor }))
 }
 

@@ -295,14 +295,8 @@ async fn list_open_tasks(
         .as_deref()
         .map(super::decode_task_cursor)
         .transpose()?;
-    let mut tasks = state.store.open_tasks(cursor, limit + 1).await?;
-    let more = tasks.len() > limit as usize;
-    tasks.truncate(limit as usize);
-    let next_cursor = if more {
-        tasks.last().map(super::encode_task_cursor)
-    } else {
-        None
-    };
+    let tasks = state.store.open_tasks(cursor, limit + 1).await?;
+    let (tasks, next_cursor) = super::page(tasks, limit, super::encode_task_cursor);
     let tasks = tasks
         .into_iter()
         .map(|task| ListedTask {

@@ -4,8 +4,8 @@
 //! rotating a worker's token.
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use meatspace_api_types as api;
 use meatspace_api_types::{RegisterWorker, RegisteredWorker};
 use meatspace_domain::identity::AuditAction;
@@ -14,7 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{PageQuery, checked_text, no_such, page};
+use super::{PageQuery, checked_text, no_such, secret_answer};
 use crate::AppState;
 use crate::auth::{Caller, Operator, issue_worker_token};
 use crate::http::error::ApiError;
@@ -56,15 +56,13 @@ async fn register_worker(
         .store
         .create_worker(id, &name, hash, state.clock.now())
         .await?;
-    Ok((
+    Ok(secret_answer(
         StatusCode::CREATED,
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(RegisteredWorker {
+        RegisteredWorker {
             worker,
             worker_token,
-        }),
-    )
-        .into_response())
+        },
+    ))
 }
 
 /// Every worker, suspended ones included, ordered by id.
@@ -76,9 +74,9 @@ pub(crate) async fn list_workers(
     _: Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<api::WorkerPage>, ApiError> {
-    let (after, limit) = q.parts()?;
-    let workers = state.store.workers(after, limit + 1).await?;
-    let (workers, next_cursor) = page(workers, limit, |w| w.id);
+    let (workers, next_cursor) = q
+        .read(|after, n| state.store.workers(after, n), |w| w.id)
+        .await?;
     Ok(axum::Json(api::WorkerPage {
         workers,
         next_cursor,
@@ -106,7 +104,7 @@ async fn suspend_worker(
     let audit = caller.audit(
         AuditAction::WorkerSuspended,
         format!("worker:{id}"),
-        Some(address.0.to_string()),
+        &address,
         reason.map(|r| serde_json::json!({ "reason": r })),
     );
     let worker = state
@@ -132,7 +130,7 @@ async fn reinstate_worker(
     let audit = caller.audit(
         AuditAction::WorkerReinstated,
         format!("worker:{id}"),
-        Some(address.0.to_string()),
+        &address,
         None,
     );
     let worker = state
@@ -158,7 +156,7 @@ async fn rotate_worker_token(
     let audit = caller.audit(
         AuditAction::WorkerTokenRotated,
         format!("worker:{id}"),
-        Some(address.0.to_string()),
+        &address,
         None,
     );
     let worker = state
@@ -167,12 +165,11 @@ async fn rotate_worker_token(
         .await?
         .ok_or_else(|| no_such("worker"))?;
     state.credentials.workers.forget(id);
-    Ok((
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(api::RotatedWorker {
+    Ok(secret_answer(
+        StatusCode::OK,
+        api::RotatedWorker {
             worker,
             worker_token,
-        }),
-    )
-        .into_response())
+        },
+    ))
 }
