@@ -24,6 +24,19 @@ pub trait CsrfField {
     fn csrf(&self) -> Option<&str>;
 }
 
+/// Implements [`CsrfField`] for forms that carry their token in a field
+/// `csrf: Option<String>`.
+macro_rules! csrf_field {
+    ($($form:ty),+) => {$(
+        impl $crate::web::form::CsrfField for $form {
+            fn csrf(&self) -> Option<&str> {
+                self.csrf.as_deref()
+            }
+        }
+    )+};
+}
+pub(crate) use csrf_field;
+
 /// A form posted by a signed-in worker, its CSRF token checked against
 /// the session.
 #[derive(Debug)]

@@ -11,6 +11,7 @@ pub mod session;
 
 use askama::Template;
 use axum::Router;
+use axum::extract::multipart::MultipartError;
 use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -30,7 +31,7 @@ use crate::http::rate_limit::ClientAddress;
 use crate::routes::events::{EventsQuery, Reader, event_feed};
 use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{checked_optional_text, checked_text, worker_tasks};
-use form::{CsrfField, SessionForm, SignInForm, TaskForm, TaskId};
+use form::{SessionForm, SignInForm, TaskForm, TaskId};
 use session::{WorkerSession, csrf_token, pre_session};
 
 /// The Content-Security-Policy of every page: only the app's own script,
@@ -529,17 +530,13 @@ fn feed_item(e: &Event) -> FeedItem {
 
 // ----------------------------------------------------------- sign in/out
 
+form::csrf_field!(NameForm, TokenForm, CsrfForm, PositionForm, TextForm);
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct NameForm {
     csrf: Option<String>,
     name: String,
-}
-
-impl CsrfField for NameForm {
-    fn csrf(&self) -> Option<&str> {
-        self.csrf.as_deref()
-    }
 }
 
 fn invite_gone() -> AppError {
@@ -575,15 +572,13 @@ async fn invite_form(
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
     live_invite(&state, &code).await?;
-    let (pre, set) = pre_session(&state, &headers);
-    let page = InvitePage {
+    Ok(signed_out_page(&state, &headers, |csrf| InvitePage {
         nav: None,
-        csrf: csrf_token(&pre),
+        csrf,
         code,
         name: String::new(),
         error: None,
-    };
-    Ok(with_cookie(html(&page), set))
+    }))
 }
 
 async fn accept_invite(
@@ -596,10 +591,9 @@ async fn accept_invite(
     let name = match checked_text("name", &form.name, MAX_NAME_CHARS) {
         Ok(n) => n.trim().to_owned(),
         Err(e) => {
-            let (pre, set) = pre_session(&state, &headers);
-            let page = InvitePage {
+            let page = signed_out_page(&state, &headers, |csrf| InvitePage {
                 nav: None,
-                csrf: csrf_token(&pre),
+                csrf,
                 code,
                 error: Some(match e {
                     ApiError::Invalid(d) if d.contains("empty") => {
@@ -608,11 +602,8 @@ async fn accept_invite(
                     other => human(&other).1,
                 }),
                 name: form.name,
-            };
-            return Ok(with_cookie(
-                (StatusCode::UNPROCESSABLE_ENTITY, html(&page)).into_response(),
-                set,
-            ));
+            });
+            return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
         }
     };
     let worker_id = Uuid::new_v4();
@@ -641,6 +632,18 @@ fn with_cookie(mut res: Response, cookie: Option<HeaderValue>) -> Response {
     res
 }
 
+/// A page with a form posted before signing in (an invite, the sign-in):
+/// `page` receives the CSRF token of the pre-session, whose cookie is set
+/// when the browser has none yet.
+fn signed_out_page<T: Template>(
+    state: &AppState,
+    headers: &HeaderMap,
+    page: impl FnOnce(String) -> T,
+) -> Response {
+    let (pre, set) = pre_session(state, headers);
+    with_cookie(html(&page(csrf_token(&pre))), set)
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct LoginQuery {
     signed_out: Option<String>,
@@ -651,16 +654,14 @@ async fn login_form(
     headers: HeaderMap,
     Query(q): Query<LoginQuery>,
 ) -> Response {
-    let (pre, set) = pre_session(&state, &headers);
-    let page = LoginPage {
+    signed_out_page(&state, &headers, |csrf| LoginPage {
         nav: None,
-        csrf: csrf_token(&pre),
+        csrf,
         notice: q
             .signed_out
             .map(|_| "You are signed out. Your session has ended on the server."),
         error: None,
-    };
-    with_cookie(html(&page), set)
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -668,12 +669,6 @@ async fn login_form(
 struct TokenForm {
     csrf: Option<String>,
     token: String,
-}
-
-impl CsrfField for TokenForm {
-    fn csrf(&self) -> Option<&str> {
-        self.csrf.as_deref()
-    }
 }
 
 async fn login(
@@ -690,20 +685,16 @@ async fn login(
             ))
         }
         Err(ApiError::Unauthorized(_)) => {
-            let (pre, set) = pre_session(&state, &headers);
-            let page = LoginPage {
+            let page = signed_out_page(&state, &headers, |csrf| LoginPage {
                 nav: None,
-                csrf: csrf_token(&pre),
+                csrf,
                 notice: None,
                 // The token is a secret: it is not sent back into the page.
                 error: Some(
                     "That worker token is not valid. Check that you pasted all of it.".into(),
                 ),
-            };
-            Ok(with_cookie(
-                (StatusCode::UNAUTHORIZED, html(&page)).into_response(),
-                set,
-            ))
+            });
+            Ok((StatusCode::UNAUTHORIZED, page).into_response())
         }
         Err(e) => Err(e.into()),
     }
@@ -713,12 +704,6 @@ async fn login(
 #[serde(default)]
 struct CsrfForm {
     csrf: Option<String>,
-}
-
-impl CsrfField for CsrfForm {
-    fn csrf(&self) -> Option<&str> {
-        self.csrf.as_deref()
-    }
 }
 
 async fn logout(
@@ -1030,12 +1015,6 @@ struct PositionForm {
     accuracy_m: String,
 }
 
-impl CsrfField for PositionForm {
-    fn csrf(&self) -> Option<&str> {
-        self.csrf.as_deref()
-    }
-}
-
 /// The position of a form's fields; 422 for a partial or bad one.
 fn form_position(lat: &str, lon: &str, accuracy: &str) -> Result<Option<Position>, ApiError> {
     let (lat, lon, accuracy) = (lat.trim(), lon.trim(), accuracy.trim());
@@ -1076,12 +1055,6 @@ struct TextForm {
     text: String,
     kind: String,
     confirm: Option<String>,
-}
-
-impl CsrfField for TextForm {
-    fn csrf(&self) -> Option<&str> {
-        self.csrf.as_deref()
-    }
 }
 
 async fn send_message(
@@ -1195,6 +1168,13 @@ async fn send_photo(
             state.photo_limits.max_bytes / 1_048_576
         ))
     };
+    let unreadable = |e: MultipartError| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large()
+        } else {
+            ApiError::bad_request("unreadable-body", e.body_text())
+        }
+    };
     let mut csrf = None;
     let mut photo = None;
     let mut failure = None;
@@ -1208,24 +1188,16 @@ async fn send_photo(
                 Some("accuracy_m") => accuracy = field.text().await.unwrap_or_default(),
                 Some("photo") => match field.bytes().await {
                     Ok(b) => photo = Some(b),
-                    Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                        failure = Some(too_large());
-                        break;
-                    }
                     Err(e) => {
-                        failure = Some(ApiError::bad_request("unreadable-body", e.body_text()));
+                        failure = Some(unreadable(e));
                         break;
                     }
                 },
                 _ => {}
             },
             Ok(None) => break,
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                failure = Some(too_large());
-                break;
-            }
             Err(e) => {
-                failure = Some(ApiError::bad_request("unreadable-body", e.body_text()));
+                failure = Some(unreadable(e));
                 break;
             }
         }
