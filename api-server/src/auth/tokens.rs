@@ -4,7 +4,6 @@
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::HeaderMap;
-use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use meatspace_domain::identity::ActedBy;
 use meatspace_store::token::TokenHash;
@@ -73,8 +72,9 @@ pub(crate) async fn authorize_agent_token(
 }
 
 /// Proof that the request carries the agent token of the task named by the
-/// `{task_id}` path parameter; holds that task id. Runs before any body is
-/// read, so an unauthenticated request never learns about body validation.
+/// `{task_id}` path parameter (an [`AgentCredential`], checked); holds that
+/// task id. Runs before any body is read, so an unauthenticated request
+/// never learns about body validation.
 #[derive(Debug, Clone, Copy)]
 pub struct AgentAuth(pub Uuid, pub ActedBy);
 
@@ -85,10 +85,9 @@ impl FromRequestParts<AppState> for AgentAuth {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        // No credential is a 401 whatever the path says.
-        bearer(&parts.headers)?;
-        let task_id = task_id_param(parts, state).await?;
-        let by = authorize_agent(state, &parts.headers, task_id).await?;
+        let credential = AgentCredential::from_request_parts(parts, state).await?;
+        let task_id = credential.task_id;
+        let by = authorize_agent_token(state, credential.token(), task_id).await?;
         Ok(AgentAuth(task_id, by))
     }
 }
@@ -101,18 +100,13 @@ impl FromRequestParts<AppState> for AgentAuth {
 #[derive(Debug, Clone)]
 pub struct AgentCredential {
     pub task_id: Uuid,
-    authorization: axum::http::HeaderValue,
+    token: String,
 }
 
 impl AgentCredential {
     /// The bearer token.
     pub fn token(&self) -> &str {
-        // Checked in `from_request_parts`.
-        self.authorization
-            .to_str()
-            .ok()
-            .and_then(|v| v.split_once(' '))
-            .map_or("", |(_, token)| token.trim())
+        &self.token
     }
 }
 
@@ -123,15 +117,10 @@ impl FromRequestParts<AppState> for AgentCredential {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        bearer(&parts.headers)?;
+        // No credential is a 401 whatever the path says.
+        let token = bearer(&parts.headers)?.to_owned();
         let task_id = task_id_param(parts, state).await?;
-        let authorization = parts.headers.get(AUTHORIZATION).cloned().ok_or_else(|| {
-            ApiError::Unauthorized("send the token as Authorization: Bearer <token>".into())
-        })?;
-        Ok(AgentCredential {
-            task_id,
-            authorization,
-        })
+        Ok(AgentCredential { task_id, token })
     }
 }
 
