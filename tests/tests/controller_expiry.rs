@@ -5,15 +5,17 @@
 
 mod controller_support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::TimeDelta;
+use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::{
     Command, EventType, IssueKind, IssueStatus, Policy, Refusal, TaskState, clock,
 };
-use meatspace_store::StoreError;
+use meatspace_store::{Store, StoreError};
 use meatspace_tests::{Db, TestDb};
 use serde_json::json;
+use uuid::Uuid;
 
 use controller_support::*;
 use meatspace_tests::eventually;
@@ -31,6 +33,32 @@ on_both_backends!(
 /// bound only tells a controller that slept through a deadline (its safety
 /// net, `max_sleep`, is 60 s here) from one that acted on it.
 const WOKEN: i64 = 5000;
+
+/// Waits (5 s at most) for the `task.expired` event of task `id`, which
+/// must give `(reason, previous_state)` and come within [`WOKEN`] ms after
+/// the deadline (`(deadline, what it is)`).
+async fn assert_expires_on_time(
+    store: &Arc<dyn Store>,
+    id: Uuid,
+    (reason, previous_state): (&str, &str),
+    (deadline, which): (DateTime<Utc>, &str),
+) {
+    let expired = eventually(
+        Duration::from_secs(5),
+        &format!("the {previous_state} task to expire"),
+        || async {
+            events(store, id)
+                .await
+                .into_iter()
+                .find(|e| e.kind == EventType::TaskExpired)
+        },
+    )
+    .await;
+    assert_eq!(expired.data["reason"], json!(reason));
+    assert_eq!(expired.data["previous_state"], json!(previous_state));
+    let lag = ms_after(expired.created_at, deadline);
+    assert!((0..=WOKEN).contains(&lag), "expired {lag} ms after {which}");
+}
 
 /// The user story: an agent creates tasks with lifetimes of 1-2 s while the
 /// controller sleeps towards a deadline an hour away, polls each task's feed
@@ -164,24 +192,13 @@ async fn an_active_task_expires_at_its_time_limit_and_its_issues_close(db: Db) {
     .await;
     let active_until = t.active_until.expect("active tasks have a time limit");
 
-    let expired = eventually(
-        Duration::from_secs(5),
-        "the active task to expire",
-        || async {
-            events(&store, t.id)
-                .await
-                .into_iter()
-                .find(|e| e.kind == EventType::TaskExpired)
-        },
+    assert_expires_on_time(
+        &store,
+        t.id,
+        ("active_time_limit", "active"),
+        (active_until, "the active time limit"),
     )
     .await;
-    assert_eq!(expired.data["reason"], json!("active_time_limit"));
-    assert_eq!(expired.data["previous_state"], json!("active"));
-    let lag = ms_after(expired.created_at, active_until);
-    assert!(
-        (0..=WOKEN).contains(&lag),
-        "expired {lag} ms after the active time limit"
-    );
 
     let issues = store.issues(t.id).await.unwrap();
     assert_eq!(issues.len(), 1);
@@ -339,24 +356,13 @@ async fn a_lifetime_ending_before_the_start_timeout_expires_the_assignment(db: D
     let t = open(&store, TimeDelta::milliseconds(1200)).await;
     apply(&store, t.id, Command::Claim { worker: w }).await;
 
-    let expired = eventually(
-        Duration::from_secs(5),
-        "the assigned task to expire",
-        || async {
-            events(&store, t.id)
-                .await
-                .into_iter()
-                .find(|e| e.kind == EventType::TaskExpired)
-        },
+    assert_expires_on_time(
+        &store,
+        t.id,
+        ("lifetime", "assigned"),
+        (t.expires_at, "the lifetime ended"),
     )
     .await;
-    assert_eq!(expired.data["reason"], json!("lifetime"));
-    assert_eq!(expired.data["previous_state"], json!("assigned"));
-    let lag = ms_after(expired.created_at, t.expires_at);
-    assert!(
-        (0..=WOKEN).contains(&lag),
-        "expired {lag} ms after the lifetime ended"
-    );
     let (_, evs) = check_consistent(&store, t.id).await;
     assert!(evs.iter().all(|e| e.kind != EventType::TaskUnassigned));
     controller.stop().await;
