@@ -467,11 +467,7 @@ async fn errors_say_what_to_do_next(db: Db) {
     assert_eq!(ran.status.code(), Some(1));
     assert!(ran.stderr.contains("--text"), "{}", ran.stderr);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = meatspace_tests::process::free_port();
     let mut dead = cli(&server, &state);
     dead.env("MEATSPACE_URL", format!("http://127.0.0.1:{port}"));
     let ran = run(dead, &["task", "get", &id]).await;
@@ -487,25 +483,30 @@ async fn errors_say_what_to_do_next(db: Db) {
     assert!(ran.stderr.contains("--add-seconds"), "{}", ran.stderr);
 
     // --help documents every command.
-    let help = run(cli(&server, &state), &["task", "--help"]).await;
-    for verb in [
-        "create", "publish", "get", "list", "watch", "respond", "cancel", "extend", "photo",
-    ] {
-        assert!(
-            help.stdout.contains(verb),
-            "task --help lacks {verb}: {}",
-            help.stdout
-        );
-    }
-    let help = run(cli(&server, &state), &["worker", "--help"]).await;
-    for verb in [
-        "register", "tasks", "claim", "start", "message", "photo", "issue", "complete", "stop",
-    ] {
-        assert!(
-            help.stdout.contains(verb),
-            "worker --help lacks {verb}: {}",
-            help.stdout
-        );
+    let documented: [(&str, &[&str]); 2] = [
+        (
+            "task",
+            &[
+                "create", "publish", "get", "list", "watch", "respond", "cancel", "extend", "photo",
+            ],
+        ),
+        (
+            "worker",
+            &[
+                "register", "tasks", "claim", "start", "message", "photo", "issue", "complete",
+                "stop",
+            ],
+        ),
+    ];
+    for (command, verbs) in documented {
+        let help = run(cli(&server, &state), &[command, "--help"]).await;
+        for verb in verbs {
+            assert!(
+                help.stdout.contains(verb),
+                "{command} --help lacks {verb}: {}",
+                help.stdout
+            );
+        }
     }
     server.stop().await;
 }
