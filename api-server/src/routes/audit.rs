@@ -4,7 +4,7 @@
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use meatspace_api_types as api;
-use meatspace_store::{AuditEntry, AuditFilter};
+use meatspace_store::AuditFilter;
 use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -39,21 +39,6 @@ pub struct AuditQuery {
     pub cursor: Option<String>,
 }
 
-/// A stored audit entry as operators see it.
-fn audit_view(e: AuditEntry) -> api::AuditEntry {
-    {
-        api::AuditEntry {
-            id: e.id,
-            at: e.at,
-            principal: e.principal,
-            action: e.action,
-            target: e.target,
-            address: e.address,
-            detail: e.detail,
-        }
-    }
-}
-
 /// The audit trail, newest first.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "operator", params(AuditQuery),
     security(("api_key" = ["operator"]), ("dev_key" = [])),
@@ -82,7 +67,7 @@ async fn list_audit(
     let entries = state.store.audit(&filter).await?;
     let (entries, next_cursor) = page(entries, limit, |e| e.id);
     Ok(axum::Json(api::AuditPage {
-        entries: entries.into_iter().map(audit_view).collect(),
+        entries,
         next_cursor,
     }))
 }
