@@ -413,6 +413,22 @@ impl TestServer {
         }
     }
 
+    /// A claimed task's assignment lapses: the clock passes the `start_by`
+    /// of the claim's answer `claimed`, and applying the due deadlines (as
+    /// the controller does) reopens exactly that task.
+    pub async fn lapse_assignment(&self, claimed: &Value) {
+        let start_by: chrono::DateTime<chrono::Utc> = str_at(claimed, "/task/start_by")
+            .parse()
+            .expect("start_by is an RFC 3339 time");
+        self.advance_clock_past(start_by);
+        let reopened = self
+            .store
+            .reconcile_due(self.now(), 10)
+            .await
+            .expect("apply the due deadlines");
+        assert_eq!(reopened.len(), 1, "reopened: {reopened:?}");
+    }
+
     /// The worker raises an issue of `kind` with `text` on the task;
     /// asserts 200 and returns the issue's event id.
     pub async fn raise_issue(

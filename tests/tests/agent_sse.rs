@@ -308,14 +308,7 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
         .await;
 
     // A never starts: once start_by has passed, the task reopens.
-    let start_by: chrono::DateTime<chrono::Utc> = claimed["task"]["start_by"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    server.advance_clock_past(start_by);
-    let reopened = server.store.reconcile_due(server.now(), 10).await.unwrap();
-    assert_eq!(reopened.len(), 1);
+    server.lapse_assignment(&claimed).await;
     server.worker_post(id, &b, "claim").await;
 
     // B's stream from the start: its own assignment, then its own message,

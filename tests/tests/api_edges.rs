@@ -118,13 +118,7 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
     let issue = raise(&srv, id, &first, "which rack?").await;
 
     // The first worker never starts; the controller reopens the task.
-    srv.advance_clock_past(time_at(&claimed, "/task/start_by"));
-    let reopened = srv
-        .store
-        .reconcile_due(srv.now(), 10)
-        .await
-        .expect("reconcile");
-    assert_eq!(reopened.len(), 1);
+    srv.lapse_assignment(&claimed).await;
     let task = srv.task(id, &agent_token).await;
     assert_eq!(
         (task["state"].clone(), task["open_issues"].clone()),
