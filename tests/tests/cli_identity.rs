@@ -72,6 +72,27 @@ async fn new_key(
     (id, secret)
 }
 
+/// The secret of an operator key "ops", made with the development key.
+async fn operator_key(server: &TestServer, state: &Path) -> String {
+    let (_, op) = new_key(
+        server,
+        state,
+        As::DevKey,
+        &["--name", "ops", "--kind", "operator"],
+    )
+    .await;
+    op
+}
+
+/// An operator key (see [`operator_key`]), and with it the keys "agent-a"
+/// and "agent-b": their secrets (operator, a, b).
+async fn operator_and_two_agents(server: &TestServer, state: &Path) -> (String, String, String) {
+    let op = operator_key(server, state).await;
+    let (_, a) = new_key(server, state, As::Key(&op), &["--name", "agent-a"]).await;
+    let (_, b) = new_key(server, state, As::Key(&op), &["--name", "agent-b"]).await;
+    (op, a, b)
+}
+
 fn listed_ids(list: &Value) -> Vec<String> {
     list["tasks"]
         .as_array()
@@ -116,15 +137,7 @@ async fn agents_have_their_own_keys_and_tasks(db: Db) {
         dir.path().join("a-again"),
         dir.path().join("b"),
     );
-    let (_, op) = new_key(
-        &server,
-        &ops_state,
-        As::DevKey,
-        &["--name", "ops", "--kind", "operator"],
-    )
-    .await;
-    let (_, a) = new_key(&server, &ops_state, As::Key(&op), &["--name", "agent-a"]).await;
-    let (_, b) = new_key(&server, &ops_state, As::Key(&op), &["--name", "agent-b"]).await;
+    let (op, a, b) = operator_and_two_agents(&server, &ops_state).await;
 
     // Agent A creates a task with its key alone (no development key).
     let created = json_of(
@@ -219,13 +232,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
     let server = TestServer::start(db).await;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("ops");
-    let (_, op) = new_key(
-        &server,
-        &state,
-        As::DevKey,
-        &["--name", "ops", "--kind", "operator"],
-    )
-    .await;
+    let op = operator_key(&server, &state).await;
     let op_key = json_of(cli(&server, &state, As::Key(&op)), &["key", "list"]).await;
     let op_principal = op_key["keys"]
         .as_array()
@@ -418,15 +425,7 @@ async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
     let server = TestServer::start(db).await;
     let dir = tempfile::tempdir().unwrap();
     let ops = dir.path().join("ops");
-    let (_, op) = new_key(
-        &server,
-        &ops,
-        As::DevKey,
-        &["--name", "ops", "--kind", "operator"],
-    )
-    .await;
-    let (_, a) = new_key(&server, &ops, As::Key(&op), &["--name", "agent-a"]).await;
-    let (_, b) = new_key(&server, &ops, As::Key(&op), &["--name", "agent-b"]).await;
+    let (_, a, b) = operator_and_two_agents(&server, &ops).await;
     // A task of A, created with the CLI in another state directory.
     let created = json_of(
         cli(&server, &dir.path().join("cli"), As::Key(&a)),
