@@ -19,7 +19,6 @@ use meatspace_tests::process::{Binary, DevApi, ServerProcess, free_port};
 use meatspace_tests::server::{ids, types};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use uuid::Uuid;
 
 const DEV_KEY: &str = "msd_restart_test_dev_key_0123456789";
 

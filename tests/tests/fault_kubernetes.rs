@@ -33,14 +33,12 @@ use meatspace_controller::leader::{LEADER_GAUGE, LeaseSettings};
 use meatspace_crds::resource_name;
 use meatspace_domain::Policy;
 use meatspace_tests::k8s::{
-    ControllerIdentity, MirrorNamespace, TEST_MANAGER, admin_client, controller_rules, counter,
-    create_namespace, drop_namespace, install_crd,
+    MirrorNamespace, TEST_MANAGER, controller_rules, counter, drop_namespace,
 };
 use meatspace_tests::{Db, TestDb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, oneshot};
-use uuid::Uuid;
+use tokio::sync::Mutex;
 
 use controller_support::{InProcess, draft_named, with_mirror};
 
