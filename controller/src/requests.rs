@@ -733,9 +733,9 @@ async fn record_events(
             });
         }
     }
-    let ended = |s: &MeatspaceTaskStatus| s.state.is_some_and(|s| TaskState::from(s).is_terminal());
+    let ended = |s: &MeatspaceTaskStatus| s.state.is_some_and(|s| s.is_terminal());
     if ended(after) && !ended(before) {
-        let state = after.state.map(TaskState::from);
+        let state = after.state;
         events.push(KubeEvent {
             type_: if state == Some(TaskState::Completed) {
                 KubeEventType::Normal
