@@ -3,8 +3,8 @@
 //! (in [`crate::operator`]), which act with the API key instead.
 
 use anyhow::{Context, Result, bail};
-use meatspace_client::types::TaskChange;
 use meatspace_client::WorkerHandle;
+use meatspace_client::types::TaskChange;
 use serde_json::json;
 
 use crate::Ctx;

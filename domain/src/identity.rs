@@ -185,7 +185,7 @@ pub enum ActedBy {
     DevelopmentKey,
 }
 
-/// One privileged action, as the audit trail keeps it and the API serves it.
+/// One privileged action.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = AuditEntryView))]
