@@ -23,6 +23,7 @@ pub mod identity;
 mod issue;
 pub mod place;
 pub mod policy;
+pub mod result;
 mod task;
 mod view;
 pub mod webhook;

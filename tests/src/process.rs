@@ -310,19 +310,16 @@ pub async fn until_ready(base: &str, within: Duration) {
         .no_proxy()
         .build()
         .expect("HTTP client");
-    let give_up = tokio::time::Instant::now() + within;
-    while !client
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "the server at {base} is not ready after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let url = format!("{base}/readyz");
+    crate::eventually(
+        within,
+        &format!("the server at {base} to be ready"),
+        || async {
+            let answer = client.get(&url).send().await;
+            answer.is_ok_and(|r| r.status().is_success()).then_some(())
+        },
+    )
+    .await;
 }
 
 /// The HTTP API of a server process as a client reaches it: the dev key
