@@ -360,7 +360,7 @@ async fn open_tasks_where(
 }
 
 /// `$1, $2, …, $n`: the parameters of an `IN` list.
-fn placeholders(n: usize) -> String {
+pub(crate) fn placeholders(n: usize) -> String {
     (1..=n)
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()

@@ -32,27 +32,33 @@ impl Retention for d::Store {
             .map(|row| d::read_id(row, "id"))
             .collect::<Result<Vec<Uuid>, _>>()?;
         let mut deleted = 0;
-        for &id in &ids {
+        // Well under either database's limit of bound parameters.
+        for chunk in ids.chunks(500) {
+            let list = crate::reads::placeholders(chunk.len());
+            let now_at = chunk.len() + 1;
             // Issues reference events, so they go first; events and photos
             // cascade from the task.
-            sqlx::query("DELETE FROM issues WHERE task_id = $1")
-                .bind(d::id(id))
+            let issues = format!("DELETE FROM issues WHERE task_id IN ({list})");
+            let tombstones = format!(
+                "INSERT INTO purged_tasks (id, agent_token_hash, purged_at) \
+                 SELECT id, agent_token_hash, ${now_at} FROM tasks WHERE id IN ({list}) \
+                 ON CONFLICT DO NOTHING"
+            );
+            let tasks = format!("DELETE FROM tasks WHERE id IN ({list})");
+            let bind_ids = |sql| {
+                chunk
+                    .iter()
+                    .fold(sqlx::query(sql), |q, &id| q.bind(d::id(id)))
+            };
+            bind_ids(&issues).execute(&mut *tx).await?;
+            bind_ids(&tombstones)
+                .bind(d::time(now))
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(
-                "INSERT INTO purged_tasks (id, agent_token_hash, purged_at) \
-                 SELECT id, agent_token_hash, $2 FROM tasks WHERE id = $1 ON CONFLICT DO NOTHING",
-            )
-            .bind(d::id(id))
-            .bind(d::time(now))
-            .execute(&mut *tx)
-            .await?;
-            deleted += sqlx::query("DELETE FROM tasks WHERE id = $1")
-                .bind(d::id(id))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            d::announce_task(&mut tx, id).await?;
+            deleted += bind_ids(&tasks).execute(&mut *tx).await?.rows_affected();
+            for &id in chunk {
+                d::announce_task(&mut tx, id).await?;
+            }
         }
         let committed = tx.commit().await;
         // Whether or not the commit is known to have happened, nothing read
