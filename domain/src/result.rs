@@ -348,95 +348,69 @@ fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<Fi
         Some("array") => {
             let items_at = format!("{at}/items");
             let items = field.get("items").and_then(Value::as_object);
+            // An array holds photos (counted up to their own limit) or
+            // choices (which may be required to differ).
             let photos = items.is_some_and(|i| i.get("format") == Some(&Value::from("photo")));
-            if photos {
-                unsupported_keywords(
-                    field,
-                    at,
-                    &[
-                        "type",
-                        "title",
-                        "description",
-                        "items",
-                        "minItems",
-                        "maxItems",
-                    ],
-                    problems,
-                );
-                let items = items.expect("checked");
-                unsupported_keywords(items, &items_at, &["type", "format"], problems);
-                if items.get("type") != Some(&Value::from("string")) {
-                    problems.push(Problem::at(
-                        format!("{items_at}/type"),
-                        "a photo is named by its id: \"type\": \"string\"",
-                    ));
-                }
-                let (min, max) = bounds(
-                    field,
-                    at,
-                    "minItems",
-                    "maxItems",
+            let (item_keywords, extra, limit, wrong_type) = if photos {
+                (
+                    ["type", "format"],
+                    None,
                     MAX_PHOTOS_PER_FIELD,
-                    problems,
-                );
+                    "a photo is named by its id: \"type\": \"string\"",
+                )
+            } else {
+                (
+                    ["type", "enum"],
+                    Some("uniqueItems"),
+                    MAX_ENUM_VALUES as u64,
+                    "an array field holds choices (\"type\": \"string\" with \"enum\") or photos (\"format\": \"photo\")",
+                )
+            };
+            let mut keywords = vec![
+                "type",
+                "title",
+                "description",
+                "items",
+                "minItems",
+                "maxItems",
+            ];
+            keywords.extend(extra);
+            unsupported_keywords(field, at, &keywords, problems);
+            let (min, max) = bounds(field, at, "minItems", "maxItems", limit, problems);
+            if field.get("uniqueItems").is_some_and(|u| !u.is_boolean()) {
+                problems.push(Problem::at(
+                    format!("{at}/uniqueItems"),
+                    "uniqueItems is true or false",
+                ));
+            }
+            match items {
+                None => problems.push(Problem::at(
+                    &items_at,
+                    "an array field says what it holds in \"items\"",
+                )),
+                Some(items) => {
+                    unsupported_keywords(items, &items_at, &item_keywords, problems);
+                    if items.get("type") != Some(&Value::from("string")) {
+                        problems.push(Problem::at(format!("{items_at}/type"), wrong_type));
+                    } else if !photos {
+                        match items.get("enum") {
+                            Some(choices) => {
+                                string_choices(choices, &format!("{items_at}/enum"), problems)
+                            }
+                            None => problems.push(Problem::at(
+                                &items_at,
+                                "an array field holds choices (\"enum\") or photos (\"format\": \"photo\")",
+                            )),
+                        }
+                    }
+                }
+            }
+            if photos {
                 FieldKind::Photos {
                     min: min.unwrap_or(0),
                     max: max.unwrap_or(MAX_PHOTOS_PER_FIELD),
                 }
             } else {
-                unsupported_keywords(
-                    field,
-                    at,
-                    &[
-                        "type",
-                        "title",
-                        "description",
-                        "items",
-                        "minItems",
-                        "maxItems",
-                        "uniqueItems",
-                    ],
-                    problems,
-                );
-                match items {
-                    Some(items) => {
-                        unsupported_keywords(items, &items_at, &["type", "enum"], problems);
-                        if items.get("type") != Some(&Value::from("string")) {
-                            problems.push(Problem::at(
-                                format!("{items_at}/type"),
-                                "an array field holds choices (\"type\": \"string\" with \"enum\") or photos (\"format\": \"photo\")",
-                            ));
-                        } else {
-                            match items.get("enum") {
-                                Some(choices) => {
-                                    string_choices(choices, &format!("{items_at}/enum"), problems)
-                                }
-                                None => problems.push(Problem::at(
-                                    &items_at,
-                                    "an array field holds choices (\"enum\") or photos (\"format\": \"photo\")",
-                                )),
-                            }
-                        }
-                    }
-                    None => problems.push(Problem::at(
-                        &items_at,
-                        "an array field says what it holds in \"items\"",
-                    )),
-                }
-                if field.get("uniqueItems").is_some_and(|u| !u.is_boolean()) {
-                    problems.push(Problem::at(
-                        format!("{at}/uniqueItems"),
-                        "uniqueItems is true or false",
-                    ));
-                }
-                bounds(
-                    field,
-                    at,
-                    "minItems",
-                    "maxItems",
-                    MAX_ENUM_VALUES as u64,
-                    problems,
-                );
                 FieldKind::Choices
             }
         }
