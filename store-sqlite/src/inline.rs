@@ -450,22 +450,21 @@ impl Backend for Inline {
         task: &Task,
         agent_token_hash: &TokenHash,
         owner_id: Uuid,
+        webhook_url: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.insert_task(task, agent_token_hash, owner_id)
-    }
-
-    async fn insert_webhook(
-        &self,
-        _tx: &mut Self::Tx,
-        task_id: Uuid,
-        url: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        self.exec(
-            "INSERT INTO webhooks (task_id, url, state, next_attempt_at, updated_at) \
-             VALUES (?, ?, 'active', ?, ?)",
-            (task_id.to_string(), url, ms(now), ms(now)),
-        )?;
+        self.insert_task(task, agent_token_hash, owner_id)?;
+        if let Some(url) = webhook_url {
+            self.exec(
+                "INSERT INTO webhooks (task_id, url, state, next_attempt_at, updated_at) \
+                 VALUES (?, ?, 'active', ?, ?)",
+                (
+                    task.id.to_string(),
+                    url,
+                    ms(task.created_at),
+                    ms(task.created_at),
+                ),
+            )?;
+        }
         Ok(())
     }
 

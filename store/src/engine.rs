@@ -151,23 +151,15 @@ pub trait Backend: Send + Sync {
         Ok(out)
     }
 
-    /// Inserts a new draft task, with its agent token's digest and its
-    /// owner, in `tx`.
+    /// Inserts a new draft task, with its agent token's digest, its owner
+    /// and its webhook endpoint if it has one, in `tx`.
     async fn insert_draft(
         &self,
         tx: &mut Self::Tx,
         task: &Task,
         agent_token_hash: &TokenHash,
         owner_id: Uuid,
-    ) -> Result<(), StoreError>;
-
-    /// Inserts the webhook endpoint of `task_id` in `tx`.
-    async fn insert_webhook(
-        &self,
-        tx: &mut Self::Tx,
-        task_id: Uuid,
-        url: &str,
-        now: DateTime<Utc>,
+        webhook_url: Option<&str>,
     ) -> Result<(), StoreError>;
 
     /// Records `request` in `tx` unless a request for its resource UID is
@@ -444,13 +436,8 @@ pub async fn create_task<B: Backend + ?Sized>(
     let (task, agent_token_hash) = new.into_draft();
     let mut tx = backend.begin_write().await?;
     backend
-        .insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
+        .insert_draft(&mut tx, &task, &agent_token_hash, owner_id, webhook_url)
         .await?;
-    if let Some(url) = webhook_url {
-        backend
-            .insert_webhook(&mut tx, task.id, url, task.created_at)
-            .await?;
-    }
     let committed = backend.commit(tx).await;
     backend.after_create(task.id, committed.is_ok());
     committed?;
@@ -471,7 +458,7 @@ pub async fn create_requested_task<B: Backend + ?Sized>(
     let created = row.task_id == task.id;
     if created {
         backend
-            .insert_draft(&mut tx, &task, &agent_token_hash, owner_id)
+            .insert_draft(&mut tx, &task, &agent_token_hash, owner_id, None)
             .await?;
     }
     let committed = backend.commit(tx).await;

@@ -39,6 +39,17 @@ pub fn changed_since_shipped(migrator: &Migrator, shipped: &str) -> Vec<String> 
     changed
 }
 
+/// Panics, naming each, when a migration of `migrator` changed since it
+/// shipped or went missing (see [`changed_since_shipped`]): a database it
+/// ran on would not start.
+pub fn assert_unchanged(migrator: &Migrator, shipped: &str) {
+    let changed = changed_since_shipped(migrator, shipped);
+    assert!(
+        changed.is_empty(),
+        "{changed:?}: a database these ran on will not start"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use std::borrow::Cow;
