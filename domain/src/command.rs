@@ -10,6 +10,7 @@ use super::{
 };
 use crate::Policy;
 use crate::place::{Position, Presence};
+use crate::review::{ReviewState, Verdict};
 
 /// Something an agent, a worker or the controller wants done to one task.
 #[derive(Debug, Clone)]
@@ -47,8 +48,17 @@ pub enum Command {
         kind: IssueKind,
         text: String,
     },
-    /// Assigned worker: active → completed.
-    Complete { worker: Uuid, note: Option<String> },
+    /// Assigned worker: active → completed, or, with review on, a
+    /// submission the agent answers (the task stays active). `result` is
+    /// the typed result a task with a result schema requires, already
+    /// checked against it.
+    Complete {
+        worker: Uuid,
+        note: Option<String>,
+        result: Option<serde_json::Value>,
+    },
+    /// Agent: answer the waiting submission of a task with review.
+    Review(Verdict),
     /// Assigned worker: assigned or active → stopped. Always allowed.
     Stop {
         worker: Uuid,
@@ -86,6 +96,7 @@ impl Command {
             Command::Photo { .. } => "send a photo on",
             Command::RaiseIssue { .. } => "raise an issue on",
             Command::Complete { .. } => "complete",
+            Command::Review(_) => "review",
             Command::Stop { .. } => "stop",
             Command::Reconcile => "reconcile",
             Command::Extend { .. } => "extend",
@@ -110,6 +121,7 @@ impl Command {
             | Command::Claim { .. }
             | Command::Start { .. }
             | Command::Complete { .. }
+            | Command::Review(_)
             | Command::Stop { .. }
             | Command::Reconcile
             | Command::Release { .. } => false,
@@ -139,6 +151,7 @@ impl Command {
             | Command::Photo { .. }
             | Command::RaiseIssue { .. }
             | Command::Complete { .. }
+            | Command::Review(_)
             | Command::Stop { .. }
             | Command::Reconcile
             | Command::Extend(_)
@@ -297,6 +310,22 @@ pub enum Refusal {
          within {allowed_m} m (its radius plus the position's accuracy)"
     )]
     OffSite { distance_m: u64, allowed_m: u64 },
+    #[error("this task asks for a typed result: send `result`, matching its result_schema")]
+    ResultRequired,
+    #[error("this task has no result_schema: complete it without `result` (a note is free text)")]
+    ResultNotAsked,
+    #[error(
+        "the work was submitted and waits for the agent's review: it cannot be submitted again"
+    )]
+    AlreadySubmitted,
+    #[error("nothing waits for review on this task (its review is {state})")]
+    NothingToReview { state: ReviewState },
+    #[error("this task was created without review: there is nothing to review")]
+    NotReviewed,
+    #[error("the agent has asked for the most revisions allowed ({limit}): accept or reject")]
+    RevisionLimit { limit: u32 },
+    #[error("text is required to {0} a submission")]
+    VerdictTextRequired(&'static str),
 }
 
 /// What the event of a start or a photo records of the position the
@@ -526,18 +555,45 @@ pub fn decide(
                 json!({ "reason": reason }),
             );
         }
-        Command::Complete { note, .. } => {
+        Command::Complete { note, result, .. } => {
             if task.state != Active {
                 return Err(wrong_state());
             }
-            d.end(
-                Completed,
-                now,
-                EventType::TaskCompleted,
-                Actor::Worker,
-                json!({ "worker_id": worker_id, "note": note }),
-            );
+            match (&task.result_schema, &result) {
+                (Some(_), None) => return Err(Refusal::ResultRequired),
+                (None, Some(_)) => return Err(Refusal::ResultNotAsked),
+                _ => {}
+            }
+            d.task.result = result.clone();
+            match &mut d.task.review {
+                Some(review) => {
+                    if review.is_waiting() {
+                        return Err(Refusal::AlreadySubmitted);
+                    }
+                    let auto_accept_at = review.submit(now);
+                    let revision = review.revisions;
+                    d.push(
+                        EventType::TaskSubmitted,
+                        Actor::Worker,
+                        json!({
+                            "worker_id": worker_id,
+                            "note": note,
+                            "result": result,
+                            "revision": revision,
+                            "auto_accept_at": auto_accept_at,
+                        }),
+                    );
+                }
+                None => d.end(
+                    Completed,
+                    now,
+                    EventType::TaskCompleted,
+                    Actor::Worker,
+                    json!({ "worker_id": worker_id, "note": note, "result": result }),
+                ),
+            }
         }
+        Command::Review(verdict) => review(&mut d, task, verdict, now, policy)?,
         Command::Stop { reason, .. } => {
             if !matches!(task.state, Assigned | Active) {
                 return Err(wrong_state());
@@ -554,6 +610,7 @@ pub fn decide(
             let due = task.due(now).ok_or(Refusal::NothingDue)?;
             d.reconciled = Some(due);
             match due {
+                Due::AutoAccept => d.accept(now, Actor::System, ReviewState::AutoAccepted),
                 Due::Expire(reason) => d.end(
                     Expired,
                     now,
@@ -592,8 +649,13 @@ pub fn decide(
             d.task.start_by = None;
             d.task.active_until = None;
             // As with a lapsed assignment: an answer to the suspended
-            // worker's issue must never reach the next worker.
+            // worker's issue must never reach the next worker, nor its
+            // result or a review of it.
             d.task.open_issues = 0;
+            d.task.result = None;
+            if let Some(review) = &mut d.task.review {
+                *review = crate::Review::new(review.auto_accept_seconds);
+            }
             d.push(
                 EventType::TaskUnassigned,
                 Actor::System,
@@ -647,7 +709,88 @@ fn extend(
     Ok(())
 }
 
+/// `Review`: the agent answers the waiting submission. Accept completes
+/// the task with the submitted result; revise sends the work back with a
+/// text (at most `max_revisions` times) and gives the worker a fresh active
+/// time limit; reject cancels the task with the reason.
+fn review(
+    d: &mut Decision,
+    task: &Task,
+    verdict: Verdict,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Result<(), Refusal> {
+    let review = task.review.as_ref().ok_or(Refusal::NotReviewed)?;
+    if task.state != TaskState::Active || !review.is_waiting() {
+        return Err(Refusal::NothingToReview {
+            state: review.state,
+        });
+    }
+    match verdict {
+        Verdict::Accept => d.accept(now, Actor::Agent, ReviewState::Accepted),
+        Verdict::Revise { text } => {
+            if text.trim().is_empty() {
+                return Err(Refusal::VerdictTextRequired("revise"));
+            }
+            if review.revisions >= review.max_revisions {
+                return Err(Refusal::RevisionLimit {
+                    limit: review.max_revisions,
+                });
+            }
+            let active_until = now + policy.active_time_limit;
+            let next = d.task.review.as_mut().expect("checked above");
+            next.close(ReviewState::RevisionRequested);
+            next.revisions += 1;
+            next.feedback = Some(text.clone());
+            let revision = next.revisions;
+            d.task.active_until = Some(active_until);
+            d.push(
+                EventType::TaskRevisionRequested,
+                Actor::Agent,
+                json!({ "text": text, "revision": revision, "active_until": active_until }),
+            );
+        }
+        Verdict::Reject { reason } => {
+            if reason.trim().is_empty() {
+                return Err(Refusal::VerdictTextRequired("reject"));
+            }
+            if let Some(next) = &mut d.task.review {
+                next.close(ReviewState::Rejected);
+            }
+            d.end(
+                TaskState::Cancelled,
+                now,
+                EventType::TaskCancelled,
+                Actor::Agent,
+                json!({ "reason": reason, "review": ReviewState::Rejected }),
+            );
+        }
+    }
+    Ok(())
+}
+
 impl Decision {
+    /// The waiting submission counts: the task completes with its result,
+    /// accepted by the agent or, when the delay ran out, by the controller.
+    fn accept(&mut self, now: DateTime<Utc>, actor: Actor, outcome: ReviewState) {
+        if let Some(review) = &mut self.task.review {
+            review.close(outcome);
+        }
+        let data = json!({
+            "worker_id": self.task.worker_id,
+            "result": self.task.result,
+            "review": outcome,
+            "automatic": outcome == ReviewState::AutoAccepted,
+        });
+        self.end(
+            TaskState::Completed,
+            now,
+            EventType::TaskCompleted,
+            actor,
+            data,
+        );
+    }
+
     fn push(&mut self, kind: EventType, actor: Actor, data: serde_json::Value) {
         self.events.push(NewEvent { kind, actor, data });
     }
@@ -732,7 +875,9 @@ mod tests {
             Command::Complete {
                 worker: W,
                 note: None,
+                result: None,
             },
+            Command::Review(Verdict::Accept),
             Command::Stop {
                 worker: W,
                 reason: None,
@@ -741,7 +886,7 @@ mod tests {
             Command::Extend(Extension::By(chrono::TimeDelta::seconds(60))),
             Command::Release { worker: W },
         ];
-        let mut seen = [false; 13];
+        let mut seen = [false; 14];
         for c in &commands {
             let i = match c {
                 Command::Publish => 0,
@@ -757,6 +902,7 @@ mod tests {
                 Command::Reconcile => 10,
                 Command::Extend(_) => 11,
                 Command::Release { .. } => 12,
+                Command::Review(_) => 13,
             };
             seen[i] = true;
         }
@@ -870,6 +1016,7 @@ mod tests {
             Command::Complete {
                 worker: W,
                 note: None,
+                result: None,
             },
             Command::Stop {
                 worker: W,
@@ -941,6 +1088,7 @@ mod tests {
         let complete = Command::Complete {
             worker: W,
             note: None,
+            result: None,
         };
         assert_eq!(refusal(&t, &full, complete), None);
         t.state = TaskState::Completed;
@@ -1007,6 +1155,7 @@ mod tests {
             Command::Complete {
                 worker: W,
                 note: None,
+                result: None,
             },
             4,
         )
@@ -1051,6 +1200,7 @@ mod tests {
             Command::Complete {
                 worker: OTHER,
                 note: None,
+                result: None,
             },
         ] {
             assert_eq!(run(&active(), c, 1).unwrap_err(), Refusal::NotYourTask);
@@ -1562,5 +1712,192 @@ mod tests {
         let d = run(&assigned(), start(None), 5).unwrap();
         assert!(d.events[0].data.get("position").is_none());
         assert!(!d.events[0].clone().stored(1, d.task.id, at(5)).untrusted);
+    }
+
+    fn reviewed(schema: bool) -> Task {
+        let mut t = task(TaskState::Active);
+        t.worker_id = Some(W);
+        t.active_until = Some(at(500));
+        t.review = Some(crate::Review::new(100));
+        if schema {
+            t.result_schema = Some(json!({"type": "object"}));
+        }
+        t
+    }
+
+    fn complete(result: Option<serde_json::Value>) -> Command {
+        Command::Complete {
+            worker: W,
+            note: Some("done".into()),
+            result,
+        }
+    }
+
+    fn verdict(v: Verdict) -> Command {
+        Command::Review(v)
+    }
+
+    #[test]
+    fn with_review_a_complete_is_a_submission_and_the_task_stays_active() {
+        let d = run(&reviewed(true), complete(Some(json!({"ok": true}))), 10).unwrap();
+        assert_eq!(d.task.state, TaskState::Active);
+        assert_eq!(kinds(&d), vec![EventType::TaskSubmitted]);
+        let review = d.task.review.as_ref().unwrap();
+        assert_eq!(review.state, ReviewState::Submitted);
+        assert_eq!(review.auto_accept_at, Some(at(110)));
+        assert_eq!(d.task.result, Some(json!({"ok": true})));
+        assert_eq!(d.events[0].data["result"], json!({"ok": true}));
+        // The wait replaces the active time limit as the deadline.
+        assert_eq!(d.task.next_deadline(), Some(at(110)));
+        assert_eq!(d.task.due(at(600)), Some(Due::AutoAccept));
+        assert_eq!(d.task.due(at(109)), None);
+        assert_eq!(
+            run(&d.task, complete(Some(json!({}))), 11).unwrap_err(),
+            Refusal::AlreadySubmitted
+        );
+    }
+
+    #[test]
+    fn a_schema_requires_a_result_and_no_schema_refuses_one() {
+        assert_eq!(
+            run(&reviewed(true), complete(None), 1).unwrap_err(),
+            Refusal::ResultRequired
+        );
+        assert_eq!(
+            run(&reviewed(false), complete(Some(json!({}))), 1).unwrap_err(),
+            Refusal::ResultNotAsked
+        );
+        // Without review, a typed result completes the task and is carried.
+        let mut t = reviewed(true);
+        t.review = None;
+        let d = run(&t, complete(Some(json!({"n": 1}))), 1).unwrap();
+        assert_eq!(d.task.state, TaskState::Completed);
+        assert_eq!(d.events[0].data["result"], json!({"n": 1}));
+    }
+
+    #[test]
+    fn accept_completes_with_the_submitted_result() {
+        let submitted = run(&reviewed(true), complete(Some(json!({"a": 1}))), 10).unwrap();
+        let d = run(&submitted.task, verdict(Verdict::Accept), 20).unwrap();
+        assert_eq!(d.task.state, TaskState::Completed);
+        assert_eq!(d.events[0].kind, EventType::TaskCompleted);
+        assert_eq!(d.events[0].actor, Actor::Agent);
+        assert_eq!(d.events[0].data["result"], json!({"a": 1}));
+        assert_eq!(d.events[0].data["automatic"], json!(false));
+        assert_eq!(d.task.review.unwrap().state, ReviewState::Accepted);
+    }
+
+    #[test]
+    fn the_controller_accepts_when_the_delay_runs_out() {
+        let submitted = run(&reviewed(false), complete(None), 10).unwrap().task;
+        assert_eq!(
+            run(&submitted, Command::Reconcile, 109).unwrap_err(),
+            Refusal::NothingDue
+        );
+        // Long past the active time limit (500): still accepted, not expired.
+        let d = run(&submitted, Command::Reconcile, 110).unwrap();
+        assert_eq!(d.reconciled, Some(Due::AutoAccept));
+        assert_eq!(d.task.state, TaskState::Completed);
+        assert_eq!(d.events[0].actor, Actor::System);
+        assert_eq!(d.events[0].data["automatic"], json!(true));
+        assert_eq!(d.task.review.unwrap().state, ReviewState::AutoAccepted);
+        // The agent's late answer waits for the controller.
+        assert_eq!(
+            run(&submitted, verdict(Verdict::Accept), 110).unwrap_err(),
+            Refusal::DeadlinePassed
+        );
+    }
+
+    #[test]
+    fn revise_sends_the_work_back_up_to_the_limit() {
+        let mut t = reviewed(false);
+        for n in 1..=crate::review::MAX_REVISIONS {
+            t = run(&t, complete(None), 10).unwrap().task;
+            let d = run(
+                &t,
+                verdict(Verdict::Revise {
+                    text: "blurry".into(),
+                }),
+                20,
+            )
+            .unwrap();
+            assert_eq!(kinds(&d), vec![EventType::TaskRevisionRequested]);
+            assert_eq!(d.events[0].data["revision"], json!(n));
+            let review = d.task.review.as_ref().unwrap();
+            assert_eq!(review.state, ReviewState::RevisionRequested);
+            assert_eq!(review.feedback.as_deref(), Some("blurry"));
+            assert_eq!(review.auto_accept_at, None);
+            assert_eq!(
+                d.task.active_until,
+                Some(at(20) + Policy::default().active_time_limit)
+            );
+            t = d.task;
+        }
+        let t = run(&t, complete(None), 30).unwrap().task;
+        assert_eq!(
+            run(
+                &t,
+                verdict(Verdict::Revise {
+                    text: "again".into()
+                }),
+                40
+            )
+            .unwrap_err(),
+            Refusal::RevisionLimit {
+                limit: crate::review::MAX_REVISIONS
+            }
+        );
+        assert_eq!(
+            run(&t, verdict(Verdict::Revise { text: " ".into() }), 40).unwrap_err(),
+            Refusal::VerdictTextRequired("revise")
+        );
+    }
+
+    #[test]
+    fn reject_cancels_with_the_reason() {
+        let t = run(&reviewed(false), complete(None), 10).unwrap().task;
+        let d = run(
+            &t,
+            verdict(Verdict::Reject {
+                reason: "wrong door".into(),
+            }),
+            20,
+        )
+        .unwrap();
+        assert_eq!(d.task.state, TaskState::Cancelled);
+        assert_eq!(d.events[0].kind, EventType::TaskCancelled);
+        assert_eq!(d.events[0].data["reason"], "wrong door");
+        assert_eq!(d.task.review.unwrap().state, ReviewState::Rejected);
+    }
+
+    #[test]
+    fn nothing_to_review_before_a_submission_or_without_review() {
+        assert_eq!(
+            run(&reviewed(false), verdict(Verdict::Accept), 1).unwrap_err(),
+            Refusal::NothingToReview {
+                state: ReviewState::AwaitingSubmission
+            }
+        );
+        let mut t = reviewed(false);
+        t.review = None;
+        assert_eq!(
+            run(&t, verdict(Verdict::Accept), 1).unwrap_err(),
+            Refusal::NotReviewed
+        );
+    }
+
+    #[test]
+    fn the_workers_stop_and_a_cancel_end_a_waiting_submission() {
+        let t = run(&reviewed(false), complete(None), 10).unwrap().task;
+        let stop = Command::Stop {
+            worker: W,
+            reason: None,
+        };
+        assert_eq!(run(&t, stop, 20).unwrap().task.state, TaskState::Stopped);
+        let cancel = Command::Cancel { reason: None };
+        assert_eq!(
+            run(&t, cancel, 20).unwrap().task.state,
+            TaskState::Cancelled
+        );
     }
 }

@@ -34,10 +34,14 @@ pub enum EventType {
     TaskExpired,
     #[serde(rename = "task.extended")]
     TaskExtended,
+    #[serde(rename = "task.submitted")]
+    TaskSubmitted,
+    #[serde(rename = "task.revision_requested")]
+    TaskRevisionRequested,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 13] = [
+    pub const ALL: [EventType; 15] = [
         EventType::TaskPublished,
         EventType::TaskAssigned,
         EventType::TaskUnassigned,
@@ -51,6 +55,8 @@ impl EventType {
         EventType::TaskCancelled,
         EventType::TaskExpired,
         EventType::TaskExtended,
+        EventType::TaskSubmitted,
+        EventType::TaskRevisionRequested,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -68,6 +74,8 @@ impl EventType {
             EventType::TaskCancelled => "task.cancelled",
             EventType::TaskExpired => "task.expired",
             EventType::TaskExtended => "task.extended",
+            EventType::TaskSubmitted => "task.submitted",
+            EventType::TaskRevisionRequested => "task.revision_requested",
         }
     }
 
@@ -96,6 +104,7 @@ impl EventType {
                 | EventType::WorkerIssue
                 | EventType::TaskCompleted
                 | EventType::TaskStopped
+                | EventType::TaskSubmitted
         )
     }
 }

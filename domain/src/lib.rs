@@ -24,6 +24,7 @@ mod issue;
 pub mod place;
 pub mod policy;
 pub mod result;
+pub mod review;
 mod task;
 mod view;
 pub mod webhook;
@@ -36,6 +37,7 @@ pub use event::{Actor, Event, EventType, NewEvent};
 pub use issue::{Issue, IssueAction, IssueKind, IssueStatus};
 pub use place::{Location, Position, Presence};
 pub use policy::Policy;
+pub use review::{Review, ReviewState, Verdict};
 pub use task::{Due, ExpiryReason, Task, TaskState};
 pub use view::FeedView;
 

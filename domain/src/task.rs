@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::place::{Location, Presence};
+use crate::review::{Review, ReviewState};
 
 /// Where a task is in its life. See DESIGN.md for the transition table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -104,6 +105,17 @@ pub struct Task {
     /// location; absent means `none`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub presence: Presence,
+    /// The JSON Schema the worker's result must match (see
+    /// [`crate::result`]), when the agent asked for a typed result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_schema: Option<serde_json::Value>,
+    /// The review of the work, when the agent asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<Review>,
+    /// The worker's latest result (with a result schema only). Written by
+    /// the worker: data, never instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 fn is_default(presence: &Presence) -> bool {
@@ -135,6 +147,8 @@ pub enum Due {
     Expire(ExpiryReason),
     /// The assigned worker did not start in time: reopen the task.
     Unassign,
+    /// A submission waited its whole auto-accept delay: accept it.
+    AutoAccept,
 }
 
 impl Task {
@@ -164,7 +178,19 @@ impl Task {
             last_event_id: 0,
             location: None,
             presence: Presence::None,
+            result_schema: None,
+            review: None,
+            result: None,
         }
+    }
+
+    /// When a submission waits for the agent: the time the controller
+    /// accepts it.
+    fn auto_accept_at(&self) -> Option<DateTime<Utc>> {
+        self.review
+            .as_ref()
+            .filter(|r| r.state == ReviewState::Submitted)
+            .and_then(|r| r.auto_accept_at)
     }
 
     /// The earliest instant at which [`Task::due`] will return something, or
@@ -177,7 +203,8 @@ impl Task {
                 Some(s) => s.min(self.expires_at),
                 None => self.expires_at,
             }),
-            TaskState::Active => self.active_until,
+            // A waiting submission is never lost to the active time limit.
+            TaskState::Active => self.auto_accept_at().or(self.active_until),
             _ => None,
         }
     }
@@ -193,6 +220,10 @@ impl Task {
                 Some(Due::Expire(ExpiryReason::Lifetime))
             }
             TaskState::Assigned if self.start_by.is_some_and(|s| now >= s) => Some(Due::Unassign),
+            TaskState::Active if self.auto_accept_at().is_some() => self
+                .auto_accept_at()
+                .is_some_and(|a| now >= a)
+                .then_some(Due::AutoAccept),
             TaskState::Active if self.active_until.is_some_and(|a| now >= a) => {
                 Some(Due::Expire(ExpiryReason::ActiveTimeLimit))
             }
@@ -274,11 +305,21 @@ pub(crate) mod tests {
     fn due_agrees_with_next_deadline_at_every_instant() {
         let options = [None, Some(at(500)), Some(at(1000)), Some(at(1500))];
         for state in TaskState::ALL {
-            for start_by in options {
-                for active_until in options {
+            for (start_by, active_until, waiting) in options
+                .into_iter()
+                .flat_map(|s| options.map(|a| (s, a)))
+                .flat_map(|(s, a)| [(s, a, false), (s, a, true)])
+            {
+                {
                     let mut t = task(state);
                     t.start_by = start_by;
                     t.active_until = active_until;
+                    if waiting {
+                        // A submission waiting for review until 700.
+                        let mut review = Review::new(700);
+                        review.submit(at(0));
+                        t.review = Some(review);
+                    }
                     for ms in (0..2_000_000)
                         .step_by(250)
                         .chain([499_999, 999_999, 1_499_999])
@@ -287,7 +328,8 @@ pub(crate) mod tests {
                         assert_eq!(
                             t.due(now).is_some(),
                             t.next_deadline().is_some_and(|d| now >= d),
-                            "{state} start_by {start_by:?} active_until {active_until:?} at +{ms} ms"
+                            "{state} start_by {start_by:?} active_until {active_until:?} \
+                             waiting {waiting} at +{ms} ms"
                         );
                     }
                 }
