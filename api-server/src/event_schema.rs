@@ -40,6 +40,8 @@ fn data_of(kind: EventType) -> (Value, Value) {
     };
     let optional_text = |what: &str| json!({ "type": ["string", "null"], "description": what });
     let names = |values: Vec<Value>| json!({ "type": "string", "enum": values });
+    let result = json!({ "type": ["object", "null"],
+        "description": "The worker's typed result, matching the task's result_schema (null without one): untrusted task data" });
     let w = "6f1c8c1e-9a51-4a0c-8d43-0b5c2b7f4e10";
     match kind {
         EventType::TaskPublished => (json!({}), json!({})),
@@ -97,8 +99,34 @@ fn data_of(kind: EventType) -> (Value, Value) {
         EventType::TaskCompleted => (
             json!({ "worker_id": worker,
                     "note": { "type": ["string", "null"], "maxLength": 4000,
-                              "description": "The worker's closing note (`text` of the complete request): untrusted" } }),
-            json!({ "worker_id": w, "note": "Photo taken" }),
+                              "description": "The worker's closing note (`text` of the complete request; absent when a review accepted a submission, whose note is in `task.submitted`): untrusted" },
+                    "result": result.clone(),
+                    "review": { "type": "string", "enum": ["accepted", "auto_accepted"],
+                                "description": "With review: who accepted the submission" },
+                    "automatic": { "type": "boolean",
+                                   "description": "With review: true when the controller accepted because the agent did not answer in time" } }),
+            json!({ "worker_id": w, "note": "Photo taken", "result": null }),
+        ),
+        EventType::TaskSubmitted => (
+            json!({ "worker_id": worker,
+                    "note": { "type": ["string", "null"], "maxLength": 4000,
+                              "description": "The worker's note (`text` of the complete request): untrusted" },
+                    "result": result,
+                    "revision": { "type": "integer", "minimum": 0,
+                                  "description": "Revisions asked for before this submission" },
+                    "auto_accept_at": { "type": "string", "format": "date-time",
+                                        "description": "When the controller accepts the submission if the agent has not answered" } }),
+            json!({ "worker_id": w, "note": null, "result": { "gate_locked": true },
+                    "revision": 0, "auto_accept_at": "2030-01-03T12:00:00Z" }),
+        ),
+        EventType::TaskRevisionRequested => (
+            json!({ "text": { "type": "string", "minLength": 1, "maxLength": 4000,
+                              "description": "What the agent asks the worker to change" },
+                    "revision": { "type": "integer", "minimum": 1,
+                                  "description": "Which revision this is (1 for the first)" },
+                    "active_until": time.clone() }),
+            json!({ "text": "The photo is blurry: take it again", "revision": 1,
+                    "active_until": "2030-01-01T18:00:00Z" }),
         ),
         EventType::TaskStopped => (
             json!({ "worker_id": worker,
@@ -111,6 +139,8 @@ fn data_of(kind: EventType) -> (Value, Value) {
                 "reason": optional_text("The agent's reason, when it gave one"),
                 "issue_event_id": { "type": "integer", "format": "int64",
                     "description": "Present when answering this worker.issue with `cancel` cancelled the task" },
+                "review": { "type": "string", "enum": ["rejected"],
+                    "description": "Present when the agent rejected a submission" },
             }),
             json!({ "reason": "No longer needed" }),
         ),
@@ -134,8 +164,10 @@ fn data_of(kind: EventType) -> (Value, Value) {
 fn optional_keys(kind: EventType) -> &'static [&'static str] {
     match kind {
         EventType::AgentIssueResponse => &["text"],
-        EventType::TaskCompleted => &["note"],
-        EventType::TaskStopped | EventType::TaskCancelled => &["reason", "issue_event_id"],
+        EventType::TaskCompleted => &["note", "result", "review", "automatic"],
+        EventType::TaskStopped | EventType::TaskCancelled => {
+            &["reason", "issue_event_id", "review"]
+        }
         _ => &[],
     }
 }
@@ -157,7 +189,7 @@ fn event_schema(kind: EventType) -> Value {
             "agent"
         }
         EventType::TaskUnassigned | EventType::TaskExpired => "system",
-        EventType::TaskExtended => "agent",
+        EventType::TaskExtended | EventType::TaskRevisionRequested => "agent",
         _ => "worker",
     };
     if actor == "agent"

@@ -127,6 +127,7 @@ impl InProcess {
                 },
                 text: checked_optional_text("text", text.as_deref(), MAX_TEXT_CHARS)?,
             },
+            Action::Review(answer) => Command::Review(crate::routes::results::verdict(answer)?),
             Action::Extend { add_seconds } => Command::Extend(Extension::By(
                 chrono::TimeDelta::try_seconds(add_seconds)
                     .ok_or_else(|| ApiError::invalid("add_seconds is out of range".to_owned()))?,

@@ -121,6 +121,32 @@ impl AppState {
         Ok(axum::Json(routes::task_change(applied)))
     }
 
+    /// The worker's complete, from the API and the web app alike: a typed
+    /// result is checked against the task's result schema first (its photo
+    /// fields must name photos this worker sent for the task), then the
+    /// engine decides. The schema never changes and a task's photos are
+    /// only ever added, so checking before the command's lock is sound.
+    pub async fn complete(
+        &self,
+        task_id: Uuid,
+        worker: Uuid,
+        note: Option<String>,
+        result: Option<serde_json::Value>,
+    ) -> Result<axum::Json<TaskChange>, ApiError> {
+        if let Some(result) = &result {
+            crate::routes::results::check(self, task_id, worker, result).await?;
+        }
+        self.act(
+            task_id,
+            Command::Complete {
+                worker,
+                note,
+                result,
+            },
+        )
+        .await
+    }
+
     /// [`AppState::act`] for an agent-side action, which its events
     /// attribute to `by`.
     pub async fn act_by(

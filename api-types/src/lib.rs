@@ -27,7 +27,8 @@ pub use invites::{CreateInvite, CreatedInvite, Invite, InvitePage};
 pub use keys::{CreateKey, Key, KeyPage, KeySecret, RevokeKey, RevokedKey, RotateKey};
 pub use problem::Problem;
 pub use tasks::{
-    CreateTask, CreatedTask, EventPage, Extend, Place, Respond, TaskChange, TaskPage, TaskResource,
+    CreateTask, CreatedTask, EventPage, Extend, Place, Respond, ReviewAction, ReviewAnswer,
+    ReviewTerms, TaskChange, TaskPage, TaskResource,
 };
 pub use workers::{
     EndWork, ListedTask, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker,

@@ -1,6 +1,7 @@
 //! The error body of every refusal.
 
 use meatspace_domain::TaskState;
+use meatspace_domain::result::FieldError;
 use serde::{Deserialize, Serialize};
 
 /// An RFC 9457 problem document (`application/problem+json`).
@@ -21,6 +22,10 @@ pub struct Problem {
     /// The task's current state, for state conflicts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_state: Option<TaskState>,
+    /// Each thing wrong with a result schema or a result, at its JSON
+    /// pointer (`invalid-result-schema`, `invalid-result`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
 }
 
 impl Problem {

@@ -36,6 +36,60 @@ pub struct CreateTask {
     /// browser's position is evidence, not proof.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub presence: Option<Presence>,
+    /// What the worker must send back: a JSON Schema object in the
+    /// documented subset (the capabilities document's `result_schema`).
+    /// The worker's app shows it as a form; the server refuses a result
+    /// that does not match it. Without it the worker completes with a note.
+    #[cfg_attr(feature = "utoipa", schema(value_type = Option<Object>))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result_schema: Option<serde_json::Value>,
+    /// Review the work before it counts: the worker's complete becomes a
+    /// submission the agent accepts, sends back for revision or rejects.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewTerms>,
+}
+
+/// `review` of a create: how long a submission waits for the agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReviewTerms {
+    /// Seconds after a submission at which it is accepted if the agent has
+    /// not answered (60 to 2592000; default 172800, two days).
+    #[cfg_attr(feature = "utoipa", schema(minimum = 60, maximum = 2592000))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_accept_seconds: Option<u32>,
+}
+
+/// What an agent answers to a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewAction {
+    /// The work counts: the task completes with the submitted result.
+    Accept,
+    /// Send the work back with `text`; the worker submits again.
+    Revise,
+    /// The work does not count: the task is cancelled with `text` as the reason.
+    Reject,
+}
+
+/// Body of `POST /api/v1/tasks/{id}/review`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = ReviewRequest))]
+#[serde(deny_unknown_fields)]
+pub struct ReviewAnswer {
+    pub action: ReviewAction,
+    /// Required to revise (what to change) and to reject (why).
+    #[cfg_attr(
+        feature = "utoipa",
+        schema(min_length = 1, max_length = 4000, pattern = r"\S")
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 impl CreateTask {
@@ -47,6 +101,8 @@ impl CreateTask {
             webhook_url: None,
             location: None,
             presence: None,
+            result_schema: None,
+            review: None,
         }
     }
 }

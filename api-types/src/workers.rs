@@ -106,6 +106,11 @@ pub struct EndWork {
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The typed result, for a complete of a task with a `result_schema`
+    /// (required then, refused otherwise and on a stop).
+    #[cfg_attr(feature = "utoipa", schema(value_type = Option<Object>))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 crate::page! {

@@ -144,6 +144,14 @@ fn parse_presence(s: &str) -> Result<meatspace_client::Presence, String> {
         .ok_or_else(|| format!("{s:?} is not one of none, flag, require"))
 }
 
+fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("the result is a JSON object of the schema's fields".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum TaskCommand {
     /// Create a task (a draft unless --publish) and keep its token locally.
@@ -177,6 +185,34 @@ pub enum TaskCommand {
         /// not proof.
         #[arg(long, value_name = "RULE", value_parser = parse_presence, requires = "at")]
         presence: Option<meatspace_client::Presence>,
+        /// What the worker must send back: a file holding a JSON Schema
+        /// object in the server's subset (`-` reads standard input). The
+        /// worker fills it in as a form.
+        #[arg(long, value_name = "FILE")]
+        result_schema: Option<PathBuf>,
+        /// Review the work before it counts: the worker's complete becomes
+        /// a submission you answer with `task review`.
+        #[arg(long)]
+        review: bool,
+        /// With --review: seconds after a submission at which it is
+        /// accepted if you have not answered (default two days).
+        #[arg(long, value_name = "SECONDS", requires = "review")]
+        auto_accept: Option<u32>,
+    },
+    /// Answer a worker's submission of a task created with --review.
+    #[command(group(clap::ArgGroup::new("verdict").required(true)))]
+    Review {
+        /// The task id.
+        id: Uuid,
+        /// The work counts: the task completes with the submitted result.
+        #[arg(long, group = "verdict")]
+        accept: bool,
+        /// Send the work back: what the worker should change.
+        #[arg(long, value_name = "TEXT", group = "verdict")]
+        revise: Option<String>,
+        /// The work does not count: the task is cancelled with this reason.
+        #[arg(long, value_name = "TEXT", group = "verdict")]
+        reject: Option<String>,
     },
     /// Publish a draft: workers can now see and claim it.
     Publish {
@@ -377,6 +413,10 @@ pub enum WorkerCommand {
         /// A note for the agent (the event's `note`).
         #[arg(long, alias = "text")]
         note: Option<String>,
+        /// The typed result a task with a result schema asks for, as a
+        /// JSON object (photo fields hold ids of photos sent for the task).
+        #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+        result: Option<serde_json::Value>,
     },
     /// Stop the task (always allowed to the assigned worker).
     Stop {

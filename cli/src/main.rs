@@ -134,6 +134,7 @@ impl Subject {
                 | T::Import { id, .. }
                 | T::Watch { id, .. }
                 | T::Respond { id, .. }
+                | T::Review { id, .. }
                 | T::Extend { id, .. }
                 | T::Photo { id, .. } => (false, false, Some(*id)),
             },

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
-use meatspace_client::types::{CreateTask, Extend, Place, TaskChange};
+use meatspace_client::types::{
+    CreateTask, Extend, Place, ReviewAction, ReviewAnswer, ReviewTerms, TaskChange,
+};
 use meatspace_client::{Client, IssueAction, RetryPolicy, Task, TaskHandle, TaskState, Transport};
 use serde_json::json;
 use uuid::Uuid;
@@ -31,7 +33,11 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
             radius,
             address,
             presence,
+            result_schema,
+            review,
+            auto_accept,
         } => {
+            let result_schema = result_schema.as_deref().map(read_schema).transpose()?;
             let req = CreateTask {
                 description,
                 expires_in_seconds: lifetime,
@@ -43,8 +49,49 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
                     address,
                 }),
                 presence,
+                result_schema,
+                review: review.then_some(ReviewTerms {
+                    auto_accept_seconds: auto_accept,
+                }),
             };
             create(ctx, req, publish).await
+        }
+        TaskCommand::Review {
+            id,
+            accept: _,
+            revise,
+            reject,
+        } => {
+            let (answer, done) = match (revise, reject) {
+                (Some(text), _) => (
+                    ReviewAnswer {
+                        action: ReviewAction::Revise,
+                        text: Some(text),
+                    },
+                    "sent back for revision",
+                ),
+                (None, Some(text)) => (
+                    ReviewAnswer {
+                        action: ReviewAction::Reject,
+                        text: Some(text),
+                    },
+                    "rejected",
+                ),
+                (None, None) => (
+                    ReviewAnswer {
+                        action: ReviewAction::Accept,
+                        text: None,
+                    },
+                    "accepted",
+                ),
+            };
+            action(
+                ctx,
+                id,
+                done,
+                move |h| async move { h.review(answer).await },
+            )
+            .await
         }
         TaskCommand::Publish { id } => {
             action(ctx, id, "published", |h| async move { h.publish().await }).await
@@ -536,4 +583,19 @@ async fn watch(ctx: &Ctx, id: Uuid, transport: TransportArg, from_start: bool) -
 fn finish(ctx: &Ctx, id: Uuid, task: &Task) -> Result<()> {
     ctx.state.update_task(id, |r| merge_task(r, task.clone()))?;
     Ok(())
+}
+
+/// The result schema of `--result-schema FILE` (`-`: standard input).
+fn read_schema(path: &Path) -> Result<serde_json::Value> {
+    let text = if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("read the result schema from standard input")?;
+        text
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("read the result schema {}", path.display()))?
+    };
+    serde_json::from_str(&text).context("the result schema is not JSON")
 }

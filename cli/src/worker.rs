@@ -68,8 +68,18 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
         WorkerCommand::Issue { id, kind, text } => {
             show(ctx, "raised issue", h.issue(id, kind, &text).await?)
         }
-        WorkerCommand::Complete { id, note } => {
-            show(ctx, "completed", h.complete(id, note.as_deref()).await?)
+        WorkerCommand::Complete { id, note, result } => {
+            let change = match result {
+                Some(result) => h.complete_with_result(id, note.as_deref(), result).await?,
+                None => h.complete(id, note.as_deref()).await?,
+            };
+            // With review, the work waits for the agent and the task stays active.
+            let done = if change.task.state.is_terminal() {
+                "completed"
+            } else {
+                "submitted for review"
+            };
+            show(ctx, done, change)
         }
         WorkerCommand::Stop { id, reason } => {
             show(ctx, "stopped", h.stop(id, reason.as_deref()).await?)

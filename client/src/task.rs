@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::feed::Feed;
 use crate::http::{Body, Call, Client, Credential};
-use crate::types::{EventPage, Extend, Photo, Respond, TaskChange};
+use crate::types::{EventPage, Extend, Photo, Respond, ReviewAnswer, TaskChange};
 
 /// One task, as its agent sees it.
 #[derive(Clone)]
@@ -93,6 +93,15 @@ impl TaskHandle {
         let call = self
             .call(Method::POST, &format!("/issues/{issue_event_id}/respond"))
             .body(Body::json(&Respond { action, text })?);
+        self.client.json(call).await
+    }
+
+    /// Answers the worker's submission (a task created with `review`):
+    /// accept, revise with a text, or reject with a reason.
+    pub async fn review(&self, answer: ReviewAnswer) -> Result<TaskChange, Error> {
+        let call = self
+            .call(Method::POST, "/review")
+            .body(Body::json(&answer)?);
         self.client.json(call).await
     }
 

@@ -8,9 +8,9 @@ use uuid::Uuid;
 pub use meatspace_api_types::{
     AuditEntry, AuditPage, CreateInvite, CreateKey, CreateTask, CreatedInvite, CreatedTask,
     EndWork, EventPage, Extend, Invite, InvitePage, Key, KeyPage, KeySecret, ListedTask, Message,
-    OpenTaskPage, Place, RaiseIssue, RegisterWorker, RegisteredWorker, Respond, RevokeKey,
-    RevokedKey, RotateKey, RotatedWorker, StartWork, Suspend, TaskChange, TaskPage, TaskResource,
-    WorkerPage,
+    OpenTaskPage, Place, RaiseIssue, RegisterWorker, RegisteredWorker, Respond, ReviewAction,
+    ReviewAnswer, ReviewTerms, RevokeKey, RevokedKey, RotateKey, RotatedWorker, StartWork, Suspend,
+    TaskChange, TaskPage, TaskResource, WorkerPage,
 };
 pub use meatspace_domain::identity::{PrincipalKind, PrincipalRef, Scope, Scopes, Worker};
 

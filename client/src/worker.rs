@@ -111,6 +111,24 @@ impl WorkerHandle {
         self.end(id, "/complete", note).await
     }
 
+    /// Completes a task with a `result_schema`: `result` must match it
+    /// (photo fields name photos sent for the task). With review on, the
+    /// work is submitted and the task stays active until the agent answers.
+    pub async fn complete_with_result(
+        &self,
+        id: Uuid,
+        note: Option<&str>,
+        result: serde_json::Value,
+    ) -> Result<TaskChange, Error> {
+        let call = self
+            .task_call(Method::POST, id, "/complete")
+            .body(Body::json(&EndWork {
+                text: note.map(str::to_owned),
+                result: Some(result),
+            })?);
+        self.client.json(call).await
+    }
+
     /// assigned or active → stopped, with an optional reason.
     pub async fn stop(&self, id: Uuid, reason: Option<&str>) -> Result<TaskChange, Error> {
         self.end(id, "/stop", reason).await
@@ -121,6 +139,7 @@ impl WorkerHandle {
         if let Some(text) = text {
             call = call.body(Body::json(&EndWork {
                 text: Some(text.to_owned()),
+                result: None,
             })?);
         }
         self.client.json(call).await

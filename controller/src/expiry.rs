@@ -179,6 +179,10 @@ impl Expiry {
                         tracing::debug!(task_id = %a.task.id, reason = reason.as_str(),
                             lag_ms = lag.as_millis() as u64, "expired");
                     }
+                    Some(Due::AutoAccept) => {
+                        metrics::auto_accepted();
+                        tracing::debug!(task_id = %a.task.id, "accepted: the agent did not review in time");
+                    }
                     Some(Due::Unassign) => {
                         unassigned += 1;
                         metrics::unassigned();

@@ -16,6 +16,7 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 pub const TASKS_EXPIRED: &str = "meatspace_tasks_expired_total";
 /// Assignments the controller ended because the worker did not start in time.
 pub const TASKS_UNASSIGNED: &str = "meatspace_tasks_unassigned_total";
+pub const TASKS_AUTO_ACCEPTED: &str = "meatspace_tasks_auto_accepted_total";
 /// Terminal tasks deleted by retention.
 pub const TASKS_PURGED: &str = "meatspace_tasks_purged_total";
 /// Seconds from a task's deadline until its expiry was committed.
@@ -79,6 +80,11 @@ pub fn describe() {
         "Assignments reopened because the worker did not start in time."
     );
     describe_counter!(
+        TASKS_AUTO_ACCEPTED,
+        Unit::Count,
+        "Submissions accepted because the agent did not review them in time."
+    );
+    describe_counter!(
         TASKS_PURGED,
         Unit::Count,
         "Terminal tasks deleted by retention."
@@ -107,6 +113,7 @@ pub fn describe() {
         counter!(TASKS_EXPIRED, "reason" => reason.as_str()).increment(0);
     }
     counter!(TASKS_UNASSIGNED).increment(0);
+    counter!(TASKS_AUTO_ACCEPTED).increment(0);
     counter!(TASKS_PURGED).increment(0);
     describe_counter!(
         WEBHOOK_ATTEMPTS,
@@ -130,6 +137,10 @@ pub(crate) fn expired(reason: ExpiryReason, lag: Duration) {
 
 pub(crate) fn unassigned() {
     counter!(TASKS_UNASSIGNED).increment(1);
+}
+
+pub(crate) fn auto_accepted() {
+    counter!(TASKS_AUTO_ACCEPTED).increment(1);
 }
 
 pub(crate) fn purged(n: u64) {

@@ -427,6 +427,8 @@ async fn create(
             .spec
             .presence
             .map_or(meatspace_domain::Presence::None, |p| p.domain()),
+        result_schema: None,
+        review: None,
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),

@@ -48,14 +48,14 @@ pub const MAX_DESCRIPTION_CHARS: usize = 2_000;
 /// refused at create) or into the result (when a result is refused).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-pub struct Problem {
+pub struct FieldError {
     pub pointer: String,
     pub message: String,
 }
 
-impl Problem {
-    fn at(pointer: impl Into<String>, message: impl Into<String>) -> Problem {
-        Problem {
+impl FieldError {
+    fn at(pointer: impl Into<String>, message: impl Into<String>) -> FieldError {
+        FieldError {
             pointer: pointer.into(),
             message: message.into(),
         }
@@ -93,17 +93,17 @@ pub struct ResultSchema {
 impl ResultSchema {
     /// Checks that `schema` is in the subset; every problem found, each at
     /// the pointer of what is unsupported, when it is not.
-    pub fn parse(schema: &Value) -> Result<ResultSchema, Vec<Problem>> {
+    pub fn parse(schema: &Value) -> Result<ResultSchema, Vec<FieldError>> {
         let size = serde_json::to_vec(schema).map_or(usize::MAX, |b| b.len());
         if size > MAX_SCHEMA_BYTES {
-            return Err(vec![Problem::at(
+            return Err(vec![FieldError::at(
                 "",
                 format!("the schema is {size} bytes as JSON; at most {MAX_SCHEMA_BYTES}"),
             )]);
         }
         let mut problems = Vec::new();
         let Some(root) = schema.as_object() else {
-            return Err(vec![Problem::at("", "a result schema is a JSON object")]);
+            return Err(vec![FieldError::at("", "a result schema is a JSON object")]);
         };
         let known = [
             "type",
@@ -116,7 +116,7 @@ impl ResultSchema {
         ];
         unsupported_keywords(root, "", &known, &mut problems);
         if root.get("type") != Some(&Value::from("object")) {
-            problems.push(Problem::at(
+            problems.push(FieldError::at(
                 "/type",
                 "the result is an object: \"type\": \"object\"",
             ));
@@ -124,7 +124,7 @@ impl ResultSchema {
         annotations(root, "", &mut problems);
         match root.get("additionalProperties") {
             None | Some(Value::Bool(false)) => {}
-            Some(_) => problems.push(Problem::at(
+            Some(_) => problems.push(FieldError::at(
                 "/additionalProperties",
                 "a result has only the fields the schema names: leave additionalProperties out or set it to false",
             )),
@@ -133,7 +133,7 @@ impl ResultSchema {
         match root.get("properties") {
             Some(Value::Object(properties)) if !properties.is_empty() => {
                 if properties.len() > MAX_FIELDS {
-                    problems.push(Problem::at(
+                    problems.push(FieldError::at(
                         "/properties",
                         format!("{} fields; at most {MAX_FIELDS}", properties.len()),
                     ));
@@ -141,7 +141,7 @@ impl ResultSchema {
                 for (name, field) in properties {
                     let at = format!("/properties/{}", escape(name));
                     if !valid_name(name) {
-                        problems.push(Problem::at(
+                        problems.push(FieldError::at(
                             &at,
                             format!(
                                 "a field's name is 1 to {MAX_TITLE_CHARS} letters, digits, '_' or '-', starting with a letter"
@@ -157,7 +157,7 @@ impl ResultSchema {
                     }
                 }
             }
-            _ => problems.push(Problem::at(
+            _ => problems.push(FieldError::at(
                 "/properties",
                 "a result schema names its fields in a non-empty \"properties\" object",
             )),
@@ -168,26 +168,26 @@ impl ResultSchema {
                     for (i, name) in names.iter().enumerate() {
                         let at = format!("/required/{i}");
                         let Some(name) = name.as_str() else {
-                            problems.push(Problem::at(at, "a required field is named by a string"));
+                            problems
+                                .push(FieldError::at(at, "a required field is named by a string"));
                             continue;
                         };
                         match fields.iter_mut().find(|f| f.name == name) {
-                            Some(f) if f.required => {
-                                problems.push(Problem::at(at, format!("{name:?} is listed twice")))
-                            }
+                            Some(f) if f.required => problems
+                                .push(FieldError::at(at, format!("{name:?} is listed twice"))),
                             Some(f) => f.required = true,
                             None if root
                                 .get("properties")
                                 .and_then(Value::as_object)
                                 .is_some_and(|p| p.contains_key(name)) => {}
-                            None => problems.push(Problem::at(
+                            None => problems.push(FieldError::at(
                                 at,
                                 format!("{name:?} is not one of the schema's properties"),
                             )),
                         }
                     }
                 }
-                None => problems.push(Problem::at(
+                None => problems.push(FieldError::at(
                     "/required",
                     "\"required\" is an array of field names",
                 )),
@@ -201,7 +201,7 @@ impl ResultSchema {
         // What the checker's engine refuses (a pattern it cannot compile).
         #[cfg(feature = "results")]
         if let Err(e) = validator(&schema) {
-            return Err(vec![Problem::at(
+            return Err(vec![FieldError::at(
                 e.instance_path().to_string(),
                 bounded(e.to_string()),
             )]);
@@ -225,12 +225,12 @@ impl ResultSchema {
     /// uploaded for this task (`photos`), each once. Every problem found,
     /// each at its pointer into the result, when it does not fit.
     #[cfg(feature = "results")]
-    pub fn check(&self, result: &Value, photos: &[uuid::Uuid]) -> Result<(), Vec<Problem>> {
+    pub fn check(&self, result: &Value, photos: &[uuid::Uuid]) -> Result<(), Vec<FieldError>> {
         let validator = validator(&self.schema)
-            .map_err(|e| vec![Problem::at("", format!("the task's result schema: {e}"))])?;
-        let mut problems: Vec<Problem> = validator
+            .map_err(|e| vec![FieldError::at("", format!("the task's result schema: {e}"))])?;
+        let mut problems: Vec<FieldError> = validator
             .iter_errors(result)
-            .map(|e| Problem::at(e.instance_path().to_string(), bounded(e.to_string())))
+            .map(|e| FieldError::at(e.instance_path().to_string(), bounded(e.to_string())))
             .collect();
         for field in &self.fields {
             if !matches!(field.kind, FieldKind::Photos { .. }) {
@@ -243,16 +243,19 @@ impl ResultSchema {
             for (i, id) in ids.iter().enumerate() {
                 let at = format!("/{}/{i}", escape(&field.name));
                 let Some(id) = id.as_str().and_then(|s| uuid::Uuid::parse_str(s).ok()) else {
-                    problems.push(Problem::at(
+                    problems.push(FieldError::at(
                         at,
                         "a photo is named by the id its upload answered",
                     ));
                     continue;
                 };
                 if !photos.contains(&id) {
-                    problems.push(Problem::at(at, format!("{id} is not a photo of this task")));
+                    problems.push(FieldError::at(
+                        at,
+                        format!("{id} is not a photo of this task"),
+                    ));
                 } else if seen.contains(&id) {
-                    problems.push(Problem::at(at, format!("{id} is listed twice")));
+                    problems.push(FieldError::at(at, format!("{id} is listed twice")));
                 }
                 seen.push(id);
             }
@@ -266,9 +269,9 @@ impl ResultSchema {
 }
 
 /// A field's kind, or `None` with its problems recorded.
-fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<FieldKind> {
+fn field_kind(field: &Value, at: &str, problems: &mut Vec<FieldError>) -> Option<FieldKind> {
     let Some(field) = field.as_object() else {
-        problems.push(Problem::at(at, "a field is described by an object"));
+        problems.push(FieldError::at(at, "a field is described by an object"));
         return None;
     };
     let before = problems.len();
@@ -315,11 +318,11 @@ fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<Fi
                 &["type", "title", "description", "minimum", "maximum"],
                 problems,
             );
-            let number = |key: &str, problems: &mut Vec<Problem>| match field.get(key) {
+            let number = |key: &str, problems: &mut Vec<FieldError>| match field.get(key) {
                 None => None,
                 Some(Value::Number(n)) => n.as_f64(),
                 Some(_) => {
-                    problems.push(Problem::at(
+                    problems.push(FieldError::at(
                         format!("{at}/{key}"),
                         format!("{key} is a number"),
                     ));
@@ -330,7 +333,7 @@ fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<Fi
                 (number("minimum", problems), number("maximum", problems))
                 && min > max
             {
-                problems.push(Problem::at(
+                problems.push(FieldError::at(
                     format!("{at}/minimum"),
                     "minimum is above maximum",
                 ));
@@ -378,26 +381,26 @@ fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<Fi
             unsupported_keywords(field, at, &keywords, problems);
             let (min, max) = bounds(field, at, "minItems", "maxItems", limit, problems);
             if field.get("uniqueItems").is_some_and(|u| !u.is_boolean()) {
-                problems.push(Problem::at(
+                problems.push(FieldError::at(
                     format!("{at}/uniqueItems"),
                     "uniqueItems is true or false",
                 ));
             }
             match items {
-                None => problems.push(Problem::at(
+                None => problems.push(FieldError::at(
                     &items_at,
                     "an array field says what it holds in \"items\"",
                 )),
                 Some(items) => {
                     unsupported_keywords(items, &items_at, &item_keywords, problems);
                     if items.get("type") != Some(&Value::from("string")) {
-                        problems.push(Problem::at(format!("{items_at}/type"), wrong_type));
+                        problems.push(FieldError::at(format!("{items_at}/type"), wrong_type));
                     } else if !photos {
                         match items.get("enum") {
                             Some(choices) => {
                                 string_choices(choices, &format!("{items_at}/enum"), problems)
                             }
-                            None => problems.push(Problem::at(
+                            None => problems.push(FieldError::at(
                                 &items_at,
                                 "an array field holds choices (\"enum\") or photos (\"format\": \"photo\")",
                             )),
@@ -415,7 +418,7 @@ fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<Fi
             }
         }
         Some(other) => {
-            problems.push(Problem::at(
+            problems.push(FieldError::at(
                 format!("{at}/type"),
                 format!(
                     "a field's type is string, number, integer, boolean or array, not {other:?}"
@@ -424,7 +427,10 @@ fn field_kind(field: &Value, at: &str, problems: &mut Vec<Problem>) -> Option<Fi
             return None;
         }
         None => {
-            problems.push(Problem::at(format!("{at}/type"), "a field names its type"));
+            problems.push(FieldError::at(
+                format!("{at}/type"),
+                "a field names its type",
+            ));
             return None;
         }
     };
@@ -436,10 +442,10 @@ fn unsupported_keywords(
     object: &Map<String, Value>,
     at: &str,
     known: &[&str],
-    problems: &mut Vec<Problem>,
+    problems: &mut Vec<FieldError>,
 ) {
     for key in object.keys().filter(|k| !known.contains(&k.as_str())) {
-        problems.push(Problem::at(
+        problems.push(FieldError::at(
             format!("{at}/{}", escape(key)),
             format!(
                 "{key:?} is not supported here (supported: {})",
@@ -450,7 +456,7 @@ fn unsupported_keywords(
 }
 
 /// `title` and `description`: strings of bounded length.
-fn annotations(object: &Map<String, Value>, at: &str, problems: &mut Vec<Problem>) {
+fn annotations(object: &Map<String, Value>, at: &str, problems: &mut Vec<FieldError>) {
     for (key, max) in [
         ("title", MAX_TITLE_CHARS),
         ("description", MAX_DESCRIPTION_CHARS),
@@ -458,11 +464,11 @@ fn annotations(object: &Map<String, Value>, at: &str, problems: &mut Vec<Problem
         match object.get(key) {
             None => {}
             Some(Value::String(s)) if s.chars().count() <= max => {}
-            Some(Value::String(_)) => problems.push(Problem::at(
+            Some(Value::String(_)) => problems.push(FieldError::at(
                 format!("{at}/{key}"),
                 format!("a {key} is at most {max} characters"),
             )),
-            Some(_) => problems.push(Problem::at(
+            Some(_) => problems.push(FieldError::at(
                 format!("{at}/{key}"),
                 format!("a {key} is a string"),
             )),
@@ -478,14 +484,14 @@ fn bounds(
     low: &str,
     high: &str,
     limit: u64,
-    problems: &mut Vec<Problem>,
+    problems: &mut Vec<FieldError>,
 ) -> (Option<u64>, Option<u64>) {
     let mut read = |key: &str| match object.get(key) {
         None => None,
         Some(v) => match v.as_u64() {
             Some(n) if n <= limit => Some(n),
             _ => {
-                problems.push(Problem::at(
+                problems.push(FieldError::at(
                     format!("{at}/{key}"),
                     format!("{key} is a whole number from 0 to {limit}"),
                 ));
@@ -497,7 +503,7 @@ fn bounds(
     if let (Some(min), Some(max)) = (min, max)
         && min > max
     {
-        problems.push(Problem::at(
+        problems.push(FieldError::at(
             format!("{at}/{low}"),
             format!("{low} is above {high}"),
         ));
@@ -506,24 +512,27 @@ fn bounds(
 }
 
 /// The choices of an `enum`: distinct strings, at least one.
-fn string_choices(choices: &Value, at: &str, problems: &mut Vec<Problem>) {
+fn string_choices(choices: &Value, at: &str, problems: &mut Vec<FieldError>) {
     let Some(choices) = choices.as_array().filter(|c| !c.is_empty()) else {
-        problems.push(Problem::at(at, "\"enum\" is a non-empty array of strings"));
+        problems.push(FieldError::at(
+            at,
+            "\"enum\" is a non-empty array of strings",
+        ));
         return;
     };
     if choices.len() > MAX_ENUM_VALUES {
-        problems.push(Problem::at(
+        problems.push(FieldError::at(
             at,
             format!("{} choices; at most {MAX_ENUM_VALUES}", choices.len()),
         ));
     }
     for (i, choice) in choices.iter().enumerate() {
         match choice.as_str() {
-            None => problems.push(Problem::at(format!("{at}/{i}"), "a choice is a string")),
+            None => problems.push(FieldError::at(format!("{at}/{i}"), "a choice is a string")),
             Some(s) if choices[..i].iter().any(|c| c.as_str() == Some(s)) => problems.push(
-                Problem::at(format!("{at}/{i}"), format!("{s:?} is listed twice")),
+                FieldError::at(format!("{at}/{i}"), format!("{s:?} is listed twice")),
             ),
-            Some(s) if s.chars().count() > MAX_TITLE_CHARS => problems.push(Problem::at(
+            Some(s) if s.chars().count() > MAX_TITLE_CHARS => problems.push(FieldError::at(
                 format!("{at}/{i}"),
                 format!("a choice is at most {MAX_TITLE_CHARS} characters"),
             )),
@@ -534,13 +543,13 @@ fn string_choices(choices: &Value, at: &str, problems: &mut Vec<Problem>) {
 
 /// A pattern the checker's engine runs in linear time: bounded, and
 /// without look-around or back-references (which would need backtracking).
-fn check_pattern(pattern: &Value, at: &str, problems: &mut Vec<Problem>) {
+fn check_pattern(pattern: &Value, at: &str, problems: &mut Vec<FieldError>) {
     let Some(pattern) = pattern.as_str() else {
-        problems.push(Problem::at(at, "a pattern is a string"));
+        problems.push(FieldError::at(at, "a pattern is a string"));
         return;
     };
     if pattern.chars().count() > MAX_PATTERN_CHARS {
-        problems.push(Problem::at(
+        problems.push(FieldError::at(
             at,
             format!("a pattern is at most {MAX_PATTERN_CHARS} characters"),
         ));
@@ -554,7 +563,7 @@ fn check_pattern(pattern: &Value, at: &str, problems: &mut Vec<Problem>) {
             .windows(2)
             .any(|w| w[0] == b'\\' && w[1].is_ascii_digit() && w[1] != b'0')
     {
-        problems.push(Problem::at(
+        problems.push(FieldError::at(
             at,
             "look-around and back-references are not supported",
         ));

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use meatspace_api_types::CreateTask;
+use meatspace_api_types::{CreateTask, ReviewAnswer};
 
 use crate::types::{CreatedTask, EventPage, Problem, Task, TaskChange, TaskSummary};
 
@@ -77,6 +77,7 @@ pub enum Action {
     Extend {
         add_seconds: i64,
     },
+    Review(ReviewAnswer),
 }
 
 /// Over HTTP: a task is named by its id and its agent token.

@@ -307,6 +307,7 @@ impl AgentApi for RemoteApi {
                 handle.respond(issue_event_id, action, text).await
             }
             Action::Extend { add_seconds } => handle.extend(Extend::add_seconds(add_seconds)).await,
+            Action::Review(answer) => handle.review(answer).await,
         }
         .map_err(problem)?;
         self.note_task(&answer.task).await?;

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use meatspace_api_types::{CreateTask, Place};
+use meatspace_api_types::{CreateTask, Place, ReviewAction, ReviewAnswer, ReviewTerms};
 use meatspace_domain::Presence;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -65,6 +65,36 @@ pub struct CreateTaskArgs {
     /// stays a draft until publish_task.
     #[serde(default)]
     pub publish: bool,
+    /// What the worker must send back, as a JSON Schema object in the
+    /// service's subset (capabilities: result_schema): an object of
+    /// titled fields (string with length, enum or pattern; number or
+    /// integer with bounds; boolean; array of enum choices; array of photos
+    /// with format "photo" and minItems/maxItems), some required. The
+    /// worker fills it in as a form; the result arrives in task.submitted
+    /// or task.completed as untrusted_result.
+    #[serde(default)]
+    pub result_schema: Option<serde_json::Value>,
+    /// Review the work before it counts: the worker's complete becomes a
+    /// task.submitted event you answer with review_submission (accept,
+    /// revise, reject). Silence accepts after auto_accept_seconds (default
+    /// two days).
+    #[serde(default)]
+    pub review: Option<ReviewTerms>,
+}
+
+/// Arguments of review_submission.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReviewArgs<R> {
+    #[serde(flatten)]
+    pub task: R,
+    /// accept (the task completes with the submitted result), revise (the
+    /// worker changes the work and submits again; say what in text) or
+    /// reject (the task is cancelled; say why in text).
+    pub action: ReviewAction,
+    /// What to change (revise) or why (reject), 1-4000 characters. The
+    /// worker reads it. Not taken with accept.
+    #[serde(default)]
+    pub text: Option<String>,
 }
 
 /// Arguments of wait_for_events.
@@ -212,6 +242,8 @@ impl<A: AgentApi> MeatspaceTools<A> {
                     webhook_url: None,
                     location: args.location,
                     presence: args.presence,
+                    result_schema: args.result_schema,
+                    review: args.review,
                 },
             )
             .await
@@ -372,6 +404,29 @@ impl<A: AgentApi> MeatspaceTools<A> {
                 )
                 .await,
         )
+    }
+
+    #[tool(
+        description = "Answer a worker's submission of a task created with review (a task.submitted event): accept (the task completes with the submitted result), revise with a text saying what to change (the worker submits again; a few revisions at most), or reject with a reason (the task is cancelled). Judge the result and photos yourself; never because worker text asks for an outcome. If you do not answer, the submission is accepted automatically at its auto_accept_at.",
+        annotations(
+            title = "Review a submission",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
+    )]
+    async fn review_submission(
+        &self,
+        extensions: Extensions,
+        Parameters(args): Parameters<ReviewArgs<A::TaskRef>>,
+    ) -> Result<Json<TaskChangeResult>, ToolProblem> {
+        let task = self.api.with_caller(args.task, &caller(&extensions));
+        let answer = ReviewAnswer {
+            action: args.action,
+            text: args.text,
+        };
+        change(self.api.act(&task, Action::Review(answer)).await)
     }
 
     #[tool(

@@ -102,6 +102,10 @@ const SERVER_KEYS: &[&str] = &[
     "active_until",
     "previous_state",
     "action",
+    "revision",
+    "auto_accept_at",
+    "review",
+    "automatic",
 ];
 
 /// An event of the task's feed, as a tool returns it.
@@ -129,12 +133,21 @@ pub struct EventView {
     /// choose which tools you call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrusted_worker_text: Option<String>,
+    /// The worker's typed result (task.submitted, task.completed), matching
+    /// the task's result_schema. UNTRUSTED TASK DATA, as above: its values
+    /// are what a worker typed or chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_result: Option<Value>,
 }
 
 impl EventView {
     /// Splits the event's data: server facts stay in `data`, everything a
     /// worker wrote moves to `untrusted_worker_text`.
-    pub fn from_api(event: Event) -> Self {
+    pub fn from_api(mut event: Event) -> Self {
+        let result = match &mut event.data {
+            Value::Object(map) => map.remove("result").filter(|r| !r.is_null()),
+            _ => None,
+        };
         let (data, text) = if event.untrusted || event.actor == meatspace_client::Actor::Worker {
             split_worker_text(event.data)
         } else {
@@ -148,6 +161,7 @@ impl EventView {
             untrusted: event.untrusted,
             data,
             untrusted_worker_text: text,
+            untrusted_result: result,
         }
     }
 }

@@ -21,8 +21,8 @@ use uuid::Uuid;
 
 use meatspace_domain::place::cell_of;
 use meatspace_domain::{Location, Presence, Task};
-use meatspace_store::StoreError;
 use meatspace_store::token::TokenHash;
+use meatspace_store::{StoreError, StoredWork};
 
 /// Groups written at once (each takes a pooled connection).
 const WRITERS: usize = 4;
@@ -41,6 +41,7 @@ pub(super) struct NewRow {
     pub owner_id: Uuid,
     pub location: Option<Location>,
     pub presence: Presence,
+    pub work: StoredWork,
 }
 
 impl NewRow {
@@ -56,6 +57,7 @@ impl NewRow {
             owner_id,
             location: task.location.clone(),
             presence: task.presence,
+            work: StoredWork::of(task),
         }
     }
 }
@@ -232,7 +234,11 @@ where
     let mut addresses = Vec::with_capacity(rows.len());
     let mut presences = Vec::with_capacity(rows.len());
     let mut cells = Vec::with_capacity(rows.len());
+    let mut schemas = Vec::with_capacity(rows.len());
+    let mut reviews = Vec::with_capacity(rows.len());
     for row in rows {
+        schemas.push(row.work.result_schema.as_deref());
+        reviews.push(row.work.review.as_deref());
         let place = row.location.as_ref();
         latitudes.push(place.map(|p| p.latitude));
         longitudes.push(place.map(|p| p.longitude));
@@ -251,14 +257,14 @@ where
     sqlx::query(
         "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
            updated_at, expires_at, next_deadline, owner_id, latitude, longitude, radius_m, \
-           address, presence, cell) \
+           address, presence, cell, result_schema, review) \
            SELECT id, description, 'draft', hash, created, created, expires, deadline, owner, \
-             latitude, longitude, radius_m, address, presence, cell \
+             latitude, longitude, radius_m, address, presence, cell, result_schema, review \
            FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::timestamptz[], \
              $5::timestamptz[], $6::timestamptz[], $8::uuid[], $9::float8[], $10::float8[], \
-             $11::int[], $12::text[], $13::text[], $14::bigint[]) \
+             $11::int[], $12::text[], $13::text[], $14::bigint[], $15::text[], $16::text[]) \
              AS r(id, description, hash, created, expires, deadline, owner, latitude, longitude, \
-               radius_m, address, presence, cell) \
+               radius_m, address, presence, cell, result_schema, review) \
            RETURNING id) \
          SELECT pg_notify($7, id::text) FROM t",
     )
@@ -276,6 +282,8 @@ where
     .bind(addresses)
     .bind(presences)
     .bind(cells)
+    .bind(schemas)
+    .bind(reviews)
     .execute(conn)
     .await?;
     Ok(())

@@ -39,8 +39,8 @@ use meatspace_store::engine::{
 };
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskReads,
-    TaskVersions, Worker, stored_event,
+    Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, StoredWork,
+    TaskReads, TaskVersions, Worker, stored_event,
 };
 
 use crate::creates::{Creates, NewRow};
@@ -342,6 +342,8 @@ impl PgStore {
         let mut open_issues = Vec::with_capacity(n);
         let mut expires = Vec::with_capacity(n);
         let mut closes = Vec::with_capacity(n);
+        let mut reviews = Vec::with_capacity(n);
+        let mut results = Vec::with_capacity(n);
         // The events, each with the number of its write.
         let (mut event_of, mut kinds, mut actors, mut data) = (vec![], vec![], vec![], vec![]);
         for (number, (before, d)) in (1i64..).zip(writes) {
@@ -370,6 +372,9 @@ impl PgStore {
             deadlines.push(task.next_deadline());
             open_issues.push(task.open_issues);
             expires.push(task.expires_at);
+            let work = StoredWork::of(task);
+            reviews.push(work.review);
+            results.push(work.result);
             closes.push(d.issue_changes.iter().find_map(|c| match c {
                 IssueChange::CloseAll { resolution } => Some(resolution.as_str()),
                 _ => None,
@@ -386,10 +391,11 @@ impl PgStore {
                SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], \
                  $5::uuid[], $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], \
                  $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::timestamptz[], \
-                 $13::timestamptz[], $14::int[], $15::timestamptz[], $16::text[]) \
+                 $13::timestamptz[], $14::int[], $15::timestamptz[], $16::text[], \
+                 $22::text[], $23::text[]) \
                WITH ORDINALITY AS r(id, was, last, state, worker_id, now, published_at, \
                  assigned_at, started_at, ended_at, start_by, active_until, next_deadline, \
-                 open_issues, expires_at, close, n)), \
+                 open_issues, expires_at, close, review, result, n)), \
              lk AS MATERIALIZED ( \
                SELECT t.id, r.n FROM r JOIN tasks t \
                  ON t.id = r.id AND t.state = r.was AND t.last_event_id = r.last \
@@ -412,6 +418,7 @@ impl PgStore {
                  started_at = r.started_at, ended_at = r.ended_at, start_by = r.start_by, \
                  active_until = r.active_until, next_deadline = r.next_deadline, \
                  open_issues = r.open_issues, expires_at = r.expires_at, \
+                 review = r.review, result = r.result, \
                  last_event_id = COALESCE( \
                    (SELECT max(ev.id) FROM ev WHERE ev.task_id = tasks.id), tasks.last_event_id) \
                FROM r JOIN lk ON lk.n = r.n \
@@ -442,6 +449,8 @@ impl PgStore {
         .bind(&actors)
         .bind(&data)
         .bind(CHANNEL)
+        .bind(&reviews)
+        .bind(&results)
         .fetch_all(conn)
         .await?;
         if rows.len() != n {
@@ -978,6 +987,12 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
         row.try_get("address")?,
         row.try_get("presence")?,
     )?;
+    let (result_schema, review, result) = StoredWork {
+        result_schema: row.try_get("result_schema")?,
+        review: row.try_get("review")?,
+        result: row.try_get("result")?,
+    }
+    .decode()?;
     Ok(Task {
         id: row.try_get("id")?,
         description: row.try_get("description")?,
@@ -996,6 +1011,9 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
         last_event_id: row.try_get("last_event_id")?,
         location,
         presence,
+        result_schema,
+        review,
+        result,
     })
 }
 

@@ -26,7 +26,7 @@ use meatspace_store::engine::{Backend, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use meatspace_store::requests::TaskRequest;
 use meatspace_store::token::TokenHash;
-use meatspace_store::{Applied, Change, NewAudit, StoreError, Worker};
+use meatspace_store::{Applied, Change, NewAudit, StoreError, StoredWork, Worker};
 use rusqlite::{Connection, Params, Row};
 use uuid::Uuid;
 
@@ -203,10 +203,12 @@ impl Inline {
         // Noted first: announced only if the batch commits.
         self.touch(task.id);
         let place = task.location.as_ref();
+        let work = StoredWork::of(task);
         self.exec(
             "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
              expires_at, next_deadline, owner_id, latitude, longitude, radius_m, address, \
-             presence, cell) VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             presence, cell, result_schema, review) \
+             VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rusqlite::params![
                 task.id.to_string(),
                 &task.description,
@@ -222,6 +224,8 @@ impl Inline {
                 place.and_then(|p| p.address.as_deref()),
                 task.presence.as_str(),
                 place.map(|p| cell_of(p.latitude, p.longitude)),
+                work.result_schema,
+                work.review,
             ],
         )?;
         Ok(())
@@ -298,11 +302,12 @@ impl Inline {
                 }
             }
         }
+        let work = StoredWork::of(&task);
         let updated = self.exec(
             "UPDATE tasks SET state = ?, worker_id = ?, updated_at = ?, published_at = ?, \
              assigned_at = ?, started_at = ?, ended_at = ?, start_by = ?, active_until = ?, \
-             next_deadline = ?, open_issues = ?, last_event_id = ?, expires_at = ? \
-             WHERE id = ? AND state = ?",
+             next_deadline = ?, open_issues = ?, last_event_id = ?, expires_at = ?, review = ?, \
+             result = ? WHERE id = ? AND state = ?",
             rusqlite::params![
                 task.state.as_str(),
                 task.worker_id.map(|w| w.to_string()),
@@ -317,6 +322,8 @@ impl Inline {
                 task.open_issues,
                 task.last_event_id,
                 ms(task.expires_at),
+                work.review,
+                work.result,
                 &id,
                 before.state.as_str(),
             ],

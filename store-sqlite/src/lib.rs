@@ -300,6 +300,12 @@ fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
         row.str("address")?.map(str::to_owned),
         row.text("presence")?,
     )?;
+    let (result_schema, review, result) = meatspace_store::StoredWork {
+        result_schema: row.str("result_schema")?.map(str::to_owned),
+        review: row.str("review")?.map(str::to_owned),
+        result: row.str("result")?.map(str::to_owned),
+    }
+    .decode()?;
     let state_name = row.text("state")?;
     let open_issues = row.integer("open_issues")?;
     Ok(Task {
@@ -322,6 +328,9 @@ fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
         last_event_id: row.integer("last_event_id")?,
         location,
         presence,
+        result_schema,
+        review,
+        result,
     })
 }
 

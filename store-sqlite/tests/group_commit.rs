@@ -78,6 +78,8 @@ fn new_task(id: Uuid, now: DateTime<Utc>) -> NewTask {
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         location: None,
         presence: meatspace_domain::Presence::None,
+        result_schema: None,
+        review: None,
     }
 }
 

@@ -162,6 +162,57 @@ pub fn stored_place(
     Ok((location, presence))
 }
 
+/// A task's result schema, review and result as both backends store them:
+/// three nullable columns of JSON text the server reads and writes whole.
+#[derive(Debug, Default)]
+pub struct StoredWork {
+    pub result_schema: Option<String>,
+    pub review: Option<String>,
+    pub result: Option<String>,
+}
+
+impl StoredWork {
+    /// The columns of `task`.
+    pub fn of(task: &Task) -> StoredWork {
+        let text = |v: &serde_json::Value| v.to_string();
+        StoredWork {
+            result_schema: task.result_schema.as_ref().map(text),
+            review: task
+                .review
+                .as_ref()
+                .map(|r| serde_json::to_string(r).expect("a review serialises to JSON")),
+            result: task.result.as_ref().map(text),
+        }
+    }
+
+    /// The columns read back: the one decoding of them.
+    #[allow(clippy::type_complexity)]
+    pub fn decode(
+        self,
+    ) -> Result<
+        (
+            Option<serde_json::Value>,
+            Option<meatspace_domain::Review>,
+            Option<serde_json::Value>,
+        ),
+        StoreError,
+    > {
+        fn json<T: serde::de::DeserializeOwned>(
+            column: &str,
+            text: Option<String>,
+        ) -> Result<Option<T>, StoreError> {
+            text.map(|t| serde_json::from_str(&t))
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("task {column}: {e}")))
+        }
+        Ok((
+            json("result_schema", self.result_schema)?,
+            json("review", self.review)?,
+            json("result", self.result)?,
+        ))
+    }
+}
+
 /// A task to create. The caller generates the id and the token and passes
 /// only the token's digest.
 #[derive(Debug, Clone)]
@@ -178,6 +229,10 @@ pub struct NewTask {
     /// Where the task is done, if anywhere in particular.
     pub location: Option<meatspace_domain::Location>,
     pub presence: meatspace_domain::Presence,
+    /// The JSON Schema of the result, already checked to be in the subset.
+    pub result_schema: Option<serde_json::Value>,
+    /// The review's terms, when the agent asked for review.
+    pub review: Option<meatspace_domain::Review>,
 }
 
 impl NewTask {
@@ -187,6 +242,8 @@ impl NewTask {
         let task = Task {
             location: self.location,
             presence: self.presence,
+            result_schema: self.result_schema,
+            review: self.review,
             ..Task::draft(self.id, self.description, self.created_at, self.expires_at)
         };
         (task, self.agent_token_hash)

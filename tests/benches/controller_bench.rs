@@ -169,6 +169,8 @@ async fn create_due(
                         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
                         location: None,
                         presence: meatspace_domain::Presence::None,
+                        result_schema: None,
+                        review: None,
                     })
                     .await
                     .unwrap();

@@ -215,6 +215,7 @@ async fn an_active_task_expires_at_its_time_limit_and_its_issues_close(db: Db) {
         Command::Complete {
             worker: w,
             note: None,
+            result: None,
         },
         Command::Stop {
             worker: w,
@@ -321,6 +322,7 @@ async fn an_abandoned_assignment_reopens_and_another_worker_claims_it(db: Db) {
         Command::Complete {
             worker: second,
             note: Some("done".into()),
+            result: None,
         },
     )
     .await;

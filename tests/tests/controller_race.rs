@@ -51,11 +51,13 @@ async fn racing_the_deadline_ends_each_task_exactly_once(backend: Db) {
             _ => Command::Complete {
                 worker: w,
                 note: Some("late".into()),
+                result: None,
             },
         };
         let complete = Command::Complete {
             worker: w,
             note: Some("done".into()),
+            result: None,
         };
         let jitter = TimeDelta::milliseconds((i % 10) as i64 * 2);
         for (command, at, stamped) in [

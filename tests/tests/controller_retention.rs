@@ -65,6 +65,7 @@ async fn retention_removes_old_terminal_tasks_and_nothing_else(db: Db) {
         Command::Complete {
             worker: w,
             note: None,
+            result: None,
         },
     )
     .await;

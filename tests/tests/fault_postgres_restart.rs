@@ -303,6 +303,8 @@ async fn dropped_change_streams_release_their_connections() {
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
             location: None,
             presence: meatspace_domain::Presence::None,
+            result_schema: None,
+            review: None,
         })
         .await
         .expect("create");

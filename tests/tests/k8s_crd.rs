@@ -58,6 +58,9 @@ fn draft_task() -> Task {
         last_event_id: 0,
         location: None,
         presence: meatspace_domain::Presence::None,
+        result_schema: None,
+        review: None,
+        result: None,
     }
 }
 

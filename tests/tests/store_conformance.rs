@@ -229,7 +229,11 @@ fn respond(issue_event_id: i64, action: IssueAction, text: Option<&str>) -> Comm
 
 fn complete(worker: Uuid, note: Option<&str>) -> Command {
     let note = note.map(str::to_owned);
-    Command::Complete { worker, note }
+    Command::Complete {
+        worker,
+        note,
+        result: None,
+    }
 }
 
 fn stop(worker: Uuid, reason: Option<&str>) -> Command {
@@ -277,6 +281,8 @@ async fn create_at(store: &dyn Store, secs: i64, description: &str) -> Created {
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         location: None,
         presence: meatspace_domain::Presence::None,
+        result_schema: None,
+        review: None,
     };
     let task = store.create_task(new).await.expect("create task");
     Created { task, token }
@@ -420,6 +426,8 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         location: None,
         presence: meatspace_domain::Presence::None,
+        result_schema: None,
+        review: None,
     };
     assert!(
         s.create_task(duplicate).await.is_err(),
@@ -438,6 +446,8 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
         owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
         location: None,
         presence: meatspace_domain::Presence::None,
+        result_schema: None,
+        review: None,
     };
     let precise = s.create_task(new).await.expect("create task");
     let published = ok(s, precise.id, Command::Publish, 2).await.task;
@@ -892,6 +902,8 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
                 owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
                 location: None,
                 presence: meatspace_domain::Presence::None,
+                result_schema: None,
+                review: None,
             },
             "https://example.test/hook",
         )
@@ -2030,6 +2042,8 @@ async fn a_failing_create_among_concurrent_ones_fails_alone(store: Arc<dyn Store
                     owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
                     location: None,
                     presence: meatspace_domain::Presence::None,
+                    result_schema: None,
+                    review: None,
                 };
                 (id, store.create_task(new).await)
             });

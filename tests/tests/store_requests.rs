@@ -36,6 +36,8 @@ async fn racing_writers_create_one_task_per_resource_uid(db: Db) {
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
             location: None,
             presence: meatspace_domain::Presence::None,
+            result_schema: None,
+            review: None,
         };
         let row = store
             .create_requested_task(new, &request)

@@ -161,6 +161,14 @@ pub enum ApiError {
     /// with a slug of its own.
     #[error("{detail}")]
     Unprocessable { slug: &'static str, detail: String },
+    /// A result schema or a result refused, with each error at its JSON
+    /// pointer (the problem's `errors`).
+    #[error("{detail}")]
+    InvalidFields {
+        slug: &'static str,
+        detail: String,
+        errors: Vec<meatspace_domain::result::FieldError>,
+    },
     #[error("{detail}")]
     Conflict {
         slug: &'static str,
@@ -215,7 +223,9 @@ impl ApiError {
         match self {
             ApiError::BadRequest { slug, .. } => (StatusCode::BAD_REQUEST, slug),
             ApiError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-input"),
-            ApiError::Unprocessable { slug, .. } => (StatusCode::UNPROCESSABLE_ENTITY, slug),
+            ApiError::Unprocessable { slug, .. } | ApiError::InvalidFields { slug, .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, slug)
+            }
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "insufficient-scope"),
             ApiError::DevKeyDisabled => (StatusCode::UNAUTHORIZED, "dev-key-disabled"),
@@ -279,6 +289,26 @@ impl From<Refusal> for ApiError {
                 slug: "off-site",
                 detail,
             },
+            Refusal::ResultRequired | Refusal::ResultNotAsked => ApiError::Unprocessable {
+                slug: "invalid-result",
+                detail,
+            },
+            Refusal::VerdictTextRequired(_) => ApiError::Invalid(detail),
+            Refusal::AlreadySubmitted => ApiError::Conflict {
+                slug: "already-submitted",
+                detail,
+                task_state: None,
+            },
+            Refusal::NothingToReview { .. } | Refusal::NotReviewed => ApiError::Conflict {
+                slug: "nothing-to-review",
+                detail,
+                task_state: None,
+            },
+            Refusal::RevisionLimit { .. } => ApiError::Conflict {
+                slug: "revision-limit",
+                detail,
+                task_state: None,
+            },
         }
     }
 }
@@ -304,12 +334,24 @@ pub fn problem(
     detail: String,
     task_state: Option<TaskState>,
 ) -> Response {
+    problem_with(status, slug, detail, task_state, Vec::new())
+}
+
+/// [`problem`] with errors at JSON pointers.
+fn problem_with(
+    status: StatusCode,
+    slug: &str,
+    detail: String,
+    task_state: Option<TaskState>,
+    errors: Vec<meatspace_domain::result::FieldError>,
+) -> Response {
     let body = Problem {
         kind: format!("{TYPE_BASE}{slug}"),
         title: status.canonical_reason().unwrap_or("Error").to_owned(),
         status: status.as_u16(),
         detail,
         task_state,
+        errors,
     };
     let mut res = (status, axum::Json(body)).into_response();
     res.headers_mut()
@@ -318,7 +360,7 @@ pub fn problem(
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
         let (status, slug) = self.parts();
         if let ApiError::Internal(cause) = &self {
             tracing::error!(error = ?cause, "internal error");
@@ -327,7 +369,11 @@ impl IntoResponse for ApiError {
             ApiError::Conflict { task_state, .. } => *task_state,
             _ => None,
         };
-        let mut res = problem(status, slug, self.to_string(), task_state);
+        let errors = match &mut self {
+            ApiError::InvalidFields { errors, .. } => std::mem::take(errors),
+            _ => Vec::new(),
+        };
+        let mut res = problem_with(status, slug, self.to_string(), task_state, errors);
         match self {
             ApiError::Unauthorized(_) | ApiError::DevKeyDisabled => {
                 res.headers_mut()

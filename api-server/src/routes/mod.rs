@@ -6,6 +6,7 @@ pub mod events;
 pub mod health;
 pub mod invites;
 pub mod keys;
+pub mod results;
 pub mod stream;
 pub mod tasks;
 pub mod worker_tasks;

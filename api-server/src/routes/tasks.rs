@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use meatspace_api_types::{
-    CreateTask, CreatedTask, Extend, Place, Respond, TaskPage, TaskResource,
+    CreateTask, CreatedTask, Extend, Place, Respond, ReviewAnswer, TaskPage, TaskResource,
 };
 use meatspace_domain::webhook_url::check_url;
 use meatspace_domain::{Command, Extension, MAX_DESCRIPTION_CHARS, MAX_TEXT_CHARS};
@@ -40,6 +40,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(extend_task))
         .routes(routes!(task_events))
         .routes(routes!(respond_to_issue))
+        .routes(routes!(review_submission))
         .routes(routes!(get_photo))
 }
 
@@ -100,6 +101,8 @@ pub(crate) async fn create(
         ),
     };
     let (location, presence) = checked_place(req.location, req.presence)?;
+    let result_schema = super::results::checked_schema(req.result_schema)?;
+    let review = super::results::checked_review(req.review)?;
     let now = state.clock.now();
     let id = Uuid::new_v4();
     let (agent_token, agent_token_hash) = issue_agent_token(id);
@@ -112,6 +115,8 @@ pub(crate) async fn create(
         owner_id: owner,
         location,
         presence,
+        result_schema,
+        review,
     };
     let digest = new.agent_token_hash.clone();
     let (task, webhook_secret) = match webhook_url {
@@ -366,6 +371,25 @@ async fn respond_to_issue(
             by,
         )
         .await
+}
+
+/// Answers the worker's submission of a task created with `review`:
+/// `accept` completes the task with the submitted result, `revise` sends
+/// the work back with `text` (at most `review.max_revisions` times),
+/// `reject` cancels the task with `text` as the reason.
+#[utoipa::path(post, path = "/api/v1/tasks/{task_id}/review", tag = "agent",
+    params(("task_id" = Uuid, Path)),
+    request_body = ReviewAnswer,
+    security(("agent_token" = []), ("api_key" = ["tasks"])),
+    responses(
+        (status = 200, description = "The task and the event of the answer", body = TaskChange), TaskBodyCommandErrors))]
+async fn review_submission(
+    State(state): State<AppState>,
+    AgentAuth(id, by): AgentAuth,
+    Json(req): Json<ReviewAnswer>,
+) -> Result<axum::Json<TaskChange>, ApiError> {
+    let verdict = super::results::verdict(req)?;
+    state.act_by(id, Command::Review(verdict), by).await
 }
 
 /// A photo a worker sent, as re-encoded by the server.

@@ -584,14 +584,21 @@ async fn raise_issue(
         .await
 }
 
-/// The optional `text` of a complete or stop request. The body itself is
-/// optional: empty means no text.
-fn optional_text(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, ApiError> {
+/// The optional `text` and `result` of a complete or stop request. The
+/// body itself is optional: empty means neither.
+fn end_work(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Option<String>, Option<serde_json::Value>), ApiError> {
     let req: EndWork = optional_json(headers, body)?;
-    checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)
+    let text = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
+    Ok((text, req.result))
 }
 
-/// Completes the active task: active → completed.
+/// Completes the active task: active → completed, or, for a task created
+/// with `review`, submits the work for the agent's review (`task.submitted`;
+/// the task stays active). A task with a `result_schema` needs `result`,
+/// checked against it (422 with each error at its JSON pointer).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/complete", tag = "worker",
     params(("task_id" = Uuid, Path)),
     request_body(content = Option<EndWork>, description = "optional note"),
@@ -605,8 +612,8 @@ async fn complete(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let note = optional_text(&headers, &body)?;
-    state.act(id, Command::Complete { worker, note }).await
+    let (note, result) = end_work(&headers, &body)?;
+    state.complete(id, worker, note, result).await
 }
 
 /// Stops the task: assigned or active → stopped. Always allowed to the
@@ -624,7 +631,12 @@ async fn stop(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let reason = optional_text(&headers, &body)?;
+    let (reason, result) = end_work(&headers, &body)?;
+    if result.is_some() {
+        return Err(ApiError::invalid(
+            "a stop takes no result: complete the task to send one",
+        ));
+    }
     state.act(id, Command::Stop { worker, reason }).await
 }
 

@@ -177,6 +177,16 @@ fn human(e: &ApiError) -> (StatusCode, String) {
         | ApiError::Unprocessable { detail, .. } => {
             (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
         }
+        ApiError::InvalidFields { detail, errors, .. } => {
+            let each: Vec<String> = errors
+                .iter()
+                .map(|e| format!("{}: {}", e.pointer, e.message))
+                .collect();
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("{} {}", sentence(detail), each.join("; ")),
+            )
+        }
         ApiError::TooLarge(detail) | ApiError::UnsupportedMediaType(detail) => {
             (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
         }
@@ -505,12 +515,38 @@ fn feed_item(e: &Event) -> FeedItem {
             };
             ("Agent", "agent", with(verb, s("text")))
         }
-        EventType::TaskCompleted => ("You", "worker", with("You completed the task", s("note"))),
+        EventType::TaskCompleted => match s("review").as_deref() {
+            Some("accepted") => (
+                "Agent",
+                "agent",
+                "The agent accepted your work: the task is completed.".to_owned(),
+            ),
+            Some(_) => (
+                "meatspace",
+                "system",
+                "Your work was accepted (the review time ran out): the task is completed."
+                    .to_owned(),
+            ),
+            None => ("You", "worker", with("You completed the task", s("note"))),
+        },
+        EventType::TaskSubmitted => (
+            "You",
+            "worker",
+            with("You submitted your work for review", s("note")),
+        ),
+        EventType::TaskRevisionRequested => (
+            "Agent",
+            "agent",
+            with("The agent asked for a revision", s("text")),
+        ),
         EventType::TaskStopped => ("You", "worker", with("You stopped the task", s("reason"))),
         EventType::TaskCancelled => (
             "Agent",
             "agent",
-            with("The agent cancelled the task", s("reason")),
+            match s("review") {
+                Some(_) => with("The agent rejected your work", s("reason")),
+                None => with("The agent cancelled the task", s("reason")),
+            },
         ),
         EventType::TaskExpired => ("meatspace", "system", "The task expired.".to_owned()),
         EventType::TaskExtended => (
@@ -1115,7 +1151,7 @@ async fn complete(
     let worker = s.worker.id;
     let note = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
     let result = match checked_optional_text("the note", note, MAX_TEXT_CHARS) {
-        Ok(note) => run(&state, id, Command::Complete { worker, note }).await,
+        Ok(note) => state.complete(id, worker, note, None).await.map(|_| ()),
         Err(e) => Err(e),
     };
     let typed = TypedInput {

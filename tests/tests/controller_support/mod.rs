@@ -58,6 +58,8 @@ async fn draft_of(store: &Arc<dyn Store>, description: &str, expires_at: DateTim
             owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
             location: None,
             presence: meatspace_domain::Presence::None,
+            result_schema: None,
+            review: None,
         })
         .await
         .expect("create task")

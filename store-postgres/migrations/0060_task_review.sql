@@ -1,0 +1,7 @@
+-- Typed results and review: the JSON Schema the worker's result must match,
+-- the review's terms and state, and the worker's latest result. JSON
+-- documents the server reads and writes whole and never queries: text.
+ALTER TABLE tasks
+    ADD COLUMN result_schema text,
+    ADD COLUMN review        text,
+    ADD COLUMN result        text;
