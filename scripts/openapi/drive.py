@@ -27,6 +27,7 @@ from meatspace_client.api.agent import (  # noqa: E402
     openapi,
     publish_task,
     respond_to_issue,
+    review_submission,
     task_events,
 )
 from meatspace_client.api.worker import (  # noqa: E402
@@ -59,6 +60,7 @@ from meatspace_client.models import (  # noqa: E402
     RegisterWorkerRequest,
     RegisteredWorker,
     RespondRequest,
+    ReviewRequest,
     StartWork,
     Task,
     TaskChange,
@@ -318,6 +320,39 @@ def main():
     assert ok(get_task.sync_detailed(third, client=third_agent), 200, TaskResource).state == (
         TaskState.STOPPED
     )
+
+    step("typed result and review (fourth task)")
+    body = CreateTaskRequest.from_dict(
+        {
+            "description": "Check whether the gate is locked",
+            "result_schema": {
+                "type": "object",
+                "properties": {"locked": {"type": "boolean", "title": "Locked?"}},
+                "required": ["locked"],
+            },
+            "review": {"auto_accept_seconds": 3600},
+        }
+    )
+    created = ok(create_task.sync_detailed(client=dev, body=body), 201, CreatedTask)
+    fourth, fourth_agent = created.task.id, bearer(created.agent_token)
+    publish(fourth_agent, fourth)
+    ok(claim.sync_detailed(fourth, client=worker), 200, TaskChange)
+    ok(start.sync_detailed(fourth, client=worker, body=None), 200, TaskChange)
+    wrong = EndRequest.from_dict({"result": {"locked": "yes"}})
+    refused = ok(complete.sync_detailed(fourth, client=worker, body=wrong), 422, Problem)
+    assert refused.to_dict()["errors"][0]["pointer"] == "/locked", refused
+    right = EndRequest.from_dict({"result": {"locked": True}})
+    change = ok(complete.sync_detailed(fourth, client=worker, body=right), 200, TaskChange)
+    assert change.task.state == TaskState.ACTIVE
+    assert change.events[-1].type_ == EventType.TASK_SUBMITTED, change.events
+    revise = ReviewRequest.from_dict({"action": "revise", "text": "Check the side gate too"})
+    change = ok(review_submission.sync_detailed(fourth, client=fourth_agent, body=revise), 200, TaskChange)
+    assert change.events[-1].type_ == EventType.TASK_REVISION_REQUESTED, change.events
+    ok(complete.sync_detailed(fourth, client=worker, body=right), 200, TaskChange)
+    accept = ReviewRequest.from_dict({"action": "accept"})
+    change = ok(review_submission.sync_detailed(fourth, client=fourth_agent, body=accept), 200, TaskChange)
+    assert change.task.state == TaskState.COMPLETED
+    assert change.task.to_dict()["result"] == {"locked": True}, change.task
 
     print(f"[drive] OK: {len(STEPS)} steps through the generated client", flush=True)
 
