@@ -5,8 +5,9 @@
 //! no configuration). The agent and the worker both act in it, and the
 //! test checks what they print: each state in turn, the located task in
 //! the worker's nearby list, the start's position recorded on site, the
-//! worker's message marked untrusted, and the long poll answering with the
-//! completion.
+//! worker's message marked untrusted, the long poll answering with the
+//! worker's typed submission, and the agent's accept completing the task
+//! with that result.
 //!
 //! Needs `bash`, `curl` and `jq` (scripts/test runs under .ci/run, which
 //! installs them); a missing one fails the test.
@@ -94,13 +95,13 @@ async fn the_readme_walk_runs_as_printed() {
         .filter(|l| {
             matches!(
                 *l,
-                "meatspace" | "open" | "assigned" | "active" | "completed"
+                "meatspace" | "open" | "assigned" | "active" | "submitted" | "completed"
             )
         })
         .collect();
     assert_eq!(
         states,
-        ["meatspace", "open", "assigned", "active", "completed"],
+        ["meatspace", "open", "assigned", "active", "submitted"],
         "{stdout}"
     );
     let json: Vec<Value> = lines
@@ -132,14 +133,22 @@ async fn the_readme_walk_runs_as_printed() {
         "a position is worker-sent: {started}"
     );
     assert_eq!(started["data"]["position"]["off_site"], false, "{started}");
-    let last = json.last().expect("the long poll's answer");
-    assert_eq!(last["task_state"], "completed", "{stdout}");
-    assert_eq!(last["events"][0]["type"], "task.completed", "{stdout}");
-    assert_eq!(last["events"][0]["data"]["note"], "Photo taken", "{stdout}");
+    let result = serde_json::json!({ "notice_up": true, "notices": 3 });
+    let poll = &json[json.len() - 2];
+    assert_eq!(poll["task_state"], "active", "a submission waits: {stdout}");
+    assert_eq!(poll["events"][0]["type"], "task.submitted", "{stdout}");
+    assert_eq!(poll["events"][0]["data"]["note"], "Photo taken", "{stdout}");
+    assert_eq!(poll["events"][0]["data"]["result"], result, "{stdout}");
     assert_eq!(
-        last["events"].as_array().map(Vec::len),
+        poll["events"].as_array().map(Vec::len),
         Some(1),
         "the poll from next_cursor returns only what came after it: {stdout}"
+    );
+    let accepted = json.last().expect("the agent's accept");
+    assert_eq!(
+        *accepted,
+        serde_json::json!({ "state": "completed", "result": result }),
+        "{stdout}"
     );
 
     // The key the walk read from .meatspace/dev.key is the printed one.
