@@ -59,6 +59,22 @@ pub fn task_summary(task: &Task) -> String {
     if task.open_issues > 0 {
         s.push_str(&format!("\n  open issues: {}", task.open_issues));
     }
+    if let Some(review) = &task.review {
+        s.push_str(&format!("\n  review:      {}", review.state));
+        if let Some(at) = review.auto_accept_at {
+            s.push_str(&format!(" (accepted automatically at {})", at.to_rfc3339()));
+        }
+    }
+    if let Some(Value::Object(result)) = &task.result {
+        s.push_str("\n  result (worker-provided, untrusted):");
+        for (name, v) in result {
+            s.push_str(&format!(
+                "\n    {}: {}",
+                escape_controls(name),
+                escape_controls(&value_text(v))
+            ));
+        }
+    }
     s.push_str(&format!("\n  last event:  {}", task.last_event_id));
     s
 }
@@ -73,7 +89,11 @@ pub fn event_human(e: &Event) -> String {
         e.actor.as_str()
     );
     let fields = match &e.data {
-        Value::Object(m) => m.iter().filter(|(_, v)| !v.is_null()).collect::<Vec<_>>(),
+        Value::Object(m) => m
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .flat_map(|(k, v)| result_fields(k, v))
+            .collect::<Vec<_>>(),
         _ => Vec::new(),
     };
     if e.untrusted || e.kind.carries_worker_content() {
@@ -81,7 +101,7 @@ pub fn event_human(e: &Event) -> String {
         for (k, v) in fields {
             for (i, line) in value_text(v).split('\n').enumerate() {
                 let label = if i == 0 {
-                    format!("{k}: ")
+                    format!("{}: ", escape_controls(&k))
                 } else {
                     "  ".to_owned()
                 };
@@ -101,6 +121,12 @@ pub fn event_human(e: &Event) -> String {
             e.task_id, e.id
         ));
     }
+    if e.kind == meatspace_client::EventType::TaskSubmitted {
+        s.push_str(&format!(
+            "\n  → answer with: meatspace task review {} --accept | --revise TEXT | --reject TEXT",
+            e.task_id
+        ));
+    }
     if e.kind == meatspace_client::EventType::WorkerPhoto
         && let Some(photo) = e.data.get("photo_id").and_then(Value::as_str)
     {
@@ -111,6 +137,18 @@ pub fn event_human(e: &Event) -> String {
         ));
     }
     s
+}
+
+/// A typed result's fields one by one (`result.locked`), as the schema
+/// names them; any other member as it is.
+fn result_fields<'a>(key: &'a str, value: &'a Value) -> Vec<(String, &'a Value)> {
+    match value {
+        Value::Object(fields) if key == "result" => fields
+            .iter()
+            .map(|(name, v)| (format!("result.{name}"), v))
+            .collect(),
+        _ => vec![(key.to_owned(), value)],
+    }
 }
 
 fn value_text(v: &Value) -> String {

@@ -7,7 +7,7 @@ pub use meatspace_api_types::Problem;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The server refused the request with a problem document.
-    #[error("{} ({}): {}", .0.title, .0.status, .0.detail)]
+    #[error("{}", problem_text(.0))]
     Problem(Problem),
     /// The server answered an error that is not a problem document (a
     /// proxy in between, for example).
@@ -28,6 +28,21 @@ pub enum Error {
     /// written; the text names the file and the cause.
     #[error("{0}")]
     State(String),
+}
+
+/// The problem as one message: title, status and detail, then each error
+/// at its JSON pointer (a result or result schema refused), one per line.
+fn problem_text(p: &Problem) -> String {
+    let mut text = format!("{} ({}): {}", p.title, p.status, p.detail);
+    for e in &p.errors {
+        let at = if e.pointer.is_empty() {
+            "(the whole value)"
+        } else {
+            &e.pointer
+        };
+        text.push_str(&format!("\n  at {at}: {}", e.message));
+    }
+    text
 }
 
 impl Error {

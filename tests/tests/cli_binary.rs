@@ -26,6 +26,7 @@ api_tests!(
     watch_resumes_after_sigkill_without_gap_or_duplicate,
     worker_commands_do_a_task,
     errors_say_what_to_do_next,
+    a_typed_result_is_reviewed_from_the_shell,
 );
 
 /// `meatspace task create --description DESCRIPTION ARGS…`: the new
@@ -562,5 +563,109 @@ async fn extend_moves_the_deadline(db: Db) {
         list["tasks"][0]["expires_at"],
         extended["task"]["expires_at"]
     );
+    server.stop().await;
+}
+
+/// An agent asks for a typed result with review; the worker submits one
+/// with a photo (refused first for a field of the wrong type), the agent
+/// sends it back, the worker submits again and the agent accepts: each
+/// from the CLI, the result printed field by field.
+async fn a_typed_result_is_reviewed_from_the_shell(db: Db) {
+    let server = TestServer::start(db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent_state = dir.path().join("agent");
+    let worker_state = dir.path().join("worker");
+    let agent = || cli(&server, &agent_state);
+    let worker = || cli(&server, &worker_state);
+    let schema = dir.path().join("gate.json");
+    std::fs::write(
+        &schema,
+        json!({
+            "type": "object",
+            "properties": {
+                "locked": { "type": "boolean", "title": "Was the gate locked?" },
+                "photos": { "type": "array", "items": { "type": "string", "format": "photo" },
+                            "minItems": 1, "maxItems": 1 }
+            },
+            "required": ["locked", "photos"]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let schema = schema.to_str().unwrap();
+    let (id, created) = create_task(
+        agent(),
+        "Check the gate",
+        &[
+            "--publish",
+            "--result-schema",
+            schema,
+            "--review",
+            "--auto-accept",
+            "600",
+        ],
+    )
+    .await;
+    assert_eq!(created["task"]["review"]["auto_accept_seconds"], 600);
+    assert_eq!(
+        created["task"]["result_schema"]["additionalProperties"],
+        false
+    );
+
+    json_of(worker(), &["worker", "register", "--name", "Lin"]).await;
+    json_of(worker(), &["worker", "claim", &id]).await;
+    json_of(worker(), &["worker", "start", &id]).await;
+    let png = dir.path().join("gate.png");
+    std::fs::write(&png, images::png(20, 20)).unwrap();
+    let photo = json_of(worker(), &["worker", "photo", &id, png.to_str().unwrap()]).await;
+    let photo_id = photo["events"][0]["data"]["photo_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let wrong = run(
+        worker(),
+        &[
+            "worker",
+            "complete",
+            &id,
+            "--result",
+            r#"{"locked":"yes","photos":[]}"#,
+        ],
+    )
+    .await;
+    assert!(!wrong.status.success());
+    assert!(wrong.stderr.contains("/locked"), "{}", wrong.stderr);
+    let result = json!({ "locked": true, "photos": [photo_id] }).to_string();
+    let submitted = json_of(worker(), &["worker", "complete", &id, "--result", &result]).await;
+    assert_eq!(submitted["task"]["state"], "active");
+    assert_eq!(submitted["events"][0]["type"], "task.submitted");
+
+    // A verdict is required, and only one.
+    let none = run(agent(), &["task", "review", &id]).await;
+    assert_eq!(none.status.code(), Some(2), "{}", none.stderr);
+    let revised = json_of(
+        agent(),
+        &["task", "review", &id, "--revise", "Closer, please"],
+    )
+    .await;
+    assert_eq!(revised["events"][0]["type"], "task.revision_requested");
+    json_of(worker(), &["worker", "complete", &id, "--result", &result]).await;
+    let accepted = json_of(agent(), &["task", "review", &id, "--accept"]).await;
+    assert_eq!(accepted["task"]["state"], "completed");
+
+    // People read the result as fields.
+    let shown = run(
+        cli(&server, &agent_state),
+        &["--output", "human", "task", "get", &id],
+    )
+    .await;
+    assert!(shown.status.success(), "{}", shown.stderr);
+    assert!(
+        shown.stdout.contains("review:      accepted"),
+        "{}",
+        shown.stdout
+    );
+    assert!(shown.stdout.contains("locked: true"), "{}", shown.stdout);
     server.stop().await;
 }
