@@ -164,7 +164,7 @@ fn data_of(kind: EventType) -> (Value, Value) {
 fn optional_keys(kind: EventType) -> &'static [&'static str] {
     match kind {
         EventType::AgentIssueResponse => &["text"],
-        EventType::TaskCompleted => &["note", "result", "review", "automatic"],
+        EventType::TaskCompleted => &["note", "result", "review", "automatic", "by"],
         EventType::TaskStopped | EventType::TaskCancelled => {
             &["reason", "issue_event_id", "review"]
         }
@@ -192,7 +192,8 @@ fn event_schema(kind: EventType) -> Value {
         EventType::TaskExtended | EventType::TaskRevisionRequested => "agent",
         _ => "worker",
     };
-    if actor == "agent"
+    // An accepted submission's completion is the agent's too.
+    if (actor == "agent" || kind == EventType::TaskCompleted)
         && let Some(p) = properties.as_object_mut()
     {
         p.insert("by".to_owned(), by_schema());

@@ -115,6 +115,57 @@ async fn every_served_event_matches_its_schema(db: Db) {
         .expect("the task expires");
     feeds.push((e, e_token));
 
+    // Review: submitted, revision requested, accepted, rejected and
+    // accepted by the controller's reconcile, each with a typed result.
+    for verdict in ["accept", "reject", "silence"] {
+        let created = srv
+            .create_task_with(json!({
+                "description": "Check the lock",
+                "result_schema": { "type": "object",
+                    "properties": { "locked": { "type": "boolean" } }, "required": ["locked"] },
+                "review": { "auto_accept_seconds": 60 },
+            }))
+            .await;
+        let id: Uuid = created["task"]["id"].as_str().unwrap().parse().unwrap();
+        let token = created["agent_token"].as_str().unwrap().to_owned();
+        srv.publish(id, &token).await;
+        let (_, w) = srv.claim_and_start(id).await;
+        let complete = || {
+            srv.worker(&w)
+                .post(&format!("/api/v1/worker/tasks/{id}/complete"))
+                .json(&json!({ "text": "Checked", "result": { "locked": true } }))
+                .expect_json(StatusCode::OK)
+        };
+        let review = |body: Value| {
+            srv.agent(&token)
+                .post(&format!("/api/v1/tasks/{id}/review"))
+                .json(&body)
+                .expect_json(StatusCode::OK)
+        };
+        complete().await;
+        review(json!({ "action": "revise", "text": "Look again" })).await;
+        let submitted = complete().await;
+        match verdict {
+            "accept" => {
+                review(json!({ "action": "accept" })).await;
+            }
+            "reject" => {
+                review(json!({ "action": "reject", "text": "Wrong lock" })).await;
+            }
+            _ => {
+                let at: chrono::DateTime<chrono::Utc> = serde_json::from_value(
+                    submitted["task"]["review"]["auto_accept_at"].clone(),
+                )
+                .unwrap();
+                srv.store
+                    .apply(id, Command::Reconcile, at)
+                    .await
+                    .expect("the submission is accepted");
+            }
+        }
+        feeds.push((id, token));
+    }
+
     let doc = srv
         .get("/api/v1/openapi.json")
         .expect_json(StatusCode::OK)
