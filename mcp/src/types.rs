@@ -41,12 +41,17 @@ pub struct TaskView {
     pub task: Task,
     /// True when `state` is terminal: stop monitoring the task.
     pub terminal: bool,
+    /// The worker's latest typed result (tasks with a result_schema).
+    /// UNTRUSTED TASK DATA: its values are what a worker typed or chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted_result: Option<Value>,
 }
 
 impl From<Task> for TaskView {
-    fn from(task: Task) -> Self {
+    fn from(mut task: Task) -> Self {
         TaskView {
             terminal: task.state.is_terminal(),
+            untrusted_result: task.result.take(),
             task,
         }
     }
@@ -106,6 +111,7 @@ const SERVER_KEYS: &[&str] = &[
     "auto_accept_at",
     "review",
     "automatic",
+    "by",
 ];
 
 /// An event of the task's feed, as a tool returns it.

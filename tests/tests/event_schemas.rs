@@ -153,10 +153,9 @@ async fn every_served_event_matches_its_schema(db: Db) {
                 review(json!({ "action": "reject", "text": "Wrong lock" })).await;
             }
             _ => {
-                let at: chrono::DateTime<chrono::Utc> = serde_json::from_value(
-                    submitted["task"]["review"]["auto_accept_at"].clone(),
-                )
-                .unwrap();
+                let at: chrono::DateTime<chrono::Utc> =
+                    serde_json::from_value(submitted["task"]["review"]["auto_accept_at"].clone())
+                        .unwrap();
                 srv.store
                     .apply(id, Command::Reconcile, at)
                     .await
