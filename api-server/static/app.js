@@ -30,6 +30,11 @@ function liveFeed(feed) {
       .then(function (page) {
         failures = 0;
         page.items.forEach(add);
+        // The agent asked for changes: the page brings the form back.
+        if (page.items.some(function (i) { return i.kind === "task.revision_requested"; })) {
+          location.reload();
+          return;
+        }
         cursor = page.next_cursor;
         feed.dataset.cursor = String(cursor);
         // The task ended elsewhere (cancelled, expired): show the read-only page.

@@ -533,9 +533,203 @@ async fn agent_text_is_text_and_forms_need_csrf(db: Db) {
     server.stop().await;
 }
 
+/// A task asking for a typed result with review, on a phone: the worker
+/// sends a photo, fills the form (a number refused first, next to its
+/// field), picks the photo and sends it for review; the agent asks for a
+/// revision, which the open page shows with the form again; the worker
+/// changes an answer and sends again; the agent accepts, and the page
+/// shows the task completed. The agent receives exactly what was filled in.
+async fn a_phone_fills_a_typed_form_through_a_revision(db: Db) {
+    let server = TestServer::start(db).await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&server.base_url).await;
+    let shots = db == Db::Sqlite;
+    let (task, agent) = open_task_with(
+        &server,
+        json!({
+            "description": "Check the bike shed behind the library.",
+            "result_schema": {
+                "type": "object",
+                "required": ["locked", "bikes", "photos"],
+                "properties": {
+                    "locked": { "type": "boolean", "title": "Is the shed locked?" },
+                    "bikes": { "type": "integer", "title": "How many bikes are inside?",
+                               "minimum": 0, "maximum": 200 },
+                    "condition": { "type": "string", "title": "State of the roof",
+                                   "enum": ["good", "leaking", "missing"] },
+                    "notes": { "type": "string", "title": "Anything else", "maxLength": 100 },
+                    "photos": { "type": "array", "title": "Photo of the shed",
+                                "items": { "type": "string", "format": "photo" },
+                                "minItems": 1, "maxItems": 1 }
+                }
+            },
+            "review": { "auto_accept_seconds": 3600 },
+        }),
+    )
+    .await;
+    let (_, worker_token) = server.register_worker("Kim").await;
+    sign_in_with_token(&browser, &worker_token).await;
+    browser.goto(&format!("/app/tasks/{task}")).await;
+    browser.click("#claim").await;
+    browser.wait_for("#start").await;
+    browser.click("#start").await;
+    browser.wait_for_text("#state", "Active").await;
+
+    // A photo first, then the form offers it to pick.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let png = dir.path().join("shed.png");
+    std::fs::write(&png, images::png(64, 48)).expect("write PNG");
+    browser
+        .wait_for("#photo")
+        .await
+        .send_keys(&png.display().to_string())
+        .await
+        .expect("choose the file");
+    browser.click("#upload").await;
+    browser
+        .wait_for_text("#feed", "Photo sent (64 × 48 pixels).")
+        .await;
+    browser.goto(&format!("/app/tasks/{task}")).await;
+
+    // Each type has its input, labelled with the field's title.
+    browser
+        .wait_for_text("#complete-form", "Is the shed locked?")
+        .await;
+    let input_type = |css: &'static str| {
+        let browser = &browser;
+        async move {
+            browser
+                .wait_for(css)
+                .await
+                .attr("type")
+                .await
+                .expect("type")
+                .unwrap_or_default()
+        }
+    };
+    assert_eq!(input_type("input[name='r.locked']").await, "radio");
+    assert_eq!(input_type("input[name='r.bikes']").await, "number");
+    assert_eq!(input_type("input[name='r.photos']").await, "checkbox");
+    assert!(browser.has("select[name='r.condition']").await);
+    assert_eq!(
+        browser
+            .wait_for("input[name='r.bikes']")
+            .await
+            .attr("inputmode")
+            .await
+            .expect("inputmode")
+            .as_deref(),
+        Some("numeric")
+    );
+    assert!(
+        browser.has("#complete-form img.thumb").await,
+        "the photo is shown to pick"
+    );
+
+    // Out of bounds (the browser's own check removed): refused next to the field.
+    browser
+        .js("document.querySelector(\"input[name='r.bikes']\").removeAttribute('max');")
+        .await;
+    browser.click("input[name='r.locked'][value='true']").await;
+    browser.fill("input[name='r.bikes']", "500").await;
+    browser.click("input[name='r.photos']").await;
+    browser
+        .client
+        .find(fantoccini::Locator::Css("select[name='r.condition']"))
+        .await
+        .expect("roof select")
+        .select_by_value("leaking")
+        .await
+        .expect("choose");
+    browser
+        .js("document.getElementById('complete-form').scrollIntoView();")
+        .await;
+    screenshot_if(&browser, shots, "task-result-form").await;
+    browser.click("#complete").await;
+    browser.wait_for_text("#result-0-field .error", "200").await;
+    // What was typed is kept; the corrected form goes for review.
+    browser.fill("input[name='r.bikes']", "12").await;
+    browser.click("#complete").await;
+    browser
+        .wait_for_text("#awaiting-review", "checking your work")
+        .await;
+    assert!(!browser.has("#complete-form").await);
+
+    let feed = server.feed(task, &agent).await;
+    let submitted = feed
+        .iter()
+        .find(|e| e["type"] == "task.submitted")
+        .expect("submitted");
+    let photo = feed
+        .iter()
+        .find(|e| e["type"] == "worker.photo")
+        .expect("photo")["data"]["photo_id"]
+        .clone();
+    assert_eq!(
+        submitted["data"]["result"],
+        json!({ "locked": true, "bikes": 12, "condition": "leaking", "photos": [photo] })
+    );
+
+    // The agent asks for changes: the open page shows them with the form.
+    browser.js("window.__beforeRevision = 'yes';").await;
+    server
+        .agent(&agent)
+        .post(&format!("/api/v1/tasks/{task}/review"))
+        .json(&json!({ "action": "revise", "text": "Count the bikes outside too." }))
+        .expect_json(StatusCode::OK)
+        .await;
+    browser
+        .wait_for_text("#feedback", "Count the bikes outside too.")
+        .await;
+    assert_eq!(
+        browser.js("return window.__beforeRevision || null;").await,
+        Value::Null
+    );
+    browser
+        .js("document.getElementById('complete-form').scrollIntoView();")
+        .await;
+    screenshot_if(&browser, shots, "task-revision").await;
+    browser.assert_no_horizontal_overflow("task-revision").await;
+    // The form starts from the answers sent before: only the count changes.
+    assert_eq!(
+        browser
+            .wait_for("input[name='r.bikes']")
+            .await
+            .prop("value")
+            .await
+            .expect("value")
+            .as_deref(),
+        Some("12")
+    );
+    browser.fill("input[name='r.bikes']", "19").await;
+    browser.click("#complete").await;
+    browser.wait_for("#awaiting-review").await;
+
+    // The agent accepts: the page shows the task completed.
+    server
+        .agent(&agent)
+        .post(&format!("/api/v1/tasks/{task}/review"))
+        .json(&json!({ "action": "accept" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    browser.wait_for_text("#banner", "completed").await;
+    browser
+        .wait_for_text("#feed", "The agent accepted your work")
+        .await;
+    let done = server.task(task, &agent).await;
+    assert_eq!(done["state"], "completed");
+    assert_eq!(
+        done["result"],
+        json!({ "locked": true, "bikes": 19, "condition": "leaking", "photos": [photo] })
+    );
+    browser.close().await;
+    server.stop().await;
+}
+
 meatspace_tests::api_tests!(
     end_to_end,
     two_browsers_race_to_claim,
     agent_text_is_text_and_forms_need_csrf,
     a_phone_finds_tasks_near_it_and_works_on_site,
+    a_phone_fills_a_typed_form_through_a_revision,
 );

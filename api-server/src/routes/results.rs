@@ -90,8 +90,7 @@ pub(crate) async fn check(
     };
     let schema = ResultSchema::parse(schema)
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored result schema: {e:?}")))?;
-    let view = super::events::worker_view(state.store.as_ref(), worker, id).await?;
-    let photos = photos_sent(state, id, view.floor()).await?;
+    let photos = assignment_photos(state, worker, id).await?;
     schema.check(result, &photos).map_err(|errors| {
         refused(
             "invalid-result",
@@ -101,11 +100,16 @@ pub(crate) async fn check(
     })
 }
 
-/// Ids of the photos of task `id` sent after event `floor` (the current
-/// assignment's), read from its feed.
-async fn photos_sent(state: &AppState, id: Uuid, floor: i64) -> Result<Vec<Uuid>, ApiError> {
+/// Ids of the photos `worker` sent for task `id` during its assignment,
+/// oldest first, read from the feed it may see.
+pub(crate) async fn assignment_photos(
+    state: &AppState,
+    worker: Uuid,
+    id: Uuid,
+) -> Result<Vec<Uuid>, ApiError> {
+    let view = super::events::worker_view(state.store.as_ref(), worker, id).await?;
     let mut photos = Vec::new();
-    let mut after = floor;
+    let mut after = view.floor();
     loop {
         let page = state.store.events(id, after, PAGE).await?;
         let Some(last) = page.last() else {

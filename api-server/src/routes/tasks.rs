@@ -409,6 +409,12 @@ async fn get_photo(
         .photo(id, photo_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("no such photo on this task".into()))?;
+    photo_response(photo)
+}
+
+/// A stored photo as the answer that serves it, to the agent here and to
+/// the worker who sent it in the web app.
+pub(crate) fn photo_response(photo: meatspace_store::Photo) -> Result<Response, ApiError> {
     let content_type =
         HeaderValue::from_str(&photo.content_type).map_err(|e| ApiError::Internal(e.into()))?;
     Ok((

@@ -7,6 +7,7 @@
 //! worker API, through [`AppState::act`]-style calls on the store.
 
 mod form;
+mod result_form;
 pub mod session;
 
 use askama::Template;
@@ -17,8 +18,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
+use meatspace_domain::result::ResultSchema;
 use meatspace_domain::{
-    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Position, Presence, Task, TaskState,
+    Command, Event, EventType, IssueKind, MAX_TEXT_CHARS, Position, Presence, ReviewState, Task,
+    TaskState,
 };
 use meatspace_store::StoreError;
 use serde::{Deserialize, Serialize};
@@ -53,6 +56,7 @@ const APP_JS: &str = include_str!("../../static/app.js");
 pub fn router(max_photo_bytes: usize) -> Router<AppState> {
     let photo = Router::new()
         .route("/app/tasks/{task_id}/photos", post(send_photo))
+        .route("/app/tasks/{task_id}/photos/{photo_id}", get(own_photo))
         // Room for the multipart framing and the CSRF field around the photo.
         .layer(DefaultBodyLimit::max(max_photo_bytes + 64 * 1024));
     Router::new()
@@ -177,15 +181,15 @@ fn human(e: &ApiError) -> (StatusCode, String) {
         | ApiError::Unprocessable { detail, .. } => {
             (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
         }
-        ApiError::InvalidFields { detail, errors, .. } => {
-            let each: Vec<String> = errors
-                .iter()
-                .map(|e| format!("{}: {}", e.pointer, e.message))
-                .collect();
-            (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("{} {}", sentence(detail), each.join("; ")),
-            )
+        // Each error is shown next to its field; what belongs to none is
+        // said here.
+        ApiError::InvalidFields { errors, .. } => {
+            let mut text = "Some answers need another look: see the marked fields.".to_owned();
+            for e in errors.iter().filter(|e| e.pointer.is_empty()) {
+                text.push(' ');
+                text.push_str(&sentence(&e.message));
+            }
+            (StatusCode::UNPROCESSABLE_ENTITY, text)
         }
         ApiError::TooLarge(detail) | ApiError::UnsupportedMediaType(detail) => {
             (StatusCode::UNPROCESSABLE_ENTITY, sentence(detail))
@@ -351,6 +355,9 @@ struct TasksPage {
 #[derive(Debug, Serialize)]
 struct FeedItem {
     id: i64,
+    /// The event's type: the page reloads when the agent asks for a
+    /// revision, so the form comes back.
+    kind: &'static str,
     who: &'static str,
     text: String,
     time: String,
@@ -367,6 +374,10 @@ struct TypedInput {
     issue_text: String,
     note: String,
     reason: String,
+    /// The result form's fields as posted (`r.<name>`, value).
+    result: Vec<(String, String)>,
+    /// What was wrong with them, at their pointers.
+    result_errors: Vec<meatspace_domain::result::FieldError>,
 }
 
 impl TypedInput {
@@ -393,6 +404,12 @@ struct TaskPage {
     can_send: bool,
     can_complete: bool,
     can_stop: bool,
+    /// The inputs of the task's result form (none without a schema).
+    result_fields: Vec<result_form::FormField>,
+    /// With review: the submission waits for the agent, until this time.
+    awaiting_review: Option<String>,
+    /// With review: what the agent asked to change.
+    feedback: Option<String>,
     banner: Option<String>,
     feed: Vec<FeedItem>,
     cursor: i64,
@@ -557,6 +574,7 @@ fn feed_item(e: &Event) -> FeedItem {
     };
     FeedItem {
         id: e.id,
+        kind: e.kind.as_str(),
         who,
         text,
         time: e.created_at.format("%H:%M:%S UTC").to_string(),
@@ -889,6 +907,30 @@ async fn render_task(
     };
     let now = state.clock.now();
     let st = task.state;
+    let review = task.review.as_ref();
+    let waiting = review.is_some_and(|r| r.is_waiting());
+    let can_complete = mine && st == TaskState::Active && !waiting;
+    let result_fields = match &task.result_schema {
+        Some(schema) if can_complete => {
+            let schema = ResultSchema::parse(schema)
+                .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored result schema: {e:?}")))?;
+            let photos = crate::routes::results::assignment_photos(state, me, id).await?;
+            // A revision starts from the answers sent before.
+            let previous = match (&task.result, typed.form) {
+                (Some(result), form) if form != "complete" => result_form::pairs_of(result),
+                _ => typed.result.clone(),
+            };
+            result_form::fields(&schema, &photos, &previous, &typed.result_errors)
+        }
+        _ => Vec::new(),
+    };
+    let awaiting_review = review
+        .filter(|_| waiting && st == TaskState::Active)
+        .and_then(|r| r.auto_accept_at)
+        .map(|at| at.format("%Y-%m-%d %H:%M UTC").to_string());
+    let feedback = review
+        .filter(|r| r.state == ReviewState::RevisionRequested && can_complete)
+        .and_then(|r| r.feedback.clone());
     let banner = st.is_terminal().then(|| {
         let how = match st {
             TaskState::Completed => "completed",
@@ -910,7 +952,10 @@ async fn render_task(
         can_claim: st == TaskState::Open && !mine,
         can_start: mine && st == TaskState::Assigned,
         can_send: mine && matches!(st, TaskState::Assigned | TaskState::Active),
-        can_complete: mine && st == TaskState::Active,
+        can_complete,
+        result_fields,
+        awaiting_review,
+        feedback,
         can_stop: mine && matches!(st, TaskState::Assigned | TaskState::Active),
         banner,
         feed,
@@ -1140,26 +1185,86 @@ async fn raise_issue(
     act_or_show(&state, &s, id, typed, result).await
 }
 
+/// The complete form: a note and, for a task with a result schema, the
+/// result form's fields (`r.<name>`, repeated for lists), in the order
+/// posted.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+struct CompleteForm(Vec<(String, String)>);
+
+impl form::CsrfField for CompleteForm {
+    fn csrf(&self) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == "csrf")
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 async fn complete(
     State(state): State<AppState>,
     TaskForm {
         session: s,
         task: id,
-        form,
-    }: TaskForm<TextForm>,
+        form: CompleteForm(pairs),
+    }: TaskForm<CompleteForm>,
 ) -> Result<Response, AppError> {
     let worker = s.worker.id;
-    let note = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
-    let result = match checked_optional_text("the note", note, MAX_TEXT_CHARS) {
-        Ok(note) => state.complete(id, worker, note, None).await.map(|_| ()),
-        Err(e) => Err(e),
-    };
-    let typed = TypedInput {
+    let text = pairs
+        .iter()
+        .find(|(k, _)| k == "text")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let result = submit(&state, worker, id, &text, &pairs).await;
+    let mut typed = TypedInput {
         form: "complete",
-        note: form.text,
+        note: text,
+        result: pairs
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(result_form::PREFIX))
+            .collect(),
         ..TypedInput::default()
     };
+    if let Err(ApiError::InvalidFields { errors, .. }) = &result {
+        typed.result_errors = errors.clone();
+    }
     act_or_show(&state, &s, id, typed, result).await
+}
+
+/// The worker's complete from the form: the note, and the typed result
+/// read from the form's fields when the task has a result schema.
+async fn submit(
+    state: &AppState,
+    worker: Uuid,
+    id: Uuid,
+    text: &str,
+    pairs: &[(String, String)],
+) -> Result<(), ApiError> {
+    let note = Some(text).filter(|t| !t.trim().is_empty());
+    let note = checked_optional_text("the note", note, MAX_TEXT_CHARS)?;
+    let schema = state
+        .store
+        .task(id)
+        .await?
+        .filter(|t| t.worker_id == Some(worker))
+        .ok_or_else(ApiError::task_not_found)?
+        .result_schema;
+    let result = match schema {
+        None => None,
+        Some(schema) => {
+            let schema = ResultSchema::parse(&schema)
+                .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored result schema: {e:?}")))?;
+            let result = result_form::result_of(&schema, pairs).map_err(|errors| {
+                ApiError::InvalidFields {
+                    slug: "invalid-result",
+                    detail: "some answers need another look".into(),
+                    errors,
+                }
+            })?;
+            Some(result)
+        }
+    };
+    state.complete(id, worker, note, result).await.map(|_| ())
 }
 
 async fn stop(
@@ -1188,6 +1293,37 @@ async fn stop(
         ..TypedInput::default()
     };
     act_or_show(&state, &s, id, typed, result).await
+}
+
+/// A photo the signed-in worker sent for the task it holds (the result
+/// form shows them to pick from); any other answers 404.
+async fn own_photo(
+    State(state): State<AppState>,
+    s: WorkerSession,
+    Path((task, photo)): Path<(String, String)>,
+) -> Result<Response, AppError> {
+    let not_found = || AppError::Api(ApiError::NotFound("no such photo".into()));
+    let (Ok(task), Ok(photo)) = (Uuid::try_parse(&task), Uuid::try_parse(&photo)) else {
+        return Err(not_found());
+    };
+    let holds = state
+        .store
+        .task(task)
+        .await?
+        .is_some_and(|t| t.worker_id == Some(s.worker.id));
+    if !holds
+        || !crate::routes::results::assignment_photos(&state, s.worker.id, task)
+            .await?
+            .contains(&photo)
+    {
+        return Err(not_found());
+    }
+    let stored = state
+        .store
+        .photo(task, photo)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(crate::routes::tasks::photo_response(stored)?)
 }
 
 /// The upload form: a multipart body with `csrf` and `photo`. The photo
