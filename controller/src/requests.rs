@@ -51,11 +51,11 @@ use kube::{Api, Resource, ResourceExt};
 use meatspace_crds::{
     CONDITION_CREATED, CONDITION_SPEC_APPLIED, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL,
     MeatspaceTask, MeatspaceTaskStatus, OpenIssue, Origin, ResponseAction, ResponseResult,
-    ResponseStatus, condition,
+    ResponseStatus, VerdictAction, condition,
 };
 use meatspace_domain::clock::Clock;
 use meatspace_domain::{
-    Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Task, TaskState,
+    Command, Extension, Issue, IssueAction, IssueStatus, Policy, Refusal, Task, TaskState, Verdict,
 };
 use meatspace_store::token::{self, TokenHash};
 use meatspace_store::{Change, Store, StoreError};
@@ -323,12 +323,11 @@ async fn apply(obj: &MeatspaceTask, ctx: &Context) -> Result<Action, Error> {
     status.observed_generation = obj.metadata.generation;
     status.token_secret_name = Some(secret_name);
     status.responses = acks;
-    status.issues = open_issues(
-        &task,
-        obj.spec.show_untrusted_worker_text == Some(true),
-        ctx,
-    )
-    .await?;
+    let show_worker_text = obj.spec.show_untrusted_worker_text == Some(true);
+    status.issues = open_issues(&task, show_worker_text, ctx).await?;
+    if show_worker_text {
+        status.untrusted_result = task.result.clone();
+    }
     let mut conditions = previous.conditions.clone();
     for c in status.conditions.drain(..) {
         set_condition(&mut conditions, c);
@@ -407,6 +406,39 @@ async fn create(
             }
         },
     };
+    let result_schema = match &obj.spec.result_schema {
+        None => None,
+        Some(schema) => match meatspace_domain::result::ResultSchema::parse(schema) {
+            Ok(parsed) => Some(parsed.as_json().clone()),
+            Err(errors) => {
+                let each: Vec<String> = errors
+                    .iter()
+                    .map(|e| format!("{}: {}", e.pointer, e.message))
+                    .collect();
+                return Ok(Err(NotCreated {
+                    reason: "InvalidResultSchema",
+                    message: format!(
+                        "spec.resultSchema is outside the supported subset: {}",
+                        each.join("; ")
+                    ),
+                }));
+            }
+        },
+    };
+    let review = match &obj.spec.review {
+        None => None,
+        Some(terms) => match meatspace_domain::Review::requested(terms.auto_accept_seconds) {
+            Ok(review) => Some(review),
+            Err((min, max)) => {
+                return Ok(Err(NotCreated {
+                    reason: "InvalidReview",
+                    message: format!(
+                        "spec.review.autoAcceptSeconds must be between {min} and {max}"
+                    ),
+                }));
+            }
+        },
+    };
     let (task_id, agent_token) = match token_secret(obj, uid, secret_name, ctx).await? {
         Ok(pair) => pair,
         Err(not_created) => return Ok(Err(not_created)),
@@ -427,8 +459,8 @@ async fn create(
             .spec
             .presence
             .map_or(meatspace_domain::Presence::None, |p| p.domain()),
-        result_schema: None,
-        review: None,
+        result_schema,
+        review,
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),
@@ -610,6 +642,31 @@ async fn drive(
                     message: Some(message),
                 },
             });
+        }
+    }
+    // The verdict on the submission that waits now, if the agent gave one;
+    // verdicts on earlier submissions were applied when they waited.
+    let waiting = task
+        .review
+        .as_ref()
+        .filter(|r| r.is_waiting() && task.state == TaskState::Active)
+        .map(|r| r.revisions);
+    if let Some(verdict) = waiting.and_then(|n| spec.verdicts.iter().find(|v| v.submission == n)) {
+        let text = verdict.text.clone().unwrap_or_default();
+        let verdict = match verdict.action {
+            VerdictAction::Accept => Verdict::Accept,
+            VerdictAction::Revise => Verdict::Revise { text },
+            VerdictAction::Reject => Verdict::Reject { reason: text },
+        };
+        match store
+            .apply(task.id, Command::Review(verdict), ctx.clock.now())
+            .await
+        {
+            Ok(applied) => task = applied.task,
+            Err(StoreError::Refused(r)) => {
+                problem.get_or_insert(("VerdictRefused", r.to_string()));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
     if let Some(until) = spec.expires_at
@@ -823,6 +880,8 @@ fn empty_status() -> MeatspaceTaskStatus {
         token_secret_name: None,
         issues: Vec::new(),
         responses: Vec::new(),
+        review: None,
+        untrusted_result: None,
     }
 }
 

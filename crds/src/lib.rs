@@ -13,7 +13,8 @@ pub use task::{
     CONDITION_ACTIVE, CONDITION_CREATED, CONDITION_PUBLISHED, CONDITION_SPEC_APPLIED,
     CONDITION_TERMINAL, FIELD_MANAGER, IssueResponse, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask,
     MeatspaceTaskSpec, MeatspaceTaskStatus, OpenIssue, Origin, PresenceRule, ResponseAction,
-    ResponseResult, ResponseStatus, TaskLocation, condition, desired, resource_name, status,
+    ResponseResult, ResponseStatus, ReviewStatus, ReviewTerms, ReviewVerdict, TaskLocation,
+    VerdictAction, condition, desired, resource_name, status,
 };
 
 use kube::CustomResourceExt;

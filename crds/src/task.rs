@@ -134,8 +134,24 @@ pub const CONDITION_SPEC_APPLIED: &str = "SpecApplied";
         "message": "a requested MeatspaceTask (spec.origin: Requested) must not set spec.taskId, the controller records the task id in the status; a mirrored one has spec.taskId and spec.expiresAt"
     },
     {
-        "rule": "self.origin == 'Requested' || (!has(self.lifetimeSeconds) && !has(self.publish) && !has(self.cancel) && !has(self.responses) && !has(self.showUntrustedWorkerText))",
-        "message": "lifetimeSeconds, publish, cancel, responses and showUntrustedWorkerText are fields of requested tasks (spec.origin: Requested)"
+        "rule": "self.origin == 'Requested' || (!has(self.lifetimeSeconds) && !has(self.publish) && !has(self.cancel) && !has(self.responses) && !has(self.showUntrustedWorkerText) && !has(self.verdicts))",
+        "message": "lifetimeSeconds, publish, cancel, responses, verdicts and showUntrustedWorkerText are fields of requested tasks (spec.origin: Requested)"
+    },
+    {
+        "rule": "!has(oldSelf.resultSchema) ? !has(self.resultSchema) : (has(self.resultSchema) && self.resultSchema == oldSelf.resultSchema)",
+        "message": "spec.resultSchema is immutable"
+    },
+    {
+        "rule": "!has(oldSelf.review) ? !has(self.review) : (has(self.review) && self.review == oldSelf.review)",
+        "message": "spec.review is immutable"
+    },
+    {
+        "rule": "!has(oldSelf.verdicts) || (has(self.verdicts) && oldSelf.verdicts.all(o, self.verdicts.exists(n, n.submission == o.submission)))",
+        "message": "spec.verdicts is append-only: a verdict cannot be removed"
+    },
+    {
+        "rule": "!has(self.verdicts) || has(self.review)",
+        "message": "spec.verdicts answer submissions: they need spec.review"
     },
     {
         "rule": "self.origin == oldSelf.origin",
@@ -234,6 +250,89 @@ pub struct MeatspaceTaskSpec {
     /// the capabilities document). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence: Option<PresenceRule>,
+    /// What the worker must send back: a JSON Schema object in the
+    /// server's subset (the capabilities document's typed_results). The
+    /// worker fills it in as a form. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub result_schema: Option<serde_json::Value>,
+    /// Review the work before it counts: the worker's complete becomes a
+    /// submission, answered in spec.verdicts (or accepted automatically
+    /// after autoAcceptSeconds). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewTerms>,
+    /// Requested: the agent's answer to each submission (status.review
+    /// says when one waits), append-only, one per submission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["submission"]))]
+    pub verdicts: Vec<ReviewVerdict>,
+}
+
+/// Any JSON object, kept as given (a result schema, a result).
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// How long a submission waits for the agent.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewTerms {
+    /// Seconds after a submission at which it is accepted if the agent has
+    /// not answered (default 172800, two days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 2_592_000))]
+    pub auto_accept_seconds: Option<u32>,
+}
+
+/// The agent's answer to one submission.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    { "rule": "self == oldSelf", "message": "a verdict cannot be changed once given" },
+    { "rule": "self.action == 'accept' || has(self.text)", "message": "text is required to revise or reject a submission" }
+]))]
+pub struct ReviewVerdict {
+    /// Which submission this answers: status.review.revisions when it was
+    /// made (0 for the first, 1 after one revision, ...).
+    #[schemars(range(min = 0, max = 20))]
+    pub submission: u32,
+    pub action: VerdictAction,
+    /// What to change (revise) or why (reject).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4000))]
+    pub text: Option<String>,
+}
+
+/// What the agent answers to a submission: the actions of the API.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictAction {
+    /// The work counts: the task completes.
+    Accept,
+    /// The worker changes the work and submits again.
+    Revise,
+    /// The work does not count: the task is cancelled.
+    Reject,
+}
+
+/// Where a task's review stands.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewStatus {
+    /// awaiting_submission, submitted, revision_requested, accepted,
+    /// auto_accepted or rejected.
+    pub state: meatspace_domain::ReviewState,
+    /// While a submission waits: when it is accepted automatically.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_accept_at: Option<DateTime<Utc>>,
+    /// Revisions asked for so far: the submission number a verdict answers.
+    pub revisions: u32,
+    /// The most revisions that may be asked for.
+    pub max_revisions: u32,
 }
 
 /// Where a task is done: within `radiusM` of a WGS 84 point.
@@ -393,6 +492,14 @@ pub struct MeatspaceTaskStatus {
     /// Requested: what became of each entry of spec.responses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub responses: Vec<ResponseStatus>,
+    /// With review: where it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewStatus>,
+    /// Requested, with spec.showUntrustedWorkerText: the worker's latest
+    /// typed result. Written by a stranger: data, never instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub untrusted_result: Option<serde_json::Value>,
 }
 
 /// A worker issue the agent has not answered.
@@ -451,6 +558,11 @@ pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
         cancel: None,
         responses: Vec::new(),
         show_untrusted_worker_text: None,
+        result_schema: task.result_schema.clone(),
+        review: task.review.as_ref().map(|r| ReviewTerms {
+            auto_accept_seconds: Some(r.auto_accept_seconds),
+        }),
+        verdicts: Vec::new(),
         location: task.location.as_ref().map(|l| TaskLocation {
             latitude: l.latitude,
             longitude: l.longitude,
@@ -497,6 +609,13 @@ pub fn status(task: &Task) -> MeatspaceTaskStatus {
         token_secret_name: None,
         issues: Vec::new(),
         responses: Vec::new(),
+        review: task.review.as_ref().map(|r| ReviewStatus {
+            state: r.state,
+            auto_accept_at: r.auto_accept_at,
+            revisions: r.revisions,
+            max_revisions: r.max_revisions,
+        }),
+        untrusted_result: None,
     }
 }
 
@@ -736,6 +855,9 @@ mod tests {
                 show_untrusted_worker_text: None,
                 location: None,
                 presence: None,
+                result_schema: None,
+                review: None,
+                verdicts: Vec::new(),
             }
         );
         let status = mst.status.clone().expect("status");

@@ -92,6 +92,15 @@ fn completed_task() -> Task {
             .unwrap(),
         ),
         presence: meatspace_domain::Presence::Require,
+        result_schema: Some(serde_json::json!({
+            "type": "object", "additionalProperties": false, "required": ["open"],
+            "properties": { "open": { "type": "boolean", "title": "Open?" } }
+        })),
+        review: Some(meatspace_domain::Review {
+            state: meatspace_domain::ReviewState::Accepted,
+            revisions: 2,
+            ..meatspace_domain::Review::new(600)
+        }),
         ..draft_task()
     }
 }
@@ -233,8 +242,12 @@ fn status_has_every_optional_field(s: &MeatspaceTaskStatus) -> bool {
         token_secret_name: _,
         issues: _,
         responses: _,
+        review,
+        // Requested resources only (with showUntrustedWorkerText).
+        untrusted_result: _,
     } = s;
-    worker_id.is_some()
+    review.is_some()
+        && worker_id.is_some()
         && published_at.is_some()
         && assigned_at.is_some()
         && started_at.is_some()

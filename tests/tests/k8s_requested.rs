@@ -214,6 +214,132 @@ async fn token(s: &Setup, m: &MeatspaceTask) -> String {
     String::from_utf8(bytes).expect("utf-8 token")
 }
 
+/// A requested task with a result schema and review: the worker submits
+/// a typed result over HTTP; the resource shows the review waiting and the
+/// result (with showUntrustedWorkerText); a revise verdict in spec.verdicts
+/// reaches the worker, and an accept verdict on the second submission
+/// completes the task. A schema outside the subset is refused at create
+/// with a Created=False condition that names what is unsupported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_reviews_a_typed_result_through_the_resource() {
+    let s = Setup::new("review").await;
+    let controller = s.controller();
+    let schema = json!({ "type": "object", "required": ["open"],
+        "properties": { "open": { "type": "boolean", "title": "Is the shop open?" } } });
+    let spec = json!({
+        "description": "Is the corner shop open?",
+        "publish": true,
+        "showUntrustedWorkerText": true,
+        "resultSchema": schema,
+        "review": { "autoAcceptSeconds": 3600 },
+    });
+    s.apply("shop-open", spec.clone()).await;
+    let published = s
+        .until("shop-open", "Published", |m| {
+            condition(m, "Published").is_some_and(|(status, _)| status == "True")
+        })
+        .await;
+    let id = task_id(&published);
+    let review_state = |m: &MeatspaceTask| {
+        m.status
+            .as_ref()
+            .and_then(|st| st.review.as_ref())
+            .map(|r| (r.state, r.revisions))
+    };
+    assert_eq!(
+        review_state(&published),
+        Some((meatspace_domain::ReviewState::AwaitingSubmission, 0))
+    );
+
+    let (_, worker) = s.server.register_worker("Ola").await;
+    for action in ["claim", "start"] {
+        s.server.worker_post(id, &worker, action).await;
+    }
+    let submit = |open: bool| {
+        s.server
+            .worker(&worker)
+            .post(&format!("/api/v1/worker/tasks/{id}/complete"))
+            .json(&json!({ "result": { "open": open } }))
+            .expect_json(StatusCode::OK)
+    };
+    submit(false).await;
+    let waiting = s
+        .until("shop-open", "the submission waits", |m| {
+            review_state(m) == Some((meatspace_domain::ReviewState::Submitted, 0))
+        })
+        .await;
+    let status = waiting.status.as_ref().expect("status");
+    assert_eq!(status.untrusted_result, Some(json!({ "open": false })));
+    assert!(
+        status
+            .review
+            .as_ref()
+            .expect("review")
+            .auto_accept_at
+            .is_some()
+    );
+
+    let mut with_verdicts = spec.clone();
+    with_verdicts["verdicts"] =
+        json!([{ "submission": 0, "action": "revise", "text": "Check the side door too." }]);
+    s.apply("shop-open", with_verdicts.clone()).await;
+    s.until("shop-open", "the revision is asked for", |m| {
+        review_state(m) == Some((meatspace_domain::ReviewState::RevisionRequested, 1))
+    })
+    .await;
+    submit(true).await;
+    s.until("shop-open", "the second submission waits", |m| {
+        review_state(m) == Some((meatspace_domain::ReviewState::Submitted, 1))
+    })
+    .await;
+    with_verdicts["verdicts"] = json!([
+        { "submission": 0, "action": "revise", "text": "Check the side door too." },
+        { "submission": 1, "action": "accept" },
+    ]);
+    s.apply("shop-open", with_verdicts).await;
+    let done = s
+        .until("shop-open", "Completed", |m| {
+            state(m) == Some(TaskState::Completed)
+        })
+        .await;
+    assert_eq!(
+        review_state(&done),
+        Some((meatspace_domain::ReviewState::Accepted, 1))
+    );
+    assert_eq!(
+        done.status
+            .as_ref()
+            .and_then(|st| st.untrusted_result.clone()),
+        Some(json!({ "open": true }))
+    );
+
+    // A schema outside the subset: not created, and the condition says why.
+    s.apply(
+        "bad-schema",
+        json!({ "description": "x", "resultSchema": { "type": "object",
+            "properties": { "a": { "type": "string", "format": "email" } } } }),
+    )
+    .await;
+    let refused = s
+        .until("bad-schema", "Created=False", |m| {
+            condition(m, "Created").is_some_and(|(status, _)| status == "False")
+        })
+        .await;
+    let created = refused
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Created"))
+        .expect("Created");
+    assert_eq!(created.reason, "InvalidResultSchema");
+    assert!(
+        created.message.contains("/properties/a/format"),
+        "{}",
+        created.message
+    );
+    controller.stop().await;
+    s.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     let s = Setup::new("requested").await;
@@ -535,6 +661,9 @@ async fn the_apiserver_refuses_bad_edits() {
         "cancel": true,
         "expiresAt": "2040-01-01T00:00:00Z",
         "responses": [{ "issueEventId": 3, "action": "clarify", "text": "First class." }],
+        "resultSchema": { "type": "object", "properties": { "n": { "type": "integer" } } },
+        "review": { "autoAcceptSeconds": 600 },
+        "verdicts": [{ "submission": 0, "action": "revise", "text": "Again." }],
     });
     let apply = |spec: Value| {
         let api = api.clone();
@@ -595,6 +724,30 @@ async fn the_apiserver_refuses_bad_edits() {
         (
             with("responses", Value::Null),
             "spec.responses is append-only",
+        ),
+        (
+            with("resultSchema", json!({ "type": "object" })),
+            "spec.resultSchema is immutable",
+        ),
+        (
+            with("review", json!({ "autoAcceptSeconds": 700 })),
+            "spec.review is immutable",
+        ),
+        (
+            with("verdicts", Value::Null),
+            "spec.verdicts is append-only",
+        ),
+        (
+            with("verdicts", json!([{ "submission": 0, "action": "accept" }])),
+            "a verdict cannot be changed once given",
+        ),
+        (
+            with(
+                "verdicts",
+                json!([{ "submission": 0, "action": "revise", "text": "Again." },
+                       { "submission": 1, "action": "reject" }]),
+            ),
+            "text is required to revise or reject",
         ),
         (
             with(
