@@ -291,6 +291,24 @@ async fn open_task_with(server: &TestServer, body: Value) -> (Uuid, String) {
     (id, token)
 }
 
+/// Sends a 64 × 48 PNG through the task page's photo form and waits for
+/// it in the feed.
+async fn send_png(browser: &Browser) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let png = dir.path().join("photo.png");
+    std::fs::write(&png, images::png(64, 48)).expect("write PNG");
+    browser
+        .wait_for("#photo")
+        .await
+        .send_keys(&png.display().to_string())
+        .await
+        .expect("choose the file");
+    browser.click("#upload").await;
+    browser
+        .wait_for_text("#feed", "Photo sent (64 × 48 pixels).")
+        .await;
+}
+
 /// Metres north of a latitude: about 111.2 km a degree.
 fn north(lat: f64, metres: f64) -> f64 {
     lat + metres / 111_200.0
@@ -389,17 +407,7 @@ async fn a_phone_finds_tasks_near_it_and_works_on_site(db: Db) {
     browser
         .wait_for_text("#photo-form .position-status", "will be sent")
         .await;
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let png = dir.path().join("fountain.png");
-    std::fs::write(&png, images::png(64, 48)).expect("write PNG");
-    browser
-        .wait_for("#photo")
-        .await
-        .send_keys(&png.display().to_string())
-        .await
-        .expect("choose the file");
-    browser.click("#upload").await;
-    browser.wait_for_text("#feed", "Photo sent").await;
+    send_png(&browser).await;
     let events = agent_feed_len(&server, near, &agent, 4).await;
     let started = events
         .iter()
@@ -576,19 +584,7 @@ async fn a_phone_fills_a_typed_form_through_a_revision(db: Db) {
     browser.wait_for_text("#state", "Active").await;
 
     // A photo first, then the form offers it to pick.
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let png = dir.path().join("shed.png");
-    std::fs::write(&png, images::png(64, 48)).expect("write PNG");
-    browser
-        .wait_for("#photo")
-        .await
-        .send_keys(&png.display().to_string())
-        .await
-        .expect("choose the file");
-    browser.click("#upload").await;
-    browser
-        .wait_for_text("#feed", "Photo sent (64 × 48 pixels).")
-        .await;
+    send_png(&browser).await;
     browser.goto(&format!("/app/tasks/{task}")).await;
 
     // Each type has its input, labelled with the field's title.

@@ -7,7 +7,7 @@ use meatspace_tests::Db;
 use meatspace_tests::api_tests;
 use meatspace_tests::server::web::{
     client as no_redirects, cookie_pair, csrf_of, get_with, login_page, post_form, post_login,
-    same_origin, sign_in_with,
+    same_origin, sign_in, sign_in_with,
 };
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, str_at};
 use reqwest::header::{CONTENT_TYPE, LOCATION};
@@ -22,6 +22,7 @@ api_tests!(
     a_revoked_invite_link_shows_no_form,
     pages_need_a_session_and_forms_their_token,
     the_pages_live_feed_takes_a_capped_place,
+    a_worker_sees_only_its_own_assignments_photos,
 );
 
 /// Whether the answer is an HTML page.
@@ -474,4 +475,55 @@ async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
     // Its place is free again: a read of the ended task answers at once.
     let again = get_with(&http, &feed_url, &session).await;
     assert_eq!(again.status(), StatusCode::OK);
+}
+
+/// The result form shows the worker's photos of its assignment; the route
+/// that serves them answers only the worker who sent them, on the task it
+/// holds: not another worker, not without a session, not a photo of another
+/// task.
+async fn a_worker_sees_only_its_own_assignments_photos(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = no_redirects();
+    let mine = srv.active_task("Photograph the gate").await;
+    let theirs = srv.active_task("Photograph the fence").await;
+    let upload = |t: &meatspace_tests::server::ActiveTask| {
+        srv.worker(&t.worker_token)
+            .post(&format!("/api/v1/worker/tasks/{}/photos", t.task_id))
+            .header(CONTENT_TYPE, "image/png")
+            .body(meatspace_tests::server::images::png(8, 6))
+            .expect_json(StatusCode::OK)
+    };
+    let my_photo = str_at(&upload(&mine).await, "/events/0/data/photo_id");
+    let their_photo = str_at(&upload(&theirs).await, "/events/0/data/photo_id");
+    let path = |task, photo: &str| srv.url(&format!("/app/tasks/{task}/photos/{photo}"));
+
+    let session = sign_in(&srv, &http, &mine.worker_token, &[]).await;
+    let res = get_with(&http, &path(mine.task_id, &my_photo), &session).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header_str(&res, CONTENT_TYPE).as_deref(), Some("image/png"));
+    for (task, photo) in [
+        (theirs.task_id, their_photo.as_str()),
+        (mine.task_id, their_photo.as_str()),
+        (theirs.task_id, my_photo.as_str()),
+    ] {
+        let res = get_with(&http, &path(task, photo), &session).await;
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{task} {photo}");
+    }
+    let res = get_with(
+        &http,
+        &srv.url(&format!("/app/tasks/{}/photos/x", mine.task_id)),
+        &session,
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let res = http
+        .get(path(mine.task_id, &my_photo))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        res.status(),
+        StatusCode::SEE_OTHER,
+        "no session: to the sign-in page"
+    );
 }
