@@ -488,7 +488,8 @@ async fn errors_say_what_to_do_next(db: Db) {
         (
             "task",
             &[
-                "create", "publish", "get", "list", "watch", "respond", "cancel", "extend", "photo",
+                "create", "publish", "get", "list", "watch", "respond", "review", "cancel",
+                "extend", "photo",
             ],
         ),
         (
