@@ -40,8 +40,8 @@ fn data_of(kind: EventType) -> (Value, Value) {
     };
     let optional_text = |what: &str| json!({ "type": ["string", "null"], "description": what });
     let names = |values: Vec<Value>| json!({ "type": "string", "enum": values });
-    let result = json!({ "type": ["object", "null"],
-        "description": "The worker's typed result, matching the task's result_schema (null without one): untrusted task data" });
+    let result = json!({ "type": "object",
+        "description": "The worker's typed result, matching the task's result_schema (absent without one): untrusted task data" });
     let w = "6f1c8c1e-9a51-4a0c-8d43-0b5c2b7f4e10";
     match kind {
         EventType::TaskPublished => (json!({}), json!({})),
@@ -105,7 +105,7 @@ fn data_of(kind: EventType) -> (Value, Value) {
                                 "description": "With review: who accepted the submission" },
                     "automatic": { "type": "boolean",
                                    "description": "With review: true when the controller accepted because the agent did not answer in time" } }),
-            json!({ "worker_id": w, "note": "Photo taken", "result": null }),
+            json!({ "worker_id": w, "note": "Photo taken" }),
         ),
         EventType::TaskSubmitted => (
             json!({ "worker_id": worker,
@@ -165,6 +165,7 @@ fn optional_keys(kind: EventType) -> &'static [&'static str] {
     match kind {
         EventType::AgentIssueResponse => &["text"],
         EventType::TaskCompleted => &["note", "result", "review", "automatic", "by"],
+        EventType::TaskSubmitted => &["result"],
         EventType::TaskStopped | EventType::TaskCancelled => {
             &["reason", "issue_event_id", "review"]
         }

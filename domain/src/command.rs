@@ -571,26 +571,27 @@ pub fn decide(
                         return Err(Refusal::AlreadySubmitted);
                     }
                     let auto_accept_at = review.submit(now);
-                    let revision = review.revisions;
-                    d.push(
-                        EventType::TaskSubmitted,
+                    let mut data = json!({
+                        "worker_id": worker_id,
+                        "note": note,
+                        "revision": review.revisions,
+                        "auto_accept_at": auto_accept_at,
+                    });
+                    with_result(&mut data, result);
+                    d.push(EventType::TaskSubmitted, Actor::Worker, data);
+                }
+                None => {
+                    // Without a schema the event is what it always was.
+                    let mut data = json!({ "worker_id": worker_id, "note": note });
+                    with_result(&mut data, result);
+                    d.end(
+                        Completed,
+                        now,
+                        EventType::TaskCompleted,
                         Actor::Worker,
-                        json!({
-                            "worker_id": worker_id,
-                            "note": note,
-                            "result": result,
-                            "revision": revision,
-                            "auto_accept_at": auto_accept_at,
-                        }),
+                        data,
                     );
                 }
-                None => d.end(
-                    Completed,
-                    now,
-                    EventType::TaskCompleted,
-                    Actor::Worker,
-                    json!({ "worker_id": worker_id, "note": note, "result": result }),
-                ),
             }
         }
         Command::Review(verdict) => review(&mut d, task, verdict, now, policy)?,
@@ -769,6 +770,13 @@ fn review(
     Ok(())
 }
 
+/// Adds the typed result to an event's data, when there is one.
+fn with_result(data: &mut serde_json::Value, result: Option<serde_json::Value>) {
+    if let Some(result) = result {
+        data["result"] = result;
+    }
+}
+
 impl Decision {
     /// The waiting submission counts: the task completes with its result,
     /// accepted by the agent or, when the delay ran out, by the controller.
@@ -776,12 +784,12 @@ impl Decision {
         if let Some(review) = &mut self.task.review {
             review.close(outcome);
         }
-        let data = json!({
+        let mut data = json!({
             "worker_id": self.task.worker_id,
-            "result": self.task.result,
             "review": outcome,
             "automatic": outcome == ReviewState::AutoAccepted,
         });
+        with_result(&mut data, self.task.result.clone());
         self.end(
             TaskState::Completed,
             now,

@@ -69,18 +69,13 @@ async fn queued(store: &SqliteStore, n: usize) {
 }
 
 fn new_task(id: Uuid, now: DateTime<Utc>) -> NewTask {
-    NewTask {
+    NewTask::development(
         id,
-        description: "water the plants".into(),
-        agent_token_hash: TokenHash::of(&token::generate("mst_")),
-        created_at: now,
-        expires_at: now + TimeDelta::hours(1),
-        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-        location: None,
-        presence: meatspace_domain::Presence::None,
-        result_schema: None,
-        review: None,
-    }
+        "water the plants",
+        TokenHash::of(&token::generate("mst_")),
+        now,
+        now + TimeDelta::hours(1),
+    )
 }
 
 async fn new_worker(store: &SqliteStore, now: DateTime<Utc>) -> Uuid {

@@ -236,6 +236,29 @@ pub struct NewTask {
 }
 
 impl NewTask {
+    /// A task of the development principal with no place, result schema
+    /// or review (what tests and benchmarks create).
+    pub fn development(
+        id: Uuid,
+        description: impl Into<String>,
+        agent_token_hash: TokenHash,
+        created_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> NewTask {
+        NewTask {
+            id,
+            description: description.into(),
+            agent_token_hash,
+            created_at,
+            expires_at,
+            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
+            location: None,
+            presence: meatspace_domain::Presence::None,
+            result_schema: None,
+            review: None,
+        }
+    }
+
     /// The task as it is created, a draft with no events yet, and the
     /// agent token's digest that is stored beside it.
     pub fn into_draft(self) -> (Task, TokenHash) {

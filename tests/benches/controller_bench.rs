@@ -160,18 +160,13 @@ async fn create_due(
             let store = store.clone();
             async move {
                 let t = store
-                    .create_task(NewTask {
-                        id: Uuid::new_v4(),
-                        description: "Due soon".into(),
-                        agent_token_hash: TokenHash::of("x"),
-                        created_at: clock::now(),
-                        expires_at: clock::truncate(expires_at),
-                        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-                        location: None,
-                        presence: meatspace_domain::Presence::None,
-                        result_schema: None,
-                        review: None,
-                    })
+                    .create_task(NewTask::development(
+                        Uuid::new_v4(),
+                        "Due soon",
+                        TokenHash::of("x"),
+                        clock::now(),
+                        clock::truncate(expires_at),
+                    ))
                     .await
                     .unwrap();
                 (t.id, t.expires_at)

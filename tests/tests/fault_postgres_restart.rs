@@ -294,18 +294,13 @@ async fn dropped_change_streams_release_their_connections() {
     }
     let task_id = uuid::Uuid::new_v4();
     store
-        .create_task(meatspace_store::NewTask {
-            id: task_id,
-            description: "Still heard.".into(),
-            agent_token_hash: meatspace_store::token::TokenHash::of("x"),
-            created_at: chrono::Utc::now(),
-            expires_at: chrono::Utc::now() + chrono::TimeDelta::hours(1),
-            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-            location: None,
-            presence: meatspace_domain::Presence::None,
-            result_schema: None,
-            review: None,
-        })
+        .create_task(meatspace_store::NewTask::development(
+            task_id,
+            "Still heard.",
+            meatspace_store::token::TokenHash::of("x"),
+            chrono::Utc::now(),
+            chrono::Utc::now() + chrono::TimeDelta::hours(1),
+        ))
         .await
         .expect("create");
     let next = tokio::time::timeout(Duration::from_secs(10), kept.next())

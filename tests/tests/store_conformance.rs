@@ -22,7 +22,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use meatspace_domain::{
     Actor, Command, Due, Event, EventType, ExpiryReason, Extension, IssueAction, IssueKind,
-    IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Task, TaskState,
+    IssueStatus, MAX_DESCRIPTION_CHARS, NewPhoto, Policy, Refusal, Task, TaskState, Verdict,
 };
 use meatspace_store::token::{self, TokenHash};
 use meatspace_store::{Applied, BackendKind, ConnectOptions, NewTask, OpenTasksCursor};
@@ -272,18 +272,13 @@ struct Created {
 /// Creates a draft at `secs` that expires `LIFETIME` seconds later.
 async fn create_at(store: &dyn Store, secs: i64, description: &str) -> Created {
     let token = token::generate("mst_");
-    let new = NewTask {
-        id: Uuid::new_v4(),
-        description: description.to_owned(),
-        agent_token_hash: TokenHash::of(&token),
-        created_at: at(secs),
-        expires_at: at(secs + LIFETIME),
-        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-        location: None,
-        presence: meatspace_domain::Presence::None,
-        result_schema: None,
-        review: None,
-    };
+    let new = NewTask::development(
+        Uuid::new_v4(),
+        description.to_owned(),
+        TokenHash::of(&token),
+        at(secs),
+        at(secs + LIFETIME),
+    );
     let task = store.create_task(new).await.expect("create task");
     Created { task, token }
 }
@@ -362,8 +357,31 @@ fn timestamp(v: &Value) -> DateTime<Utc> {
 /// at 3 (active until 603). Returns it with its worker, a fresh one that is
 /// registered whatever the state.
 async fn task_in(store: &dyn Store, state: TaskState) -> (Task, Uuid) {
+    let task = create(store).await;
+    drive_to(store, task, state).await
+}
+
+/// An active task with a result schema and review (a 60 s delay).
+async fn reviewed_and_active(store: &dyn Store) -> (Task, Uuid) {
+    let new = NewTask {
+        result_schema: Some(json!({ "type": "object",
+            "properties": { "ok": { "type": "boolean" } }, "required": ["ok"] })),
+        review: Some(meatspace_domain::Review::new(60)),
+        ..NewTask::development(
+            Uuid::new_v4(),
+            "check the lock",
+            TokenHash::of("r"),
+            at(0),
+            at(LIFETIME),
+        )
+    };
+    let task = store.create_task(new).await.expect("create task");
+    drive_to(store, task, TaskState::Active).await
+}
+
+/// Takes `task`, a draft, to `state` with a new worker.
+async fn drive_to(store: &dyn Store, mut task: Task, state: TaskState) -> (Task, Uuid) {
     let w = worker(store).await;
-    let mut task = create(store).await;
     let steps = [
         (TaskState::Open, Command::Publish),
         (TaskState::Assigned, claim(w)),
@@ -417,18 +435,7 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
     );
 
     // Ids are the caller's: a second task with the same id is an error.
-    let duplicate = NewTask {
-        id: task.id,
-        description: "other".into(),
-        agent_token_hash: TokenHash::of("x"),
-        created_at: at(8),
-        expires_at: at(9),
-        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-        location: None,
-        presence: meatspace_domain::Presence::None,
-        result_schema: None,
-        review: None,
-    };
+    let duplicate = NewTask::development(task.id, "other", TokenHash::of("x"), at(8), at(9));
     assert!(
         s.create_task(duplicate).await.is_err(),
         "a duplicate id was accepted"
@@ -437,18 +444,13 @@ async fn created_task_reads_back_as_a_draft(store: Arc<dyn Store>) {
 
     // Timestamps keep their milliseconds (the precision of `clock::now`).
     let ms = TimeDelta::milliseconds(789);
-    let new = NewTask {
-        id: Uuid::new_v4(),
-        description: "precise".into(),
-        agent_token_hash: TokenHash::of("z"),
-        created_at: at(1) + ms,
-        expires_at: at(LIFETIME) + ms,
-        owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-        location: None,
-        presence: meatspace_domain::Presence::None,
-        result_schema: None,
-        review: None,
-    };
+    let new = NewTask::development(
+        Uuid::new_v4(),
+        "precise",
+        TokenHash::of("z"),
+        at(1) + ms,
+        at(LIFETIME) + ms,
+    );
     let precise = s.create_task(new).await.expect("create task");
     let published = ok(s, precise.id, Command::Publish, 2).await.task;
     assert_eq!(read(s, precise.id).await.as_ref(), Some(&published));
@@ -716,6 +718,7 @@ async fn every_event_type_has_its_actor_trust_and_data(store: Arc<dyn Store>) {
                 | EventType::WorkerIssue
                 | EventType::TaskCompleted
                 | EventType::TaskStopped
+                | EventType::TaskSubmitted
         );
         assert_eq!(e.untrusted, worker_content, "untrusted flag of {kind:?}");
         assert_eq!(e.data, data, "data of {kind:?}");
@@ -832,6 +835,42 @@ async fn every_event_type_has_its_actor_trust_and_data(store: Arc<dyn Store>) {
     });
     check(&e[1], EventType::TaskExtended, Actor::Agent, extended);
 
+    // review: submitted, sent back, submitted again, accepted by the agent
+    let (t, w) = reviewed_and_active(s).await;
+    let submit = |ok: bool| Command::Complete {
+        worker: w,
+        note: None,
+        result: Some(json!({ "ok": ok })),
+    };
+    ok(s, t.id, submit(false), 4).await;
+    let revise = Verdict::Revise {
+        text: "again".into(),
+    };
+    ok(s, t.id, Command::Review(revise), 5).await;
+    ok(s, t.id, submit(true), 6).await;
+    ok(s, t.id, Command::Review(Verdict::Accept), 7).await;
+    let e = all_events(s, t.id).await;
+    let submitted = json!({ "worker_id": w, "note": null, "result": { "ok": false },
+                            "revision": 0, "auto_accept_at": at(4 + 60) });
+    check(&e[3], EventType::TaskSubmitted, Actor::Worker, submitted);
+    let revised = json!({ "text": "again", "revision": 1,
+                          "active_until": at(5 + ACTIVE_LIMIT) });
+    check(
+        &e[4],
+        EventType::TaskRevisionRequested,
+        Actor::Agent,
+        revised,
+    );
+    let accepted = json!({ "worker_id": w, "result": { "ok": true },
+                           "review": "accepted", "automatic": false });
+    check(&e[6], EventType::TaskCompleted, Actor::Agent, accepted);
+    let stored = read(s, t.id).await.expect("kept");
+    assert_eq!(stored.result, Some(json!({ "ok": true })));
+    assert_eq!(
+        stored.review.map(|r| (r.state, r.revisions)),
+        Some((meatspace_domain::ReviewState::Accepted, 1))
+    );
+
     let every: BTreeSet<_> = EventType::ALL.iter().map(|k| k.as_str()).collect();
     assert_eq!(checked, every, "some event types were not checked");
 }
@@ -893,18 +932,7 @@ async fn webhook_endpoints_deliver_from_a_durable_cursor(store: Arc<dyn Store>) 
     let id = Uuid::new_v4();
     let task = s
         .create_task_with_webhook(
-            NewTask {
-                id,
-                description: "hooked".into(),
-                agent_token_hash: TokenHash::of("mst_x"),
-                created_at: at(0),
-                expires_at: at(LIFETIME),
-                owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-                location: None,
-                presence: meatspace_domain::Presence::None,
-                result_schema: None,
-                review: None,
-            },
+            NewTask::development(id, "hooked", TokenHash::of("mst_x"), at(0), at(LIFETIME)),
             "https://example.test/hook",
         )
         .await
@@ -2033,18 +2061,13 @@ async fn a_failing_create_among_concurrent_ones_fails_alone(store: Arc<dyn Store
                 } else {
                     Uuid::new_v4()
                 };
-                let new = NewTask {
+                let new = NewTask::development(
                     id,
-                    description: format!("task {i}"),
-                    agent_token_hash: TokenHash::of(&token::generate("mst_")),
-                    created_at: at(0),
-                    expires_at: at(LIFETIME),
-                    owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-                    location: None,
-                    presence: meatspace_domain::Presence::None,
-                    result_schema: None,
-                    review: None,
-                };
+                    format!("task {i}"),
+                    TokenHash::of(&token::generate("mst_")),
+                    at(0),
+                    at(LIFETIME),
+                );
                 (id, store.create_task(new).await)
             });
             job

@@ -27,18 +27,13 @@ async fn racing_writers_create_one_task_per_resource_uid(db: Db) {
             name: "fetch-milk".into(),
             created_at: now,
         };
-        let new = NewTask {
+        let new = NewTask::development(
             id,
-            description: "Buy milk.".into(),
-            agent_token_hash: TokenHash::of(&id.to_string()),
-            created_at: now,
-            expires_at: now + TimeDelta::hours(1),
-            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-            location: None,
-            presence: meatspace_domain::Presence::None,
-            result_schema: None,
-            review: None,
-        };
+            "Buy milk.",
+            TokenHash::of(&id.to_string()),
+            now,
+            now + TimeDelta::hours(1),
+        );
         let row = store
             .create_requested_task(new, &request)
             .await

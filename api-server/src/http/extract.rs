@@ -1,10 +1,11 @@
 //! Request extractors whose rejections are problem documents: the JSON body,
 //! path ids and query strings. Axum's own rejections are plain text.
 
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use crate::http::error::ApiError;
@@ -41,6 +42,60 @@ fn json_rejection(r: JsonRejection) -> ApiError {
         }
         other => ApiError::bad_request("unreadable-body", other.body_text()),
     }
+}
+
+/// An optional JSON body: empty or `null` (what generated clients send for
+/// "no body", as the OpenAPI document allows) is every default; otherwise
+/// as [`Json`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OptionalJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for OptionalJson<T>
+where
+    T: Default + DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::TooLarge("the request body is too large".into())
+            } else {
+                ApiError::bad_request("unreadable-body", r.body_text())
+            }
+        })?;
+        optional_json(&headers, &body).map(OptionalJson)
+    }
+}
+
+/// Reads [`OptionalJson`]'s body.
+fn optional_json<T: Default + serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType(
+            "send the body as JSON with Content-Type: application/json".into(),
+        ));
+    }
+    serde_json::from_slice::<Option<T>>(body)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                ApiError::bad_request("malformed-json", e.to_string())
+            } else {
+                ApiError::invalid(e.to_string())
+            }
+        })
 }
 
 /// Path parameters. A malformed id cannot name anything, so it is a 404.

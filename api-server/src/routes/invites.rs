@@ -5,7 +5,6 @@
 //!
 //! Operators list invites and revoke one that has not been used.
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -18,12 +17,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::{PageQuery, no_such, optional_json, secret_answer};
+use super::{PageQuery, no_such, secret_answer};
 use crate::AppState;
 use crate::auth::{Caller, Operator, issue_token};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors, ScopedCreateErrors};
-use crate::http::extract::{Path, Query};
+use crate::http::extract::{OptionalJson, Path, Query};
 use crate::http::rate_limit::ClientAddress;
 
 /// Prefix of invite codes.
@@ -50,10 +49,9 @@ async fn create_invite(
     caller: Caller,
     address: crate::http::rate_limit::ClientAddress,
     headers: HeaderMap,
-    body: Bytes,
+    OptionalJson(req): OptionalJson<CreateInvite>,
 ) -> Result<Response, ApiError> {
     caller.require(meatspace_domain::identity::Scope::Invites)?;
-    let req: CreateInvite = optional_json(&headers, &body)?;
     let seconds = req.expires_in_seconds.unwrap_or(DEFAULT_INVITE_SECONDS);
     if !(60..=MAX_INVITE_SECONDS).contains(&seconds) {
         return Err(ApiError::invalid(format!(

@@ -19,7 +19,7 @@ use crate::AppState;
 use crate::auth::{Caller, Operator, issue_key};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors};
-use crate::http::extract::{Json, Path, Query};
+use crate::http::extract::{Json, OptionalJson, Path, Query};
 use crate::http::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -174,10 +174,8 @@ async fn rotate_key(
     Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
+    OptionalJson(req): OptionalJson<api::RotateKey>,
 ) -> Result<Response, ApiError> {
-    let req = super::optional_json::<api::RotateKey>(&headers, &body)?;
     let grace = req.grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
     if grace > MAX_ROTATION_GRACE_SECONDS {
         return Err(ApiError::invalid(format!(
@@ -226,10 +224,8 @@ async fn revoke_key(
     Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
+    OptionalJson(req): OptionalJson<api::RevokeKey>,
 ) -> Result<axum::Json<api::RevokedKey>, ApiError> {
-    let req = super::optional_json::<api::RevokeKey>(&headers, &body)?;
     let audit = caller.audit(
         AuditAction::KeyRevoked,
         format!("key:{id}"),

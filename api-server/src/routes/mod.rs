@@ -17,8 +17,7 @@ use meatspace_domain::Task;
 
 use uuid::Uuid;
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
@@ -152,33 +151,4 @@ fn secret_answer(status: StatusCode, body: impl serde::Serialize) -> Response {
         axum::Json(body),
     )
         .into_response()
-}
-
-/// An optional JSON body: empty or `null` (what generated clients send for
-/// "no body", as the OpenAPI document allows) means every default.
-pub(crate) fn optional_json<T: Default + serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Ok(T::default());
-    }
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType(
-            "send the body as JSON with Content-Type: application/json".into(),
-        ));
-    }
-    serde_json::from_slice::<Option<T>>(body)
-        .map(Option::unwrap_or_default)
-        .map_err(|e| {
-            if e.is_syntax() || e.is_eof() {
-                ApiError::bad_request("malformed-json", e.to_string())
-            } else {
-                ApiError::invalid(e.to_string())
-            }
-        })
 }

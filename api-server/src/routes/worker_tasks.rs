@@ -18,14 +18,14 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::events::{EventsQuery, FeedAnswer, Reader, open_feed};
-use super::{EventPage, TaskChange, checked_optional_text, checked_text, optional_json};
+use super::{EventPage, TaskChange, checked_optional_text, checked_text};
 use crate::AppState;
 use crate::auth::{WorkerAuth, task_id_param};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{
     NearbyListErrors, TaskBodyCommandErrors, TaskCommandErrors, TaskFeedErrors, TaskReadErrors,
 };
-use crate::http::extract::{Json, Query};
+use crate::http::extract::{Json, OptionalJson, Query};
 use crate::http::rate_limit::ClientAddress;
 use crate::photo::{self, ACCEPTED_TYPES, ImageBytes, PhotoError};
 
@@ -410,10 +410,8 @@ async fn start(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
-    headers: HeaderMap,
-    body: Bytes,
+    OptionalJson(req): OptionalJson<StartWork>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let req: StartWork = optional_json(&headers, &body)?;
     let position = req.position.map(checked_position).transpose()?;
     state.act(id, Command::Start { worker, position }).await
 }
@@ -586,11 +584,7 @@ async fn raise_issue(
 
 /// The optional `text` and `result` of a complete or stop request. The
 /// body itself is optional: empty means neither.
-fn end_work(
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<(Option<String>, Option<serde_json::Value>), ApiError> {
-    let req: EndWork = optional_json(headers, body)?;
+fn end_work(req: EndWork) -> Result<(Option<String>, Option<serde_json::Value>), ApiError> {
     let text = checked_optional_text("text", req.text.as_deref(), MAX_TEXT_CHARS)?;
     Ok((text, req.result))
 }
@@ -609,10 +603,9 @@ async fn complete(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
-    headers: HeaderMap,
-    body: Bytes,
+    OptionalJson(req): OptionalJson<EndWork>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let (note, result) = end_work(&headers, &body)?;
+    let (note, result) = end_work(req)?;
     state.complete(id, worker, note, result).await
 }
 
@@ -628,10 +621,9 @@ async fn stop(
     State(state): State<AppState>,
     WorkerAuth(worker): WorkerAuth,
     TaskId(id): TaskId,
-    headers: HeaderMap,
-    body: Bytes,
+    OptionalJson(req): OptionalJson<EndWork>,
 ) -> Result<axum::Json<TaskChange>, ApiError> {
-    let (reason, result) = end_work(&headers, &body)?;
+    let (reason, result) = end_work(req)?;
     if result.is_some() {
         return Err(ApiError::invalid(
             "a stop takes no result: complete the task to send one",

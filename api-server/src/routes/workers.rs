@@ -19,7 +19,7 @@ use crate::AppState;
 use crate::auth::{Caller, Operator, issue_worker_token};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors, ScopedCreateErrors};
-use crate::http::extract::{Json, Path, Query};
+use crate::http::extract::{Json, OptionalJson, Path, Query};
 use crate::http::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -96,10 +96,8 @@ async fn suspend_worker(
     Operator(caller): Operator,
     address: ClientAddress,
     Path(id): Path<Uuid>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
+    OptionalJson(req): OptionalJson<api::Suspend>,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    let req = super::optional_json::<api::Suspend>(&headers, &body)?;
     let reason = super::checked_optional_text("reason", req.reason.as_deref(), 1000)?;
     let audit = caller.audit(
         AuditAction::WorkerSuspended,

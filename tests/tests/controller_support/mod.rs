@@ -49,18 +49,13 @@ pub async fn draft_named(store: &Arc<dyn Store>, description: &str) -> Task {
 
 async fn draft_of(store: &Arc<dyn Store>, description: &str, expires_at: DateTime<Utc>) -> Task {
     store
-        .create_task(NewTask {
-            id: Uuid::new_v4(),
-            description: description.to_owned(),
-            agent_token_hash: TokenHash::of(&Uuid::new_v4().to_string()),
-            created_at: clock::now(),
-            expires_at: clock::truncate(expires_at),
-            owner_id: meatspace_domain::identity::DEVELOPMENT_PRINCIPAL,
-            location: None,
-            presence: meatspace_domain::Presence::None,
-            result_schema: None,
-            review: None,
-        })
+        .create_task(NewTask::development(
+            Uuid::new_v4(),
+            description.to_owned(),
+            TokenHash::of(&Uuid::new_v4().to_string()),
+            clock::now(),
+            clock::truncate(expires_at),
+        ))
         .await
         .expect("create task")
 }
