@@ -31,8 +31,8 @@ pub use tasks::{
     ReviewTerms, TaskChange, TaskPage, TaskResource,
 };
 pub use workers::{
-    EndWork, ListedTask, Message, OpenTaskPage, RaiseIssue, RegisterWorker, RegisteredWorker,
-    RotatedWorker, StartWork, Suspend, WorkerPage,
+    Block, BlockList, EndWork, Grant, ListedTask, Message, OpenTaskPage, QualificationList,
+    RaiseIssue, RegisterWorker, RegisteredWorker, RotatedWorker, StartWork, Suspend, WorkerPage,
 };
 
 /// A page of a listing: its items under `$field`, and the cursor of the

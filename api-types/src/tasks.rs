@@ -47,6 +47,11 @@ pub struct CreateTask {
     /// submission the agent accepts, sends back for revision or rejects.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewTerms>,
+    /// Who may see and claim the task: every requirement must hold for the
+    /// worker's qualifications (at most 20; see the capabilities
+    /// document's qualifications). Without them, every worker.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<meatspace_domain::qualification::Requirement>,
 }
 
 /// `review` of a create: how long a submission waits for the agent.
@@ -103,6 +108,7 @@ impl CreateTask {
             presence: None,
             result_schema: None,
             review: None,
+            requirements: Vec::new(),
         }
     }
 }

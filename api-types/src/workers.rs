@@ -4,6 +4,7 @@
 use meatspace_domain::identity::Worker;
 use meatspace_domain::{IssueKind, Position, Task};
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 /// Body of `POST /api/v1/workers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,3 +140,41 @@ pub struct RotatedWorker {
     pub worker_token: String,
 }
 crate::debug_without_secrets!(RotatedWorker { worker });
+
+/// Body of `PUT /api/v1/workers/{id}/qualifications/{name}`: the value and
+/// expiry of the grant (both optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = GrantRequest))]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// A text (1-200 characters) or an integer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<meatspace_domain::qualification::QualificationValue>,
+    /// When the grant lapses (RFC 3339); it counts as absent from then on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A worker's qualifications, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct QualificationList {
+    pub worker_id: Uuid,
+    pub qualifications: Vec<meatspace_domain::qualification::Qualification>,
+}
+
+/// One worker a principal has blocked from all of its tasks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct Block {
+    pub worker_id: Uuid,
+    pub blocked_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The caller's principal's blocked workers (`GET /api/v1/blocks`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct BlockList {
+    pub blocks: Vec<Block>,
+}

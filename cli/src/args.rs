@@ -144,6 +144,52 @@ fn parse_presence(s: &str) -> Result<meatspace_client::Presence, String> {
         .ok_or_else(|| format!("{s:?} is not one of none, flag, require"))
 }
 
+/// A qualification's value as typed: an integer when it reads as one.
+pub fn qualification_value(s: &str) -> meatspace_client::types::QualificationValue {
+    use meatspace_client::types::QualificationValue;
+    s.parse::<i64>()
+        .map(QualificationValue::Integer)
+        .unwrap_or_else(|_| QualificationValue::Text(s.to_owned()))
+}
+
+/// `--require`: NAME, NAME=VALUE, NAME=A|B, NAME>=N or NAME<=N.
+fn parse_requirement(s: &str) -> Result<meatspace_client::types::Requirement, String> {
+    use meatspace_client::types::Requirement;
+    let bound = |rest: &str| {
+        rest.trim()
+            .parse::<i64>()
+            .map_err(|_| format!("{s:?}: a bound is an integer"))
+    };
+    let r = if let Some((name, n)) = s.split_once(">=") {
+        Requirement {
+            at_least: Some(bound(n)?),
+            ..Requirement::exists(name.trim())
+        }
+    } else if let Some((name, n)) = s.split_once("<=") {
+        Requirement {
+            at_most: Some(bound(n)?),
+            ..Requirement::exists(name.trim())
+        }
+    } else if let Some((name, v)) = s.split_once('=') {
+        let values: Vec<_> = v
+            .split('|')
+            .map(|v| qualification_value(v.trim()))
+            .collect();
+        let mut r = Requirement::exists(name.trim());
+        if values.len() == 1 {
+            r.equals = values.into_iter().next();
+        } else {
+            r.one_of = Some(values);
+        }
+        r
+    } else {
+        Requirement::exists(s.trim())
+    };
+    meatspace_domain::qualification::check_requirements(std::slice::from_ref(&r))
+        .map_err(|e| e.replace("requirements[0]: ", ""))?;
+    Ok(r)
+}
+
 fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
     match serde_json::from_str(s) {
         Ok(v @ serde_json::Value::Object(_)) => Ok(v),
@@ -198,6 +244,11 @@ pub enum TaskCommand {
         /// accepted if you have not answered (default two days).
         #[arg(long, value_name = "SECONDS", requires = "review")]
         auto_accept: Option<u32>,
+        /// Only workers with this qualification see and claim the task
+        /// (repeat: all must hold): NAME (held), NAME=VALUE, NAME=A|B (one
+        /// of), NAME>=N or NAME<=N (integer bounds).
+        #[arg(long = "require", value_name = "RULE", value_parser = parse_requirement)]
+        requirements: Vec<meatspace_client::types::Requirement>,
     },
     /// Answer a worker's submission of a task created with --review.
     #[command(group(clap::ArgGroup::new("verdict").required(true)))]
@@ -444,6 +495,41 @@ pub enum WorkerCommand {
     Reinstate {
         /// The worker's id.
         worker_id: Uuid,
+    },
+    /// Operator: grant a worker a qualification (or change its value or
+    /// expiry). Tasks that require it then show to the worker.
+    Qualify {
+        /// The worker's id.
+        worker_id: Uuid,
+        /// Lowercase letters, digits and : . _ - (e.g. language:de, vehicle, level).
+        name: String,
+        /// A value: an integer (a level) or a text (e.g. car).
+        #[arg(long)]
+        value: Option<String>,
+        /// When the grant lapses (RFC 3339).
+        #[arg(long, value_name = "T")]
+        expires_at: Option<DateTime<Utc>>,
+    },
+    /// Operator: revoke a qualification. A task the worker holds stays its own.
+    Unqualify {
+        /// The worker's id.
+        worker_id: Uuid,
+        /// The qualification's name.
+        name: String,
+    },
+    /// Operator: a worker's qualifications.
+    Qualifications {
+        /// The worker's id.
+        worker_id: Uuid,
+    },
+    /// Agent: block a worker from every task of your API key's principal
+    /// (or, with --undo, lift the block).
+    Block {
+        /// The worker's id (from a task's worker_id).
+        worker_id: Uuid,
+        /// Lift the block instead.
+        #[arg(long)]
+        undo: bool,
     },
 }
 

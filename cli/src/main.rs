@@ -149,10 +149,17 @@ impl Subject {
                 | W::Issue { id, .. }
                 | W::Complete { id, .. }
                 | W::Stop { id, .. } => (true, false, Some(*id)),
-                W::List { .. } | W::Suspend { .. } | W::Reinstate { .. } => {
+                W::List { .. }
+                | W::Suspend { .. }
+                | W::Reinstate { .. }
+                | W::Qualify { .. }
+                | W::Unqualify { .. }
+                | W::Qualifications { .. } => {
                     operator = true;
                     (true, true, None)
                 }
+                // The agent's own block list.
+                W::Block { .. } => (false, true, None),
             },
             Command::Key(_) | Command::Invite(_) | Command::Audit { .. } => {
                 operator = true;

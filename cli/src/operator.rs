@@ -7,7 +7,8 @@
 use anyhow::Result;
 use chrono::{DateTime, Utc};
 use meatspace_client::types::{
-    AuditEntry, AuditFilter, CreateKey, Invite, Key, KeySecret, PrincipalKind, PrincipalRef, Worker,
+    AuditEntry, AuditFilter, CreateKey, Grant, Invite, Key, KeySecret, PrincipalKind, PrincipalRef,
+    Qualification, QualificationValue, Worker,
 };
 use uuid::Uuid;
 
@@ -186,8 +187,59 @@ pub async fn worker(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
                 format!("reinstated worker {} ({})", w.id, one_line(&w.name))
             })
         }
+        WorkerCommand::Qualify {
+            worker_id,
+            name,
+            value,
+            expires_at,
+        } => {
+            let grant = Grant {
+                value: value.as_deref().map(crate::args::qualification_value),
+                expires_at,
+            };
+            let q = admin.qualify(worker_id, &name, &grant).await?;
+            emit(out, &q, || {
+                format!("worker {worker_id}: {}", qualification_text(&q))
+            })
+        }
+        WorkerCommand::Unqualify { worker_id, name } => {
+            let left = admin.unqualify(worker_id, &name).await?;
+            emit(out, &left, || format!("worker {worker_id}: {name} revoked"))
+        }
+        WorkerCommand::Qualifications { worker_id } => {
+            let list = admin.qualifications(worker_id).await?;
+            emit(out, &list, || {
+                if list.qualifications.is_empty() {
+                    return format!("worker {worker_id} holds no qualifications");
+                }
+                let lines: Vec<String> =
+                    list.qualifications.iter().map(qualification_text).collect();
+                lines.join("\n")
+            })
+        }
+        WorkerCommand::Block { worker_id, undo } => {
+            let blocks = ctx.client(None)?.block(worker_id, !undo).await?;
+            emit(out, &blocks, || match undo {
+                false => format!("worker {worker_id} no longer sees or claims your tasks"),
+                true => format!("worker {worker_id} may take your tasks again"),
+            })
+        }
         _ => unreachable!("worker::run passes only the operator's commands"),
     }
+}
+
+/// One grant for people: `name = value (until T)`.
+fn qualification_text(q: &Qualification) -> String {
+    let mut s = escape_controls(&q.name);
+    match &q.value {
+        Some(QualificationValue::Integer(n)) => s.push_str(&format!(" = {n}")),
+        Some(QualificationValue::Text(t)) => s.push_str(&format!(" = {}", escape_controls(t))),
+        None => {}
+    }
+    if let Some(until) = q.expires_at {
+        s.push_str(&format!(" (until {})", time(until)));
+    }
+    s
 }
 
 pub async fn audit(

@@ -36,6 +36,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
             result_schema,
             review,
             auto_accept,
+            requirements,
         } => {
             let result_schema = result_schema.as_deref().map(read_schema).transpose()?;
             let req = CreateTask {
@@ -53,6 +54,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCommand) -> Result<()> {
                 review: review.then_some(ReviewTerms {
                     auto_accept_seconds: auto_accept,
                 }),
+                requirements,
             };
             create(ctx, req, publish).await
         }

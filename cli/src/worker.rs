@@ -17,7 +17,11 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
         WorkerCommand::Register { name, replace } => return register(ctx, name, *replace).await,
         WorkerCommand::List { .. }
         | WorkerCommand::Suspend { .. }
-        | WorkerCommand::Reinstate { .. } => return crate::operator::worker(ctx, cmd).await,
+        | WorkerCommand::Reinstate { .. }
+        | WorkerCommand::Qualify { .. }
+        | WorkerCommand::Unqualify { .. }
+        | WorkerCommand::Qualifications { .. }
+        | WorkerCommand::Block { .. } => return crate::operator::worker(ctx, cmd).await,
         _ => {}
     }
     let record = ctx.state.worker()?;
@@ -28,7 +32,11 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
         WorkerCommand::Register { .. }
         | WorkerCommand::List { .. }
         | WorkerCommand::Suspend { .. }
-        | WorkerCommand::Reinstate { .. } => unreachable!("handled above"),
+        | WorkerCommand::Reinstate { .. }
+        | WorkerCommand::Qualify { .. }
+        | WorkerCommand::Unqualify { .. }
+        | WorkerCommand::Qualifications { .. }
+        | WorkerCommand::Block { .. } => unreachable!("handled above"),
         WorkerCommand::Tasks { limit } => {
             let page = h.open_tasks(None, Some(limit)).await?;
             emit(ctx.global.output, &page, || {

@@ -26,7 +26,8 @@ use uuid::Uuid;
 
 use crate::error::{Error, Problem};
 use crate::types::{
-    AuditFilter, AuditPage, CreateTask, CreatedTask, RegisterWorker, RegisteredWorker, TaskPage,
+    AuditFilter, AuditPage, BlockList, CreateTask, CreatedTask, RegisterWorker, RegisteredWorker,
+    TaskPage,
 };
 use crate::{
     CLIENT_ID_HEADER, DEV_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, Invites, Keys, TaskHandle, TaskState,
@@ -410,6 +411,25 @@ impl Client {
             call.query.push(("until", rfc3339(t)));
         }
         call.page(filter.cursor.as_deref(), filter.limit);
+        self.json(call).await
+    }
+
+    /// The workers the caller's principal has blocked from its tasks.
+    pub async fn blocks(&self) -> Result<BlockList, Error> {
+        self.json(Call::new(
+            Method::GET,
+            "/api/v1/blocks".into(),
+            Auth::Principal,
+        ))
+        .await
+    }
+
+    /// Blocks a worker from every task of the caller's principal
+    /// (`block: true`), or lifts the block.
+    /// Answers the principal's blocks as they are now.
+    pub async fn block(&self, worker: Uuid, block: bool) -> Result<BlockList, Error> {
+        let method = if block { Method::PUT } else { Method::DELETE };
+        let call = Call::new(method, format!("/api/v1/blocks/{worker}"), Auth::Principal);
         self.json(call).await
     }
 

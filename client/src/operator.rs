@@ -7,7 +7,10 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::http::{Auth, Body, Call, Client};
-use crate::types::{Invite, InvitePage, RotatedWorker, Suspend, Worker, WorkerPage};
+use crate::types::{
+    Grant, Invite, InvitePage, Qualification, QualificationList, RotatedWorker, Suspend, Worker,
+    WorkerPage,
+};
 
 /// The registered workers, as an operator manages them.
 #[derive(Debug, Clone)]
@@ -51,6 +54,42 @@ impl WorkersAdmin {
         let call = Call::new(
             Method::POST,
             format!("/api/v1/workers/{id}/reinstate"),
+            Auth::Principal,
+        );
+        self.client.json(call).await
+    }
+
+    /// The worker's qualifications, lapsed ones included.
+    pub async fn qualifications(&self, id: Uuid) -> Result<QualificationList, Error> {
+        let call = Call::new(
+            Method::GET,
+            format!("/api/v1/workers/{id}/qualifications"),
+            Auth::Principal,
+        );
+        self.client.json(call).await
+    }
+
+    /// Grants the worker a qualification (or replaces its value and expiry).
+    pub async fn qualify(
+        &self,
+        id: Uuid,
+        name: &str,
+        grant: &Grant,
+    ) -> Result<Qualification, Error> {
+        let call = Call::new(
+            Method::PUT,
+            format!("/api/v1/workers/{id}/qualifications/{name}"),
+            Auth::Principal,
+        )
+        .body(Body::json(grant)?);
+        self.client.json(call).await
+    }
+
+    /// Revokes a qualification; a task the worker holds stays its own.
+    pub async fn unqualify(&self, id: Uuid, name: &str) -> Result<QualificationList, Error> {
+        let call = Call::new(
+            Method::DELETE,
+            format!("/api/v1/workers/{id}/qualifications/{name}"),
             Auth::Principal,
         );
         self.client.json(call).await

@@ -12,7 +12,9 @@ pub use meatspace_api_types::{
     ReviewAnswer, ReviewTerms, RevokeKey, RevokedKey, RotateKey, RotatedWorker, StartWork, Suspend,
     TaskChange, TaskPage, TaskResource, WorkerPage,
 };
+pub use meatspace_api_types::{Block, BlockList, Grant, QualificationList};
 pub use meatspace_domain::identity::{PrincipalKind, PrincipalRef, Scope, Scopes, Worker};
+pub use meatspace_domain::qualification::{Qualification, QualificationValue, Requirement};
 
 /// Which audit entries to read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -461,6 +461,8 @@ async fn create(
             .map_or(meatspace_domain::Presence::None, |p| p.domain()),
         result_schema,
         review,
+        // Requirements are not a field of the resource yet.
+        requirements: Vec::new(),
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),

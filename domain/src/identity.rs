@@ -227,13 +227,21 @@ pub enum AuditAction {
     InviteRevoked,
     #[serde(rename = "task.cancelled_by_operator")]
     TaskCancelledByOperator,
+    #[serde(rename = "worker.qualified")]
+    WorkerQualified,
+    #[serde(rename = "worker.unqualified")]
+    WorkerUnqualified,
+    #[serde(rename = "worker.blocked")]
+    WorkerBlocked,
+    #[serde(rename = "worker.unblocked")]
+    WorkerUnblocked,
     /// The development key was presented while it is turned off.
     #[serde(rename = "dev_key.refused")]
     DevKeyRefused,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 10] = [
+    pub const ALL: [AuditAction; 14] = [
         AuditAction::KeyCreated,
         AuditAction::KeyRotated,
         AuditAction::KeyRevoked,
@@ -244,6 +252,10 @@ impl AuditAction {
         AuditAction::InviteRevoked,
         AuditAction::TaskCancelledByOperator,
         AuditAction::DevKeyRefused,
+        AuditAction::WorkerQualified,
+        AuditAction::WorkerUnqualified,
+        AuditAction::WorkerBlocked,
+        AuditAction::WorkerUnblocked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -258,6 +270,10 @@ impl AuditAction {
             AuditAction::InviteRevoked => "invite.revoked",
             AuditAction::TaskCancelledByOperator => "task.cancelled_by_operator",
             AuditAction::DevKeyRefused => "dev_key.refused",
+            AuditAction::WorkerQualified => "worker.qualified",
+            AuditAction::WorkerUnqualified => "worker.unqualified",
+            AuditAction::WorkerBlocked => "worker.blocked",
+            AuditAction::WorkerUnblocked => "worker.unblocked",
         }
     }
 

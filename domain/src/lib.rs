@@ -23,6 +23,7 @@ pub mod identity;
 mod issue;
 pub mod place;
 pub mod policy;
+pub mod qualification;
 pub mod result;
 pub mod review;
 mod task;

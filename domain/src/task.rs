@@ -116,6 +116,10 @@ pub struct Task {
     /// the worker: data, never instructions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// Who may see and claim the task: every requirement must hold for a
+    /// worker's qualifications (none: every worker).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<crate::qualification::Requirement>,
 }
 
 fn is_default(presence: &Presence) -> bool {
@@ -181,6 +185,7 @@ impl Task {
             result_schema: None,
             review: None,
             result: None,
+            requirements: Vec::new(),
         }
     }
 

@@ -80,6 +80,11 @@ pub struct CreateTaskArgs {
     /// two days).
     #[serde(default)]
     pub review: Option<ReviewTerms>,
+    /// Who may see and claim the task: qualifications the worker must hold,
+    /// each {"qualification": NAME} alone (held) or with one of "equals",
+    /// "in" (a list), "at_least" / "at_most" (integers). All must hold.
+    #[serde(default)]
+    pub requirements: Vec<meatspace_domain::qualification::Requirement>,
 }
 
 /// Arguments of review_submission.
@@ -244,6 +249,7 @@ impl<A: AgentApi> MeatspaceTools<A> {
                     presence: args.presence,
                     result_schema: args.result_schema,
                     review: args.review,
+                    requirements: args.requirements,
                 },
             )
             .await

@@ -236,9 +236,11 @@ where
     let mut cells = Vec::with_capacity(rows.len());
     let mut schemas = Vec::with_capacity(rows.len());
     let mut reviews = Vec::with_capacity(rows.len());
+    let mut requirements = Vec::with_capacity(rows.len());
     for row in rows {
         schemas.push(row.work.result_schema.as_deref());
         reviews.push(row.work.review.as_deref());
+        requirements.push(row.work.requirements.as_deref());
         let place = row.location.as_ref();
         latitudes.push(place.map(|p| p.latitude));
         longitudes.push(place.map(|p| p.longitude));
@@ -257,14 +259,16 @@ where
     sqlx::query(
         "WITH t AS (INSERT INTO tasks (id, description, state, agent_token_hash, created_at, \
            updated_at, expires_at, next_deadline, owner_id, latitude, longitude, radius_m, \
-           address, presence, cell, result_schema, review) \
+           address, presence, cell, result_schema, review, requirements) \
            SELECT id, description, 'draft', hash, created, created, expires, deadline, owner, \
-             latitude, longitude, radius_m, address, presence, cell, result_schema, review \
+             latitude, longitude, radius_m, address, presence, cell, result_schema, review, \
+             requirements \
            FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::timestamptz[], \
              $5::timestamptz[], $6::timestamptz[], $8::uuid[], $9::float8[], $10::float8[], \
-             $11::int[], $12::text[], $13::text[], $14::bigint[], $15::text[], $16::text[]) \
+             $11::int[], $12::text[], $13::text[], $14::bigint[], $15::text[], $16::text[], \
+             $17::text[]) \
              AS r(id, description, hash, created, expires, deadline, owner, latitude, longitude, \
-               radius_m, address, presence, cell, result_schema, review) \
+               radius_m, address, presence, cell, result_schema, review, requirements) \
            RETURNING id) \
          SELECT pg_notify($7, id::text) FROM t",
     )
@@ -284,6 +288,7 @@ where
     .bind(cells)
     .bind(schemas)
     .bind(reviews)
+    .bind(requirements)
     .execute(conn)
     .await?;
     Ok(())

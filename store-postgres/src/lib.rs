@@ -987,10 +987,11 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
         row.try_get("address")?,
         row.try_get("presence")?,
     )?;
-    let (result_schema, review, result) = StoredWork {
+    let work = StoredWork {
         result_schema: row.try_get("result_schema")?,
         review: row.try_get("review")?,
         result: row.try_get("result")?,
+        requirements: row.try_get("requirements")?,
     }
     .decode()?;
     Ok(Task {
@@ -1011,9 +1012,10 @@ fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
         last_event_id: row.try_get("last_event_id")?,
         location,
         presence,
-        result_schema,
-        review,
-        result,
+        result_schema: work.result_schema,
+        review: work.review,
+        result: work.result,
+        requirements: work.requirements,
     })
 }
 

@@ -207,8 +207,8 @@ impl Inline {
         self.exec(
             "INSERT INTO tasks (id, description, state, agent_token_hash, created_at, updated_at, \
              expires_at, next_deadline, owner_id, latitude, longitude, radius_m, address, \
-             presence, cell, result_schema, review) \
-             VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             presence, cell, result_schema, review, requirements) \
+             VALUES (?, ?, 'draft', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rusqlite::params![
                 task.id.to_string(),
                 &task.description,
@@ -226,6 +226,7 @@ impl Inline {
                 place.map(|p| cell_of(p.latitude, p.longitude)),
                 work.result_schema,
                 work.review,
+                work.requirements,
             ],
         )?;
         Ok(())

@@ -300,10 +300,12 @@ fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
         row.str("address")?.map(str::to_owned),
         row.text("presence")?,
     )?;
-    let (result_schema, review, result) = meatspace_store::StoredWork {
-        result_schema: row.str("result_schema")?.map(str::to_owned),
-        review: row.str("review")?.map(str::to_owned),
-        result: row.str("result")?.map(str::to_owned),
+    let text = |column| Ok::<_, StoreError>(row.str(column)?.map(str::to_owned));
+    let work = meatspace_store::StoredWork {
+        result_schema: text("result_schema")?,
+        review: text("review")?,
+        result: text("result")?,
+        requirements: text("requirements")?,
     }
     .decode()?;
     let state_name = row.text("state")?;
@@ -328,9 +330,10 @@ fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
         last_event_id: row.integer("last_event_id")?,
         location,
         presence,
-        result_schema,
-        review,
-        result,
+        result_schema: work.result_schema,
+        review: work.review,
+        result: work.result,
+        requirements: work.requirements,
     })
 }
 

@@ -15,6 +15,7 @@
 
 use chrono::{DateTime, Utc};
 use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
+use meatspace_domain::qualification::{Qualification, QualificationValue};
 use meatspace_domain::{Task, TaskState};
 use meatspace_store::identity::{INSERT_AUDIT_SQL, unknown_principal};
 use meatspace_store::token::TokenHash;
@@ -347,6 +348,136 @@ pub(crate) async fn worker_in(conn: &mut Conn, id: Uuid) -> Result<Option<Worker
     .fetch_optional(conn)
     .await?;
     row.as_ref().map(worker_from_row).transpose()
+}
+
+pub(crate) async fn grant_qualification(
+    mut tx: Tx,
+    worker: Uuid,
+    q: &Qualification,
+    audit: NewAudit,
+) -> Result<bool, StoreError> {
+    if worker_in(&mut tx, worker).await?.is_none() {
+        return Ok(false);
+    }
+    let (text, int) = match &q.value {
+        Some(QualificationValue::Text(t)) => (Some(t.as_str()), None),
+        Some(QualificationValue::Integer(n)) => (None, Some(*n)),
+        None => (None, None),
+    };
+    sqlx::query(
+        "INSERT INTO worker_qualifications \
+           (worker_id, name, value_text, value_int, granted_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (worker_id, name) DO UPDATE SET value_text = excluded.value_text, \
+           value_int = excluded.value_int, granted_at = excluded.granted_at, \
+           expires_at = excluded.expires_at",
+    )
+    .bind(d::id(worker))
+    .bind(&q.name)
+    .bind(text)
+    .bind(int)
+    .bind(d::time(q.granted_at))
+    .bind(d::opt_time(q.expires_at))
+    .execute(&mut *tx)
+    .await?;
+    insert_audit(&mut tx, &audit).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Runs `delete` and, when it deleted a row, appends `audit` with it.
+async fn delete_audited(
+    mut tx: Tx,
+    delete: d::Query<'_>,
+    audit: NewAudit,
+) -> Result<bool, StoreError> {
+    let deleted = delete.execute(&mut *tx).await?.rows_affected();
+    if deleted == 1 {
+        insert_audit(&mut tx, &audit).await?;
+    }
+    tx.commit().await?;
+    Ok(deleted == 1)
+}
+
+async fn qualifications(pool: &Pool, worker: Uuid) -> Result<Vec<Qualification>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT name, value_text, value_int, granted_at, expires_at \
+         FROM worker_qualifications WHERE worker_id = $1 ORDER BY name",
+    )
+    .bind(d::id(worker))
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let text: Option<String> = row.try_get("value_text")?;
+            let int: Option<i64> = row.try_get("value_int")?;
+            Ok(Qualification {
+                name: row.try_get("name")?,
+                value: text
+                    .map(QualificationValue::Text)
+                    .or(int.map(QualificationValue::Integer)),
+                granted_at: d::read_time(row, "granted_at")?,
+                expires_at: d::read_opt_time(row, "expires_at")?,
+            })
+        })
+        .collect()
+}
+
+async fn block_worker(
+    mut tx: Tx,
+    principal: Uuid,
+    worker: Uuid,
+    audit: NewAudit,
+) -> Result<bool, StoreError> {
+    if worker_in(&mut tx, worker).await?.is_none() {
+        return Ok(false);
+    }
+    let added = sqlx::query(
+        "INSERT INTO worker_blocks (principal_id, worker_id, created_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (principal_id, worker_id) DO NOTHING",
+    )
+    .bind(d::id(principal))
+    .bind(d::id(worker))
+    .bind(d::time(audit.at))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if added == 1 {
+        insert_audit(&mut tx, &audit).await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn blocked_workers(
+    pool: &Pool,
+    principal: Uuid,
+) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT worker_id, created_at FROM worker_blocks WHERE principal_id = $1 \
+         ORDER BY worker_id",
+    )
+    .bind(d::id(principal))
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                d::read_id(row, "worker_id")?,
+                d::read_time(row, "created_at")?,
+            ))
+        })
+        .collect()
+}
+
+async fn blocked_by(pool: &Pool, worker: Uuid) -> Result<Vec<Uuid>, StoreError> {
+    let rows = sqlx::query("SELECT principal_id FROM worker_blocks WHERE worker_id = $1")
+        .bind(d::id(worker))
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| d::read_id(row, "principal_id"))
+        .collect()
 }
 
 pub(crate) async fn reinstate_worker(
@@ -707,6 +838,72 @@ impl IdentityStore for d::Store {
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError> {
         workers(d::reader(self), after, limit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn grant_qualification(
+        &self,
+        worker: Uuid,
+        qualification: &Qualification,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError> {
+        grant_qualification(d::begin(self).await?, worker, qualification, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn revoke_qualification(
+        &self,
+        worker: Uuid,
+        name: &str,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError> {
+        let delete =
+            sqlx::query("DELETE FROM worker_qualifications WHERE worker_id = $1 AND name = $2")
+                .bind(d::id(worker))
+                .bind(name);
+        delete_audited(d::begin(self).await?, delete, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn qualifications(&self, worker: Uuid) -> Result<Vec<Qualification>, StoreError> {
+        qualifications(d::reader(self), worker).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn block_worker(
+        &self,
+        principal: Uuid,
+        worker: Uuid,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError> {
+        block_worker(d::begin(self).await?, principal, worker, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, audit), err)]
+    async fn unblock_worker(
+        &self,
+        principal: Uuid,
+        worker: Uuid,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError> {
+        let delete =
+            sqlx::query("DELETE FROM worker_blocks WHERE principal_id = $1 AND worker_id = $2")
+                .bind(d::id(principal))
+                .bind(d::id(worker));
+        delete_audited(d::begin(self).await?, delete, audit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn blocked_workers(
+        &self,
+        principal: Uuid,
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+        blocked_workers(d::reader(self), principal).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), err)]
+    async fn blocked_by(&self, worker: Uuid) -> Result<Vec<Uuid>, StoreError> {
+        blocked_by(d::reader(self), worker).await
     }
 
     #[tracing::instrument(level = "debug", skip(self, audit), err)]

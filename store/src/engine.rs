@@ -52,7 +52,7 @@ pub const COUNT_EVENTS_SQL: &str =
 pub const TASK_COLUMNS: &str = "id, description, state, worker_id, created_at, updated_at, \
     published_at, assigned_at, started_at, ended_at, expires_at, start_by, active_until, \
     open_issues, last_event_id, latitude, longitude, radius_m, address, presence, \
-    result_schema, review, result";
+    result_schema, review, result, requirements";
 
 /// A decision's photo: `$1` id, `$2` task, `$3` content type, `$4` bytes,
 /// `$5` time. Parameters appear in order, so SQLite, which numbers `$n`

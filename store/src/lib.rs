@@ -162,13 +162,24 @@ pub fn stored_place(
     Ok((location, presence))
 }
 
-/// A task's result schema, review and result as both backends store them:
-/// three nullable columns of JSON text the server reads and writes whole.
+/// A task's result schema, review, result and requirements as both
+/// backends store them: nullable columns of JSON text the server reads and
+/// writes whole.
 #[derive(Debug, Default)]
 pub struct StoredWork {
     pub result_schema: Option<String>,
     pub review: Option<String>,
     pub result: Option<String>,
+    pub requirements: Option<String>,
+}
+
+/// [`StoredWork`] read back.
+#[derive(Debug, Default)]
+pub struct Work {
+    pub result_schema: Option<serde_json::Value>,
+    pub review: Option<meatspace_domain::Review>,
+    pub result: Option<serde_json::Value>,
+    pub requirements: Vec<meatspace_domain::qualification::Requirement>,
 }
 
 impl StoredWork {
@@ -182,21 +193,14 @@ impl StoredWork {
                 .as_ref()
                 .map(|r| serde_json::to_string(r).expect("a review serialises to JSON")),
             result: task.result.as_ref().map(text),
+            requirements: (!task.requirements.is_empty()).then(|| {
+                serde_json::to_string(&task.requirements).expect("requirements serialise to JSON")
+            }),
         }
     }
 
     /// The columns read back: the one decoding of them.
-    #[allow(clippy::type_complexity)]
-    pub fn decode(
-        self,
-    ) -> Result<
-        (
-            Option<serde_json::Value>,
-            Option<meatspace_domain::Review>,
-            Option<serde_json::Value>,
-        ),
-        StoreError,
-    > {
+    pub fn decode(self) -> Result<Work, StoreError> {
         fn json<T: serde::de::DeserializeOwned>(
             column: &str,
             text: Option<String>,
@@ -205,11 +209,12 @@ impl StoredWork {
                 .transpose()
                 .map_err(|e| StoreError::Corrupt(format!("task {column}: {e}")))
         }
-        Ok((
-            json("result_schema", self.result_schema)?,
-            json("review", self.review)?,
-            json("result", self.result)?,
-        ))
+        Ok(Work {
+            result_schema: json("result_schema", self.result_schema)?,
+            review: json("review", self.review)?,
+            result: json("result", self.result)?,
+            requirements: json("requirements", self.requirements)?.unwrap_or_default(),
+        })
     }
 }
 
@@ -233,6 +238,8 @@ pub struct NewTask {
     pub result_schema: Option<serde_json::Value>,
     /// The review's terms, when the agent asked for review.
     pub review: Option<meatspace_domain::Review>,
+    /// Who may see and claim the task, already checked.
+    pub requirements: Vec<meatspace_domain::qualification::Requirement>,
 }
 
 impl NewTask {
@@ -256,6 +263,7 @@ impl NewTask {
             presence: meatspace_domain::Presence::None,
             result_schema: None,
             review: None,
+            requirements: Vec::new(),
         }
     }
 
@@ -267,6 +275,7 @@ impl NewTask {
             presence: self.presence,
             result_schema: self.result_schema,
             review: self.review,
+            requirements: self.requirements,
             ..Task::draft(self.id, self.description, self.created_at, self.expires_at)
         };
         (task, self.agent_token_hash)
@@ -887,6 +896,56 @@ pub trait IdentityStore: Send + Sync {
 
     /// Workers ordered by id, after `after`.
     async fn workers(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Worker>, StoreError>;
+
+    /// Grants (or replaces) a worker's qualification, with its audit row.
+    /// `false` when there is no such worker.
+    async fn grant_qualification(
+        &self,
+        worker: Uuid,
+        qualification: &meatspace_domain::qualification::Qualification,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError>;
+
+    /// Revokes a worker's qualification, with its audit row. `false` when
+    /// the worker did not hold it.
+    async fn revoke_qualification(
+        &self,
+        worker: Uuid,
+        name: &str,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError>;
+
+    /// The qualifications granted to a worker (lapsed ones included), by name.
+    async fn qualifications(
+        &self,
+        worker: Uuid,
+    ) -> Result<Vec<meatspace_domain::qualification::Qualification>, StoreError>;
+
+    /// Blocks a worker from every task of `principal`, with its audit row.
+    /// `false` when there is no such worker.
+    async fn block_worker(
+        &self,
+        principal: Uuid,
+        worker: Uuid,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError>;
+
+    /// Lifts a block, with its audit row. `false` when there was none.
+    async fn unblock_worker(
+        &self,
+        principal: Uuid,
+        worker: Uuid,
+        audit: NewAudit,
+    ) -> Result<bool, StoreError>;
+
+    /// The workers `principal` has blocked, with when, by worker id.
+    async fn blocked_workers(
+        &self,
+        principal: Uuid,
+    ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError>;
+
+    /// The principals that have blocked `worker`.
+    async fn blocked_by(&self, worker: Uuid) -> Result<Vec<Uuid>, StoreError>;
 
     /// Lifts a suspension. `None` when there is no such worker.
     async fn reinstate_worker(

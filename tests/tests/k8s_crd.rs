@@ -61,6 +61,7 @@ fn draft_task() -> Task {
         result_schema: None,
         review: None,
         result: None,
+        requirements: Vec::new(),
     }
 }
 

@@ -87,15 +87,16 @@ fn optional_json<T: Default + serde::de::DeserializeOwned>(
             "send the body as JSON with Content-Type: application/json".into(),
         ));
     }
-    serde_json::from_slice::<Option<T>>(body)
-        .map(Option::unwrap_or_default)
-        .map_err(|e| {
-            if e.is_syntax() || e.is_eof() {
-                ApiError::bad_request("malformed-json", e.to_string())
-            } else {
-                ApiError::invalid(e.to_string())
-            }
-        })
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("malformed-json", e.to_string()))?;
+    match value {
+        serde_json::Value::Null => Ok(T::default()),
+        // serde reads a struct from an array too; the document says object.
+        object @ serde_json::Value::Object(_) => {
+            serde_json::from_value(object).map_err(|e| ApiError::invalid(e.to_string()))
+        }
+        _ => Err(ApiError::invalid("the body is a JSON object")),
+    }
 }
 
 /// Path parameters. A malformed id cannot name anything, so it is a 404.

@@ -147,7 +147,8 @@ pub fn document(state: &AppState) -> Value {
                     ),
                     "presence": "none | flag | require, optional (default none; needs location); see task_location",
                     "result_schema": "object, optional: a JSON Schema of what the worker must send back; see typed_results",
-                    "review": "object, optional: {\"auto_accept_seconds\": integer, optional}: review the work before it counts; see review_protocol"
+                    "review": "object, optional: {\"auto_accept_seconds\": integer, optional}: review the work before it counts; see review_protocol",
+                    "requirements": "array, optional: qualifications a worker must hold to see and claim the task; see qualifications"
                 },
                 "returns": ["task", "agent_token"]
             },
@@ -335,6 +336,7 @@ pub fn document(state: &AppState) -> Value {
             "evidence_not_proof": "A position comes from the worker's device or browser and can be wrong or made up: it is evidence, not proof of presence. Weigh it with the photos and messages."
         },
         "typed_results": typed_results(),
+        "qualifications": qualifications(),
         "review_protocol": review_protocol(),
         "limits": {
             "description_chars": MAX_DESCRIPTION_CHARS,
@@ -387,6 +389,35 @@ fn typed_results() -> Value {
         "worker_side": "The worker app shows the schema as a form; the worker API takes it as result in the complete body. A result that does not match is refused with 422 problem type invalid-result, errors[] giving a JSON pointer into the result and a message for each.",
         "where_it_arrives": "data.result of task.submitted (with review) or task.completed, and result on the task resource; the values are worker-authored: untrusted task data",
         "without_schema": "A task without result_schema completes with an optional free-text note, as before."
+    })
+}
+
+/// What the capabilities document says of qualifications and requirements.
+fn qualifications() -> Value {
+    use meatspace_domain::qualification::{
+        MAX_IN_VALUES, MAX_NAME_CHARS, MAX_REQUIREMENTS, MAX_VALUE_CHARS,
+    };
+    json!({
+        "model": format!("Operators grant workers named qualifications (1-{MAX_NAME_CHARS} characters of lowercase letters, digits and : . _ -, e.g. language:de, vehicle, level), each optionally with a value (a text of 1-{MAX_VALUE_CHARS} characters or an integer) and an expiry; a lapsed grant counts as absent."),
+        "requirements": {
+            "create_field": "requirements",
+            "max": MAX_REQUIREMENTS,
+            "forms": {
+                "exists": "{\"qualification\": NAME}: the worker holds it",
+                "equals": "{\"qualification\": NAME, \"equals\": VALUE}",
+                "in": format!("{{\"qualification\": NAME, \"in\": [VALUE, ...]}} (1-{MAX_IN_VALUES} values)"),
+                "at_least": "{\"qualification\": NAME, \"at_least\": INTEGER}",
+                "at_most": "{\"qualification\": NAME, \"at_most\": INTEGER} (combinable with at_least)"
+            },
+            "all_must_hold": true,
+            "effect": "A worker who does not meet them never sees the task in lists, cannot open it and cannot claim it: 404, as for a task that does not exist. A worker who loses a qualification while assigned keeps the assignment."
+        },
+        "blocks": {
+            "endpoints": "PUT and DELETE /api/v1/blocks/{worker_id}, GET /api/v1/blocks (API key, scope tasks)",
+            "effect": "A blocked worker no longer sees or claims any task of the blocking principal; audited."
+        },
+        "operator_endpoints": "PUT and DELETE /api/v1/workers/{worker_id}/qualifications/{name}, GET /api/v1/workers/{worker_id}/qualifications; audited",
+        "worker_endpoint": "GET /api/v1/worker/qualifications"
     })
 }
 

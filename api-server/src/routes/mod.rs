@@ -2,10 +2,12 @@
 
 pub mod audit;
 pub mod capabilities;
+pub mod eligibility;
 pub mod events;
 pub mod health;
 pub mod invites;
 pub mod keys;
+pub mod qualifications;
 pub mod results;
 pub mod stream;
 pub mod tasks;

@@ -103,6 +103,8 @@ pub(crate) async fn create(
     let (location, presence) = checked_place(req.location, req.presence)?;
     let result_schema = super::results::checked_schema(req.result_schema)?;
     let review = super::results::checked_review(req.review)?;
+    meatspace_domain::qualification::check_requirements(&req.requirements)
+        .map_err(ApiError::invalid)?;
     let now = state.clock.now();
     let id = Uuid::new_v4();
     let (agent_token, agent_token_hash) = issue_agent_token(id);
@@ -117,6 +119,7 @@ pub(crate) async fn create(
         presence,
         result_schema,
         review,
+        requirements: req.requirements,
     };
     let digest = new.agent_token_hash.clone();
     let (task, webhook_secret) = match webhook_url {

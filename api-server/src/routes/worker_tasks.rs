@@ -17,6 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+use super::eligibility::Eligibility;
 use super::events::{EventsQuery, FeedAnswer, Reader, open_feed};
 use super::{EventPage, TaskChange, checked_optional_text, checked_text};
 use crate::AppState;
@@ -278,14 +279,17 @@ fn located_task((task, distance_m): (Task, f64)) -> ListedTask {
         NearbyListErrors))]
 async fn list_open_tasks(
     State(state): State<AppState>,
-    _worker: WorkerAuth,
+    WorkerAuth(worker): WorkerAuth,
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<OpenTaskPage>, ApiError> {
     let limit = super::page_limit(q.limit, 50, 100)?;
+    let eligible = Eligibility::of(&state, worker).await?;
     if let Some(near) = q.near.as_deref() {
         let near = near_point(near, q.within_m)?;
         let cursor = q.cursor.as_deref().map(NearbyCursor::decode).transpose()?;
-        return Ok(axum::Json(nearby_page(&state, near, cursor, limit).await?));
+        let mut page = nearby_page(&state, near, cursor, limit).await?;
+        page.tasks = eligible.keep(&state, page.tasks, |l| &l.task).await?;
+        return Ok(axum::Json(page));
     }
     if q.within_m.is_some() {
         return Err(ApiError::invalid("within_m needs near"));
@@ -297,7 +301,9 @@ async fn list_open_tasks(
         .transpose()?;
     let tasks = state.store.open_tasks(cursor, limit + 1).await?;
     let (tasks, next_cursor) = super::page(tasks, limit, super::encode_task_cursor);
-    let tasks = tasks
+    let tasks = eligible
+        .keep(&state, tasks, |t| t)
+        .await?
         .into_iter()
         .map(|task| ListedTask {
             task,
@@ -307,14 +313,24 @@ async fn list_open_tasks(
     Ok(axum::Json(OpenTaskPage { tasks, next_cursor }))
 }
 
-/// Loads a task the worker may see: open, or assigned to this worker.
-async fn visible_task(state: &AppState, worker: Uuid, id: Uuid) -> Result<Task, ApiError> {
+/// Loads a task the worker may see: open and for it ([`Eligibility`]), or
+/// assigned to this worker.
+pub(crate) async fn visible_task(
+    state: &AppState,
+    worker: Uuid,
+    id: Uuid,
+) -> Result<Task, ApiError> {
     let task = state
         .store
         .task(id)
         .await?
         .ok_or_else(ApiError::task_not_found)?;
-    if task.state == TaskState::Open || task.worker_id == Some(worker) {
+    let open_to_it = task.state == TaskState::Open
+        && Eligibility::of(state, worker)
+            .await?
+            .admits(state, &task)
+            .await?;
+    if open_to_it || task.worker_id == Some(worker) {
         Ok(task)
     } else {
         Err(ApiError::task_not_found())
@@ -361,6 +377,18 @@ pub(crate) async fn claim_task(
     worker: Uuid,
     id: Uuid,
 ) -> Result<TaskChange, ApiError> {
+    // A task the worker may not take does not exist for it. Checked before
+    // the claim: requirements never change, and a block or a qualification
+    // lost between the check and the claim is a race the later one wins.
+    if let Some(task) = state.store.task(id).await?
+        && task.state == TaskState::Open
+        && !Eligibility::of(state, worker)
+            .await?
+            .admits(state, &task)
+            .await?
+    {
+        return Err(no_open_task());
+    }
     let refusal = match state
         .store
         .apply(id, Command::Claim { worker }, state.clock.now())

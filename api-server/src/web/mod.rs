@@ -31,6 +31,7 @@ use crate::AppState;
 use crate::auth::{credential_subject, verify_worker_token};
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
+use crate::routes::eligibility::Eligibility;
 use crate::routes::events::{EventsQuery, Reader, event_feed};
 use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{checked_optional_text, checked_text, worker_tasks};
@@ -795,6 +796,7 @@ async fn open_tasks(
     Query(q): Query<NearQuery>,
 ) -> Result<Response, AppError> {
     let now = state.clock.now();
+    let eligible = Eligibility::of(&state, s.worker.id).await?;
     let near = q.near.trim().to_owned();
     let mut error = None;
     let tasks = match near.is_empty() {
@@ -811,8 +813,9 @@ async fn open_tasks(
         },
     };
     let tasks = match tasks {
-        Some(page) => page
-            .tasks
+        Some(page) => eligible
+            .keep(&state, page.tasks, |l| &l.task)
+            .await?
             .into_iter()
             .map(|listed| {
                 let mut c = card(listed.task, now);
@@ -820,9 +823,12 @@ async fn open_tasks(
                 c
             })
             .collect(),
-        None => state
-            .store
-            .newest_open_tasks(LIST_LIMIT)
+        None => eligible
+            .keep(
+                &state,
+                state.store.newest_open_tasks(LIST_LIMIT).await?,
+                |t| t,
+            )
             .await?
             .into_iter()
             .map(|t| card(t, now))
@@ -892,12 +898,7 @@ async fn render_task(
     status: StatusCode,
 ) -> Result<Response, AppError> {
     let me = s.worker.id;
-    let task = state
-        .store
-        .task(id)
-        .await?
-        .filter(|t| t.state == TaskState::Open || t.worker_id == Some(me))
-        .ok_or_else(|| AppError::Api(ApiError::task_not_found()))?;
+    let task = worker_tasks::visible_task(state, me, id).await?;
     let mine = task.worker_id == Some(me);
     let (feed, cursor) = if mine {
         let (items, cursor, _) = worker_feed(state, me, id, 0, 0).await?;

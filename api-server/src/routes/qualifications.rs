@@ -1,0 +1,234 @@
+//! Qualifications and blocks: operators grant and revoke workers'
+//! qualifications, workers read their own, and an agent's principal
+//! blocks workers from all of its tasks. Every grant, revocation, block and
+//! unblock is audited. What they decide is in [`super::eligibility`].
+
+use axum::extract::State;
+use meatspace_api_types::{Block, BlockList, Grant, QualificationList};
+use meatspace_domain::identity::{AuditAction, Scope};
+use meatspace_domain::qualification::{Qualification, check_name, check_value};
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::no_such;
+use crate::AppState;
+use crate::auth::{Caller, Operator, WorkerAuth};
+use crate::http::error::ApiError;
+use crate::http::error::responses::{AdminActionErrors, AdminListErrors, TaskReadErrors};
+use crate::http::extract::{OptionalJson, Path};
+use crate::http::rate_limit::ClientAddress;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_qualifications))
+        .routes(routes!(grant, revoke))
+        .routes(routes!(own_qualifications))
+        .routes(routes!(list_blocks))
+        .routes(routes!(block, unblock))
+}
+
+#[derive(Debug, Deserialize)]
+struct QualificationPath {
+    worker_id: Uuid,
+    name: String,
+}
+
+/// A worker's qualifications, lapsed ones included.
+#[utoipa::path(get, path = "/api/v1/workers/{worker_id}/qualifications", tag = "operator",
+    params(("worker_id" = Uuid, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, body = QualificationList), AdminActionErrors))]
+async fn list_qualifications(
+    State(state): State<AppState>,
+    _operator: Operator,
+    Path(worker_id): Path<Uuid>,
+) -> Result<axum::Json<QualificationList>, ApiError> {
+    state
+        .store
+        .worker(worker_id)
+        .await?
+        .ok_or_else(|| no_such("worker"))?;
+    let qualifications = state.store.qualifications(worker_id).await?;
+    Ok(axum::Json(QualificationList {
+        worker_id,
+        qualifications,
+    }))
+}
+
+/// Grants a worker a qualification (or replaces its value and expiry).
+#[utoipa::path(put, path = "/api/v1/workers/{worker_id}/qualifications/{name}", tag = "operator",
+    params(("worker_id" = Uuid, Path), ("name" = String, Path,
+        description = "lowercase letters, digits and : . _ - (1-100 characters)")),
+    request_body(content = Option<Grant>, description = "optional value and expiry"),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, description = "The grant", body = Qualification), AdminActionErrors))]
+async fn grant(
+    State(state): State<AppState>,
+    Operator(caller): Operator,
+    address: ClientAddress,
+    Path(QualificationPath { worker_id, name }): Path<QualificationPath>,
+    OptionalJson(req): OptionalJson<Grant>,
+) -> Result<axum::Json<Qualification>, ApiError> {
+    check_name(&name).map_err(ApiError::invalid)?;
+    if let Some(value) = &req.value {
+        check_value(value).map_err(ApiError::invalid)?;
+    }
+    let now = state.clock.now();
+    if req.expires_at.is_some_and(|e| e <= now) {
+        return Err(ApiError::invalid("expires_at is in the past"));
+    }
+    let qualification = Qualification {
+        name,
+        value: req.value,
+        granted_at: now,
+        expires_at: req.expires_at,
+    };
+    let audit = caller.audit(
+        AuditAction::WorkerQualified,
+        format!("worker:{worker_id}"),
+        &address,
+        Some(serde_json::to_value(&qualification).map_err(|e| ApiError::Internal(e.into()))?),
+    );
+    if !state
+        .store
+        .grant_qualification(worker_id, &qualification, audit)
+        .await?
+    {
+        return Err(no_such("worker"));
+    }
+    Ok(axum::Json(qualification))
+}
+
+/// Revokes a worker's qualification. A task it holds stays its own.
+#[utoipa::path(delete, path = "/api/v1/workers/{worker_id}/qualifications/{name}", tag = "operator",
+    params(("worker_id" = Uuid, Path), ("name" = String, Path)),
+    security(("api_key" = ["operator"]), ("dev_key" = [])),
+    responses((status = 200, description = "The worker's qualifications now", body = QualificationList),
+        AdminActionErrors))]
+async fn revoke(
+    State(state): State<AppState>,
+    Operator(caller): Operator,
+    address: ClientAddress,
+    Path(QualificationPath { worker_id, name }): Path<QualificationPath>,
+) -> Result<axum::Json<QualificationList>, ApiError> {
+    let audit = caller.audit(
+        AuditAction::WorkerUnqualified,
+        format!("worker:{worker_id}"),
+        &address,
+        Some(serde_json::json!({ "name": name })),
+    );
+    if !state
+        .store
+        .revoke_qualification(worker_id, &name, audit)
+        .await?
+    {
+        return Err(no_such("qualification of this worker"));
+    }
+    let qualifications = state.store.qualifications(worker_id).await?;
+    Ok(axum::Json(QualificationList {
+        worker_id,
+        qualifications,
+    }))
+}
+
+/// The calling worker's own qualifications.
+#[utoipa::path(get, path = "/api/v1/worker/qualifications", tag = "worker",
+    security(("worker_token" = [])),
+    responses((status = 200, body = QualificationList), TaskReadErrors))]
+async fn own_qualifications(
+    State(state): State<AppState>,
+    WorkerAuth(worker_id): WorkerAuth,
+) -> Result<axum::Json<QualificationList>, ApiError> {
+    let qualifications = state.store.qualifications(worker_id).await?;
+    Ok(axum::Json(QualificationList {
+        worker_id,
+        qualifications,
+    }))
+}
+
+/// The workers the caller's principal has blocked from its tasks.
+#[utoipa::path(get, path = "/api/v1/blocks", tag = "agent",
+    security(("api_key" = ["tasks"]), ("dev_key" = [])),
+    responses((status = 200, body = BlockList), AdminListErrors))]
+async fn list_blocks(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<axum::Json<BlockList>, ApiError> {
+    caller.require(Scope::Tasks)?;
+    block_list(&state, caller.principal).await
+}
+
+async fn block_list(state: &AppState, principal: Uuid) -> Result<axum::Json<BlockList>, ApiError> {
+    let blocks = state
+        .store
+        .blocked_workers(principal)
+        .await?
+        .into_iter()
+        .map(|(worker_id, blocked_at)| Block {
+            worker_id,
+            blocked_at,
+        })
+        .collect();
+    Ok(axum::Json(BlockList { blocks }))
+}
+
+/// Blocks a worker from every task of the caller's principal: it no longer
+/// sees them or can claim them. A task it holds stays its own.
+#[utoipa::path(put, path = "/api/v1/blocks/{worker_id}", tag = "agent",
+    params(("worker_id" = Uuid, Path)),
+    security(("api_key" = ["tasks"]), ("dev_key" = [])),
+    responses((status = 200, description = "The principal's blocks now", body = BlockList),
+        AdminActionErrors))]
+async fn block(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(worker_id): Path<Uuid>,
+) -> Result<axum::Json<BlockList>, ApiError> {
+    caller.require(Scope::Tasks)?;
+    let audit = caller.audit(
+        AuditAction::WorkerBlocked,
+        format!("worker:{worker_id}"),
+        &address,
+        None,
+    );
+    if !state
+        .store
+        .block_worker(caller.principal, worker_id, audit)
+        .await?
+    {
+        return Err(no_such("worker"));
+    }
+    block_list(&state, caller.principal).await
+}
+
+/// Lifts a block.
+#[utoipa::path(delete, path = "/api/v1/blocks/{worker_id}", tag = "agent",
+    params(("worker_id" = Uuid, Path)),
+    security(("api_key" = ["tasks"]), ("dev_key" = [])),
+    responses((status = 200, description = "The principal's blocks now", body = BlockList),
+        AdminActionErrors))]
+async fn unblock(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: ClientAddress,
+    Path(worker_id): Path<Uuid>,
+) -> Result<axum::Json<BlockList>, ApiError> {
+    caller.require(Scope::Tasks)?;
+    let audit = caller.audit(
+        AuditAction::WorkerUnblocked,
+        format!("worker:{worker_id}"),
+        &address,
+        None,
+    );
+    if !state
+        .store
+        .unblock_worker(caller.principal, worker_id, audit)
+        .await?
+    {
+        return Err(no_such("block of this worker"));
+    }
+    block_list(&state, caller.principal).await
+}
