@@ -10,8 +10,8 @@
 #      namespace that enforces the "restricted" Pod Security Standard: every
 #      pod Ready (the time it took is printed); helm test passes
 #   3. the README's quickstart through the API Service (its ClusterIP, from
-#      the node): create, publish, a worker claims and completes, the feed
-#      shows it; `kubectl get mst` shows the task mirrored by the controller pod
+#      the node): create, publish, a worker claims and submits a typed result,
+#      the agent accepts it; `kubectl get mst` shows the task mirrored by the controller pod
 #   4. readiness: the API pods go unready while PostgreSQL is scaled to 0,
 #      Ready again when it is back
 #   5. two controller replicas: exactly one holds the Lease; its pod is
@@ -167,7 +167,7 @@ log "4. the README quickstart through the Service ($H)"
 sed -n '/<!-- readme-walk/,/^```$/p' "$ROOT/README.md" | sed -e '1,2d' -e '$d' >"$WORK/quickstart.sh"
 [[ -s $WORK/quickstart.sh ]] || die "no readme-walk block in README.md"
 if MEATSPACE_URL=$H MEATSPACE_DEV_KEY=$DEV_KEY bash -euo pipefail "$WORK/quickstart.sh" >"$WORK/quickstart.out" 2>"$WORK/quickstart.err" \
-   && tail -n 1 "$WORK/quickstart.out" | grep -q '"task_state":"completed"'; then
+   && tail -n 1 "$WORK/quickstart.out" | grep -q '"state":"completed","result":{'; then
   pass "quickstart: $(tr '\n' ' ' <"$WORK/quickstart.out" | cut -c1-200)…"
 else
   sed 's/^/    | /' "$WORK/quickstart.out" "$WORK/quickstart.err" >&2; fail "README quickstart through the Service"

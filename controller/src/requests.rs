@@ -427,7 +427,12 @@ async fn create(
     };
     let review = match &obj.spec.review {
         None => None,
-        Some(terms) => match meatspace_domain::Review::requested(terms.auto_accept_seconds) {
+        Some(terms) => match meatspace_domain::Review::requested(
+            // Negative values are outside the bounds too.
+            terms
+                .auto_accept_seconds
+                .map(|s| u32::try_from(s).unwrap_or(0)),
+        ) {
             Ok(review) => Some(review),
             Err((min, max)) => {
                 return Ok(Err(NotCreated {
@@ -652,7 +657,7 @@ async fn drive(
         .review
         .as_ref()
         .filter(|r| r.is_waiting() && task.state == TaskState::Active)
-        .map(|r| r.revisions);
+        .map(|r| i32::try_from(r.revisions).unwrap_or(i32::MAX));
     if let Some(verdict) = waiting.and_then(|n| spec.verdicts.iter().find(|v| v.submission == n)) {
         let text = verdict.text.clone().unwrap_or_default();
         let verdict = match verdict.action {

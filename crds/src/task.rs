@@ -285,7 +285,7 @@ pub struct ReviewTerms {
     /// not answered (default 172800, two days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 60, max = 2_592_000))]
-    pub auto_accept_seconds: Option<u32>,
+    pub auto_accept_seconds: Option<i32>,
 }
 
 /// The agent's answer to one submission.
@@ -299,7 +299,7 @@ pub struct ReviewVerdict {
     /// Which submission this answers: status.review.revisions when it was
     /// made (0 for the first, 1 after one revision, ...).
     #[schemars(range(min = 0, max = 20))]
-    pub submission: u32,
+    pub submission: i32,
     pub action: VerdictAction,
     /// What to change (revise) or why (reject).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -330,9 +330,9 @@ pub struct ReviewStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_accept_at: Option<DateTime<Utc>>,
     /// Revisions asked for so far: the submission number a verdict answers.
-    pub revisions: u32,
+    pub revisions: i32,
     /// The most revisions that may be asked for.
-    pub max_revisions: u32,
+    pub max_revisions: i32,
 }
 
 /// Where a task is done: within `radiusM` of a WGS 84 point.
@@ -560,7 +560,7 @@ pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
         show_untrusted_worker_text: None,
         result_schema: task.result_schema.clone(),
         review: task.review.as_ref().map(|r| ReviewTerms {
-            auto_accept_seconds: Some(r.auto_accept_seconds),
+            auto_accept_seconds: i32::try_from(r.auto_accept_seconds).ok(),
         }),
         verdicts: Vec::new(),
         location: task.location.as_ref().map(|l| TaskLocation {
@@ -612,8 +612,8 @@ pub fn status(task: &Task) -> MeatspaceTaskStatus {
         review: task.review.as_ref().map(|r| ReviewStatus {
             state: r.state,
             auto_accept_at: r.auto_accept_at,
-            revisions: r.revisions,
-            max_revisions: r.max_revisions,
+            revisions: i32::try_from(r.revisions).unwrap_or(i32::MAX),
+            max_revisions: i32::try_from(r.max_revisions).unwrap_or(i32::MAX),
         }),
         untrusted_result: None,
     }
