@@ -29,6 +29,7 @@ api_tests!(
     operators_manage_keys_and_workers,
     mcp_stdio_reaches_the_agents_tasks_with_its_key,
     a_disabled_dev_key_says_how_to_get_a_key,
+    qualifications_requirements_and_blocks_from_the_shell,
 );
 
 /// Who a command runs as.
@@ -539,4 +540,111 @@ async fn a_disabled_dev_key_says_how_to_get_a_key(db: Db) {
         "{}",
         ran.stderr
     );
+}
+
+/// An operator qualifies a worker from the shell; an agent's task with
+/// `--require` reaches only qualified workers; unqualifying shows in the
+/// list; the agent blocks a worker from its tasks and lifts the block.
+async fn qualifications_requirements_and_blocks_from_the_shell(db: Db) {
+    let server = TestServer::start(db).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (op, agent, _) = operator_and_two_agents(&server, dir.path()).await;
+    let (worker, token) = server.register_worker("Ada").await;
+    let worker = worker.to_string();
+    let as_op = || cli(&server, dir.path(), As::Key(&op));
+    let as_agent = || cli(&server, dir.path(), As::Key(&agent));
+
+    let q = json_of(
+        as_op(),
+        &["worker", "qualify", &worker, "level", "--value", "3"],
+    )
+    .await;
+    assert_eq!(q["value"], 3, "an integer value is typed as one");
+    json_of(
+        as_op(),
+        &["worker", "qualify", &worker, "vehicle", "--value", "car"],
+    )
+    .await;
+    let bad = run(as_op(), &["worker", "qualify", &worker, "Bad Name"]).await;
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("lowercase"), "{}", bad.stderr);
+
+    let created = json_of(
+        as_agent(),
+        &[
+            "task",
+            "create",
+            "--publish",
+            "--description",
+            "Carry the boxes",
+            "--require",
+            "vehicle=car|van",
+            "--require",
+            "level>=2",
+        ],
+    )
+    .await;
+    assert_eq!(
+        created["task"]["requirements"][0]["in"],
+        json!(["car", "van"])
+    );
+    assert_eq!(created["task"]["requirements"][1]["at_least"], 2);
+    let task = created["task"]["id"].as_str().expect("id").to_owned();
+    let refused_rule = run(
+        as_agent(),
+        &["task", "create", "-d", "x", "--require", "level>=two"],
+    )
+    .await;
+    assert_eq!(
+        refused_rule.status.code(),
+        Some(2),
+        "{}",
+        refused_rule.stderr
+    );
+
+    assert!(
+        worker_sees(&server, &token, &task).await,
+        "a qualified worker sees it"
+    );
+    let left = json_of(as_op(), &["worker", "unqualify", &worker, "vehicle"]).await;
+    assert_eq!(left["qualifications"].as_array().map(Vec::len), Some(1));
+    assert!(
+        !worker_sees(&server, &token, &task).await,
+        "without the vehicle it does not"
+    );
+    let listed = run(
+        cli(&server, dir.path(), As::Key(&op)),
+        &["--output", "human", "worker", "qualifications", &worker],
+    )
+    .await;
+    assert!(listed.stdout.contains("level = 3"), "{}", listed.stdout);
+
+    json_of(
+        as_op(),
+        &["worker", "qualify", &worker, "vehicle", "--value", "van"],
+    )
+    .await;
+    assert!(worker_sees(&server, &token, &task).await);
+    let blocked = json_of(as_agent(), &["worker", "block", &worker]).await;
+    assert_eq!(blocked["blocks"][0]["worker_id"], json!(worker));
+    assert!(
+        !worker_sees(&server, &token, &task).await,
+        "a blocked worker does not see the agent's task"
+    );
+    json_of(as_agent(), &["worker", "block", &worker, "--undo"]).await;
+    assert!(worker_sees(&server, &token, &task).await);
+}
+
+/// Whether the worker with `token` lists the open task `task`.
+async fn worker_sees(server: &TestServer, token: &str, task: &str) -> bool {
+    let page = server
+        .worker(token)
+        .get("/api/v1/worker/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
+    page["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .any(|t| t["id"] == json!(task))
 }

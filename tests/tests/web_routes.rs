@@ -23,6 +23,7 @@ api_tests!(
     pages_need_a_session_and_forms_their_token,
     the_pages_live_feed_takes_a_capped_place,
     a_worker_sees_only_its_own_assignments_photos,
+    the_app_shows_a_workers_qualifications_and_only_tasks_for_it,
 );
 
 /// Whether the answer is an HTML page.
@@ -526,4 +527,45 @@ async fn a_worker_sees_only_its_own_assignments_photos(db: Db) {
         StatusCode::SEE_OTHER,
         "no session: to the sign-in page"
     );
+}
+
+/// The app lists a worker's qualifications on its tasks page, shows it only
+/// the open tasks whose requirements it meets, and a task it may not take
+/// is a 404 page, as the API answers.
+async fn the_app_shows_a_workers_qualifications_and_only_tasks_for_it(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = no_redirects();
+    let (worker, token) = srv.register_worker("Ada").await;
+    srv.dev(
+        Method::PUT,
+        &format!("/api/v1/workers/{worker}/qualifications/vehicle"),
+    )
+    .json(&json!({ "value": "bike" }))
+    .expect_json(StatusCode::OK)
+    .await;
+    let created = srv
+        .create_task_with(json!({
+            "description": "Deliver by car",
+            "requirements": [{ "qualification": "vehicle", "equals": "car" }],
+        }))
+        .await;
+    let (by_car, car_token) = (
+        meatspace_tests::server::uuid_at(&created, "/task/id"),
+        str_at(&created, "/agent_token"),
+    );
+    srv.publish(by_car, &car_token).await;
+    srv.create_open_task("Deliver by bike").await;
+
+    let session = sign_in(&srv, &http, &token, &[]).await;
+    let mine = get_with(&http, &srv.url("/app/my"), &session).await;
+    assert!(mine.text().await.expect("page").contains("vehicle: bike"));
+    let open = get_with(&http, &srv.url("/app/tasks"), &session)
+        .await
+        .text()
+        .await
+        .expect("page");
+    assert!(open.contains("Deliver by bike"), "{open}");
+    assert!(!open.contains("Deliver by car"), "{open}");
+    let page = get_with(&http, &srv.url(&format!("/app/tasks/{by_car}")), &session).await;
+    assert_eq!(page.status(), StatusCode::NOT_FOUND);
 }

@@ -350,6 +350,8 @@ struct TasksPage {
     search: bool,
     near: String,
     error: Option<String>,
+    /// My tasks: the worker's qualifications, in words.
+    qualifications: Option<Vec<String>>,
 }
 
 /// One line of a task's feed, already in words.
@@ -844,6 +846,7 @@ async fn open_tasks(
         empty: "No open tasks right now. Check again later.",
         tasks,
         search: true,
+        qualifications: None,
         near,
         error,
     };
@@ -853,6 +856,14 @@ async fn open_tasks(
 async fn my_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Response, AppError> {
     let now = state.clock.now();
     let tasks = state.store.worker_tasks(s.worker.id, LIST_LIMIT).await?;
+    let qualifications = state
+        .store
+        .qualifications(s.worker.id)
+        .await?
+        .into_iter()
+        .filter(|q| q.holds(now))
+        .map(|q| qualification_text(&q))
+        .collect();
     let page = TasksPage {
         nav: Some(Nav::of(&s)),
         heading: "My tasks",
@@ -861,8 +872,24 @@ async fn my_tasks(State(state): State<AppState>, s: WorkerSession) -> Result<Res
         search: false,
         near: String::new(),
         error: None,
+        qualifications: Some(qualifications),
     };
     Ok(html(&page))
+}
+
+/// A qualification in words: `vehicle: car (until 2030-01-01)`.
+fn qualification_text(q: &meatspace_domain::qualification::Qualification) -> String {
+    use meatspace_domain::qualification::QualificationValue;
+    let mut s = q.name.clone();
+    match &q.value {
+        Some(QualificationValue::Text(t)) => s.push_str(&format!(": {t}")),
+        Some(QualificationValue::Integer(n)) => s.push_str(&format!(": {n}")),
+        None => {}
+    }
+    if let Some(until) = q.expires_at {
+        s.push_str(&format!(" (until {})", until.format("%Y-%m-%d")));
+    }
+    s
 }
 
 // ------------------------------------------------------------- the task
