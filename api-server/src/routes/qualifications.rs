@@ -187,21 +187,7 @@ async fn block(
     address: ClientAddress,
     Path(worker_id): Path<Uuid>,
 ) -> Result<axum::Json<BlockList>, ApiError> {
-    caller.require(Scope::Tasks)?;
-    let audit = caller.audit(
-        AuditAction::WorkerBlocked,
-        format!("worker:{worker_id}"),
-        &address,
-        None,
-    );
-    if !state
-        .store
-        .block_worker(caller.principal, worker_id, audit)
-        .await?
-    {
-        return Err(no_such("worker"));
-    }
-    block_list(&state, caller.principal).await
+    set_block(&state, caller, &address, worker_id, true).await
 }
 
 /// Lifts a block.
@@ -216,19 +202,39 @@ async fn unblock(
     address: ClientAddress,
     Path(worker_id): Path<Uuid>,
 ) -> Result<axum::Json<BlockList>, ApiError> {
+    set_block(&state, caller, &address, worker_id, false).await
+}
+
+/// Blocks (`blocked`) or unblocks a worker for the caller's principal,
+/// audited, and answers the principal's blocks as they are then.
+async fn set_block(
+    state: &AppState,
+    caller: Caller,
+    address: &ClientAddress,
+    worker_id: Uuid,
+    blocked: bool,
+) -> Result<axum::Json<BlockList>, ApiError> {
     caller.require(Scope::Tasks)?;
-    let audit = caller.audit(
-        AuditAction::WorkerUnblocked,
-        format!("worker:{worker_id}"),
-        &address,
-        None,
-    );
-    if !state
-        .store
-        .unblock_worker(caller.principal, worker_id, audit)
-        .await?
-    {
-        return Err(no_such("block of this worker"));
+    let (action, missing) = match blocked {
+        true => (AuditAction::WorkerBlocked, "worker"),
+        false => (AuditAction::WorkerUnblocked, "block of this worker"),
+    };
+    let audit = caller.audit(action, format!("worker:{worker_id}"), address, None);
+    let store = &state.store;
+    let done = match blocked {
+        true => {
+            store
+                .block_worker(caller.principal, worker_id, audit)
+                .await?
+        }
+        false => {
+            store
+                .unblock_worker(caller.principal, worker_id, audit)
+                .await?
+        }
+    };
+    if !done {
+        return Err(no_such(missing));
     }
-    block_list(&state, caller.principal).await
+    block_list(state, caller.principal).await
 }
