@@ -9,29 +9,32 @@
 use chrono::{DateTime, Utc};
 use meatspace_domain::Task;
 use meatspace_domain::qualification::{Qualification, all_met};
+use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 use crate::AppState;
 use crate::http::error::ApiError;
 
-/// What decides it for one worker, read once per request.
+/// What decides it for one worker, each part read at most once per
+/// request and only when a task needs it (a task without requirements
+/// never reads the worker's qualifications).
 #[derive(Debug)]
 pub(crate) struct Eligibility {
     worker: Uuid,
-    held: Vec<Qualification>,
-    blocked_by: Vec<Uuid>,
+    held: OnceCell<Vec<Qualification>>,
+    blocked_by: OnceCell<Vec<Uuid>>,
     now: DateTime<Utc>,
 }
 
 impl Eligibility {
-    /// `worker`'s qualifications and blocks as they are now.
-    pub(crate) async fn of(state: &AppState, worker: Uuid) -> Result<Eligibility, ApiError> {
-        Ok(Eligibility {
+    /// For `worker`, at the server's time now.
+    pub(crate) fn of(state: &AppState, worker: Uuid) -> Eligibility {
+        Eligibility {
             worker,
-            held: state.store.qualifications(worker).await?,
-            blocked_by: state.store.blocked_by(worker).await?,
+            held: OnceCell::new(),
+            blocked_by: OnceCell::new(),
             now: state.clock.now(),
-        })
+        }
     }
 
     /// Whether the worker may see and claim `task`: its own always; any
@@ -41,14 +44,24 @@ impl Eligibility {
         if task.worker_id == Some(self.worker) {
             return Ok(true);
         }
-        if !all_met(&task.requirements, &self.held, self.now) {
-            return Ok(false);
+        if !task.requirements.is_empty() {
+            let held = self
+                .held
+                .get_or_try_init(|| state.store.qualifications(self.worker))
+                .await?;
+            if !all_met(&task.requirements, held, self.now) {
+                return Ok(false);
+            }
         }
-        if self.blocked_by.is_empty() {
+        let blocked_by = self
+            .blocked_by
+            .get_or_try_init(|| state.store.blocked_by(self.worker))
+            .await?;
+        if blocked_by.is_empty() {
             return Ok(true);
         }
         let owner = state.store.task_owner(task.id).await?;
-        Ok(!owner.is_some_and(|o| self.blocked_by.contains(&o)))
+        Ok(!owner.is_some_and(|o| blocked_by.contains(&o)))
     }
 
     /// The items of a listing whose task the worker may see, in order. A

@@ -283,7 +283,7 @@ async fn list_open_tasks(
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<OpenTaskPage>, ApiError> {
     let limit = super::page_limit(q.limit, 50, 100)?;
-    let eligible = Eligibility::of(&state, worker).await?;
+    let eligible = Eligibility::of(&state, worker);
     if let Some(near) = q.near.as_deref() {
         let near = near_point(near, q.within_m)?;
         let cursor = q.cursor.as_deref().map(NearbyCursor::decode).transpose()?;
@@ -326,10 +326,7 @@ pub(crate) async fn visible_task(
         .await?
         .ok_or_else(ApiError::task_not_found)?;
     let open_to_it = task.state == TaskState::Open
-        && Eligibility::of(state, worker)
-            .await?
-            .admits(state, &task)
-            .await?;
+        && Eligibility::of(state, worker).admits(state, &task).await?;
     if open_to_it || task.worker_id == Some(worker) {
         Ok(task)
     } else {
@@ -382,10 +379,7 @@ pub(crate) async fn claim_task(
     // lost between the check and the claim is a race the later one wins.
     if let Some(task) = state.store.task(id).await?
         && task.state == TaskState::Open
-        && !Eligibility::of(state, worker)
-            .await?
-            .admits(state, &task)
-            .await?
+        && !Eligibility::of(state, worker).admits(state, &task).await?
     {
         return Err(no_open_task());
     }

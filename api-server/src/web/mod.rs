@@ -798,7 +798,7 @@ async fn open_tasks(
     Query(q): Query<NearQuery>,
 ) -> Result<Response, AppError> {
     let now = state.clock.now();
-    let eligible = Eligibility::of(&state, s.worker.id).await?;
+    let eligible = Eligibility::of(&state, s.worker.id);
     let near = q.near.trim().to_owned();
     let mut error = None;
     let tasks = match near.is_empty() {
