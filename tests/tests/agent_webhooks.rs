@@ -39,6 +39,7 @@ meatspace_tests::api_tests!(
     unsafe_urls_are_refused_at_creation_without_traffic,
     redirects_are_not_followed,
     events_are_delivered_in_order_as_they_happen,
+    a_submission_and_its_acceptance_arrive_with_the_result,
 );
 
 // ---- the receiver ----------------------------------------------------------
@@ -394,6 +395,68 @@ async fn every_event_arrives_signed_once_the_receiver_is_up(db: Db) {
         live.iter().all(|&lag| lag <= LIVE_LAG_MS),
         "the completion was delivered {live:?} ms after it happened: not driven by the change stream"
     );
+    controller.stop().await;
+    receiver.stop().await;
+}
+
+/// A reviewed task with a typed result: the submission and the agent's
+/// acceptance arrive signed, each carrying the result, the submission
+/// marked untrusted (a worker wrote it).
+async fn a_submission_and_its_acceptance_arrive_with_the_result(db: Db) {
+    let sys = System::start(db, "127.0.0.1/32").await;
+    let receiver = Receiver::start(free_port(), Mode::Ok, None).await;
+    let controller = sys.controller();
+    let created = sys
+        .server
+        .create_task_with(json!({
+            "description": "Is the gate locked?",
+            "webhook_url": receiver.url(),
+            "result_schema": { "type": "object", "required": ["locked"],
+                "properties": { "locked": { "type": "boolean" } } },
+            "review": {},
+        }))
+        .await;
+    let (id, token, secret) = (
+        uuid_at(&created, "/task/id"),
+        str_at(&created, "/agent_token"),
+        str_at(&created, "/webhook_secret"),
+    );
+    sys.server.publish(id, &token).await;
+    let (_, worker) = sys.server.claim_and_start(id).await;
+    sys.server
+        .worker(&worker)
+        .post(&format!("/api/v1/worker/tasks/{id}/complete"))
+        .json(&json!({ "result": { "locked": true } }))
+        .expect_json(StatusCode::OK)
+        .await;
+    sys.server
+        .agent(&token)
+        .post(&format!("/api/v1/tasks/{id}/review"))
+        .json(&json!({ "action": "accept" }))
+        .expect_json(StatusCode::OK)
+        .await;
+    let last = *ids(&sys.server.feed(id, &token).await).last().unwrap();
+    sys.wait_webhook(id, &token, "everything delivered", |w| {
+        w["last_delivered_event_id"] == last
+    })
+    .await;
+    let events: Vec<Value> = receiver
+        .received()
+        .iter()
+        .map(|r| verify(&secret, r)["event"].clone())
+        .collect();
+    let of = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == kind)
+            .unwrap_or_else(|| panic!("{kind} delivered: {events:?}"))
+    };
+    let submitted = of("task.submitted");
+    assert_eq!(submitted["data"]["result"], json!({ "locked": true }));
+    assert_eq!(submitted["untrusted"], true);
+    let completed = of("task.completed");
+    assert_eq!(completed["data"]["result"], json!({ "locked": true }));
+    assert_eq!(completed["data"]["review"], "accepted");
     controller.stop().await;
     receiver.stop().await;
 }
