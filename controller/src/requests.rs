@@ -444,6 +444,22 @@ async fn create(
             }
         },
     };
+    let requirements = match obj
+        .spec
+        .requirements
+        .iter()
+        .map(meatspace_crds::TaskRequirement::domain)
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|rs| meatspace_domain::qualification::check_requirements(&rs).map(|()| rs))
+    {
+        Ok(requirements) => requirements,
+        Err(message) => {
+            return Ok(Err(NotCreated {
+                reason: "InvalidRequirements",
+                message: format!("spec.requirements: {message}"),
+            }));
+        }
+    };
     let (task_id, agent_token) = match token_secret(obj, uid, secret_name, ctx).await? {
         Ok(pair) => pair,
         Err(not_created) => return Ok(Err(not_created)),
@@ -466,8 +482,7 @@ async fn create(
             .map_or(meatspace_domain::Presence::None, |p| p.domain()),
         result_schema,
         review,
-        // Requirements are not a field of the resource yet.
-        requirements: Vec::new(),
+        requirements,
     };
     let request = TaskRequest {
         resource_uid: uid.to_owned(),

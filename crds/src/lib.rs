@@ -14,7 +14,7 @@ pub use task::{
     CONDITION_TERMINAL, FIELD_MANAGER, IssueResponse, MANAGED_BY, MANAGED_BY_LABEL, MeatspaceTask,
     MeatspaceTaskSpec, MeatspaceTaskStatus, OpenIssue, Origin, PresenceRule, ResponseAction,
     ResponseResult, ResponseStatus, ReviewStatus, ReviewTerms, ReviewVerdict, TaskLocation,
-    VerdictAction, condition, desired, resource_name, status,
+    TaskRequirement, VerdictAction, condition, desired, resource_name, status,
 };
 
 use kube::CustomResourceExt;

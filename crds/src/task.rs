@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResource;
+use meatspace_domain::qualification::{QualificationValue, Requirement};
 use meatspace_domain::{Task, TaskState};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -146,6 +147,10 @@ pub const CONDITION_SPEC_APPLIED: &str = "SpecApplied";
         "message": "spec.review is immutable"
     },
     {
+        "rule": "!has(oldSelf.requirements) ? !has(self.requirements) : (has(self.requirements) && self.requirements == oldSelf.requirements)",
+        "message": "spec.requirements is immutable"
+    },
+    {
         "rule": "!has(oldSelf.verdicts) || (has(self.verdicts) && oldSelf.verdicts.all(o, self.verdicts.exists(n, n.submission == o.submission)))",
         "message": "spec.verdicts is append-only: a verdict cannot be removed"
     },
@@ -267,6 +272,80 @@ pub struct MeatspaceTaskSpec {
     #[schemars(length(max = 20))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["submission"]))]
     pub verdicts: Vec<ReviewVerdict>,
+    /// Who may see and claim the task: qualifications the worker must hold
+    /// (all of them; see the capabilities document). Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub requirements: Vec<TaskRequirement>,
+}
+
+/// One requirement of a task, as the API takes it: a named qualification
+/// the worker holds, with at most one of `equals` and `in`, and integer
+/// bounds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRequirement {
+    #[schemars(length(min = 1, max = 100))]
+    pub qualification: String,
+    /// The value must be exactly this (a text or an integer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_string")]
+    pub equals: Option<serde_json::Value>,
+    /// The value must be one of these.
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_string_list")]
+    pub one_of: Option<Vec<serde_json::Value>>,
+    /// The value must be an integer at least this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_least: Option<i64>,
+    /// The value must be an integer at most this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_most: Option<i64>,
+}
+
+fn int_or_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "x-kubernetes-int-or-string": true })
+}
+
+fn int_or_string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 50,
+        "items": { "x-kubernetes-int-or-string": true }
+    })
+}
+
+impl TaskRequirement {
+    /// The domain's requirement; a value that is neither a text nor an
+    /// integer is refused with why.
+    pub fn domain(&self) -> Result<Requirement, String> {
+        let value = |v: &serde_json::Value| {
+            serde_json::from_value::<QualificationValue>(v.clone())
+                .map_err(|_| format!("{v} is neither a text nor an integer"))
+        };
+        Ok(Requirement {
+            qualification: self.qualification.clone(),
+            equals: self.equals.as_ref().map(value).transpose()?,
+            one_of: self
+                .one_of
+                .as_ref()
+                .map(|vs| vs.iter().map(value).collect::<Result<_, _>>())
+                .transpose()?,
+            at_least: self.at_least,
+            at_most: self.at_most,
+        })
+    }
+
+    fn of(r: &Requirement) -> TaskRequirement {
+        let value = |v: &QualificationValue| serde_json::to_value(v).expect("a value is JSON");
+        TaskRequirement {
+            qualification: r.qualification.clone(),
+            equals: r.equals.as_ref().map(value),
+            one_of: r.one_of.as_ref().map(|vs| vs.iter().map(value).collect()),
+            at_least: r.at_least,
+            at_most: r.at_most,
+        }
+    }
 }
 
 /// Any JSON object, kept as given (a result schema, a result).
@@ -563,6 +642,7 @@ pub fn desired(task: &Task, namespace: &str) -> MeatspaceTask {
             auto_accept_seconds: i32::try_from(r.auto_accept_seconds).ok(),
         }),
         verdicts: Vec::new(),
+        requirements: task.requirements.iter().map(TaskRequirement::of).collect(),
         location: task.location.as_ref().map(|l| TaskLocation {
             latitude: l.latitude,
             longitude: l.longitude,
@@ -858,6 +938,7 @@ mod tests {
                 result_schema: None,
                 review: None,
                 verdicts: Vec::new(),
+                requirements: Vec::new(),
             }
         );
         let status = mst.status.clone().expect("status");

@@ -97,6 +97,14 @@ fn completed_task() -> Task {
             "type": "object", "additionalProperties": false, "required": ["open"],
             "properties": { "open": { "type": "boolean", "title": "Open?" } }
         })),
+        requirements: vec![
+            serde_json::from_value(serde_json::json!({ "qualification": "vehicle", "in": ["car", 3] }))
+                .unwrap(),
+            serde_json::from_value(
+                serde_json::json!({ "qualification": "level", "at_least": 2, "at_most": 9_000_000_000i64 }),
+            )
+            .unwrap(),
+        ],
         review: Some(meatspace_domain::Review {
             state: meatspace_domain::ReviewState::Accepted,
             revisions: 2,

@@ -232,6 +232,7 @@ async fn an_agent_reviews_a_typed_result_through_the_resource() {
         "showUntrustedWorkerText": true,
         "resultSchema": schema,
         "review": { "autoAcceptSeconds": 3600 },
+        "requirements": [{ "qualification": "level", "atLeast": 2 }],
     });
     s.apply("shop-open", spec.clone()).await;
     let published = s
@@ -251,7 +252,25 @@ async fn an_agent_reviews_a_typed_result_through_the_resource() {
         Some((meatspace_domain::ReviewState::AwaitingSubmission, 0))
     );
 
-    let (_, worker) = s.server.register_worker("Ola").await;
+    let (worker_id, worker) = s.server.register_worker("Ola").await;
+    // The requirement holds: the worker sees and claims the task.
+    assert_eq!(
+        s.server.task(id, &token(&s, &published).await).await["requirements"],
+        json!([{ "qualification": "level", "at_least": 2 }])
+    );
+    s.server
+        .worker(&worker)
+        .post(&format!("/api/v1/worker/tasks/{id}/claim"))
+        .expect_problem(StatusCode::NOT_FOUND)
+        .await;
+    s.server
+        .dev(
+            reqwest::Method::PUT,
+            &format!("/api/v1/workers/{worker_id}/qualifications/level"),
+        )
+        .json(&json!({ "value": 3 }))
+        .expect_json(StatusCode::OK)
+        .await;
     for action in ["claim", "start"] {
         s.server.worker_post(id, &worker, action).await;
     }
