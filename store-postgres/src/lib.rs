@@ -32,7 +32,6 @@ use uuid::Uuid;
 
 use meatspace_domain::{
     Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
-    TaskState,
 };
 use meatspace_store::engine::{
     self, Conditional, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE_ISSUE_SQL,
@@ -974,49 +973,38 @@ async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), Stor
     Ok(())
 }
 
-fn state(s: &str) -> Result<TaskState, StoreError> {
-    TaskState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
+/// A PostgreSQL row as a task row: typed ids and times.
+struct Columns<'r>(&'r PgRow);
+
+impl meatspace_store::row::TaskRow for Columns<'_> {
+    fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
+        Ok(self.0.try_get(column)?)
+    }
+
+    /// `int4` and `int8` columns alike.
+    fn int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        match self.0.try_get::<Option<i64>, _>(column) {
+            Ok(v) => Ok(v),
+            Err(_) => Ok(self.0.try_get::<Option<i32>, _>(column)?.map(i64::from)),
+        }
+    }
+
+    fn real(&self, column: &str) -> Result<Option<f64>, StoreError> {
+        Ok(self.0.try_get(column)?)
+    }
+
+    fn id(&self, column: &str) -> Result<Option<Uuid>, StoreError> {
+        Ok(self.0.try_get(column)?)
+    }
+
+    fn time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(self.0.try_get(column)?)
+    }
 }
 
+/// The task a row holds ([`meatspace_store::row::task_from_row`]).
 fn task_from_row(row: &PgRow) -> Result<Task, StoreError> {
-    let radius: Option<i32> = row.try_get("radius_m")?;
-    let (location, presence) = meatspace_store::stored_place(
-        row.try_get("latitude")?,
-        row.try_get("longitude")?,
-        radius.map(i64::from),
-        row.try_get("address")?,
-        row.try_get("presence")?,
-    )?;
-    let work = StoredWork {
-        result_schema: row.try_get("result_schema")?,
-        review: row.try_get("review")?,
-        result: row.try_get("result")?,
-        requirements: row.try_get("requirements")?,
-    }
-    .decode()?;
-    Ok(Task {
-        id: row.try_get("id")?,
-        description: row.try_get("description")?,
-        state: state(row.try_get("state")?)?,
-        worker_id: row.try_get("worker_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        published_at: row.try_get("published_at")?,
-        assigned_at: row.try_get("assigned_at")?,
-        started_at: row.try_get("started_at")?,
-        ended_at: row.try_get("ended_at")?,
-        expires_at: row.try_get("expires_at")?,
-        start_by: row.try_get("start_by")?,
-        active_until: row.try_get("active_until")?,
-        open_issues: row.try_get("open_issues")?,
-        last_event_id: row.try_get("last_event_id")?,
-        location,
-        presence,
-        result_schema: work.result_schema,
-        review: work.review,
-        result: work.result,
-        requirements: work.requirements,
-    })
+    meatspace_store::row::task_from_row(&Columns(row))
 }
 
 fn event_from_row(row: &PgRow) -> Result<Event, StoreError> {
@@ -1320,6 +1308,7 @@ async fn count_events<'e>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meatspace_domain::TaskState;
 
     fn task(state: TaskState) -> Task {
         let at = DateTime::from_timestamp(1_800_000_000, 0).expect("valid timestamp");

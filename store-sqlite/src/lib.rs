@@ -27,7 +27,7 @@ use sqlx::sqlite::{
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use meatspace_domain::{Event, Issue, IssueKind, IssueStatus, Policy, Task, TaskState};
+use meatspace_domain::{Event, Issue, IssueKind, IssueStatus, Policy, Task};
 use meatspace_store::engine;
 use meatspace_store::{
     BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, stored_event,
@@ -292,49 +292,34 @@ impl RowReader for SqliteRow {
     }
 }
 
-fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
-    let (location, presence) = meatspace_store::stored_place(
-        row.real("latitude")?,
-        row.real("longitude")?,
-        row.int("radius_m")?,
-        row.str("address")?.map(str::to_owned),
-        row.text("presence")?,
-    )?;
-    let text = |column| Ok::<_, StoreError>(row.str(column)?.map(str::to_owned));
-    let work = meatspace_store::StoredWork {
-        result_schema: text("result_schema")?,
-        review: text("review")?,
-        result: text("result")?,
-        requirements: text("requirements")?,
+/// A SQLite row as a task row: ids are text, times milliseconds.
+struct Columns<'r, R>(&'r R);
+
+impl<R: RowReader> meatspace_store::row::TaskRow for Columns<'_, R> {
+    fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
+        self.0.str(column)
     }
-    .decode()?;
-    let state_name = row.text("state")?;
-    let open_issues = row.integer("open_issues")?;
-    Ok(Task {
-        id: uuid(row.text("id")?)?,
-        description: row.text("description")?.to_owned(),
-        state: TaskState::parse(state_name)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown state {state_name:?}")))?,
-        worker_id: row.str("worker_id")?.map(uuid).transpose()?,
-        created_at: row.time("created_at")?,
-        updated_at: row.time("updated_at")?,
-        published_at: row.opt_time("published_at")?,
-        assigned_at: row.opt_time("assigned_at")?,
-        started_at: row.opt_time("started_at")?,
-        ended_at: row.opt_time("ended_at")?,
-        expires_at: row.time("expires_at")?,
-        start_by: row.opt_time("start_by")?,
-        active_until: row.opt_time("active_until")?,
-        open_issues: i32::try_from(open_issues)
-            .map_err(|_| StoreError::Corrupt(format!("open_issues {open_issues}")))?,
-        last_event_id: row.integer("last_event_id")?,
-        location,
-        presence,
-        result_schema: work.result_schema,
-        review: work.review,
-        result: work.result,
-        requirements: work.requirements,
-    })
+
+    fn int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        self.0.int(column)
+    }
+
+    fn real(&self, column: &str) -> Result<Option<f64>, StoreError> {
+        self.0.real(column)
+    }
+
+    fn id(&self, column: &str) -> Result<Option<Uuid>, StoreError> {
+        self.0.str(column)?.map(uuid).transpose()
+    }
+
+    fn time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.0.opt_time(column)
+    }
+}
+
+/// The task a row holds ([`meatspace_store::row::task_from_row`]).
+fn task_from_row(row: &impl RowReader) -> Result<Task, StoreError> {
+    meatspace_store::row::task_from_row(&Columns(row))
 }
 
 fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {

@@ -32,6 +32,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod migrations;
 pub mod requests;
+pub mod row;
 pub mod secret;
 pub mod token;
 mod versions;

@@ -98,12 +98,25 @@ fn built(name: &str, env: &str) -> PathBuf {
     path
 }
 
-/// A free TCP port on 127.0.0.1 (free when this returns).
+/// A free TCP port on 127.0.0.1 (free when this returns), never one this
+/// process handed out before: the kernel may offer a port it just offered
+/// again before whoever got it binds it, so two servers of one test (an API
+/// server and its metrics listener, say) could otherwise be given the same.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A running binary.
