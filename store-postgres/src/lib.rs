@@ -30,9 +30,7 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
-use meatspace_domain::{
-    Command, Decision, Event, EventType, Issue, IssueChange, IssueKind, IssueStatus, Policy, Task,
-};
+use meatspace_domain::{Command, Decision, Event, EventType, Issue, IssueChange, Policy, Task};
 use meatspace_store::engine::{
     self, Conditional, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE_ISSUE_SQL,
 };
@@ -976,7 +974,7 @@ async fn notify(tx: &mut Transaction<'_, Postgres>, id: Uuid) -> Result<(), Stor
 /// A PostgreSQL row as a task row: typed ids and times.
 struct Columns<'r>(&'r PgRow);
 
-impl meatspace_store::row::TaskRow for Columns<'_> {
+impl meatspace_store::row::RowColumns for Columns<'_> {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
         Ok(self.0.try_get(column)?)
     }
@@ -1019,18 +1017,7 @@ fn event_from_row(row: &PgRow) -> Result<Event, StoreError> {
 }
 
 fn issue_from_row(row: &PgRow) -> Result<Issue, StoreError> {
-    let kind: &str = row.try_get("kind")?;
-    let status: &str = row.try_get("status")?;
-    Ok(Issue {
-        event_id: row.try_get("event_id")?,
-        task_id: row.try_get("task_id")?,
-        kind: IssueKind::parse(kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
-        status: IssueStatus::parse(status)
-            .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
-        resolution: row.try_get("resolution")?,
-        resolved_at: row.try_get("resolved_at")?,
-    })
+    meatspace_store::row::issue_from_row(&Columns(row))
 }
 
 #[async_trait]

@@ -27,7 +27,7 @@ use sqlx::sqlite::{
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use meatspace_domain::{Event, Issue, IssueKind, IssueStatus, Policy, Task};
+use meatspace_domain::{Event, Issue, Policy, Task};
 use meatspace_store::engine;
 use meatspace_store::{
     BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, TaskVersions, stored_event,
@@ -295,7 +295,7 @@ impl RowReader for SqliteRow {
 /// A SQLite row as a task row: ids are text, times milliseconds.
 struct Columns<'r, R>(&'r R);
 
-impl<R: RowReader> meatspace_store::row::TaskRow for Columns<'_, R> {
+impl<R: RowReader> meatspace_store::row::RowColumns for Columns<'_, R> {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError> {
         self.0.str(column)
     }
@@ -339,18 +339,7 @@ fn event_data(row: &SqliteRow) -> Result<serde_json::Value, StoreError> {
 }
 
 fn issue_from_row(row: &impl RowReader) -> Result<Issue, StoreError> {
-    let kind = row.text("kind")?;
-    let status = row.text("status")?;
-    Ok(Issue {
-        event_id: row.integer("event_id")?,
-        task_id: uuid(row.text("task_id")?)?,
-        kind: IssueKind::parse(kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
-        status: IssueStatus::parse(status)
-            .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
-        resolution: row.str("resolution")?.map(str::to_owned),
-        resolved_at: row.opt_time("resolved_at")?,
-    })
+    meatspace_store::row::issue_from_row(&Columns(row))
 }
 
 #[async_trait]

@@ -1,17 +1,17 @@
-//! The one reading of a task row, for both backends: each implements
-//! [`TaskRow`] for its row types (PostgreSQL's typed columns, SQLite's text
-//! ids and millisecond times), and [`task_from_row`] turns any of them into
-//! a [`Task`]. A new task column is read here once.
+//! The one reading of a task row and an issue row, for both backends: each
+//! implements [`RowColumns`] for its row types (PostgreSQL's typed columns,
+//! SQLite's text ids and millisecond times), and [`task_from_row`] and
+//! [`issue_from_row`] turn any of them into a [`Task`] or an [`Issue`]. A
+//! new task column is read here once.
 
 use chrono::{DateTime, Utc};
-use meatspace_domain::{Task, TaskState};
+use meatspace_domain::{Issue, IssueKind, IssueStatus, Task, TaskState};
 use uuid::Uuid;
 
 use crate::{StoreError, StoredWork, stored_place};
 
-/// A row of `tasks` (selected as [`crate::engine::TASK_COLUMNS`]), column
-/// by column, `None` for SQL NULL.
-pub trait TaskRow {
+/// A row, column by column, `None` for SQL NULL.
+pub trait RowColumns {
     fn str(&self, column: &str) -> Result<Option<&str>, StoreError>;
     fn int(&self, column: &str) -> Result<Option<i64>, StoreError>;
     fn real(&self, column: &str) -> Result<Option<f64>, StoreError>;
@@ -25,7 +25,7 @@ fn required<T>(value: Option<T>, column: &str) -> Result<T, StoreError> {
 }
 
 /// The task a row holds.
-pub fn task_from_row(row: &impl TaskRow) -> Result<Task, StoreError> {
+pub fn task_from_row(row: &impl RowColumns) -> Result<Task, StoreError> {
     let (location, presence) = stored_place(
         row.real("latitude")?,
         row.real("longitude")?,
@@ -68,5 +68,21 @@ pub fn task_from_row(row: &impl TaskRow) -> Result<Task, StoreError> {
         review: work.review,
         result: work.result,
         requirements: work.requirements,
+    })
+}
+
+/// The issue a row of `issues` holds.
+pub fn issue_from_row(row: &impl RowColumns) -> Result<Issue, StoreError> {
+    let kind = required(row.str("kind")?, "kind")?;
+    let status = required(row.str("status")?, "status")?;
+    Ok(Issue {
+        event_id: required(row.int("event_id")?, "event_id")?,
+        task_id: required(row.id("task_id")?, "task_id")?,
+        kind: IssueKind::parse(kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("issue kind {kind:?}")))?,
+        status: IssueStatus::parse(status)
+            .ok_or_else(|| StoreError::Corrupt(format!("issue status {status:?}")))?,
+        resolution: row.str("resolution")?.map(str::to_owned),
+        resolved_at: row.time("resolved_at")?,
     })
 }
