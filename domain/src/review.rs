@@ -136,16 +136,6 @@ pub enum Verdict {
     Reject { reason: String },
 }
 
-impl Verdict {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Verdict::Accept => "accept",
-            Verdict::Revise { .. } => "revise",
-            Verdict::Reject { .. } => "reject",
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
