@@ -80,9 +80,16 @@ impl StoreError {
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                StoreError::Unavailable(e)
-            }
+            // A broken conversation with the server (the socket closed, or
+            // a message cut off or out of place when a server process dies
+            // mid-reply) says the connection is gone, not that the
+            // statement is wrong: sqlx drops such a connection, and a retry
+            // meets a new one.
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_) => StoreError::Unavailable(e),
             sqlx::Error::Database(ref db) if means_unavailable(db.as_ref()) => {
                 StoreError::Unavailable(e)
             }
@@ -1037,7 +1044,7 @@ pub fn redact_url(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{StoreError, redact_url};
 
     #[test]
     fn redacts_passwords() {
@@ -1046,5 +1053,19 @@ mod tests {
             "postgres://u:***@h:5/db"
         );
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    #[test]
+    fn a_broken_connection_is_an_outage_and_a_bad_statement_is_not() {
+        let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        for broken in [
+            sqlx::Error::Io(eof),
+            sqlx::Error::Protocol("execute: unexpected message: ReadyForQuery".into()),
+            sqlx::Error::PoolTimedOut,
+        ] {
+            assert!(StoreError::from(broken).is_unavailable());
+        }
+        let wrong = sqlx::Error::ColumnNotFound("nope".into());
+        assert!(!StoreError::from(wrong).is_unavailable());
     }
 }

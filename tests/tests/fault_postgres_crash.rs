@@ -44,6 +44,12 @@ struct Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
+    // The server runs in this process: its errors (the cause of an
+    // unexpected 500) are printed with the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("error,tower_http=off")
+        .with_test_writer()
+        .try_init();
     let pg = tokio::task::spawn_blocking(PgServer::start_new)
         .await
         .unwrap();
