@@ -21,6 +21,7 @@ mod command;
 mod event;
 pub mod identity;
 mod issue;
+pub mod notify;
 pub mod place;
 pub mod policy;
 pub mod qualification;

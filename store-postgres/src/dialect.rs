@@ -103,6 +103,10 @@ pub(crate) fn read_id(row: &Row, column: &str) -> Result<Uuid, StoreError> {
     Ok(row.try_get(column)?)
 }
 
+pub(crate) fn read_opt_id(row: &Row, column: &str) -> Result<Option<Uuid>, StoreError> {
+    Ok(row.try_get(column)?)
+}
+
 pub(crate) fn read_time(row: &Row, column: &str) -> Result<DateTime<Utc>, StoreError> {
     Ok(row.try_get(column)?)
 }

@@ -54,6 +54,8 @@ mod deliveries;
 mod engine_writes;
 #[path = "../../store/sql/identity.rs"]
 mod identity;
+#[path = "../../store/sql/notifications.rs"]
+mod notifications;
 #[path = "../../store/sql/reads.rs"]
 mod reads;
 mod requests;

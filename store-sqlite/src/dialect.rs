@@ -106,6 +106,11 @@ pub(crate) fn read_id(row: &Row, column: &str) -> Result<Uuid, StoreError> {
     uuid(row.try_get(column)?)
 }
 
+pub(crate) fn read_opt_id(row: &Row, column: &str) -> Result<Option<Uuid>, StoreError> {
+    let text: Option<&str> = row.try_get(column)?;
+    text.map(uuid).transpose()
+}
+
 pub(crate) fn read_time(row: &Row, column: &str) -> Result<DateTime<Utc>, StoreError> {
     from_ms(row.try_get(column)?)
 }

@@ -44,6 +44,8 @@ mod engine_writes;
 #[path = "../../store/sql/identity.rs"]
 mod identity;
 pub mod inline;
+#[path = "../../store/sql/notifications.rs"]
+mod notifications;
 #[path = "../../store/sql/reads.rs"]
 mod reads;
 mod requests;

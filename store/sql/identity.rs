@@ -407,20 +407,21 @@ async fn qualifications(pool: &Pool, worker: Uuid) -> Result<Vec<Qualification>,
     .bind(d::id(worker))
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|row| {
-            let text: Option<String> = row.try_get("value_text")?;
-            let int: Option<i64> = row.try_get("value_int")?;
-            Ok(Qualification {
-                name: row.try_get("name")?,
-                value: text
-                    .map(QualificationValue::Text)
-                    .or(int.map(QualificationValue::Integer)),
-                granted_at: d::read_time(row, "granted_at")?,
-                expires_at: d::read_opt_time(row, "expires_at")?,
-            })
-        })
-        .collect()
+    rows.iter().map(qualification_from_row).collect()
+}
+
+/// A `worker_qualifications` row.
+pub(crate) fn qualification_from_row(row: &Row) -> Result<Qualification, StoreError> {
+    let text: Option<String> = row.try_get("value_text")?;
+    let int: Option<i64> = row.try_get("value_int")?;
+    Ok(Qualification {
+        name: row.try_get("name")?,
+        value: text
+            .map(QualificationValue::Text)
+            .or(int.map(QualificationValue::Integer)),
+        granted_at: d::read_time(row, "granted_at")?,
+        expires_at: d::read_opt_time(row, "expires_at")?,
+    })
 }
 
 async fn block_worker(

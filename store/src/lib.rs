@@ -31,6 +31,7 @@ pub mod engine;
 pub mod idempotency;
 pub mod identity;
 pub mod migrations;
+pub mod notify;
 pub mod requests;
 pub mod row;
 pub mod secret;
@@ -395,7 +396,14 @@ pub struct Session {
 /// Storage of tasks, events, issues, photos and workers.
 #[async_trait]
 pub trait Store:
-    EngineWrites + TaskReads + DeliveryRecords + Retention + IdentityStore + std::fmt::Debug + 'static
+    EngineWrites
+    + TaskReads
+    + DeliveryRecords
+    + Retention
+    + IdentityStore
+    + notify::Notifications
+    + std::fmt::Debug
+    + 'static
 {
     fn backend(&self) -> BackendKind;
 

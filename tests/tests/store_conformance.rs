@@ -176,6 +176,7 @@ conformance! {
         unusable_sign_ins_are_purged_and_usable_ones_kept,
         events_are_counted_up_to_a_bound,
         worker_tasks_and_newest_open_tasks,
+        notification_causes_are_recorded_with_their_events_and_fanned_out_once,
     ],
     databases: [
         replicas_starting_together_migrate_once,
@@ -3231,5 +3232,161 @@ async fn suspending_a_worker_releases_its_tasks_in_the_same_transaction(db: &Tes
             .expect("suspend"),
         None,
         "no such worker"
+    );
+}
+
+// ---- notifications ------------------------------------------------------------------
+
+async fn notification_causes_are_recorded_with_their_events_and_fanned_out_once(
+    store: Arc<dyn Store>,
+) {
+    use meatspace_domain::notify::{Area, Cause, Channel, Preferences};
+    use meatspace_store::notify::{NewNotification, NotificationOutcome};
+    let s = &*store;
+    // Publishing records one cause; a message records none.
+    let (task, worker) = task_in(s, TaskState::Active).await;
+    ok(s, task.id, message(worker, "on my way"), 4).await;
+    let causes = s.claim_causes(at(5), at(65), 10).await.unwrap();
+    let kinds: Vec<EventType> = causes.iter().map(|c| c.kind).collect();
+    assert_eq!(kinds, vec![EventType::TaskPublished]);
+    assert_eq!(causes[0].task_id, task.id);
+    // Leased: a second controller gets nothing until the lease ends.
+    assert!(s.claim_causes(at(6), at(66), 10).await.unwrap().is_empty());
+    assert_eq!(s.claim_causes(at(65), at(125), 10).await.unwrap().len(), 1);
+
+    // A worker who asked for new tasks in an area is a listener.
+    let prefs = Preferences {
+        area: Some(Area {
+            latitude: 52.5,
+            longitude: 13.4,
+            radius_m: 5_000,
+        }),
+        new_tasks: true,
+        my_tasks: true,
+        email: Some("ada@example.org".into()),
+    };
+    assert!(s.set_preferences(worker, &prefs, at(5)).await.unwrap());
+    assert_eq!(s.preferences(worker).await.unwrap(), Some(prefs.clone()));
+    let listeners = s.listeners(None, 10).await.unwrap();
+    assert_eq!(listeners.len(), 1);
+    assert_eq!(listeners[0].preferences, prefs);
+    assert!(!listeners[0].has_push);
+    assert!(s.listeners(Some(worker), 10).await.unwrap().is_empty());
+
+    // Fanning out twice makes the notification once; the cause leaves.
+    let n = NewNotification {
+        worker_id: worker,
+        cause_key: Cause::Published.key(task.id, None),
+        cause: Cause::Published,
+        task_id: task.id,
+        channel: Channel::Email,
+    };
+    let id = causes[0].event_id;
+    assert_eq!(
+        s.fan_out(Some(id), std::slice::from_ref(&n), Some(worker), at(70))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(s.fan_out(Some(id), &[n], None, at(71)).await.unwrap(), 0);
+    assert!(
+        s.claim_causes(at(1000), at(1060), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let backlog = s.notification_backlog().await.unwrap();
+    assert_eq!((backlog.causes, backlog.notifications), (0, 1));
+    assert_eq!(backlog.oldest, Some(at(70)));
+
+    // Due, leased, retried, sent and counted.
+    let due = s
+        .claim_due_notifications(at(80), at(140), 10)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(
+        (due[0].worker_id, due[0].cause, due[0].attempts),
+        (worker, Cause::Published, 0)
+    );
+    assert!(
+        s.claim_due_notifications(at(81), at(141), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    s.record_notification(due[0].id, NotificationOutcome::Retry(at(90)), at(80))
+        .await
+        .unwrap();
+    assert_eq!(s.next_notification_work().await.unwrap(), Some(at(90)));
+    let again = s
+        .claim_due_notifications(at(90), at(150), 10)
+        .await
+        .unwrap();
+    assert_eq!(again[0].attempts, 1);
+    s.record_notification(again[0].id, NotificationOutcome::Sent, at(91))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.sent_since(worker, Channel::Email, at(31)).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        s.sent_since(worker, Channel::Push, at(31)).await.unwrap(),
+        0
+    );
+    assert_eq!(s.notification_backlog().await.unwrap(), Default::default());
+
+    // Unsubscribing from email forgets the address and withdraws what waits.
+    let lapse = NewNotification {
+        worker_id: worker,
+        cause_key: Cause::Lapsing.key(task.id, Some(at(603))),
+        cause: Cause::Lapsing,
+        task_id: task.id,
+        channel: Channel::Email,
+    };
+    assert_eq!(s.fan_out(None, &[lapse], None, at(100)).await.unwrap(), 1);
+    s.unsubscribe(worker, Channel::Email, at(101))
+        .await
+        .unwrap();
+    assert_eq!(s.preferences(worker).await.unwrap().unwrap().email, None);
+    assert!(
+        s.claim_due_notifications(at(200), at(260), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // The active task lapses at 603: found from 543 with a minute's notice.
+    let lapsing = s.lapsing(at(543), at(603), 10).await.unwrap();
+    assert_eq!(lapsing.len(), 1);
+    assert_eq!(
+        (lapsing[0].task_id, lapsing[0].worker_id, lapsing[0].at),
+        (task.id, worker, at(603))
+    );
+    assert!(s.lapsing(at(400), at(500), 10).await.unwrap().is_empty());
+
+    // Push subscriptions: added, renewed, removed by the push service.
+    let sub = meatspace_store::notify::PushSubscription {
+        endpoint: "https://push.example/one".into(),
+        p256dh: "key".into(),
+        auth: "auth".into(),
+    };
+    s.add_push_subscription(worker, &sub, at(5)).await.unwrap();
+    s.add_push_subscription(worker, &sub, at(6)).await.unwrap();
+    assert_eq!(
+        s.push_subscriptions(worker).await.unwrap(),
+        vec![sub.clone()]
+    );
+    assert!(s.listeners(None, 10).await.unwrap()[0].has_push);
+    assert!(
+        s.remove_push_subscription(None, &sub.endpoint)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.remove_push_subscription(None, &sub.endpoint)
+            .await
+            .unwrap()
     );
 }
