@@ -25,12 +25,17 @@ pub struct Integrations {
     /// How long the controller retries a failing webhook endpoint (its
     /// `MEATSPACE_WEBHOOK_GIVE_UP_SECONDS`), as the capabilities state it.
     pub webhook_give_up: Duration,
+    /// The public half of the VAPID key the controller signs push
+    /// messages with (derived from the server key), for browsers to
+    /// subscribe with.
+    pub vapid_public_key: String,
 }
 
 impl Integrations {
     /// The defaults with the given key.
     pub fn new(server_key: ServerKey) -> Self {
         Integrations {
+            vapid_public_key: meatspace_controller::notify::push::vapid_public_key(&server_key),
             server_key,
             sse_heartbeat: DEFAULT_SSE_HEARTBEAT,
             idempotency_ttl: DEFAULT_IDEMPOTENCY_TTL,

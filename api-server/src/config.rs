@@ -274,13 +274,13 @@ impl Config {
             },
             rate_limit: self.rate_limit(),
             integrations: crate::agent_integrations::Integrations {
-                server_key,
                 sse_heartbeat: std::time::Duration::from_secs(self.sse_heartbeat_seconds),
                 idempotency_ttl: chrono::TimeDelta::seconds(
                     i64::try_from(self.idempotency_ttl_seconds).unwrap_or(86_400),
                 ),
                 webhook_allow: webhooks.webhook_allow.clone(),
                 webhook_give_up: std::time::Duration::from_secs(webhooks.webhook_give_up_seconds),
+                ..crate::agent_integrations::Integrations::new(server_key)
             },
             mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse(&self.mcp_allowed_hosts),
             public_origin,

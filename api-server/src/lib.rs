@@ -63,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::worker_tasks::router(state.photo_limits.max_bytes))
         .merge(routes::workers::router())
         .merge(routes::qualifications::router())
+        .merge(routes::notifications::router())
         .merge(routes::invites::router())
         .merge(routes::keys::router())
         .merge(routes::audit::router())

@@ -62,6 +62,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
             meatspace_controller::ControllerConfig::from(config.controller.clone())
                 .with_policy(config.policy.clone().into());
         controller_config.webhooks.server_key = Some(server_key.clone());
+        controller_config.notify.server_key = Some(server_key.clone());
+        controller_config.notify.links_origin = match &public_origin {
+            meatspace_api::public_url::PublicOrigin::Configured { origin, .. } => origin.clone(),
+            meatspace_api::public_url::PublicOrigin::FromRequest => format!("http://{addr}"),
+        };
         tokio::spawn(meatspace_controller::run(
             Arc::clone(&store),
             controller_config,

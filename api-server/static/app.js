@@ -132,13 +132,86 @@ function locateButton(button) {
   });
 }
 
+// Settings: "Use my current position" fills the area's point.
+function usePosition(button) {
+  var status = document.getElementById("position-status");
+  button.hidden = false;
+  button.addEventListener("click", function () {
+    status.textContent = "Finding your position...";
+    status.hidden = false;
+    navigator.geolocation.getCurrentPosition(function (pos) {
+      document.getElementById("latitude").value = pos.coords.latitude.toFixed(5);
+      document.getElementById("longitude").value = pos.coords.longitude.toFixed(5);
+      status.textContent = "Filled in your position: save to keep it.";
+    }, function () {
+      status.textContent = "Your position is not available: type it as latitude and longitude instead.";
+    }, { enableHighAccuracy: true, timeout: 20000 });
+  });
+}
+
+// Settings: push in this browser, through the service worker, where the
+// browser has a push service. The server's VAPID key comes with the page.
+function pushSection(section) {
+  var status = document.getElementById("push-status");
+  var on = document.getElementById("push-on");
+  var off = document.getElementById("push-off");
+  function say(text) { status.textContent = text; }
+  if (!("serviceWorker" in navigator) || !("PushManager" in window)) {
+    say("This browser cannot receive push messages: use email instead.");
+    return;
+  }
+  function key() {
+    var b64 = section.dataset.key.replace(/-/g, "+").replace(/_/g, "/");
+    var raw = atob(b64 + "===".slice((b64.length + 3) % 4));
+    var out = new Uint8Array(raw.length);
+    for (var i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+    return out;
+  }
+  function send(path, body) {
+    return fetch(path, {
+      method: "POST", credentials: "same-origin",
+      headers: { "content-type": "application/json", "x-csrf-token": section.dataset.csrf },
+      body: JSON.stringify(body)
+    }).then(function (res) { if (!res.ok) throw new Error("the server answered " + res.status); });
+  }
+  function show(subscription) {
+    on.hidden = !!subscription;
+    off.hidden = !subscription;
+    say(subscription ? "This browser gets notifications." : "This browser gets no notifications.");
+  }
+  navigator.serviceWorker.register("/app/sw.js", { scope: "/app/" }).then(function (reg) {
+    section.dataset.worker = "registered";
+    return reg.pushManager.getSubscription().then(show).then(function () {
+      on.addEventListener("click", function () {
+        say("Asking this browser...");
+        reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: key() })
+          .then(function (sub) { return send("/app/push-subscriptions", sub.toJSON()).then(function () { show(sub); }); })
+          .catch(function (e) { say("Notifications could not be turned on here (" + e.message + "): use email instead."); });
+      });
+      off.addEventListener("click", function () {
+        reg.pushManager.getSubscription().then(function (sub) {
+          if (!sub) return show(null);
+          return send("/app/push-subscriptions/remove", { endpoint: sub.endpoint })
+            .then(function () { return sub.unsubscribe(); }).then(function () { show(null); });
+        }).catch(function (e) { say("Could not stop notifications here: " + e.message); });
+      });
+    });
+  }).catch(function (e) {
+    say("Notifications cannot run in this browser (" + e.message + "): use email instead.");
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
   if (navigator.geolocation) {
     var forms = Array.prototype.slice.call(document.querySelectorAll("form[data-position]"));
     if (forms.length > 0) positionForms(forms);
     var locate = document.getElementById("locate");
     if (locate) locateButton(locate);
+    var here = document.getElementById("use-position");
+    if (here) usePosition(here);
   }
+  var push = document.getElementById("push");
+  if (push) pushSection(push);
   var feed = document.getElementById("feed");
   if (feed && window.fetch) liveFeed(feed);
   var photo = document.getElementById("photo-form");

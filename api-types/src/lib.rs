@@ -25,14 +25,16 @@ mod workers;
 pub use audit::{AuditEntry, AuditPage};
 pub use invites::{CreateInvite, CreatedInvite, Invite, InvitePage};
 pub use keys::{CreateKey, Key, KeyPage, KeySecret, RevokeKey, RevokedKey, RotateKey};
+pub use meatspace_domain::notify::{Area, Preferences};
 pub use problem::Problem;
 pub use tasks::{
     CreateTask, CreatedTask, EventPage, Extend, Place, Respond, ReviewAction, ReviewAnswer,
     ReviewTerms, TaskChange, TaskPage, TaskResource,
 };
 pub use workers::{
-    Block, BlockList, EndWork, Grant, ListedTask, Message, OpenTaskPage, QualificationList,
-    RaiseIssue, RegisterWorker, RegisteredWorker, RotatedWorker, StartWork, Suspend, WorkerPage,
+    Block, BlockList, EndWork, Grant, ListedTask, Message, NewPushSubscription, OpenTaskPage,
+    PushKey, PushKeys, PushSubscriptionState, QualificationList, RaiseIssue, RegisterWorker,
+    RegisteredWorker, RotatedWorker, StartWork, Suspend, WorkerPage,
 };
 
 /// A page of a listing: its items under `$field`, and the cursor of the

@@ -178,3 +178,42 @@ pub struct Block {
 pub struct BlockList {
     pub blocks: Vec<Block>,
 }
+
+/// Body of `POST /api/v1/worker/push-subscriptions`: what the browser's
+/// `PushSubscription.toJSON()` gives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct NewPushSubscription {
+    /// The push service's URL for this browser (at most 2048 characters).
+    pub endpoint: String,
+    pub keys: PushKeys,
+}
+
+/// A subscription's keys (RFC 8291), base64url.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct PushKeys {
+    /// The browser's P-256 public key (65 bytes, uncompressed).
+    pub p256dh: String,
+    /// The browser's authentication secret (16 bytes).
+    pub auth: String,
+}
+
+/// Answer of `GET /api/v1/worker/push-key`: what the worker app subscribes
+/// with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct PushKey {
+    /// The server's VAPID public key (RFC 8292), base64url: the Push API's
+    /// `applicationServerKey`.
+    pub public_key: String,
+}
+
+/// Answer of adding or removing a push subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct PushSubscriptionState {
+    pub endpoint: String,
+    /// Whether notifications go to this browser now.
+    pub subscribed: bool,
+}

@@ -15,6 +15,7 @@ use meatspace_store::redact_url;
 use crate::leader::LeaseSettings;
 #[cfg(feature = "kubernetes")]
 use crate::mirror::MirrorSettings;
+use crate::notify::{NotifySettings, SmtpSettings, SmtpTls};
 #[cfg(feature = "kubernetes")]
 use crate::requests::RequestSettings;
 use crate::telemetry::LogFormat;
@@ -48,6 +49,7 @@ pub struct ControllerConfig {
     pub mirror: Option<MirrorSettings>,
     /// Webhook delivery.
     pub webhooks: WebhookSettings,
+    pub notify: NotifySettings,
     /// Where every reconciler reads the time: the system's, or in tests one
     /// the test moves past a deadline (the expiry reconciler wakes when it
     /// moves).
@@ -92,6 +94,134 @@ pub struct ControllerArgs {
     pub mirror: MirrorArgs,
     #[command(flatten)]
     pub webhooks: WebhookArgs,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
+}
+
+/// How workers are notified. Email needs an SMTP server
+/// (`MEATSPACE_SMTP_HOST`); Web Push needs nothing more than the server
+/// key.
+#[derive(Clone, clap::Args)]
+pub struct NotifyArgs {
+    /// SMTP server for email notifications; without one no email is sent.
+    #[arg(long, env = "MEATSPACE_SMTP_HOST")]
+    pub smtp_host: Option<String>,
+    /// SMTP port (default: 587 with STARTTLS, 465 with TLS, 25 without).
+    #[arg(long, env = "MEATSPACE_SMTP_PORT")]
+    pub smtp_port: Option<u16>,
+    /// How the SMTP connection is protected: `starttls`, `tls` or `none`.
+    #[arg(long, env = "MEATSPACE_SMTP_TLS", value_enum, default_value_t = SmtpTls::Starttls)]
+    pub smtp_tls: SmtpTls,
+    #[arg(long, env = "MEATSPACE_SMTP_USERNAME")]
+    pub smtp_username: Option<String>,
+    #[arg(long, env = "MEATSPACE_SMTP_PASSWORD", hide_env_values = true)]
+    pub smtp_password: Option<String>,
+    /// The From of every email.
+    #[arg(
+        long,
+        env = "MEATSPACE_SMTP_FROM",
+        default_value = "meatspace <notify@meatspace.invalid>"
+    )]
+    pub smtp_from: String,
+    /// Most notifications one worker gets per hour on each channel.
+    #[arg(long, env = "MEATSPACE_NOTIFY_HOURLY_CAP", default_value_t = meatspace_domain::notify::DEFAULT_HOURLY_CAP,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub notify_hourly_cap: u32,
+    /// Seconds before an assignment lapses that its holder is warned.
+    #[arg(long, env = "MEATSPACE_NOTIFY_LAPSE_NOTICE_SECONDS", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub notify_lapse_notice_seconds: u64,
+    #[arg(long, env = "MEATSPACE_NOTIFY_RETRY_BASE_SECONDS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub notify_retry_base_seconds: u64,
+    /// A notification still failing this long after it was made is dropped.
+    #[arg(long, env = "MEATSPACE_NOTIFY_GIVE_UP_SECONDS", default_value_t = 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub notify_give_up_seconds: u64,
+    /// Push endpoints outside the public internet that may be reached
+    /// (comma-separated CIDRs, like MEATSPACE_WEBHOOK_ALLOW).
+    #[arg(long, env = "MEATSPACE_PUSH_ALLOW", default_value = "")]
+    pub push_allow: AllowList,
+    /// The contact push services see in the VAPID signature.
+    #[arg(
+        long,
+        env = "MEATSPACE_PUSH_CONTACT",
+        default_value = "mailto:operator@meatspace.invalid"
+    )]
+    pub push_contact: String,
+}
+
+impl Default for NotifyArgs {
+    fn default() -> Self {
+        let d = NotifySettings::default();
+        NotifyArgs {
+            smtp_host: None,
+            smtp_port: None,
+            smtp_tls: SmtpTls::Starttls,
+            smtp_username: None,
+            smtp_password: None,
+            smtp_from: "meatspace <notify@meatspace.invalid>".into(),
+            notify_hourly_cap: d.hourly_cap,
+            notify_lapse_notice_seconds: d.lapse_notice.as_secs(),
+            notify_retry_base_seconds: d.retry_base.as_secs(),
+            notify_give_up_seconds: d.give_up_after.as_secs(),
+            push_allow: AllowList::default(),
+            push_contact: d.push_contact,
+        }
+    }
+}
+
+/// The password never reaches a log.
+impl std::fmt::Debug for NotifyArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyArgs")
+            .field("smtp_host", &self.smtp_host)
+            .field("smtp_port", &self.smtp_port)
+            .field("smtp_tls", &self.smtp_tls)
+            .field("smtp_username", &self.smtp_username)
+            .field(
+                "smtp_password",
+                &self.smtp_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("smtp_from", &self.smtp_from)
+            .field("notify_hourly_cap", &self.notify_hourly_cap)
+            .field(
+                "notify_lapse_notice_seconds",
+                &self.notify_lapse_notice_seconds,
+            )
+            .field("push_allow", &self.push_allow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<NotifyArgs> for NotifySettings {
+    fn from(a: NotifyArgs) -> Self {
+        let port = a.smtp_port.unwrap_or(match a.smtp_tls {
+            SmtpTls::Starttls => 587,
+            SmtpTls::Tls => 465,
+            SmtpTls::None => 25,
+        });
+        NotifySettings {
+            smtp: a
+                .smtp_host
+                .filter(|h| !h.is_empty())
+                .map(|host| SmtpSettings {
+                    host,
+                    port,
+                    tls: a.smtp_tls,
+                    username: a.smtp_username,
+                    password: a.smtp_password,
+                    from: a.smtp_from,
+                }),
+            hourly_cap: a.notify_hourly_cap,
+            lapse_notice: Duration::from_secs(a.notify_lapse_notice_seconds),
+            retry_base: Duration::from_secs(a.notify_retry_base_seconds),
+            give_up_after: Duration::from_secs(a.notify_give_up_seconds),
+            push_allow: a.push_allow,
+            push_contact: a.push_contact,
+            ..NotifySettings::default()
+        }
+    }
 }
 
 /// Command-line and environment form of [`WebhookSettings`] (the server
@@ -249,6 +379,7 @@ impl Default for ControllerArgs {
                 ..MirrorArgs::default()
             },
             webhooks: WebhookArgs::default(),
+            notify: NotifyArgs::default(),
         }
     }
 }
@@ -282,6 +413,7 @@ impl From<ControllerArgs> for ControllerConfig {
             #[cfg(feature = "kubernetes")]
             mirror: a.mirror.settings(),
             webhooks: a.webhooks.into(),
+            notify: a.notify.into(),
             clock: meatspace_domain::clock::Clock::system(),
         }
     }
@@ -325,6 +457,14 @@ pub struct Config {
     /// refuses to start, since it could not sign any webhook.
     #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<String>,
+    /// Where people open meatspace (scheme://host[:port]): the origin of
+    /// the links in notifications.
+    #[arg(
+        long,
+        env = "MEATSPACE_PUBLIC_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub public_url: String,
     #[command(flatten)]
     pub controller: ControllerArgs,
     #[command(flatten)]
@@ -343,6 +483,7 @@ impl std::fmt::Debug for Config {
                 "secret_key",
                 &self.secret_key.as_ref().map(|_| "<redacted>"),
             )
+            .field("public_url", &self.public_url)
             .field("controller", &self.controller)
             .field("policy", &self.policy)
             .finish()

@@ -85,7 +85,7 @@ pub struct Expiry {
 }
 
 /// Task changes anywhere, or `None` until subscribed.
-type Changes = Option<BoxStream<'static, Change>>;
+pub(crate) type Changes = Option<BoxStream<'static, Change>>;
 
 impl Expiry {
     pub(crate) fn new(store: Arc<dyn Store>, config: &ControllerConfig) -> Self {
@@ -214,7 +214,7 @@ impl Expiry {
 /// instead of one per write. That delay cannot make an expiry late: every
 /// deadline a write creates lies at least a second ahead (the shortest
 /// lifetime, start timeout or active time limit).
-async fn wait(
+pub(crate) async fn wait(
     mut wake: tokio::time::Instant,
     coalesce: Duration,
     changes: &mut Changes,

@@ -26,6 +26,8 @@
 //!   task changes.
 //! - [`retention`]: deletes terminal tasks (with events, issues and photos)
 //!   once they have been terminal for the retention period.
+//! - [`notify`]: turns the outbox of causes into notifications for the
+//!   workers who may hear of them, and sends them by Web Push and email;
 //! - [`webhooks`]: delivers every event of a task with a webhook endpoint,
 //!   signed (Standard Webhooks 1.0), at least once, with backoff.
 //! - `mirror` (optional, with the `kubernetes` feature): keeps a `MeatspaceTask` custom resource per
@@ -80,6 +82,7 @@ pub mod leader;
 pub mod metrics;
 #[cfg(feature = "kubernetes")]
 pub mod mirror;
+pub mod notify;
 #[cfg(feature = "kubernetes")]
 pub mod requests;
 pub mod retention;
@@ -143,6 +146,26 @@ pub async fn run(
     } else {
         tracing::warn!("no server secret key: webhooks are not delivered");
     }
+    // Push messages and unsubscribe links are signed with the server key.
+    if config.notify.server_key.is_some() {
+        let (store, config) = (store.clone(), config.clone());
+        reconcilers.spawn(supervisor::supervise(
+            "notifications",
+            move |s| {
+                notify::Notifier::new(
+                    store.clone(),
+                    config.notify.clone(),
+                    config.max_sleep,
+                    config.clock.clone(),
+                )
+                .expect("a server key is set and the push client builds")
+                .run(s)
+            },
+            Shutdown(stopped.clone()),
+        ));
+    } else {
+        tracing::warn!("no server secret key: workers are not notified");
+    }
     #[cfg(feature = "kubernetes")]
     if let Some(settings) = config.mirror.clone() {
         let clock = config.clock.clone();
@@ -173,6 +196,12 @@ pub async fn run(
         webhook_retry_max_seconds = config.webhooks.retry_max.as_secs(),
         webhook_give_up_after_seconds = config.webhooks.give_up_after.as_secs(),
         webhooks_signed = config.webhooks.server_key.is_some(),
+        email = config
+            .notify
+            .smtp
+            .as_ref()
+            .map_or("(off)".to_owned(), |s| format!("{}:{}", s.host, s.port)),
+        notify_hourly_cap = config.notify.hourly_cap,
         mirror_namespace,
         "controller running"
     );

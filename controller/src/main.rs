@@ -64,7 +64,9 @@ async fn main() -> anyhow::Result<()> {
 
     let mut controller_config =
         meatspace_controller::ControllerConfig::from(config.controller.clone()).with_policy(policy);
-    controller_config.webhooks.server_key = Some(server_key);
+    controller_config.webhooks.server_key = Some(server_key.clone());
+    controller_config.notify.server_key = Some(server_key);
+    controller_config.notify.links_origin = config.public_url.clone();
     let result = meatspace_controller::run(store, controller_config, shutdown_signal()).await;
     // Probes keep answering until the reconcilers have finished their batches.
     let _ = stop_http.send(true);

@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use meatspace_domain::ExpiryReason;
-use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Tasks the controller expired, labelled `reason` (`lifetime`, `active_time_limit`).
@@ -33,6 +35,19 @@ pub const WEBHOOK_ATTEMPTS: &str = "meatspace_webhook_attempts_total";
 /// Seconds from an event's creation until its webhook delivery was acknowledged.
 pub const WEBHOOK_LAG: &str = "meatspace_webhook_delivery_lag_seconds";
 
+/// Notifications by `channel` (`push`, `email`) and `outcome` (`sent`,
+/// `failed`, `retried`, `dropped_by_cap`, `withdrawn`).
+pub const NOTIFICATIONS: &str = "meatspace_notifications_total";
+/// Seconds from a notification's making until it was sent, by `channel`.
+pub const NOTIFICATION_LAG: &str = "meatspace_notification_lag_seconds";
+/// What waits in the outbox: `kind` `cause` (not yet fanned out) or
+/// `notification` (not yet sent).
+pub const NOTIFICATION_BACKLOG: &str = "meatspace_notification_backlog";
+/// Age in seconds of the oldest thing waiting in the outbox (0 when empty).
+pub const NOTIFICATION_OLDEST: &str = "meatspace_notification_oldest_seconds";
+/// Push subscriptions removed because the push service said they are gone.
+pub const PUSH_SUBSCRIPTIONS_REMOVED: &str = "meatspace_push_subscriptions_removed_total";
+
 /// Buckets of [`EXPIRY_LAG`]: the target is "within about a second", so the
 /// resolution is finest below that.
 const LAG_BUCKETS: &[f64] = &[
@@ -48,7 +63,8 @@ pub fn with_buckets(builder: PrometheusBuilder) -> Result<PrometheusBuilder, Bui
     builder
         .set_buckets_for_metric(Matcher::Full(EXPIRY_LAG.into()), LAG_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(RECONCILE_DURATION.into()), DURATION_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(WEBHOOK_LAG.into()), LAG_BUCKETS)
+        .set_buckets_for_metric(Matcher::Full(WEBHOOK_LAG.into()), LAG_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(NOTIFICATION_LAG.into()), LAG_BUCKETS)
 }
 
 /// Installs the global Prometheus recorder and starts its upkeep (which
@@ -128,6 +144,56 @@ pub fn describe() {
     for outcome in ["delivered", "failed", "gone"] {
         counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(0);
     }
+    describe_counter!(
+        NOTIFICATIONS,
+        Unit::Count,
+        "Notifications by channel and outcome (sent, failed, retried, dropped_by_cap, withdrawn)."
+    );
+    describe_histogram!(
+        NOTIFICATION_LAG,
+        Unit::Seconds,
+        "Time from a notification's making until it was sent, by channel."
+    );
+    describe_gauge!(
+        NOTIFICATION_BACKLOG,
+        Unit::Count,
+        "Causes not yet fanned out and notifications not yet sent, by kind."
+    );
+    describe_gauge!(
+        NOTIFICATION_OLDEST,
+        Unit::Seconds,
+        "Age of the oldest cause or notification waiting in the outbox."
+    );
+    describe_counter!(
+        PUSH_SUBSCRIPTIONS_REMOVED,
+        Unit::Count,
+        "Push subscriptions removed because the push service said they are gone."
+    );
+    for channel in meatspace_domain::notify::Channel::ALL {
+        for outcome in ["sent", "failed", "retried", "dropped_by_cap", "withdrawn"] {
+            counter!(NOTIFICATIONS, "channel" => channel.as_str(), "outcome" => outcome)
+                .increment(0);
+        }
+    }
+    counter!(PUSH_SUBSCRIPTIONS_REMOVED).increment(0);
+}
+
+pub(crate) fn notification(channel: &'static str, outcome: &'static str) {
+    counter!(NOTIFICATIONS, "channel" => channel, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn notification_lag(channel: &'static str, lag: Duration) {
+    histogram!(NOTIFICATION_LAG, "channel" => channel).record(lag.as_secs_f64());
+}
+
+pub(crate) fn notification_backlog(causes: u64, notifications: u64, oldest: Duration) {
+    gauge!(NOTIFICATION_BACKLOG, "kind" => "cause").set(causes as f64);
+    gauge!(NOTIFICATION_BACKLOG, "kind" => "notification").set(notifications as f64);
+    gauge!(NOTIFICATION_OLDEST).set(oldest.as_secs_f64());
+}
+
+pub(crate) fn push_subscription_removed() {
+    counter!(PUSH_SUBSCRIPTIONS_REMOVED).increment(1);
 }
 
 pub(crate) fn expired(reason: ExpiryReason, lag: Duration) {

@@ -120,6 +120,37 @@ impl reqwest::dns::Resolve for CheckedResolver {
     }
 }
 
+/// An HTTP client for destinations that workers or agents name (webhook
+/// and push endpoints): no redirects, no proxy, and only the addresses
+/// `allow` permits, checked after resolution on every connection.
+pub(crate) fn checked_client(
+    allow: &AllowList,
+    timeout: Duration,
+    user_agent: &'static str,
+) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .no_proxy()
+        .user_agent(user_agent)
+        .dns_resolver(Arc::new(CheckedResolver {
+            allow: allow.clone(),
+        }))
+        .build()
+}
+
+/// An IP literal in `url` that `allow` does not permit (a literal never
+/// reaches the resolver, so it is checked here).
+pub(crate) fn refused_literal(url: &url::Url, allow: &AllowList) -> Option<UrlRefused> {
+    let literal = match url.host() {
+        Some(url::Host::Ipv4(v4)) => IpAddr::V4(v4),
+        Some(url::Host::Ipv6(v6)) => IpAddr::V6(v6),
+        _ => return None,
+    };
+    (!allow.permits(literal)).then_some(UrlRefused::NotPublic(literal))
+}
+
 impl Webhooks {
     /// `None` without a server key: nothing can be signed.
     pub(crate) fn new(
@@ -129,17 +160,12 @@ impl Webhooks {
         clock: Clock,
     ) -> Option<Self> {
         let key = settings.server_key.clone()?;
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(settings.timeout)
-            .connect_timeout(settings.timeout)
-            .no_proxy()
-            .user_agent(concat!("meatspace-webhooks/", env!("CARGO_PKG_VERSION")))
-            .dns_resolver(Arc::new(CheckedResolver {
-                allow: settings.allow.clone(),
-            }))
-            .build()
-            .ok()?;
+        let client = checked_client(
+            &settings.allow,
+            settings.timeout,
+            concat!("meatspace-webhooks/", env!("CARGO_PKG_VERSION")),
+        )
+        .ok()?;
         Some(Webhooks {
             store,
             settings,
@@ -315,16 +341,8 @@ impl Webhooks {
     /// One POST of one event.
     async fn attempt(&self, raw_url: &str, secret: &[u8], event: &Event) -> Result<(), Attempt> {
         let url = parse_url(raw_url).map_err(|e| Attempt::Failed(e.to_string()))?;
-        // A literal address never reaches the resolver: check it here.
-        let literal = match url.host() {
-            Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
-            Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
-            _ => None,
-        };
-        if let Some(ip) = literal
-            && !self.settings.allow.permits(ip)
-        {
-            return Err(Attempt::Failed(UrlRefused::NotPublic(ip).to_string()));
+        if let Some(refused) = refused_literal(&url, &self.settings.allow) {
+            return Err(Attempt::Failed(refused.to_string()));
         }
         let id = format!("evt_{}_{}", event.task_id.simple(), event.id);
         let timestamp = self.clock.now().timestamp();
@@ -371,7 +389,7 @@ enum Attempt {
 
 /// A transport error in words, without the URL's query (which might hold
 /// a token of the receiver's).
-fn describe(e: &reqwest::Error) -> String {
+pub(crate) fn describe(e: &reqwest::Error) -> String {
     let kind = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {

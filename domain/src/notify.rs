@@ -245,11 +245,12 @@ impl Cause {
     }
 
     /// The key that makes a notification once per worker, cause and
-    /// channel: the cause and its task, and for a lapse the deadline it
-    /// warns of (an extension makes a new deadline worth a new warning).
-    pub fn key(self, task: uuid::Uuid, at: Option<chrono::DateTime<chrono::Utc>>) -> String {
-        match at {
-            Some(at) => format!("{}:{task}:{}", self.as_str(), at.timestamp_millis()),
+    /// channel: the cause, its task and which occurrence of the cause it
+    /// is (the event's id for news of a task, the deadline in
+    /// milliseconds for a lapse; an announcement is once per task).
+    pub fn key(self, task: uuid::Uuid, occurrence: Option<i64>) -> String {
+        match occurrence {
+            Some(n) => format!("{}:{task}:{n}", self.as_str()),
             None => format!("{}:{task}", self.as_str()),
         }
     }

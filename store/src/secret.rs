@@ -208,6 +208,39 @@ impl ServerKey {
     }
 }
 
+impl ServerKey {
+    /// The token of a worker's unsubscribe link for one channel
+    /// (base64url, no padding): it proves the link came from this server
+    /// without a sign-in, and it never changes, so an old message's link
+    /// still works.
+    pub fn unsubscribe_token(&self, worker: Uuid, channel: &str) -> String {
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.subkey("meatspace unsubscribe v1"))
+            .expect("HMAC takes any key length");
+        mac.update(worker.as_bytes());
+        mac.update(channel.as_bytes());
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    }
+
+    /// Whether `token` is [`ServerKey::unsubscribe_token`] of the worker
+    /// and channel, compared in constant time.
+    pub fn unsubscribe_token_is(&self, worker: Uuid, channel: &str, token: &str) -> bool {
+        let expected = self.unsubscribe_token(worker, channel);
+        subtle::ConstantTimeEq::ct_eq(expected.as_bytes(), token.as_bytes()).into()
+    }
+
+    /// Seed of the server's VAPID key (RFC 8292), the `counter`-th try:
+    /// the key is derived, so every process with this server key signs
+    /// with the same one and nothing more is kept. A seed that is not a
+    /// valid P-256 scalar (odds of about 2^-32) is skipped by trying the
+    /// next counter.
+    pub fn vapid_seed(&self, counter: u8) -> [u8; 32] {
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.subkey("meatspace vapid key v1"))
+            .expect("HMAC takes any key length");
+        mac.update(&[counter]);
+        mac.finalize().into_bytes().into()
+    }
+}
+
 /// `v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>`: the
 /// Standard Webhooks 1.0 signature of one delivery.
 pub fn webhook_signature(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {

@@ -13,7 +13,9 @@ pub mod k8s;
 pub mod pg;
 pub mod process;
 pub mod prometheus;
+pub mod push;
 pub mod server;
+pub mod smtp;
 
 use std::sync::Arc;
 

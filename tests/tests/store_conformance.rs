@@ -3340,7 +3340,7 @@ async fn notification_causes_are_recorded_with_their_events_and_fanned_out_once(
     // Unsubscribing from email forgets the address and withdraws what waits.
     let lapse = NewNotification {
         worker_id: worker,
-        cause_key: Cause::Lapsing.key(task.id, Some(at(603))),
+        cause_key: Cause::Lapsing.key(task.id, Some(at(603).timestamp_millis())),
         cause: Cause::Lapsing,
         task_id: task.id,
         channel: Channel::Email,

@@ -7,6 +7,7 @@ pub mod events;
 pub mod health;
 pub mod invites;
 pub mod keys;
+pub mod notifications;
 pub mod qualifications;
 pub mod results;
 pub mod stream;

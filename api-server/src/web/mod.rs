@@ -7,6 +7,7 @@
 //! worker API, through [`AppState::act`]-style calls on the store.
 
 mod form;
+mod notifications;
 mod result_form;
 pub mod session;
 
@@ -79,6 +80,7 @@ pub fn router(max_photo_bytes: usize) -> Router<AppState> {
         .route("/app/tasks/{task_id}/complete", post(complete))
         .route("/app/tasks/{task_id}/stop", post(stop))
         .merge(photo)
+        .merge(notifications::router())
         .layer(axum::middleware::map_response(page_headers))
 }
 
