@@ -327,6 +327,19 @@ secret_kept() {
 env_secret() {
   grep -A4 -E "name: $2\$" "$1" | awk '/^ *name: /&&NR>1{n=$2} /^ *key: /{print n"/"$2}'
 }
+if render default "$WORK/smtp.yaml" --set notifications.smtp.host=smtp.example.test \
+     --set notifications.smtp.passwordSecret=smtp-credentials; then
+  expect_rule "smtp: the controller sends email through the configured host" \
+    output_is '"smtp.example.test"' env_value "$WORK/smtp.yaml" MEATSPACE_SMTP_HOST
+  expect_rule "smtp: the password comes from the named Secret, never a literal" \
+    output_is '"smtp-credentials"/"smtp-password"' env_secret "$WORK/smtp.yaml" MEATSPACE_SMTP_PASSWORD
+else
+  fail "helm template with an SMTP server" "$WORK/smtp.yaml.err"
+fi
+if [[ -f $WORK/default.yaml ]]; then
+  expect_rule "default: no SMTP server, so no email settings" \
+    not grep -q 'name: MEATSPACE_SMTP_HOST' "$WORK/default.yaml"
+fi
 if rendered default; then
   d=$WORK/default.yaml
   expect_rule "default: the chart creates the first operator key's Secret" \
@@ -621,7 +634,8 @@ check_controller_env() {
   if diff <(printf '%s\n' DATABASE_URL MEATSPACE_SECRET_KEY MEATSPACE_CONTROLLER_LISTEN_ADDR MEATSPACE_RETENTION_SECONDS RUST_LOG \
               MEATSPACE_LOG_FORMAT MEATSPACE_MIRROR_ENABLED MEATSPACE_MIRROR_NAMESPACE \
               MEATSPACE_REQUESTS_ENABLED MEATSPACE_KUBERNETES_EVENTS \
-              MEATSPACE_LEADER_ELECTION MEATSPACE_LEASE_NAME POD_NAME POD_NAMESPACE "${extra[@]}" | sort) \
+              MEATSPACE_LEADER_ELECTION MEATSPACE_LEASE_NAME POD_NAME POD_NAMESPACE \
+              MEATSPACE_PUBLIC_URL MEATSPACE_NOTIFY_HOURLY_CAP "${extra[@]}" | sort) \
             <(cut -d= -f1 "$WORK/controller.env") >"$WORK/env.diff"; then
     pass "the controller ($sa) gets the contract's environment variables"
   else

@@ -722,7 +722,77 @@ async fn a_phone_fills_a_typed_form_through_a_revision(db: Db) {
     server.stop().await;
 }
 
+/// The Settings page at phone width: the worker sets its area from the
+/// device's position, opts in to new tasks and email, and sees it kept; a
+/// bad address is refused on the page; the browser's side of push runs as
+/// far as a browser without a push service can take it (the service worker
+/// registers, and turning push on says why it cannot).
+async fn a_phone_sets_its_area_and_opts_in_to_email(db: Db) {
+    let server = TestServer::start(db).await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&server.base_url).await;
+    let (worker_id, worker) = server.register_worker("Ada").await;
+    sign_in_with_token(&browser, &worker).await;
+    browser.set_position(52.52, 13.405, 20.0).await;
+    browser.goto("/app/settings").await;
+    browser.wait_for_text("h1", "What you are told").await;
+    browser.wait_for("#use-position").await;
+    browser.click("#use-position").await;
+    browser
+        .wait_for_text("#position-status", "Filled in your position")
+        .await;
+    browser.fill("#radius_km", "3").await;
+    browser.click("#new_tasks").await;
+    browser.fill("#email", "not an address").await;
+    // The browser checks type=email first; the server checks as well.
+    browser
+        .js("document.getElementById('settings-form').noValidate = true; return null")
+        .await;
+    browser.click("#save-settings").await;
+    browser.wait_for_text("#settings-error", "Email").await;
+    browser.fill("#email", "ada@example.org").await;
+    browser.click("#save-settings").await;
+    browser.wait_for_text("[role=status]", "Saved.").await;
+    let prefs = server
+        .store
+        .preferences(worker_id)
+        .await
+        .unwrap()
+        .expect("the worker");
+    let area = prefs.area.expect("an area");
+    assert_eq!(
+        (area.latitude, area.longitude, area.radius_m),
+        (52.52, 13.405, 3000)
+    );
+    assert!(prefs.new_tasks && prefs.my_tasks);
+    assert_eq!(prefs.email.as_deref(), Some("ada@example.org"));
+    browser.assert_no_horizontal_overflow("settings").await;
+    if db == Db::Sqlite {
+        browser.screenshot("worker-app-settings").await;
+    }
+
+    // Push: the service worker registers; without a push service the
+    // subscription fails and the page says so (no silent failure).
+    browser.wait_for("#push[data-worker=registered]").await;
+    browser.wait_for("#push-on").await;
+    browser.click("#push-on").await;
+    browser
+        .wait_for_text("#push-status", "could not be turned on here")
+        .await;
+    assert!(
+        server
+            .store
+            .push_subscriptions(worker_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    browser.close().await;
+    server.stop().await;
+}
+
 meatspace_tests::api_tests!(
+    a_phone_sets_its_area_and_opts_in_to_email,
     end_to_end,
     two_browsers_race_to_claim,
     agent_text_is_text_and_forms_need_csrf,

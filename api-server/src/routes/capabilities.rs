@@ -337,6 +337,7 @@ pub fn document(state: &AppState) -> Value {
         },
         "typed_results": typed_results(),
         "qualifications": qualifications(),
+        "notifications": notifications(),
         "review_protocol": review_protocol(),
         "limits": {
             "description_chars": MAX_DESCRIPTION_CHARS,
@@ -418,6 +419,17 @@ fn qualifications() -> Value {
         },
         "operator_endpoints": "PUT and DELETE /api/v1/workers/{worker_id}/qualifications/{name}, GET /api/v1/workers/{worker_id}/qualifications; audited",
         "worker_endpoint": "GET /api/v1/worker/qualifications"
+    })
+}
+
+/// What the capabilities document says of how workers hear of tasks.
+fn notifications() -> Value {
+    json!({
+        "on_publish": "Publishing a task announces it, by Web Push and email, to the workers who asked for new tasks, whose area holds the task's place (a task without a place reaches those without an area too), who meet its requirements and whom your principal has not blocked. Publishing does not wait for it: the controller fans out from an outbox written with the task.published event.",
+        "worker_news": "The worker holding a task is told when you answer its issue, ask for a revision, accept its work or cancel the task, and when its time is about to run out. Messages carry no text of yours beyond the task's description: workers open the task to read the rest.",
+        "delivery": "At least once per worker, cause and channel, with a per-worker hourly cap; silence from a worker is never a sign that it was not told, nor that it was.",
+        "channels": ["push", "email"],
+        "worker_endpoints": "GET and PUT /api/v1/worker/preferences, GET /api/v1/worker/push-key, POST and DELETE /api/v1/worker/push-subscriptions"
     })
 }
 

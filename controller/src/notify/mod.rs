@@ -285,8 +285,20 @@ impl Notifier {
                 .claim_due_notifications(now, now + LEASE, DUE_PER_PASS)
                 .await?;
             let more_due = due.len() == DUE_PER_PASS as usize;
+            // The tasks the batch is about, read once each (an
+            // announcement's notifications share one).
+            let mut tasks = std::collections::HashMap::new();
+            for n in &due {
+                if !tasks.contains_key(&n.task_id) {
+                    tasks.insert(n.task_id, self.store.task(n.task_id).await?);
+                }
+            }
+            let tasks = &tasks;
             let results: Vec<Result<(), Error>> = futures::stream::iter(due)
-                .map(|n| self.deliver(n))
+                .map(|n| {
+                    let task = tasks.get(&n.task_id).cloned().flatten();
+                    self.deliver(n, task)
+                })
                 .buffer_unordered(SEND_CONCURRENCY)
                 .collect()
                 .await;
@@ -447,8 +459,8 @@ impl Notifier {
     }
 
     /// Checks a due notification again, sends it, and records the outcome.
-    async fn deliver(&self, due: DueNotification) -> Result<(), Error> {
-        let outcome = match self.attempt(&due).await {
+    async fn deliver(&self, due: DueNotification, task: Option<Task>) -> Result<(), Error> {
+        let outcome = match self.attempt(&due, task).await {
             Ok(outcome) => outcome,
             Err(e) if matches!(e, Error::StoreUnavailable(_)) => return Err(e),
             Err(e) => {
@@ -470,9 +482,13 @@ impl Notifier {
         Ok(())
     }
 
-    async fn attempt(&self, due: &DueNotification) -> Result<NotificationOutcome, Error> {
+    async fn attempt(
+        &self,
+        due: &DueNotification,
+        task: Option<Task>,
+    ) -> Result<NotificationOutcome, Error> {
         let now = self.clock.now();
-        let Some(task) = self.store.task(due.task_id).await? else {
+        let Some(task) = task else {
             return Ok(NotificationOutcome::Withdrawn);
         };
         let worker = self.store.worker(due.worker_id).await?;
