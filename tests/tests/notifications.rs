@@ -36,6 +36,7 @@ meatspace_tests::api_tests!(
     news_of_a_task_reaches_its_holder_within_the_hourly_cap,
     a_subscription_the_push_service_calls_gone_is_removed,
     a_fan_out_interrupted_by_a_crash_sends_each_worker_one_message,
+    a_worker_is_warned_once_before_its_assignment_lapses,
 );
 
 /// Alexanderplatz, Berlin: where the tasks are.
@@ -48,13 +49,16 @@ struct System {
 }
 
 async fn system(db: Db) -> System {
+    system_on(TestServer::start(db).await).await
+}
+
+async fn system_on(srv: TestServer) -> System {
     // The controller runs in this process: its warnings (a failed send)
     // are printed with a failing test's output.
     let _ = tracing_subscriber::fmt()
         .with_env_filter("warn,tower_http=off")
         .with_test_writer()
         .try_init();
-    let srv = TestServer::start(db).await;
     let smtp = tokio::task::spawn_blocking(SmtpServer::start)
         .await
         .expect("start the SMTP server");
@@ -386,9 +390,8 @@ async fn a_subscription_the_push_service_calls_gone_is_removed(db: Db) {
     controller.stop().await;
 }
 
-async fn a_fan_out_interrupted_by_a_crash_sends_each_worker_one_message(db: Db) {
-    let sys = system(db).await;
-    // More workers than one page of the fan-out (1000), by push only.
+/// More workers than one page of the fan-out (1000), told by push only.
+async fn many_listeners(sys: &System) -> Vec<Subscription> {
     let mut subs = Vec::new();
     for n in 0..1300 {
         let (_, _, sub) = sys
@@ -396,10 +399,11 @@ async fn a_fan_out_interrupted_by_a_crash_sends_each_worker_one_message(db: Db) 
             .await;
         subs.push(sub.unwrap());
     }
-    let first = sys.controller(20);
-    sys.publish("Read the water meter", json!({})).await;
-    // Crash as soon as the first messages arrive: the fan-out or the
-    // sending is then under way.
+    subs
+}
+
+/// Waits for the first push: the fan-out or the sending is under way.
+async fn first_push(sys: &System) {
     let started = std::time::Instant::now();
     while sys.push.total() == 0 {
         assert!(
@@ -408,17 +412,16 @@ async fn a_fan_out_interrupted_by_a_crash_sends_each_worker_one_message(db: Db) 
         );
         tokio::time::sleep(Duration::from_millis(5)).await; // poll interval
     }
-    first.crash().await;
-    // The crashed controller's leases run out (a minute on its clock).
-    sys.srv.advance_clock(chrono::TimeDelta::seconds(61));
-    let second = sys.controller(20);
-    sys.settled().await;
+}
+
+/// Every worker was told, each under one notification id.
+fn each_told_once(sys: &System, subs: &[Subscription]) {
     assert_eq!(sys.push.refused(), Vec::<String>::new());
     // Delivery is at least once: a message sent but not yet recorded when
     // the controller died is sent again, with the same id (the service
     // worker shows one notification per id). Each worker has one.
     let mut ids = std::collections::HashSet::new();
-    for s in &subs {
+    for s in subs {
         let got = sys.push.received(s);
         assert!(!got.is_empty(), "every worker is told");
         let mine: std::collections::HashSet<i64> = got
@@ -429,5 +432,80 @@ async fn a_fan_out_interrupted_by_a_crash_sends_each_worker_one_message(db: Db) 
         ids.extend(mine);
     }
     assert_eq!(ids.len(), subs.len());
+}
+
+async fn a_fan_out_interrupted_by_a_crash_sends_each_worker_one_message(db: Db) {
+    let sys = system(db).await;
+    let subs = many_listeners(&sys).await;
+    let first = sys.controller(20);
+    sys.publish("Read the water meter", json!({})).await;
+    first_push(&sys).await;
+    first.crash().await;
+    // The crashed controller's leases run out (a minute on its clock).
+    sys.srv.advance_clock(chrono::TimeDelta::seconds(61));
+    let second = sys.controller(20);
+    sys.settled().await;
+    each_told_once(&sys, &subs);
     second.stop().await;
+}
+
+/// The fault suite's case: PostgreSQL is killed in the middle of a
+/// fan-out and started again; the controller rides it out and every
+/// worker is still told, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_crash_during_a_fan_out_loses_no_notification() {
+    let pg = tokio::task::spawn_blocking(meatspace_tests::pg::PgServer::start_new)
+        .await
+        .unwrap();
+    let db = meatspace_tests::TestDb::postgres_on(&pg.admin_url).await;
+    let srv = TestServer::start_on(Db::Postgres, db, Default::default()).await;
+    let sys = system_on(srv).await;
+    let subs = many_listeners(&sys).await;
+    let controller = sys.controller(20);
+    sys.publish("Read the gas meter", json!({})).await;
+    first_push(&sys).await;
+    tokio::task::block_in_place(|| pg.crash());
+    tokio::task::block_in_place(|| pg.restart_after_crash());
+    // Claims made before the crash may be held by leases; they run out a
+    // minute later on the controller's clock.
+    sys.srv.advance_clock(chrono::TimeDelta::seconds(61));
+    sys.settled().await;
+    each_told_once(&sys, &subs);
+    controller.stop().await;
+}
+
+/// The holder of an assignment is warned before its start deadline
+/// passes, once per deadline however often the controller looks.
+async fn a_worker_is_warned_once_before_its_assignment_lapses(db: Db) {
+    let sys = system(db).await;
+    let srv = &sys.srv;
+    let mut mine_only = prefs(0.0, 5, Some("ada@example.org"));
+    mine_only["new_tasks"] = json!(false);
+    let (_, token, _) = sys.worker("Ada", mine_only, false).await;
+    let controller = sys.controller(20);
+    let (task, _) = sys.publish("Feed the cat", json!({})).await;
+    let claimed = srv
+        .worker(&token)
+        .post(&format!("/api/v1/worker/tasks/{task}/claim"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let start_by: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(claimed["task"]["start_by"].clone()).expect("start_by");
+    // Ten minutes before the deadline (the notice is fifteen).
+    srv.advance_clock_past(start_by - chrono::TimeDelta::minutes(10));
+    let started = std::time::Instant::now();
+    while sys.smtp.messages().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no warning within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
+    }
+    // A minute on, the controller looks again: the same deadline is not
+    // warned of twice.
+    srv.advance_clock(chrono::TimeDelta::minutes(1));
+    sys.settled().await;
+    let subjects: Vec<String> = sys.smtp.messages().into_iter().map(|m| m.subject).collect();
+    assert_eq!(subjects, ["Your task is about to lapse"]);
+    controller.stop().await;
 }

@@ -289,8 +289,8 @@ impl Notifier {
             // announcement's notifications share one).
             let mut tasks = std::collections::HashMap::new();
             for n in &due {
-                if !tasks.contains_key(&n.task_id) {
-                    tasks.insert(n.task_id, self.store.task(n.task_id).await?);
+                if let std::collections::hash_map::Entry::Vacant(e) = tasks.entry(n.task_id) {
+                    e.insert(self.store.task(n.task_id).await?);
                 }
             }
             let tasks = &tasks;

@@ -40,12 +40,20 @@ pub fn vapid_public_key(key: &ServerKey) -> String {
     URL_SAFE_NO_PAD.encode(point.as_bytes())
 }
 
+/// How long a VAPID signature is reused for one push service (it is
+/// valid for [`TTL`]): signing is the costliest step of a push.
+const SIGNATURE_REUSE: Duration = Duration::from_secs(3600);
+
 /// The push sender.
 pub(crate) struct Push {
     key_pair: ES256KeyPair,
     contact: String,
     allow: AllowList,
     client: reqwest::Client,
+    /// Signatures made, per push service origin, with when.
+    signatures: std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, reqwest::header::HeaderValue)>,
+    >,
 }
 
 /// What one subscription's push did.
@@ -70,6 +78,7 @@ impl Push {
             contact: settings.push_contact.clone(),
             allow: settings.push_allow.clone(),
             client,
+            signatures: Default::default(),
         })
     }
 
@@ -79,8 +88,21 @@ impl Push {
     /// a push service on one would refuse).
     fn vapid(&self, url: &url::Url) -> Result<reqwest::header::HeaderValue, String> {
         use web_push_native::jwt_simple::prelude::*;
+        let origin = url.origin().ascii_serialization();
+        let mut signatures = self
+            .signatures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((made, value)) = signatures.get(&origin)
+            && made.elapsed() < SIGNATURE_REUSE
+        {
+            return Ok(value.clone());
+        }
+        // A push service per origin: the map stays as small as the set
+        // of push services browsers use.
+        signatures.retain(|_, (made, _)| made.elapsed() < SIGNATURE_REUSE);
         let claims = Claims::create(TTL.into())
-            .with_audience(url.origin().ascii_serialization())
+            .with_audience(&origin)
             .with_subject(&self.contact);
         let token = self.key_pair.sign(claims).map_err(|e| e.to_string())?;
         let key = URL_SAFE_NO_PAD.encode(
@@ -89,8 +111,10 @@ impl Push {
                 .public_key()
                 .to_bytes_uncompressed(),
         );
-        reqwest::header::HeaderValue::try_from(format!("vapid t={token}, k={key}"))
-            .map_err(|e| e.to_string())
+        let value = reqwest::header::HeaderValue::try_from(format!("vapid t={token}, k={key}"))
+            .map_err(|e| e.to_string())?;
+        signatures.insert(origin, (std::time::Instant::now(), value.clone()));
+        Ok(value)
     }
 
     /// Sends the message to every subscription of a worker; removes those
