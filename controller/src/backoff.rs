@@ -37,6 +37,20 @@ impl Backoff {
     }
 }
 
+/// The delay before delivery attempt number `attempts` (1 for the first
+/// retry) of a webhook or a notification: `base` doubled per attempt up to
+/// `max`, with equal jitter (half the delay fixed, half random), so the
+/// retries of many deliveries do not arrive in step.
+pub(crate) fn retry_delay(base: Duration, max: Duration, attempts: u32) -> chrono::TimeDelta {
+    use rand::Rng;
+    let exp = attempts.clamp(1, 30) - 1;
+    let delay = base.saturating_mul(2u32.saturating_pow(exp)).min(max);
+    let half = delay / 2;
+    let jitter = rand::thread_rng().gen_range(0..=half.as_millis().max(1) as u64);
+    chrono::TimeDelta::from_std(half + Duration::from_millis(jitter))
+        .unwrap_or(chrono::TimeDelta::seconds(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,6 @@ use meatspace_domain::clock::Clock;
 use meatspace_store::Store;
 use meatspace_store::secret::{ServerKey, webhook_signature};
 use meatspace_store::{webhooks::DueWebhook, webhooks::WebhookOutcome};
-use rand::Rng;
 use tracing::Instrument;
 
 pub use meatspace_domain::webhook_url::AllowList;
@@ -324,18 +323,12 @@ impl Webhooks {
         Ok(())
     }
 
-    /// Exponential backoff with equal jitter: half the delay fixed, half
-    /// random, so retries of many endpoints do not arrive in step.
     fn retry_delay(&self, attempts: i32) -> TimeDelta {
-        let exp = u32::try_from(attempts.clamp(1, 30) - 1).unwrap_or(0);
-        let base = self
-            .settings
-            .retry_base
-            .saturating_mul(2u32.saturating_pow(exp))
-            .min(self.settings.retry_max);
-        let half = base / 2;
-        let jitter = rand::thread_rng().gen_range(0..=half.as_millis().max(1) as u64);
-        TimeDelta::from_std(half + Duration::from_millis(jitter)).unwrap_or(TimeDelta::seconds(1))
+        crate::backoff::retry_delay(
+            self.settings.retry_base,
+            self.settings.retry_max,
+            u32::try_from(attempts).unwrap_or(1),
+        )
     }
 
     /// One POST of one event.

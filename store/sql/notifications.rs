@@ -76,6 +76,32 @@ async fn withdraw(
     Ok(())
 }
 
+/// Holds the claimed rows `ids` (by their `key` column) until `until`:
+/// `set` names the table and the column, `"notifications SET
+/// next_attempt_at"`.
+async fn lease(
+    tx: &mut d::Tx,
+    set: &str,
+    key: &str,
+    ids: &[i64],
+    until: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "UPDATE {set} = ${} WHERE {key} IN ({})",
+        ids.len() + 1,
+        placeholders(ids.len())
+    );
+    let mut query = sqlx::query(&sql);
+    for id in ids {
+        query = query.bind(id);
+    }
+    query.bind(d::time(until)).execute(&mut **tx).await?;
+    Ok(())
+}
+
 #[async_trait::async_trait]
 impl Notifications for d::Store {
     async fn preferences(&self, worker: Uuid) -> Result<Option<Preferences>, StoreError> {
@@ -231,18 +257,15 @@ impl Notifications for d::Store {
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        if !causes.is_empty() {
-            let list = placeholders(causes.len());
-            let sql = format!(
-                "UPDATE notification_causes SET lease_until = ${} WHERE event_id IN ({list})",
-                causes.len() + 1
-            );
-            let mut lease = sqlx::query(&sql);
-            for cause in &causes {
-                lease = lease.bind(cause.event_id);
-            }
-            lease.bind(d::time(lease_until)).execute(&mut *tx).await?;
-        }
+        let ids: Vec<i64> = causes.iter().map(|c| c.event_id).collect();
+        lease(
+            &mut tx,
+            "notification_causes SET lease_until",
+            "event_id",
+            &ids,
+            lease_until,
+        )
+        .await?;
         tx.commit().await?;
         Ok(causes)
     }
@@ -400,18 +423,15 @@ impl Notifications for d::Store {
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        if !due.is_empty() {
-            let list = placeholders(due.len());
-            let sql = format!(
-                "UPDATE notifications SET next_attempt_at = ${} WHERE id IN ({list})",
-                due.len() + 1
-            );
-            let mut lease = sqlx::query(&sql);
-            for n in &due {
-                lease = lease.bind(n.id);
-            }
-            lease.bind(d::time(lease_until)).execute(&mut *tx).await?;
-        }
+        let ids: Vec<i64> = due.iter().map(|n| n.id).collect();
+        lease(
+            &mut tx,
+            "notifications SET next_attempt_at",
+            "id",
+            &ids,
+            lease_until,
+        )
+        .await?;
         tx.commit().await?;
         Ok(due)
     }

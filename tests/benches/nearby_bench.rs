@@ -27,7 +27,7 @@ use chrono::{TimeDelta, Utc};
 use meatspace_domain::Policy;
 use meatspace_domain::place::cell_of;
 use meatspace_store::{Near, Store};
-use meatspace_tests::{Db, TestDb};
+use meatspace_tests::{Db, TestDb, cpu_time};
 use uuid::Uuid;
 
 const QUERIES: usize = 300;
@@ -149,18 +149,6 @@ async fn load(db: Db, url: &str, n: usize) {
                 .expect("analyze");
         }
     }
-}
-
-/// CPU time this process has used (user and system, all threads), from
-/// /proc/self/stat in clock ticks of 10 ms.
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
-    // After the command name in parentheses: fields 14 and 15 are utime and stime.
-    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    Duration::from_millis(ticks * 10)
 }
 
 struct Figures {

@@ -32,10 +32,10 @@ use meatspace_domain::notify::{Area, Preferences};
 use meatspace_store::Store;
 use meatspace_store::notify::PushSubscription;
 use meatspace_store::token::TokenHash;
-use meatspace_tests::Db;
 use meatspace_tests::push::PushService;
 use meatspace_tests::server::{TestServer, str_at, uuid_at};
 use meatspace_tests::smtp::SmtpServer;
+use meatspace_tests::{Db, cpu_time};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -43,15 +43,6 @@ const HERE: (f64, f64) = (52.5219, 13.4132);
 /// Where the tasks nobody is told of are (no worker's area is there).
 const ELSEWHERE: (f64, f64) = (-33.86, 151.21);
 const SAMPLES: usize = 20;
-
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
-    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    Duration::from_millis(ticks * 10)
-}
 
 /// Creates and publishes a task at `at`; the publish's latency.
 async fn publish(srv: &TestServer, description: &str, at: (f64, f64)) -> Duration {

@@ -187,6 +187,19 @@ where
     eventually_timed(limit, what, check).await.0
 }
 
+/// CPU time this process has used (user and system, all threads), from
+/// /proc/self/stat in clock ticks of 10 ms: the benchmarks' CPU per
+/// operation.
+pub fn cpu_time() -> std::time::Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    // After the command name in parentheses: fields 14 and 15 are utime and stime.
+    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    std::time::Duration::from_millis(ticks * 10)
+}
+
 /// Every stored byte of the test database: a `pg_dump`, or the SQLite
 /// files (database, WAL and shared memory).
 pub async fn stored_bytes(backend: Db, url: &str) -> Vec<u8> {

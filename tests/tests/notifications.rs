@@ -22,10 +22,10 @@ use controller_support::InProcess;
 use meatspace_controller::ControllerConfig;
 use meatspace_controller::notify::{NotifySettings, SmtpSettings, SmtpTls};
 use meatspace_domain::notify::Channel;
-use meatspace_tests::Db;
 use meatspace_tests::push::{PushService, Subscription};
 use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at};
 use meatspace_tests::smtp::SmtpServer;
+use meatspace_tests::{Db, eventually};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -132,23 +132,12 @@ impl System {
     /// Waits until the outbox is empty: every cause fanned out, every
     /// notification done (sent, dropped or failed). 60 s at most.
     async fn settled(&self) {
-        let started = std::time::Instant::now();
-        loop {
-            let backlog = self
-                .srv
-                .store
-                .notification_backlog()
-                .await
-                .expect("the backlog");
-            if backlog.causes == 0 && backlog.notifications == 0 {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the outbox is not empty after 60 s: {backlog:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
-        }
+        let store = &self.srv.store;
+        eventually(Duration::from_secs(60), "an empty outbox", || async move {
+            let backlog = store.notification_backlog().await.expect("the backlog");
+            (backlog.causes == 0 && backlog.notifications == 0).then_some(())
+        })
+        .await;
     }
 
     /// Creates and publishes a task at `HERE` with `extra` fields.
@@ -404,14 +393,10 @@ async fn many_listeners(sys: &System) -> Vec<Subscription> {
 
 /// Waits for the first push: the fan-out or the sending is under way.
 async fn first_push(sys: &System) {
-    let started = std::time::Instant::now();
-    while sys.push.total() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no push within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await; // poll interval
-    }
+    eventually(Duration::from_secs(60), "a first push", || async {
+        (sys.push.total() > 0).then_some(())
+    })
+    .await;
 }
 
 /// Every worker was told, each under one notification id.
@@ -493,14 +478,10 @@ async fn a_worker_is_warned_once_before_its_assignment_lapses(db: Db) {
         serde_json::from_value(claimed["task"]["start_by"].clone()).expect("start_by");
     // Ten minutes before the deadline (the notice is fifteen).
     srv.advance_clock_past(start_by - chrono::TimeDelta::minutes(10));
-    let started = std::time::Instant::now();
-    while sys.smtp.messages().is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no warning within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
-    }
+    eventually(Duration::from_secs(60), "a lapse warning", || async {
+        (!sys.smtp.messages().is_empty()).then_some(())
+    })
+    .await;
     // A minute on, the controller looks again: the same deadline is not
     // warned of twice.
     srv.advance_clock(chrono::TimeDelta::minutes(1));

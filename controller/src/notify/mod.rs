@@ -42,7 +42,6 @@ use meatspace_store::notify::{
 };
 use meatspace_store::secret::ServerKey;
 use meatspace_store::{Store, StoreError};
-use rand::Rng;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
@@ -564,17 +563,8 @@ impl Notifier {
         })
     }
 
-    /// Exponential backoff with equal jitter, as for webhooks.
     fn retry_delay(&self, attempts: u32) -> TimeDelta {
-        let exp = attempts.clamp(1, 30) - 1;
-        let base = self
-            .settings
-            .retry_base
-            .saturating_mul(2u32.saturating_pow(exp))
-            .min(self.settings.retry_max);
-        let half = base / 2;
-        let jitter = rand::thread_rng().gen_range(0..=half.as_millis().max(1) as u64);
-        TimeDelta::from_std(half + Duration::from_millis(jitter)).unwrap_or(TimeDelta::seconds(1))
+        crate::backoff::retry_delay(self.settings.retry_base, self.settings.retry_max, attempts)
     }
 
     async fn gauge_backlog(&self) -> Result<(), Error> {
