@@ -238,10 +238,15 @@ pub enum AuditAction {
     /// The development key was presented while it is turned off.
     #[serde(rename = "dev_key.refused")]
     DevKeyRefused,
+    /// An operator signed in to the console (with the key the entry names).
+    #[serde(rename = "console.signed_in")]
+    ConsoleSignedIn,
+    #[serde(rename = "console.signed_out")]
+    ConsoleSignedOut,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 14] = [
+    pub const ALL: [AuditAction; 16] = [
         AuditAction::KeyCreated,
         AuditAction::KeyRotated,
         AuditAction::KeyRevoked,
@@ -256,6 +261,8 @@ impl AuditAction {
         AuditAction::WorkerUnqualified,
         AuditAction::WorkerBlocked,
         AuditAction::WorkerUnblocked,
+        AuditAction::ConsoleSignedIn,
+        AuditAction::ConsoleSignedOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -274,6 +281,8 @@ impl AuditAction {
             AuditAction::WorkerUnqualified => "worker.unqualified",
             AuditAction::WorkerBlocked => "worker.blocked",
             AuditAction::WorkerUnblocked => "worker.unblocked",
+            AuditAction::ConsoleSignedIn => "console.signed_in",
+            AuditAction::ConsoleSignedOut => "console.signed_out",
         }
     }
 

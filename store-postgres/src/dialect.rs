@@ -79,6 +79,11 @@ pub(crate) fn forget_tasks(store: &Store, ids: &[Uuid]) {
 /// bare task id).
 pub(crate) const CREDENTIAL_PREFIX: &str = "credential:";
 
+/// The start of the hour `column` (a time) falls in, as SQL.
+pub(crate) fn hour_of(column: &str) -> String {
+    format!("date_trunc('hour', {column}, 'UTC')")
+}
+
 // ---- values as bound ----------------------------------------------------------------
 
 pub(crate) fn id(v: Uuid) -> Uuid {

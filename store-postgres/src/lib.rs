@@ -48,6 +48,8 @@ mod dialect;
 mod group_commit;
 mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/console.rs"]
+mod console;
 #[path = "../../store/sql/deliveries.rs"]
 mod deliveries;
 #[path = "../../store/sql/engine_writes.rs"]

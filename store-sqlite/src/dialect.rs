@@ -82,6 +82,12 @@ pub(crate) async fn announce_task(tx: &mut Tx, id: Uuid) -> Result<(), StoreErro
 /// Nothing to do: the writer bumps the versions of the tasks it announces.
 pub(crate) fn forget_tasks(_store: &Store, _ids: &[Uuid]) {}
 
+/// The start of the hour `column` (a time) falls in, as SQL: times are
+/// milliseconds.
+pub(crate) fn hour_of(column: &str) -> String {
+    format!("(({column}) / 3600000) * 3600000")
+}
+
 // ---- values as bound ----------------------------------------------------------------
 
 pub(crate) fn id(v: Uuid) -> String {

@@ -37,6 +37,8 @@ mod checkpoint;
 pub use checkpoint::CheckpointCounts;
 mod dialect;
 // Shared with the other backend, over this one's `dialect`.
+#[path = "../../store/sql/console.rs"]
+mod console;
 #[path = "../../store/sql/deliveries.rs"]
 mod deliveries;
 #[path = "../../store/sql/engine_writes.rs"]

@@ -611,6 +611,7 @@ pub(crate) async fn audit(pool: &Pool, f: &AuditFilter) -> Result<Vec<AuditEntry
          FROM audit a LEFT JOIN principals p ON p.id = a.principal_id \
          WHERE ($1 IS NULL OR a.principal_id = $1) AND ($2 IS NULL OR a.at >= $2) \
          AND ($3 IS NULL OR a.at < $3) AND ($4 IS NULL OR a.id < $4) \
+         AND ($6 IS NULL OR a.action = $6) \
          ORDER BY a.id DESC LIMIT $5",
     )
     .bind(f.principal.map(d::id))
@@ -618,6 +619,7 @@ pub(crate) async fn audit(pool: &Pool, f: &AuditFilter) -> Result<Vec<AuditEntry
     .bind(d::opt_time(f.until))
     .bind(f.before)
     .bind(i64::from(f.limit))
+    .bind(f.action.map(|a| a.as_str()))
     .fetch_all(pool)
     .await?;
     rows.iter()

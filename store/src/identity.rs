@@ -129,6 +129,8 @@ pub struct NewAudit {
 #[derive(Debug, Clone, Default)]
 pub struct AuditFilter {
     pub principal: Option<Uuid>,
+    /// Only entries of this action.
+    pub action: Option<meatspace_domain::identity::AuditAction>,
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
     pub before: Option<i64>,

@@ -27,6 +27,7 @@ use meatspace_domain::{Command, Event, Issue, Refusal, Task, TaskState};
 
 use crate::token::TokenHash;
 
+pub mod console;
 pub mod engine;
 pub mod idempotency;
 pub mod identity;
@@ -402,6 +403,7 @@ pub trait Store:
     + Retention
     + IdentityStore
     + notify::Notifications
+    + console::ConsoleStore
     + std::fmt::Debug
     + 'static
 {

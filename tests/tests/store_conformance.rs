@@ -177,6 +177,7 @@ conformance! {
         events_are_counted_up_to_a_bound,
         worker_tasks_and_newest_open_tasks,
         notification_causes_are_recorded_with_their_events_and_fanned_out_once,
+        console_sessions_and_overview_counts,
     ],
     databases: [
         replicas_starting_together_migrate_once,
@@ -3120,6 +3121,7 @@ const OPERATOR: Uuid = Uuid::from_u128(0x0e0e_0e0e);
 async fn audit_targets(store: &dyn Store) -> Vec<String> {
     let filter = meatspace_store::AuditFilter {
         principal: Some(OPERATOR),
+        action: None,
         since: None,
         until: None,
         before: None,
@@ -3389,4 +3391,72 @@ async fn notification_causes_are_recorded_with_their_events_and_fanned_out_once(
             .await
             .unwrap()
     );
+}
+
+// ---- the operator console ------------------------------------------------------------
+
+async fn console_sessions_and_overview_counts(store: Arc<dyn Store>) {
+    use meatspace_store::console::ConsoleSession;
+    let s = &*store;
+    let session = ConsoleSession {
+        id: Uuid::new_v4(),
+        secret_hash: TokenHash::of("mss_secret"),
+        key_id: Some(Uuid::new_v4()),
+        key_digest: Some(TokenHash::of("msk_key")),
+        principal_id: Uuid::new_v4(),
+        created_at: at(0),
+        last_seen_at: at(0),
+        expires_at: at(3600),
+    };
+    s.create_console_session(&session).await.unwrap();
+    assert_eq!(
+        s.console_session(session.id, at(10)).await.unwrap(),
+        Some(session.clone())
+    );
+    s.touch_console_session(session.id, at(20)).await.unwrap();
+    s.touch_console_session(session.id, at(15)).await.unwrap();
+    let touched = s
+        .console_session(session.id, at(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(touched.last_seen_at, at(20), "activity only moves forward");
+    assert_eq!(s.console_session(session.id, at(3600)).await.unwrap(), None);
+    assert_eq!(s.purge_console_sessions(at(3600), 10).await.unwrap(), 1);
+    let ended = ConsoleSession {
+        id: Uuid::new_v4(),
+        ..session
+    };
+    s.create_console_session(&ended).await.unwrap();
+    s.end_console_session(ended.id).await.unwrap();
+    assert_eq!(s.console_session(ended.id, at(10)).await.unwrap(), None);
+
+    // One task completed at 5, one published at 11, one draft two hours on.
+    let (done, worker) = task_in(s, TaskState::Active).await;
+    ok(s, done.id, complete(worker, None), 5).await;
+    let open = create_at(s, 10, "open one").await.task;
+    ok(s, open.id, Command::Publish, 11).await;
+    create_at(s, 7200, "a draft, later").await;
+    let counts = s.task_counts().await.unwrap();
+    assert_eq!(
+        counts,
+        vec![
+            (TaskState::Draft, 1),
+            (TaskState::Open, 1),
+            (TaskState::Completed, 1)
+        ]
+    );
+    assert_eq!(
+        s.oldest_open_task().await.unwrap().map(|t| t.id),
+        Some(open.id)
+    );
+    let hours = s.tasks_per_hour(at(0) - TimeDelta::hours(1)).await.unwrap();
+    let created: u64 = hours.iter().map(|h| h.created).sum();
+    let completed: u64 = hours.iter().map(|h| h.completed).sum();
+    assert_eq!((created, completed), (3, 1));
+    assert!(
+        hours.iter().all(|h| h.hour.timestamp() % 3600 == 0),
+        "{hours:?}"
+    );
+    assert!(hours.windows(2).all(|w| w[0].hour < w[1].hour));
 }

@@ -28,6 +28,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 pub struct AuditQuery {
     /// Only entries of this principal.
     pub principal: Option<Uuid>,
+    /// Only entries of this action (e.g. `key.revoked`).
+    pub action: Option<meatspace_domain::identity::AuditAction>,
     /// Only entries at or after this time.
     pub since: Option<DateTime<Utc>>,
     /// Only entries before this time.
@@ -59,6 +61,7 @@ async fn list_audit(
         .transpose()?;
     let filter = AuditFilter {
         principal: q.principal,
+        action: q.action,
         since: q.since,
         until: q.until,
         before,

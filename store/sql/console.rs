@@ -1,0 +1,158 @@
+//! The operator console's sessions and overview counts: one source for
+//! both backends, compiled by each over its `dialect` module like
+//! `identity.rs` (see there).
+
+use chrono::{DateTime, Utc};
+use meatspace_domain::{Task, TaskState};
+use meatspace_store::StoreError;
+use meatspace_store::console::{ConsoleSession, ConsoleStore, HourCount};
+use meatspace_store::token::TokenHash;
+use sqlx::Row as _;
+use uuid::Uuid;
+
+use crate::dialect::{self as d, Row};
+use crate::{TASK_COLUMNS, task_from_row};
+
+const SESSION_COLUMNS: &str =
+    "id, secret_hash, key_id, key_digest, principal_id, created_at, last_seen_at, expires_at";
+
+fn digest(bytes: Vec<u8>) -> Result<TokenHash, StoreError> {
+    TokenHash::from_slice(&bytes).ok_or_else(|| StoreError::Corrupt("session digest".into()))
+}
+
+fn session_from_row(row: &Row) -> Result<ConsoleSession, StoreError> {
+    let key_digest: Option<Vec<u8>> = row.try_get("key_digest")?;
+    Ok(ConsoleSession {
+        id: d::read_id(row, "id")?,
+        secret_hash: digest(row.try_get("secret_hash")?)?,
+        key_id: d::read_opt_id(row, "key_id")?,
+        key_digest: key_digest.map(digest).transpose()?,
+        principal_id: d::read_id(row, "principal_id")?,
+        created_at: d::read_time(row, "created_at")?,
+        last_seen_at: d::read_time(row, "last_seen_at")?,
+        expires_at: d::read_time(row, "expires_at")?,
+    })
+}
+
+fn count(row: &Row, column: &str) -> Result<u64, StoreError> {
+    let n: i64 = row.try_get(column)?;
+    Ok(u64::try_from(n).unwrap_or_default())
+}
+
+#[async_trait::async_trait]
+impl ConsoleStore for d::Store {
+    async fn create_console_session(&self, s: &ConsoleSession) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO console_sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        );
+        let query = sqlx::query(&sql)
+            .bind(d::id(s.id))
+            .bind(&s.secret_hash.0[..])
+            .bind(s.key_id.map(d::id))
+            .bind(s.key_digest.as_ref().map(|k| k.0.to_vec()))
+            .bind(d::id(s.principal_id))
+            .bind(d::time(s.created_at))
+            .bind(d::time(s.last_seen_at))
+            .bind(d::time(s.expires_at));
+        d::write_statement(self, query).await?;
+        Ok(())
+    }
+
+    async fn console_session(
+        &self,
+        id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Option<ConsoleSession>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM console_sessions WHERE id = $1 AND expires_at > $2"
+        ))
+        .bind(d::id(id))
+        .bind(d::time(now))
+        .fetch_optional(d::reader(self))
+        .await?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    async fn touch_console_session(&self, id: Uuid, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let query = sqlx::query(
+            "UPDATE console_sessions SET last_seen_at = $1 WHERE id = $2 AND last_seen_at < $1",
+        )
+        .bind(d::time(at))
+        .bind(d::id(id));
+        d::write_statement(self, query).await?;
+        Ok(())
+    }
+
+    async fn end_console_session(&self, id: Uuid) -> Result<(), StoreError> {
+        let query = sqlx::query("DELETE FROM console_sessions WHERE id = $1").bind(d::id(id));
+        d::write_statement(self, query).await?;
+        Ok(())
+    }
+
+    async fn purge_console_sessions(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let query = sqlx::query(
+            "DELETE FROM console_sessions WHERE id IN \
+             (SELECT id FROM console_sessions WHERE expires_at <= $1 LIMIT $2)",
+        )
+        .bind(d::time(now))
+        .bind(i64::from(limit));
+        d::write_statement(self, query).await
+    }
+
+    async fn task_counts(&self) -> Result<Vec<(TaskState, u64)>, StoreError> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state")
+            .fetch_all(d::reader(self))
+            .await?;
+        let mut counts = rows
+            .iter()
+            .map(|row| {
+                let state: &str = row.try_get("state")?;
+                let state = TaskState::parse(state)
+                    .ok_or_else(|| StoreError::Corrupt(format!("task state {state:?}")))?;
+                Ok((state, count(row, "n")?))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        counts.sort_by_key(|(state, _)| TaskState::ALL.iter().position(|s| s == state));
+        Ok(counts)
+    }
+
+    async fn oldest_open_task(&self) -> Result<Option<Task>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
+             ORDER BY published_at, id LIMIT 1"
+        ))
+        .fetch_optional(d::reader(self))
+        .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    async fn tasks_per_hour(&self, since: DateTime<Utc>) -> Result<Vec<HourCount>, StoreError> {
+        let created = d::hour_of("created_at");
+        let ended = d::hour_of("ended_at");
+        let rows = sqlx::query(&format!(
+            "SELECT hour, SUM(created) AS created, SUM(completed) AS completed FROM ( \
+               SELECT {created} AS hour, 1 AS created, 0 AS completed FROM tasks \
+                 WHERE created_at >= $1 \
+               UNION ALL \
+               SELECT {ended} AS hour, 0 AS created, 1 AS completed FROM tasks \
+                 WHERE state = 'completed' AND ended_at >= $1 \
+             ) AS t GROUP BY hour ORDER BY hour"
+        ))
+        .bind(d::time(since))
+        .fetch_all(d::reader(self))
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(HourCount {
+                    hour: d::read_time(row, "hour")?,
+                    created: count(row, "created")?,
+                    completed: count(row, "completed")?,
+                })
+            })
+            .collect()
+    }
+}
