@@ -282,7 +282,7 @@ impl Notifications for d::Store {
              FROM workers w WHERE notify_new_tasks AND suspended_at IS NULL AND id > $1 \
              ORDER BY id LIMIT $2"
         ))
-        .bind(d::id(after.unwrap_or(Uuid::nil())))
+        .bind(d::id(after.unwrap_or_default()))
         .bind(i64::from(limit))
         .fetch_all(reader)
         .await?;

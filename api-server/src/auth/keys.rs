@@ -53,6 +53,12 @@ impl DevKey {
         self.enabled
     }
 
+    /// Whether `key` is the development key and the key is on (digests
+    /// compared in constant time).
+    pub fn matches(&self, key: &str) -> bool {
+        self.enabled && self.hash.verify(key)
+    }
+
     /// A fresh random key, for the embedded default when none is configured.
     pub fn generate() -> String {
         token::generate("msd_")

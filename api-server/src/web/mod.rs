@@ -6,6 +6,7 @@
 //! is shown as text. Every action runs the same domain commands as the JSON
 //! worker API, through [`AppState::act`]-style calls on the store.
 
+pub mod console;
 mod form;
 mod notifications;
 mod result_form;
@@ -81,6 +82,7 @@ pub fn router(max_photo_bytes: usize) -> Router<AppState> {
         .route("/app/tasks/{task_id}/stop", post(stop))
         .merge(photo)
         .merge(notifications::router())
+        .merge(console::router())
         .layer(axum::middleware::map_response(page_headers))
 }
 
@@ -138,6 +140,8 @@ pub enum AppError {
     Csrf,
     /// A page with a status, a title and a sentence.
     Page(StatusCode, &'static str, String),
+    /// Elsewhere: the console's sign-in page, when its session is gone.
+    Redirect(&'static str),
     Api(ApiError),
 }
 
@@ -245,6 +249,7 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, title, message) = match self {
             AppError::SignIn => return Redirect::to("/app/login").into_response(),
+            AppError::Redirect(to) => return Redirect::to(to).into_response(),
             AppError::Csrf => (
                 StatusCode::FORBIDDEN,
                 "Form refused",

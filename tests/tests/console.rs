@@ -1,0 +1,335 @@
+//! The operator console's sign-in, session and pages, over real HTTP on
+//! both backends: who gets in (an operator key, the development key; not
+//! a wrong key, not an agent's key), what the session cookie is, the
+//! refusals of every handler (no session, an expired one, a form from
+//! another origin or without its CSRF token), that signing in and out is
+//! audited, that the overview and the audit trail (and its CSV) show what
+//! happened, and that revoking the key ends its console sessions on a
+//! second replica at once.
+
+use chrono::TimeDelta;
+use meatspace_tests::server::{Expect, ServerOptions, TestServer, str_at, uuid_at};
+use meatspace_tests::{Db, TestDb};
+use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::json;
+use uuid::Uuid;
+
+meatspace_tests::api_tests!(
+    an_operator_signs_in_sees_the_overview_and_signs_out,
+    every_console_page_refuses_without_a_good_session,
+    the_audit_trail_filters_and_downloads_as_csv,
+);
+
+/// A browser-like client: no redirects followed, cookies by hand.
+fn client() -> Client {
+    Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .unwrap()
+}
+
+/// `name=value` of the `Set-Cookie` named `name`, and the whole header.
+fn set_cookie(res: &reqwest::Response, name: &str) -> Option<(String, String)> {
+    res.headers()
+        .get_all(SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .map(|v| (v.split(';').next().unwrap().to_owned(), v.to_owned()))
+}
+
+fn csrf_of(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    html[at..at + html[at..].find('"').unwrap()].to_owned()
+}
+
+/// Signs in with `key`: the answer to the sign-in form.
+async fn sign_in(srv: &TestServer, http: &Client, key: &str) -> reqwest::Response {
+    let page = http.get(srv.url("/console/login")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let (pre, _) = set_cookie(&page, "ms_console_pre").expect("a pre-session cookie");
+    let csrf = csrf_of(&page.text().await.unwrap());
+    http.post(srv.url("/console/login"))
+        .header(COOKIE, &pre)
+        .header("origin", &srv.base_url)
+        .form(&[("csrf", csrf.as_str()), ("key", key)])
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Signs in and returns the session cookie (`name=value`).
+async fn session(srv: &TestServer, http: &Client, key: &str) -> String {
+    let res = sign_in(srv, http, key).await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "signed in");
+    set_cookie(&res, "ms_console").expect("a session cookie").0
+}
+
+async fn get(http: &Client, srv: &TestServer, path: &str, cookie: &str) -> reqwest::Response {
+    http.get(srv.url(path))
+        .header(COOKIE, cookie)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn location(res: &reqwest::Response) -> &str {
+    res.headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+async fn operator_key(srv: &TestServer, kind: &str) -> (Uuid, String, Uuid) {
+    let made = srv
+        .dev(Method::POST, "/api/v1/keys")
+        .json(&json!({ "name": format!("{kind} key"), "kind": kind }))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    (
+        uuid_at(&made, "/key/id"),
+        str_at(&made, "/secret"),
+        uuid_at(&made, "/key/principal/id"),
+    )
+}
+
+async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = client();
+    let (_, secret, principal) = operator_key(&srv, "operator").await;
+    srv.create_open_task("Water the plants").await;
+    srv.create_task("A draft").await;
+
+    let res = sign_in(&srv, &http, &secret).await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&res), "/console");
+    let (cookie, header) = set_cookie(&res, "ms_console").expect("a session cookie");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(header.contains(attribute), "{attribute} in {header}");
+    }
+    assert!(
+        !header.contains(&secret),
+        "the key never reaches the cookie"
+    );
+
+    let page = get(&http, &srv, "/console", &cookie).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"));
+    let html = page.text().await.unwrap();
+    assert!(html.contains("id=\"count-open\">1<"), "one open task");
+    assert!(html.contains("id=\"count-draft\">1<"), "one draft");
+    assert!(html.contains("<svg class=\"chart\""));
+    assert!(html.contains("id=\"day-created\">2<"));
+
+    // Signing out ends the session on the server.
+    let csrf = csrf_of(&html);
+    let out = http
+        .post(srv.url("/console/logout"))
+        .header(COOKIE, &cookie)
+        .header("origin", &srv.base_url)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&out), "/console/login?signed_out=1");
+    let after = get(&http, &srv, "/console", &cookie).await;
+    assert_eq!(after.status(), StatusCode::SEE_OTHER);
+    assert!(location(&after).starts_with("/console/login"));
+
+    // Both are in the trail, as the key's principal.
+    let trail = srv
+        .dev(Method::GET, &format!("/api/v1/audit?principal={principal}"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let actions: Vec<&str> = trail["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["console.signed_out", "console.signed_in"]);
+
+    // The development key signs in too (it is on here).
+    session(&srv, &http, &srv.dev_key).await;
+}
+
+async fn every_console_page_refuses_without_a_good_session(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = client();
+    // No session: every page sends the browser to sign in.
+    for path in ["/console", "/console/audit", "/console/audit.csv"] {
+        let res = get(&http, &srv, path, "").await;
+        assert_eq!(res.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(location(&res), "/console/login", "{path}");
+    }
+    // A made-up session cookie is no session.
+    let forged = format!(
+        "ms_console=mcs_{}_bm90IGEgc2VjcmV0",
+        Uuid::new_v4().simple()
+    );
+    let res = get(&http, &srv, "/console", &forged).await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+
+    // A wrong key: 401, and the key is not echoed.
+    let res = sign_in(&srv, &http, "msk_not-a-key").await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert!(!res.text().await.unwrap().contains("msk_not-a-key"));
+    // An agent's key is valid but not an operator's: 403.
+    let (_, agent_secret, _) = operator_key(&srv, "agent").await;
+    let res = sign_in(&srv, &http, &agent_secret).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert!(set_cookie(&res, "ms_console").is_none());
+
+    // A sign-in form posted from another origin is refused.
+    let (_, secret, _) = operator_key(&srv, "operator").await;
+    let page = http.get(srv.url("/console/login")).send().await.unwrap();
+    let (pre, _) = set_cookie(&page, "ms_console_pre").unwrap();
+    let csrf = csrf_of(&page.text().await.unwrap());
+    let res = http
+        .post(srv.url("/console/login"))
+        .header(COOKIE, &pre)
+        .header("origin", "https://evil.example")
+        .form(&[("csrf", csrf.as_str()), ("key", secret.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert!(set_cookie(&res, "ms_console").is_none());
+    // ... and so is one without its CSRF token.
+    let res = http
+        .post(srv.url("/console/login"))
+        .header(COOKIE, &pre)
+        .header("origin", &srv.base_url)
+        .form(&[("key", secret.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+
+    // Sign-out needs the session's CSRF token.
+    let cookie = session(&srv, &http, &secret).await;
+    let res = http
+        .post(srv.url("/console/logout"))
+        .header(COOKIE, &cookie)
+        .header("origin", &srv.base_url)
+        .form(&[("csrf", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        get(&http, &srv, "/console", &cookie).await.status(),
+        StatusCode::OK
+    );
+
+    // Idle for 31 minutes: the session has ended.
+    srv.advance_clock(TimeDelta::minutes(31));
+    let res = get(&http, &srv, "/console", &cookie).await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&res), "/console/login?expired=1");
+
+    // Active, but 12 hours after signing in: ended too.
+    let cookie = session(&srv, &http, &secret).await;
+    for _ in 0..25 {
+        srv.advance_clock(TimeDelta::minutes(29));
+        if get(&http, &srv, "/console", &cookie).await.status() != StatusCode::OK {
+            break;
+        }
+    }
+    let res = get(&http, &srv, "/console", &cookie).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::SEE_OTHER,
+        "no session outlives 12 hours"
+    );
+}
+
+async fn the_audit_trail_filters_and_downloads_as_csv(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = client();
+    let (_, secret, principal) = operator_key(&srv, "operator").await;
+    let (_, _, agent) = operator_key(&srv, "agent").await;
+    let cookie = session(&srv, &http, &secret).await;
+    let page = get(&http, &srv, "/console/audit?action=key.created", &cookie).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    assert_eq!(html.matches("<td>key.created</td>").count(), 2, "{html}");
+    assert!(!html.contains("<td>console.signed_in</td>"));
+    let page = get(
+        &http,
+        &srv,
+        &format!("/console/audit?principal={principal}"),
+        &cookie,
+    )
+    .await;
+    let html = page.text().await.unwrap();
+    assert!(html.contains("<td>console.signed_in</td>"));
+    assert!(!html.contains("<td>key.created</td>"));
+    let bad = get(&http, &srv, "/console/audit?action=nonsense", &cookie).await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+    let csv = get(
+        &http,
+        &srv,
+        "/console/audit.csv?action=key.created",
+        &cookie,
+    )
+    .await;
+    assert_eq!(csv.status(), StatusCode::OK);
+    assert!(
+        csv.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv")
+    );
+    let body = csv.text().await.unwrap();
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(
+        lines[0],
+        "id,at,principal_id,principal_kind,principal_name,action,target,address,detail"
+    );
+    assert_eq!(lines.len(), 3, "{body}");
+    assert!(lines[1..].iter().all(|l| l.contains(",key.created,")));
+    let _ = agent;
+}
+
+/// Revoking a key ends its console sessions on every replica at once:
+/// the second server had the key in memory and hears of the revocation
+/// from the change stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoked_key_ends_its_console_session_on_a_second_replica() {
+    let first = TestServer::start(Db::Postgres).await;
+    let replica = TestDb::replica(&first.db);
+    let second = TestServer::start_on(Db::Postgres, replica, ServerOptions::default()).await;
+    let http = client();
+    let (key, secret, _) = operator_key(&first, "operator").await;
+    let cookie = session(&second, &http, &secret).await;
+    assert_eq!(
+        get(&http, &second, "/console", &cookie).await.status(),
+        StatusCode::OK
+    );
+    first
+        .dev(Method::POST, &format!("/api/v1/keys/{key}/revoke"))
+        .expect_json(StatusCode::OK)
+        .await;
+    let (_, took) = meatspace_tests::eventually_timed(
+        std::time::Duration::from_secs(10),
+        "the console session to end",
+        || async {
+            (get(&http, &second, "/console", &cookie).await.status() == StatusCode::SEE_OTHER)
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "console session refused {} ms after the revocation",
+        took.as_millis()
+    );
+}
