@@ -102,13 +102,19 @@ impl Retention {
                 .store
                 .purge_sign_ins(self.clock.now(), self.batch_size)
                 .await?;
+            // Console sessions past their absolute end, likewise.
+            let consoles = self
+                .store
+                .purge_console_sessions(self.clock.now(), self.batch_size)
+                .await?;
             metrics::reconciled(NAME, started.elapsed());
             metrics::purged(purged);
             tracing::Span::current().record("purged", purged);
             if purged > 0 {
                 tracing::info!(purged, "deleted terminal tasks past retention");
             }
-            Ok(purged.max(forgotten).max(keys).max(sign_ins) >= u64::from(self.batch_size))
+            Ok(purged.max(forgotten).max(keys).max(sign_ins).max(consoles)
+                >= u64::from(self.batch_size))
         }
         .instrument(span)
         .await

@@ -79,7 +79,16 @@ impl Chromedriver {
 
     /// A new headless Chromium with a phone-sized viewport.
     pub async fn browser(&self, base_url: &str) -> Browser {
-        let args = [
+        self.open(base_url, None).await
+    }
+
+    /// A new headless Chromium as a desktop browser, `width` by `height`.
+    pub async fn desktop(&self, base_url: &str, width: u32, height: u32) -> Browser {
+        self.open(base_url, Some((width, height))).await
+    }
+
+    async fn open(&self, base_url: &str, desktop: Option<(u32, u32)>) -> Browser {
+        let mut args: Vec<String> = [
             "--headless=new",
             "--no-sandbox",
             "--disable-dev-shm-usage",
@@ -88,18 +97,21 @@ impl Chromedriver {
             "--no-default-browser-check",
             "--hide-scrollbars",
             "--force-device-scale-factor=1",
-        ];
-        let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium_binary(),
-                "args": args,
-                "mobileEmulation": {
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut options = json!({ "binary": chromium_binary() });
+        match desktop {
+            Some((width, height)) => args.push(format!("--window-size={width},{height}")),
+            None => {
+                options["mobileEmulation"] = json!({
                     "deviceMetrics": { "width": PHONE_WIDTH, "height": PHONE_HEIGHT, "pixelRatio": 1.0, "touch": true }
-                }
-            }),
-        );
+                });
+            }
+        }
+        options["args"] = json!(args);
+        let mut caps = serde_json::Map::new();
+        caps.insert("goog:chromeOptions".into(), options);
         let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(caps)
             .connect(&self.url)
@@ -311,10 +323,33 @@ impl Browser {
     /// does not scroll sideways at phone width.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
         self.assert_no_horizontal_overflow(name).await;
+        self.capture(name).await
+    }
+
+    /// Saves a screenshot of the viewport as `<name>.png`, at whatever
+    /// width the viewport has.
+    pub async fn capture(&self, name: &str) -> PathBuf {
         let png = self.client.screenshot().await.expect("screenshot");
         let path = screenshot_dir().join(format!("{name}.png"));
         std::fs::write(&path, png).expect("write the screenshot");
         path
+    }
+
+    /// The page is laid out within a viewport `width` pixels wide.
+    pub async fn assert_fits(&self, name: &str, width: u32) {
+        let v = self
+            .js("return [document.documentElement.scrollWidth, window.innerWidth];")
+            .await;
+        let (scroll, inner) = (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0));
+        assert_eq!(
+            inner,
+            u64::from(width),
+            "{name}: the viewport is not {width} px wide"
+        );
+        assert!(
+            scroll <= inner,
+            "{name}: the page scrolls sideways at {inner} px (content is {scroll} px wide)"
+        );
     }
 
     /// The page is laid out within the phone's width.

@@ -8,6 +8,7 @@
 //! second replica at once.
 
 use chrono::TimeDelta;
+use meatspace_tests::browser::Chromedriver;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, str_at, uuid_at};
 use meatspace_tests::{Db, TestDb};
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
@@ -19,6 +20,7 @@ meatspace_tests::api_tests!(
     an_operator_signs_in_sees_the_overview_and_signs_out,
     every_console_page_refuses_without_a_good_session,
     the_audit_trail_filters_and_downloads_as_csv,
+    the_console_in_chromium_at_phone_and_desktop_width,
 );
 
 /// A browser-like client: no redirects followed, cookies by hand.
@@ -332,4 +334,71 @@ async fn a_revoked_key_ends_its_console_session_on_a_second_replica() {
         "console session refused {} ms after the revocation",
         took.as_millis()
     );
+}
+
+/// The console in real Chromium: signing in, the overview and the audit
+/// trail at 360 px and at 1,280 px without sideways scrolling, a filter,
+/// and signing out. Screenshots go to `target/web-screenshots/console-*`.
+async fn the_console_in_chromium_at_phone_and_desktop_width(db: Db) {
+    let srv = TestServer::start(db).await;
+    let (_, secret, _) = operator_key(&srv, "operator").await;
+    srv.create_open_task("Water the plants").await;
+    let (id, token) = srv.create_open_task("Check the gate").await;
+    srv.agent_post(id, &token, "cancel").await;
+    let driver = Chromedriver::start().await;
+    let shots = db == Db::Sqlite;
+
+    // A phone: sign in, the overview and the audit trail fit 360 px.
+    let phone = driver.browser(&srv.base_url).await;
+    browser_sign_in(&phone, &secret).await;
+    assert_eq!(phone.text("#count-open").await, "1");
+    assert_eq!(phone.text("#count-cancelled").await, "1");
+    phone.assert_fits("overview on a phone", 360).await;
+    if shots {
+        phone.capture("console-overview-phone").await;
+    }
+    phone.goto("/console/audit").await;
+    phone.wait_for_text("h1", "Audit trail").await;
+    phone.assert_fits("audit on a phone", 360).await;
+    // Signing out, by keyboard-reachable button in the header.
+    phone.click("header button.link").await;
+    phone.wait_for_text("h1", "Sign in to the console").await;
+    assert!(phone.text("[role=status]").await.contains("signed out"));
+    phone.close().await;
+
+    // A desktop: 1,280 px, a filtered audit trail.
+    let desk = driver.desktop(&srv.base_url, 1280, 800).await;
+    browser_sign_in(&desk, &secret).await;
+    desk.assert_fits("overview on a desktop", 1280).await;
+    if shots {
+        desk.capture("console-overview").await;
+    }
+    desk.goto("/console/audit").await;
+    desk.wait_for_text("h1", "Audit trail").await;
+    desk.js("document.getElementById('action').value = 'console.signed_out'; return null")
+        .await;
+    desk.click("#filter").await;
+    desk.wait_for("#download-csv").await;
+    let actions = desk
+        .js("return Array.from(document.querySelectorAll('.audit tbody tr td:nth-child(3)')).map(t => t.textContent)")
+        .await;
+    assert_eq!(
+        actions,
+        json!(["console.signed_out"]),
+        "the phone's sign-out, filtered"
+    );
+    desk.assert_fits("audit on a desktop", 1280).await;
+    if shots {
+        desk.capture("console-audit").await;
+    }
+    desk.close().await;
+    srv.stop().await;
+}
+
+async fn browser_sign_in(browser: &meatspace_tests::browser::Browser, key: &str) {
+    browser.goto("/console").await;
+    browser.wait_for_text("h1", "Sign in to the console").await;
+    browser.fill("#key", key).await;
+    browser.click("#sign-in").await;
+    browser.wait_for_text("h1", "Overview").await;
 }
