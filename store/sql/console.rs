@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use meatspace_domain::{Task, TaskState};
 use meatspace_store::StoreError;
-use meatspace_store::console::{ConsoleSession, ConsoleStore, HourCount};
+use meatspace_store::console::{ConsoleSession, ConsoleStore, HourCount, TaskFilter};
 use meatspace_store::token::TokenHash;
 use sqlx::Row as _;
 use uuid::Uuid;
@@ -39,8 +39,50 @@ fn count(row: &Row, column: &str) -> Result<u64, StoreError> {
     Ok(u64::try_from(n).unwrap_or_default())
 }
 
+/// `text` as a LIKE pattern that matches it anywhere, its own `%`, `_`
+/// and `\\` taken literally.
+fn contains_pattern(text: &str) -> String {
+    let mut p = String::from("%");
+    for c in text.to_lowercase().chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
+}
+
 #[async_trait::async_trait]
 impl ConsoleStore for d::Store {
+    async fn console_tasks(&self, f: &TaskFilter) -> Result<Vec<(Task, Uuid)>, StoreError> {
+        let (before_at, before_id) = match f.before {
+            Some((at, id)) => (Some(d::time(at)), Some(d::id(id))),
+            None => (None, None),
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS}, owner_id AS console_owner FROM tasks \
+             WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR owner_id = $2) \
+             AND ($3 IS NULL OR created_at >= $3) AND ($4 IS NULL OR created_at < $4) \
+             AND ($5 IS NULL OR lower(description) LIKE $5 ESCAPE '\\') \
+             AND ($6 IS NULL OR created_at < $6 OR (created_at = $6 AND id < $7)) \
+             ORDER BY created_at DESC, id DESC LIMIT $8"
+        ))
+        .bind(f.state.map(|s| s.as_str()))
+        .bind(f.owner.map(d::id))
+        .bind(d::opt_time(f.since))
+        .bind(d::opt_time(f.until))
+        .bind(f.search.as_deref().map(contains_pattern))
+        .bind(before_at)
+        .bind(before_id)
+        .bind(i64::from(f.limit))
+        .fetch_all(d::reader(self))
+        .await?;
+        rows.iter()
+            .map(|row| Ok((task_from_row(row)?, d::read_id(row, "console_owner")?)))
+            .collect()
+    }
+
     async fn create_console_session(&self, s: &ConsoleSession) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO console_sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"

@@ -35,8 +35,27 @@ pub struct HourCount {
     pub completed: u64,
 }
 
+/// Which tasks the console lists: newest first, after a keyset cursor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskFilter {
+    pub state: Option<TaskState>,
+    pub owner: Option<Uuid>,
+    /// Created at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Created before.
+    pub until: Option<DateTime<Utc>>,
+    /// Text the description contains (case-insensitive for ASCII letters).
+    pub search: Option<String>,
+    /// The last task of the previous page: (created_at, id).
+    pub before: Option<(DateTime<Utc>, Uuid)>,
+    pub limit: u32,
+}
+
 #[async_trait]
 pub trait ConsoleStore: Send + Sync {
+    /// Tasks matching `filter`, newest first, each with its owner.
+    async fn console_tasks(&self, filter: &TaskFilter) -> Result<Vec<(Task, Uuid)>, StoreError>;
+
     async fn create_console_session(&self, session: &ConsoleSession) -> Result<(), StoreError>;
 
     /// The session, unless it expired (absolutely) by `now`.

@@ -21,6 +21,7 @@ meatspace_tests::api_tests!(
     every_console_page_refuses_without_a_good_session,
     the_audit_trail_filters_and_downloads_as_csv,
     the_console_in_chromium_at_phone_and_desktop_width,
+    tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason,
 );
 
 /// A browser-like client: no redirects followed, cookies by hand.
@@ -401,4 +402,162 @@ async fn browser_sign_in(browser: &meatspace_tests::browser::Browser, key: &str)
     browser.fill("#key", key).await;
     browser.click("#sign-in").await;
     browser.wait_for_text("h1", "Overview").await;
+}
+
+async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = client();
+    let (_, secret, principal) = operator_key(&srv, "operator").await;
+    let cookie = session(&srv, &http, &secret).await;
+    let (plants, _) = srv.create_open_task("Water the <b>plants</b> 100%").await;
+    srv.create_task("Count the bicycles").await;
+    let active = srv.active_task("Check the gate").await;
+    srv.message(
+        active.task_id,
+        &active.worker_token,
+        "<script>alert(1)</script> done",
+    )
+    .await;
+
+    // The list: newest first, filtered by state and by a search.
+    let html = get(&http, &srv, "/console/tasks", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(html.matches("href=\"/console/tasks/").count(), 3);
+    let html = get(&http, &srv, "/console/tasks?state=open", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains(&format!("/console/tasks/{plants}")));
+    assert_eq!(html.matches("href=\"/console/tasks/").count(), 1);
+    let html = get(&http, &srv, "/console/tasks?q=100%25", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        html.matches("href=\"/console/tasks/").count(),
+        1,
+        "% is searched for literally"
+    );
+    let html = get(&http, &srv, "/console/tasks?q=BICYCLES", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("Count the bicycles"));
+    let bad = get(&http, &srv, "/console/tasks?state=lost", &cookie).await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+    // A task's page: agent and worker text are text.
+    let page = get(
+        &http,
+        &srv,
+        &format!("/console/tasks/{}", active.task_id),
+        &cookie,
+    )
+    .await;
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("&#60;script&#62;alert(1)&#60;/script&#62; done"),
+        "{html}"
+    );
+    assert!(!html.contains("<script>alert(1)"));
+    let plants_page = get(&http, &srv, &format!("/console/tasks/{plants}"), &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(plants_page.contains("Water the &#60;b&#62;plants&#60;/b&#62; 100%"));
+    let missing = get(
+        &http,
+        &srv,
+        &format!("/console/tasks/{}", Uuid::new_v4()),
+        &cookie,
+    )
+    .await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    // The live feed's JSON carries the same text, as data.
+    let feed: serde_json::Value = get(
+        &http,
+        &srv,
+        &format!("/console/tasks/{}/feed?after=0", active.task_id),
+        &cookie,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert!(
+        feed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["text"] == "<script>alert(1)</script> done")
+    );
+
+    // Cancelling needs a reason and the session's CSRF token.
+    let csrf = csrf_of(&html);
+    let post = |form: Vec<(&'static str, String)>, origin: &str| {
+        http.post(srv.url(&format!("/console/tasks/{}/cancel", active.task_id)))
+            .header(COOKIE, &cookie)
+            .header("origin", origin.to_owned())
+            .form(&form)
+            .send()
+    };
+    let res = post(
+        vec![("csrf", csrf.clone()), ("reason", " ".into())],
+        &srv.base_url,
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert!(res.text().await.unwrap().contains("Give a reason"));
+    let res = post(
+        vec![("csrf", csrf.clone()), ("reason", "duplicate".into())],
+        "https://evil.example",
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let res = post(
+        vec![("csrf", csrf.clone()), ("reason", "duplicate".into())],
+        &srv.base_url,
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let task = srv.task(active.task_id, &active.agent_token).await;
+    assert_eq!(task["state"], "cancelled");
+    let feed = srv.feed(active.task_id, &active.agent_token).await;
+    let last = feed.last().unwrap();
+    assert_eq!(last["type"], "task.cancelled");
+    assert_eq!(last["data"]["reason"], "duplicate");
+    // Audited as the signed-in operator, with the reason.
+    let trail = srv
+        .dev(
+            Method::GET,
+            &format!("/api/v1/audit?principal={principal}&action=task.cancelled_by_operator"),
+        )
+        .expect_json(StatusCode::OK)
+        .await;
+    let entry = &trail["entries"][0];
+    assert_eq!(entry["target"], format!("task:{}", active.task_id));
+    assert_eq!(entry["detail"]["reason"], "duplicate");
+    // A cancelled task has no cancel form left.
+    let html = get(
+        &http,
+        &srv,
+        &format!("/console/tasks/{}", active.task_id),
+        &cookie,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(!html.contains("id=\"cancel-task\""));
 }

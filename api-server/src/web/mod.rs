@@ -54,6 +54,7 @@ const FEED_WAIT_SECONDS: u32 = 25;
 
 const APP_CSS: &str = include_str!("../../static/app.css");
 const APP_JS: &str = include_str!("../../static/app.js");
+const CONSOLE_JS: &str = include_str!("../../static/console.js");
 
 /// The app's routes. `max_photo_bytes` bounds the upload form's body.
 pub fn router(max_photo_bytes: usize) -> Router<AppState> {
@@ -67,6 +68,7 @@ pub fn router(max_photo_bytes: usize) -> Router<AppState> {
         .route("/app/", get(|| async { Redirect::to("/app/tasks") }))
         .route("/app/static/app.css", get(css))
         .route("/app/static/app.js", get(js))
+        .route("/app/static/console.js", get(console_js))
         .route("/app/invite/{code}", get(invite_form).post(accept_invite))
         .route("/app/login", get(login_form).post(login))
         .route("/app/logout", post(logout))
@@ -116,6 +118,16 @@ async fn css() -> impl IntoResponse {
             (header::CACHE_CONTROL, "public, max-age=300"),
         ],
         APP_CSS,
+    )
+}
+
+async fn console_js() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        CONSOLE_JS,
     )
 }
 

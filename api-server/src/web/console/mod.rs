@@ -19,17 +19,19 @@ use askama::Template;
 use axum::Router;
 use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use chrono::{DateTime, Duration, TimeDelta, Utc};
-use meatspace_domain::TaskState;
+use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::identity::{AuditAction, Scope};
-use meatspace_store::console::{ConsoleSession, HourCount};
+use meatspace_store::console::ConsoleSession;
 use meatspace_store::token::{self, TokenHash};
-use meatspace_store::{AuditEntry, AuditFilter};
 use serde::Deserialize;
 use uuid::Uuid;
+
+mod audit;
+mod overview;
+mod tasks;
 
 use super::session::{SameOrigin, check_csrf, cookie, csrf_token};
 use super::{AppError, html, with_cookie};
@@ -46,19 +48,15 @@ pub const IDLE_TIMEOUT: TimeDelta = TimeDelta::minutes(30);
 pub const ABSOLUTE_TIMEOUT: TimeDelta = TimeDelta::hours(12);
 /// Activity is written at most this often per session.
 const TOUCH_EVERY: TimeDelta = TimeDelta::seconds(60);
-/// Audit entries on a page.
-const AUDIT_PAGE: u32 = 50;
-/// Most audit entries in one CSV download.
-const AUDIT_CSV_MAX: u32 = 10_000;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/console", get(overview))
         .route("/console/", get(|| async { Redirect::to("/console") }))
         .route("/console/login", get(login_form).post(login))
         .route("/console/logout", post(logout))
-        .route("/console/audit", get(audit))
-        .route("/console/audit.csv", get(audit_csv))
+        .merge(overview::router())
+        .merge(audit::router())
+        .merge(tasks::router())
 }
 
 // ---------------------------------------------------------------- cookies
@@ -217,13 +215,13 @@ struct LoginPage {
 
 /// The console's navigation, with the session's CSRF token for sign-out.
 #[derive(Debug, Clone)]
-struct Nav {
+pub(super) struct Nav {
     csrf: String,
     who: String,
 }
 
 impl Nav {
-    fn of(c: &Console) -> Self {
+    pub(super) fn of(c: &Console) -> Self {
         Nav {
             csrf: c.csrf.clone(),
             who: match c.caller.key_id {
@@ -405,392 +403,4 @@ async fn logout(
         Redirect::to("/console/login?signed_out=1").into_response(),
         Some(set_cookie(secure, session_cookie(secure), "", 0)),
     ))
-}
-
-// ---------------------------------------------------------------- overview
-
-/// One bar pair of the chart, in the SVG's coordinates.
-#[derive(Debug, Clone)]
-struct Bar {
-    x: u32,
-    created_y: u32,
-    created_h: u32,
-    completed_y: u32,
-    completed_h: u32,
-    label: String,
-}
-
-#[derive(Template)]
-#[template(path = "console_overview.html")]
-struct OverviewPage {
-    nav: Option<Nav>,
-    counts: Vec<(&'static str, u64)>,
-    total: u64,
-    oldest: Option<(Uuid, String, String)>,
-    bars: Vec<Bar>,
-    day_created: u64,
-    day_completed: u64,
-    week_created: u64,
-    week_completed: u64,
-    peak: u64,
-}
-
-/// Chart geometry: 24 hours, each a pair of bars.
-const CHART_HEIGHT: u32 = 120;
-const SLOT: u32 = 16;
-
-fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
-    let this_hour = now - Duration::seconds(now.timestamp() % 3600);
-    let slots: Vec<(DateTime<Utc>, u64, u64)> = (0..24)
-        .rev()
-        .map(|i| {
-            let hour = this_hour - Duration::hours(i);
-            let h = hours.iter().find(|h| h.hour == hour);
-            (
-                hour,
-                h.map_or(0, |h| h.created),
-                h.map_or(0, |h| h.completed),
-            )
-        })
-        .collect();
-    let peak = slots
-        .iter()
-        .map(|(_, c, d)| (*c).max(*d))
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let scale = |n: u64| ((n * u64::from(CHART_HEIGHT)) / peak) as u32;
-    let bars = slots
-        .iter()
-        .enumerate()
-        .map(|(i, (hour, created, completed))| {
-            let (ch, dh) = (scale(*created), scale(*completed));
-            Bar {
-                x: i as u32 * SLOT + 2,
-                created_y: CHART_HEIGHT - ch,
-                created_h: ch,
-                completed_y: CHART_HEIGHT - dh,
-                completed_h: dh,
-                label: format!(
-                    "{} UTC: {created} created, {completed} completed",
-                    hour.format("%H:00")
-                ),
-            }
-        })
-        .collect();
-    (bars, peak)
-}
-
-async fn overview(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
-    let now = state.clock.now();
-    let counts = state.store.task_counts().await?;
-    let hours = state.store.tasks_per_hour(now - Duration::days(7)).await?;
-    let day_start = now - Duration::hours(24);
-    let sum = |since: DateTime<Utc>, f: fn(&HourCount) -> u64| -> u64 {
-        hours.iter().filter(|h| h.hour >= since).map(f).sum()
-    };
-    let oldest = state.store.oldest_open_task().await?.map(|t| {
-        let since = t.published_at.unwrap_or(t.created_at);
-        (t.id, since.to_rfc3339(), age(now - since))
-    });
-    let (bars, peak) = bars(&hours, now);
-    let page = OverviewPage {
-        nav: Some(Nav::of(&c)),
-        total: counts.iter().map(|(_, n)| n).sum(),
-        counts: TaskState::ALL
-            .iter()
-            .map(|s| {
-                (
-                    s.as_str(),
-                    counts.iter().find(|(t, _)| t == s).map_or(0, |(_, n)| *n),
-                )
-            })
-            .collect(),
-        oldest,
-        bars,
-        day_created: sum(day_start, |h| h.created),
-        day_completed: sum(day_start, |h| h.completed),
-        week_created: sum(now - Duration::days(7), |h| h.created),
-        week_completed: sum(now - Duration::days(7), |h| h.completed),
-        peak,
-    };
-    Ok(html(&page))
-}
-
-/// `3 h 20 min`, `45 s`: how long, for people.
-fn age(d: TimeDelta) -> String {
-    let s = d.num_seconds().max(0);
-    match s {
-        0..60 => format!("{s} s"),
-        60..3600 => format!("{} min", s / 60),
-        3600..86400 => format!("{} h {} min", s / 3600, (s % 3600) / 60),
-        _ => format!("{} d {} h", s / 86400, (s % 86400) / 3600),
-    }
-}
-
-// ---------------------------------------------------------------- audit
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct AuditQuery {
-    principal: String,
-    action: String,
-    since: String,
-    until: String,
-    before: Option<i64>,
-}
-
-impl AuditQuery {
-    /// The store's filter, or what is wrong with the form.
-    fn filter(&self, limit: u32) -> Result<AuditFilter, String> {
-        let principal = match self.principal.trim() {
-            "" => None,
-            p => Some(Uuid::try_parse(p).map_err(|_| "The principal must be an id.".to_owned())?),
-        };
-        let action = match self.action.trim() {
-            "" => None,
-            a => Some(AuditAction::parse(a).ok_or_else(|| format!("No action is called {a:?}."))?),
-        };
-        Ok(AuditFilter {
-            principal,
-            action,
-            since: time(&self.since)?,
-            until: time(&self.until)?,
-            before: self.before,
-            limit,
-        })
-    }
-
-    /// The query string of this filter, for links.
-    fn query(&self, before: Option<i64>) -> String {
-        let mut q = url::form_urlencoded::Serializer::new(String::new());
-        for (k, v) in [
-            ("principal", &self.principal),
-            ("action", &self.action),
-            ("since", &self.since),
-            ("until", &self.until),
-        ] {
-            if !v.trim().is_empty() {
-                q.append_pair(k, v.trim());
-            }
-        }
-        if let Some(b) = before {
-            q.append_pair("before", &b.to_string());
-        }
-        q.finish()
-    }
-}
-
-/// A time from a form: RFC 3339, or the `datetime-local` input's
-/// `YYYY-MM-DDTHH:MM` taken as UTC.
-fn time(s: &str) -> Result<Option<DateTime<Utc>>, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(None);
-    }
-    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Ok(Some(t.with_timezone(&Utc)));
-    }
-    chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M")
-        .map(|t| Some(t.and_utc()))
-        .map_err(|_| format!("{s:?} is not a time (2026-12-05T14:30)."))
-}
-
-#[derive(Template)]
-#[template(path = "console_audit.html")]
-struct AuditPage {
-    nav: Option<Nav>,
-    q: AuditQueryView,
-    actions: Vec<&'static str>,
-    entries: Vec<AuditRow>,
-    next: Option<String>,
-    csv: String,
-    error: Option<String>,
-}
-
-struct AuditQueryView {
-    principal: String,
-    action: String,
-    since: String,
-    until: String,
-}
-
-struct AuditRow {
-    id: i64,
-    at: String,
-    principal: String,
-    action: &'static str,
-    target: String,
-    address: String,
-}
-
-impl From<&AuditEntry> for AuditRow {
-    fn from(e: &AuditEntry) -> Self {
-        AuditRow {
-            id: e.id,
-            at: e.at.to_rfc3339(),
-            principal: if e.principal.name.is_empty() {
-                e.principal.id.to_string()
-            } else {
-                format!("{} ({})", e.principal.name, e.principal.id)
-            },
-            action: e.action.as_str(),
-            target: e.target.clone(),
-            address: e.address.clone().unwrap_or_default(),
-        }
-    }
-}
-
-async fn audit(
-    State(state): State<AppState>,
-    c: Console,
-    Query(q): Query<AuditQuery>,
-) -> Result<Response, AppError> {
-    let view = AuditQueryView {
-        principal: q.principal.clone(),
-        action: q.action.clone(),
-        since: q.since.clone(),
-        until: q.until.clone(),
-    };
-    let actions = AuditAction::ALL.iter().map(|a| a.as_str()).collect();
-    let filter = match q.filter(AUDIT_PAGE + 1) {
-        Ok(f) => f,
-        Err(error) => {
-            let page = AuditPage {
-                nav: Some(Nav::of(&c)),
-                q: view,
-                actions,
-                entries: Vec::new(),
-                next: None,
-                csv: String::new(),
-                error: Some(error),
-            };
-            return Ok((StatusCode::BAD_REQUEST, html(&page)).into_response());
-        }
-    };
-    let mut entries = state.store.audit(&filter).await?;
-    let next = (entries.len() > AUDIT_PAGE as usize).then(|| {
-        entries.truncate(AUDIT_PAGE as usize);
-        q.query(entries.last().map(|e| e.id))
-    });
-    let page = AuditPage {
-        nav: Some(Nav::of(&c)),
-        q: view,
-        actions,
-        entries: entries.iter().map(AuditRow::from).collect(),
-        next,
-        csv: q.query(None),
-        error: None,
-    };
-    Ok(html(&page))
-}
-
-/// The filtered trail as CSV (newest first, at most 10,000 entries).
-async fn audit_csv(
-    State(state): State<AppState>,
-    _c: Console,
-    Query(q): Query<AuditQuery>,
-) -> Result<Response, AppError> {
-    let filter = q
-        .filter(AUDIT_CSV_MAX)
-        .map_err(|e| AppError::Page(StatusCode::BAD_REQUEST, "Not a filter", e))?;
-    let entries = state.store.audit(&filter).await?;
-    let mut out = csv::Writer::from_writer(Vec::new());
-    let csv_error = |e: csv::Error| AppError::Api(ApiError::Internal(e.into()));
-    out.write_record([
-        "id",
-        "at",
-        "principal_id",
-        "principal_kind",
-        "principal_name",
-        "action",
-        "target",
-        "address",
-        "detail",
-    ])
-    .map_err(csv_error)?;
-    for e in &entries {
-        out.write_record([
-            e.id.to_string(),
-            e.at.to_rfc3339(),
-            e.principal.id.to_string(),
-            e.principal.kind.as_str().to_owned(),
-            // A name may start with = or +: spreadsheets must not take it
-            // for a formula.
-            defused(&e.principal.name),
-            e.action.as_str().to_owned(),
-            defused(&e.target),
-            e.address.clone().unwrap_or_default(),
-            e.detail
-                .as_ref()
-                .map(|d| defused(&d.to_string()))
-                .unwrap_or_default(),
-        ])
-        .map_err(csv_error)?;
-    }
-    let body = out
-        .into_inner()
-        .map_err(|e| AppError::Api(ApiError::Internal(anyhow::anyhow!("{e}"))))?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
-            (
-                header::CONTENT_DISPOSITION,
-                "attachment; filename=\"meatspace-audit.csv\"",
-            ),
-        ],
-        body,
-    )
-        .into_response())
-}
-
-/// A cell a spreadsheet shows as text: one starting with `= + - @` (or a
-/// tab or carriage return) gets a leading apostrophe (OWASP's advice on
-/// CSV injection).
-fn defused(s: &str) -> String {
-    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{s}")
-    } else {
-        s.to_owned()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formulas_are_defused() {
-        assert_eq!(defused("=HYPERLINK(\"x\")"), "'=HYPERLINK(\"x\")");
-        assert_eq!(defused("key:1"), "key:1");
-    }
-
-    #[test]
-    fn the_chart_has_24_hours_scaled_to_the_peak() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let this_hour = now - Duration::seconds(now.timestamp() % 3600);
-        let hours = [HourCount {
-            hour: this_hour,
-            created: 4,
-            completed: 2,
-        }];
-        let (bars, peak) = bars(&hours, now);
-        assert_eq!((bars.len(), peak), (24, 4));
-        let last = bars.last().unwrap();
-        assert_eq!(
-            (last.created_h, last.completed_h),
-            (CHART_HEIGHT, CHART_HEIGHT / 2)
-        );
-        assert!(bars[..23].iter().all(|b| b.created_h == 0));
-    }
-
-    #[test]
-    fn form_times_are_utc() {
-        assert_eq!(
-            time("2026-12-05T14:30").unwrap(),
-            Some(DateTime::from_timestamp(1_796_481_000, 0).unwrap())
-        );
-        assert!(time("yesterday").is_err());
-        assert_eq!(time("").unwrap(), None);
-    }
 }

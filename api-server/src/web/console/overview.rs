@@ -1,0 +1,162 @@
+//! The console's overview: tasks by state now, tasks created and
+//! completed per hour (a chart the server draws as SVG), the oldest open
+//! task.
+
+use askama::Template;
+use axum::extract::State;
+use axum::response::Response;
+use chrono::{DateTime, Duration, TimeDelta, Utc};
+use meatspace_domain::TaskState;
+use meatspace_store::console::HourCount;
+use uuid::Uuid;
+
+use super::{Console, Nav};
+
+pub(super) fn router() -> axum::Router<AppState> {
+    axum::Router::new().route("/console", axum::routing::get(overview))
+}
+use crate::AppState;
+use crate::web::{AppError, html};
+
+/// One bar pair of the chart, in the SVG's coordinates.
+#[derive(Debug, Clone)]
+struct Bar {
+    x: u32,
+    created_y: u32,
+    created_h: u32,
+    completed_y: u32,
+    completed_h: u32,
+    label: String,
+}
+
+#[derive(Template)]
+#[template(path = "console_overview.html")]
+struct OverviewPage {
+    nav: Option<Nav>,
+    counts: Vec<(&'static str, u64)>,
+    total: u64,
+    oldest: Option<(Uuid, String, String)>,
+    bars: Vec<Bar>,
+    day_created: u64,
+    day_completed: u64,
+    week_created: u64,
+    week_completed: u64,
+    peak: u64,
+}
+
+/// Chart geometry: 24 hours, each a pair of bars.
+const CHART_HEIGHT: u32 = 120;
+const SLOT: u32 = 16;
+
+fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
+    let this_hour = now - Duration::seconds(now.timestamp() % 3600);
+    let slots: Vec<(DateTime<Utc>, u64, u64)> = (0..24)
+        .rev()
+        .map(|i| {
+            let hour = this_hour - Duration::hours(i);
+            let h = hours.iter().find(|h| h.hour == hour);
+            (
+                hour,
+                h.map_or(0, |h| h.created),
+                h.map_or(0, |h| h.completed),
+            )
+        })
+        .collect();
+    let peak = slots
+        .iter()
+        .map(|(_, c, d)| (*c).max(*d))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let scale = |n: u64| ((n * u64::from(CHART_HEIGHT)) / peak) as u32;
+    let bars = slots
+        .iter()
+        .enumerate()
+        .map(|(i, (hour, created, completed))| {
+            let (ch, dh) = (scale(*created), scale(*completed));
+            Bar {
+                x: i as u32 * SLOT + 2,
+                created_y: CHART_HEIGHT - ch,
+                created_h: ch,
+                completed_y: CHART_HEIGHT - dh,
+                completed_h: dh,
+                label: format!(
+                    "{} UTC: {created} created, {completed} completed",
+                    hour.format("%H:00")
+                ),
+            }
+        })
+        .collect();
+    (bars, peak)
+}
+
+async fn overview(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
+    let now = state.clock.now();
+    let counts = state.store.task_counts().await?;
+    let hours = state.store.tasks_per_hour(now - Duration::days(7)).await?;
+    let day_start = now - Duration::hours(24);
+    let sum = |since: DateTime<Utc>, f: fn(&HourCount) -> u64| -> u64 {
+        hours.iter().filter(|h| h.hour >= since).map(f).sum()
+    };
+    let oldest = state.store.oldest_open_task().await?.map(|t| {
+        let since = t.published_at.unwrap_or(t.created_at);
+        (t.id, since.to_rfc3339(), age(now - since))
+    });
+    let (bars, peak) = bars(&hours, now);
+    let page = OverviewPage {
+        nav: Some(Nav::of(&c)),
+        total: counts.iter().map(|(_, n)| n).sum(),
+        counts: TaskState::ALL
+            .iter()
+            .map(|s| {
+                (
+                    s.as_str(),
+                    counts.iter().find(|(t, _)| t == s).map_or(0, |(_, n)| *n),
+                )
+            })
+            .collect(),
+        oldest,
+        bars,
+        day_created: sum(day_start, |h| h.created),
+        day_completed: sum(day_start, |h| h.completed),
+        week_created: sum(now - Duration::days(7), |h| h.created),
+        week_completed: sum(now - Duration::days(7), |h| h.completed),
+        peak,
+    };
+    Ok(html(&page))
+}
+
+/// `3 h 20 min`, `45 s`: how long, for people.
+pub(super) fn age(d: TimeDelta) -> String {
+    let s = d.num_seconds().max(0);
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86400 => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+        _ => format!("{} d {} h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chart_has_24_hours_scaled_to_the_peak() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let this_hour = now - Duration::seconds(now.timestamp() % 3600);
+        let hours = [HourCount {
+            hour: this_hour,
+            created: 4,
+            completed: 2,
+        }];
+        let (bars, peak) = bars(&hours, now);
+        assert_eq!((bars.len(), peak), (24, 4));
+        let last = bars.last().unwrap();
+        assert_eq!(
+            (last.created_h, last.completed_h),
+            (CHART_HEIGHT, CHART_HEIGHT / 2)
+        );
+        assert!(bars[..23].iter().all(|b| b.created_h == 0));
+    }
+}

@@ -1,0 +1,438 @@
+//! The console's tasks: a list filtered by state, owner and time with a
+//! search of descriptions, and a task's page with its fields, place,
+//! result and feed (which the page's script keeps up to date from the
+//! feed the API serves), its photos, and a cancel with a reason that the
+//! audit trail records.
+
+use askama::Template;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use meatspace_domain::identity::AuditAction;
+use meatspace_domain::{Command, Event, Task, TaskState};
+use meatspace_store::console::TaskFilter;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::audit::time;
+use super::{Console, Nav};
+use crate::AppState;
+use crate::http::error::ApiError;
+use crate::http::rate_limit::ClientAddress;
+use crate::routes::events::{EventsQuery, Reader, event_feed};
+use crate::web::session::check_csrf;
+use crate::web::{AppError, html};
+
+/// Tasks on a page.
+const PAGE: u32 = 50;
+/// Events shown on a task's page (the newest; the feed has them all).
+const FEED_SHOWN: u32 = 200;
+/// Longest reason for a cancel.
+const MAX_REASON_CHARS: usize = 1000;
+/// Seconds the page's live feed waits for news per request.
+const FEED_WAIT_SECONDS: u32 = 25;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console/tasks", get(list))
+        .route("/console/tasks/{task_id}", get(page))
+        .route("/console/tasks/{task_id}/cancel", post(cancel))
+        .route("/console/tasks/{task_id}/feed", get(feed))
+        .route("/console/tasks/{task_id}/photos/{photo_id}", get(photo))
+}
+
+fn task_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::try_parse(raw).map_err(|_| not_found())
+}
+
+fn not_found() -> AppError {
+    AppError::Page(
+        StatusCode::NOT_FOUND,
+        "No such task",
+        "There is no task with this id (it may have been deleted after its retention period)."
+            .into(),
+    )
+}
+
+// ------------------------------------------------------------------- list
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ListQuery {
+    state: String,
+    owner: String,
+    since: String,
+    until: String,
+    q: String,
+    /// `<created_at RFC 3339>_<id>` of the previous page's last task.
+    before: String,
+}
+
+impl ListQuery {
+    fn filter(&self) -> Result<TaskFilter, String> {
+        let state = match self.state.trim() {
+            "" => None,
+            s => Some(TaskState::parse(s).ok_or_else(|| format!("No state is called {s:?}."))?),
+        };
+        let owner = match self.owner.trim() {
+            "" => None,
+            o => Some(Uuid::try_parse(o).map_err(|_| "The owner must be an id.".to_owned())?),
+        };
+        let search = self.q.trim();
+        if search.chars().count() > 200 {
+            return Err("Search for at most 200 characters.".into());
+        }
+        let before = match self.before.split_once('_') {
+            None => None,
+            Some((at, id)) => Some((
+                DateTime::parse_from_rfc3339(at)
+                    .map_err(|_| "That page link is broken.".to_owned())?
+                    .with_timezone(&Utc),
+                Uuid::try_parse(id).map_err(|_| "That page link is broken.".to_owned())?,
+            )),
+        };
+        Ok(TaskFilter {
+            state,
+            owner,
+            since: time(&self.since)?,
+            until: time(&self.until)?,
+            search: (!search.is_empty()).then(|| search.to_owned()),
+            before,
+            limit: PAGE + 1,
+        })
+    }
+
+    fn query(&self, before: Option<String>) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("state", &self.state),
+            ("owner", &self.owner),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("q", &self.q),
+        ] {
+            if !v.trim().is_empty() {
+                q.append_pair(k, v.trim());
+            }
+        }
+        if let Some(b) = before {
+            q.append_pair("before", &b);
+        }
+        q.finish()
+    }
+}
+
+struct Row {
+    id: Uuid,
+    created: String,
+    state: &'static str,
+    description: String,
+    owner: Uuid,
+    worker: String,
+}
+
+#[derive(Template)]
+#[template(path = "console_tasks.html")]
+struct ListPage {
+    nav: Option<Nav>,
+    states: Vec<&'static str>,
+    state: String,
+    owner: String,
+    since: String,
+    until: String,
+    q: String,
+    rows: Vec<Row>,
+    next: Option<String>,
+    error: Option<String>,
+}
+
+/// The first 120 characters of a description, on one line.
+fn short(text: &str) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut out: String = flat.chars().take(120).collect();
+    if flat.chars().count() > 120 {
+        out.push('…');
+    }
+    out
+}
+
+async fn list(
+    State(state): State<AppState>,
+    c: Console,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, AppError> {
+    let mut page = ListPage {
+        nav: Some(Nav::of(&c)),
+        states: TaskState::ALL.iter().map(|s| s.as_str()).collect(),
+        state: q.state.clone(),
+        owner: q.owner.clone(),
+        since: q.since.clone(),
+        until: q.until.clone(),
+        q: q.q.clone(),
+        rows: Vec::new(),
+        next: None,
+        error: None,
+    };
+    let filter = match q.filter() {
+        Ok(f) => f,
+        Err(e) => {
+            page.error = Some(e);
+            return Ok((StatusCode::BAD_REQUEST, html(&page)).into_response());
+        }
+    };
+    let mut tasks = state.store.console_tasks(&filter).await?;
+    if tasks.len() > PAGE as usize {
+        tasks.truncate(PAGE as usize);
+        page.next = tasks
+            .last()
+            .map(|(t, _)| q.query(Some(format!("{}_{}", t.created_at.to_rfc3339(), t.id))));
+    }
+    page.rows = tasks
+        .into_iter()
+        .map(|(t, owner)| Row {
+            id: t.id,
+            created: t.created_at.to_rfc3339(),
+            state: t.state.as_str(),
+            description: short(&t.description),
+            owner,
+            worker: t.worker_id.map(|w| w.to_string()).unwrap_or_default(),
+        })
+        .collect();
+    Ok(html(&page))
+}
+
+// ------------------------------------------------------------------- one task
+
+/// One event of the feed, in words: worker text stays text (askama
+/// escapes it) and is marked as the worker's.
+struct Item {
+    id: i64,
+    at: String,
+    kind: &'static str,
+    actor: &'static str,
+    text: String,
+    photo: Option<String>,
+}
+
+fn item(task: Uuid, e: &Event) -> Item {
+    let data = &e.data;
+    let text = ["text", "note", "reason", "kind"]
+        .iter()
+        .filter_map(|k| data.get(*k).and_then(|v| v.as_str()))
+        .collect::<Vec<_>>()
+        .join(" · ");
+    let photo = data
+        .get("photo_id")
+        .and_then(|v| v.as_str())
+        .map(|p| format!("/console/tasks/{task}/photos/{p}"));
+    Item {
+        id: e.id,
+        at: e.created_at.to_rfc3339(),
+        kind: e.kind.as_str(),
+        actor: e.actor.as_str(),
+        text,
+        photo,
+    }
+}
+
+#[derive(Template)]
+#[template(path = "console_task.html")]
+struct TaskPage {
+    nav: Option<Nav>,
+    csrf: String,
+    task: Task,
+    owner: String,
+    place: Option<(String, String)>,
+    result: Option<String>,
+    review: Option<String>,
+    items: Vec<Item>,
+    cursor: i64,
+    terminal: bool,
+    error: Option<String>,
+}
+
+async fn task_page(
+    state: &AppState,
+    c: &Console,
+    id: Uuid,
+    error: Option<String>,
+) -> Result<Response, AppError> {
+    let task = state.store.task(id).await?.ok_or_else(not_found)?;
+    let owner = state
+        .store
+        .task_owner(id)
+        .await?
+        .map(|o| o.to_string())
+        .unwrap_or_default();
+    let events = state.store.events(id, 0, FEED_SHOWN).await?;
+    let place = task.location.as_ref().map(|l| {
+        (
+            format!(
+                "{:.5}, {:.5} (within {} m){}",
+                l.latitude,
+                l.longitude,
+                l.radius_m,
+                l.address
+                    .as_deref()
+                    .map(|a| format!(": {a}"))
+                    .unwrap_or_default()
+            ),
+            format!("geo:{:.6},{:.6}", l.latitude, l.longitude),
+        )
+    });
+    let result = task
+        .result
+        .as_ref()
+        .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
+    let review = task.review.as_ref().map(|r| format!("{r:?}"));
+    let page = TaskPage {
+        nav: Some(Nav::of(c)),
+        csrf: c.csrf.clone(),
+        owner,
+        place,
+        result,
+        review,
+        cursor: events.last().map_or(0, |e| e.id),
+        items: events.iter().map(|e| item(id, e)).collect(),
+        terminal: task.state.is_terminal(),
+        task,
+        error,
+    };
+    let status = if page.error.is_some() {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, html(&page)).into_response())
+}
+
+async fn page(
+    State(state): State<AppState>,
+    c: Console,
+    Path(raw): Path<String>,
+) -> Result<Response, AppError> {
+    task_page(&state, &c, task_id(&raw)?, None).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CancelForm {
+    csrf: Option<String>,
+    reason: String,
+}
+
+/// Cancels the task, as the signed-in operator, with the audit entry in
+/// the cancel's own transaction.
+async fn cancel(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: axum::http::HeaderMap,
+    Path(raw): Path<String>,
+    axum::extract::Form(form): axum::extract::Form<CancelForm>,
+) -> Result<Response, AppError> {
+    let secure = state.public_origin.secure(&headers);
+    check_csrf(
+        super::cookie(&headers, super::session_cookie(secure)),
+        form.csrf.as_deref(),
+    )?;
+    let id = task_id(&raw)?;
+    let reason = form.reason.trim();
+    if reason.is_empty() || reason.chars().count() > MAX_REASON_CHARS {
+        let error = format!("Give a reason of 1 to {MAX_REASON_CHARS} characters.");
+        return task_page(&state, &c, id, Some(error)).await;
+    }
+    let audit = c.caller.audit(
+        AuditAction::TaskCancelledByOperator,
+        format!("task:{id}"),
+        &address,
+        Some(serde_json::json!({ "reason": reason, "via": "console" })),
+    );
+    let command = Command::Cancel {
+        reason: Some(reason.to_owned()),
+    };
+    match state
+        .store
+        .apply_audited(id, command, c.caller.acted_by(), audit)
+        .await
+    {
+        Ok(_) => Ok(Redirect::to(&format!("/console/tasks/{id}")).into_response()),
+        Err(meatspace_store::StoreError::NotFound) => Err(not_found()),
+        Err(meatspace_store::StoreError::Refused(r)) => {
+            task_page(&state, &c, id, Some(ApiError::from(r).to_string())).await
+        }
+        Err(e) => Err(ApiError::from(e).into()),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FeedQuery {
+    after: i64,
+}
+
+/// News of the task after `after`, for the page's script: a long poll of
+/// the feed the API serves, read as the task's owner may read it.
+async fn feed(
+    State(state): State<AppState>,
+    c: Console,
+    Path(raw): Path<String>,
+    Query(q): Query<FeedQuery>,
+    ClientAddress(address): ClientAddress,
+) -> Result<Response, ApiError> {
+    let id = Uuid::try_parse(&raw).map_err(|_| ApiError::task_not_found())?;
+    let _slot = state
+        .rate_limit
+        .streams()
+        .open(c.caller.as_principal(), address)?;
+    let page = event_feed(
+        &state,
+        id,
+        &EventsQuery {
+            after: q.after.max(0),
+            limit: Some(crate::routes::events::MAX_EVENTS_PAGE),
+            wait: Some(FEED_WAIT_SECONDS),
+        },
+        0,
+        Reader::Agent,
+    )
+    .await?;
+    let items: Vec<serde_json::Value> = page
+        .events
+        .iter()
+        .map(|e| {
+            let i = item(id, e);
+            serde_json::json!({
+                "id": i.id, "at": i.at, "kind": i.kind, "actor": i.actor,
+                "text": i.text, "photo": i.photo,
+            })
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({
+        "items": items,
+        "next_cursor": page.next_cursor,
+        "terminal": page.task_state.is_terminal(),
+    }))
+    .into_response())
+}
+
+async fn photo(
+    State(state): State<AppState>,
+    _c: Console,
+    Path((raw, photo_id)): Path<(String, String)>,
+) -> Result<Response, AppError> {
+    let id = task_id(&raw)?;
+    let photo_id = Uuid::try_parse(&photo_id).map_err(|_| not_found())?;
+    let photo = state
+        .store
+        .photo(id, photo_id)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(crate::routes::tasks::photo_response(photo)?)
+}
