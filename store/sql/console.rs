@@ -11,6 +11,7 @@ use sqlx::Row as _;
 use uuid::Uuid;
 
 use crate::dialect::{self as d, Row};
+use crate::identity::{WORKER_COLUMNS, worker_from_row};
 use crate::{TASK_COLUMNS, task_from_row};
 
 const SESSION_COLUMNS: &str =
@@ -55,6 +56,26 @@ fn contains_pattern(text: &str) -> String {
 
 #[async_trait::async_trait]
 impl ConsoleStore for d::Store {
+    async fn console_workers(
+        &self,
+        search: Option<&str>,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<meatspace_domain::identity::Worker>, StoreError> {
+        let sql = format!(
+            "SELECT {WORKER_COLUMNS} FROM workers \
+             WHERE ($1 IS NULL OR lower(name) LIKE $1 ESCAPE '\\') AND id > $2 \
+             ORDER BY id LIMIT $3"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(search.map(contains_pattern))
+            .bind(d::id(after.unwrap_or_default()))
+            .bind(i64::from(limit))
+            .fetch_all(d::reader(self))
+            .await?;
+        rows.iter().map(worker_from_row).collect()
+    }
+
     async fn console_tasks(&self, f: &TaskFilter) -> Result<Vec<(Task, Uuid)>, StoreError> {
         let (before_at, before_id) = match f.before {
             Some((at, id)) => (Some(d::time(at)), Some(d::id(id))),

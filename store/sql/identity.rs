@@ -89,7 +89,7 @@ fn key_from_row(row: &Row) -> Result<KeyRecord, StoreError> {
     })
 }
 
-fn worker_from_row(row: &Row) -> Result<Worker, StoreError> {
+pub(crate) fn worker_from_row(row: &Row) -> Result<Worker, StoreError> {
     Ok(Worker {
         id: d::read_id(row, "id")?,
         name: row.try_get("name")?,
@@ -611,7 +611,7 @@ pub(crate) async fn audit(pool: &Pool, f: &AuditFilter) -> Result<Vec<AuditEntry
          FROM audit a LEFT JOIN principals p ON p.id = a.principal_id \
          WHERE ($1 IS NULL OR a.principal_id = $1) AND ($2 IS NULL OR a.at >= $2) \
          AND ($3 IS NULL OR a.at < $3) AND ($4 IS NULL OR a.id < $4) \
-         AND ($6 IS NULL OR a.action = $6) \
+         AND ($6 IS NULL OR a.action = $6) AND ($7 IS NULL OR a.target = $7) \
          ORDER BY a.id DESC LIMIT $5",
     )
     .bind(f.principal.map(d::id))
@@ -620,6 +620,7 @@ pub(crate) async fn audit(pool: &Pool, f: &AuditFilter) -> Result<Vec<AuditEntry
     .bind(f.before)
     .bind(i64::from(f.limit))
     .bind(f.action.map(|a| a.as_str()))
+    .bind(f.target.as_deref())
     .fetch_all(pool)
     .await?;
     rows.iter()

@@ -53,6 +53,15 @@ pub struct TaskFilter {
 
 #[async_trait]
 pub trait ConsoleStore: Send + Sync {
+    /// At most `limit` workers whose name contains `search` (every worker
+    /// without one), with ids after `after`, in id order.
+    async fn console_workers(
+        &self,
+        search: Option<&str>,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<meatspace_domain::identity::Worker>, StoreError>;
+
     /// Tasks matching `filter`, newest first, each with its owner.
     async fn console_tasks(&self, filter: &TaskFilter) -> Result<Vec<(Task, Uuid)>, StoreError>;
 

@@ -131,6 +131,8 @@ pub struct AuditFilter {
     pub principal: Option<Uuid>,
     /// Only entries of this action.
     pub action: Option<meatspace_domain::identity::AuditAction>,
+    /// Only entries about this target (`worker:<id>`, `key:<id>`, ...).
+    pub target: Option<String>,
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
     pub before: Option<i64>,

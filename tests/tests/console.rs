@@ -22,6 +22,7 @@ meatspace_tests::api_tests!(
     the_audit_trail_filters_and_downloads_as_csv,
     the_console_in_chromium_at_phone_and_desktop_width,
     tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason,
+    workers_are_found_suspended_reinstated_given_tokens_and_qualified,
 );
 
 /// A browser-like client: no redirects followed, cookies by hand.
@@ -560,4 +561,170 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
     .await
     .unwrap();
     assert!(!html.contains("id=\"cancel-task\""));
+}
+
+/// Posts a console form with the session's CSRF token (from `page_path`).
+async fn post_form(
+    srv: &TestServer,
+    http: &Client,
+    cookie: &str,
+    page_path: &str,
+    action: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    let html = get(http, srv, page_path, cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&html);
+    let mut form: Vec<(&str, &str)> = vec![("csrf", csrf.as_str())];
+    form.extend_from_slice(fields);
+    http.post(srv.url(action))
+        .header(COOKIE, cookie)
+        .header("origin", &srv.base_url)
+        .form(&form)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = client();
+    let (_, secret, _) = operator_key(&srv, "operator").await;
+    let cookie = session(&srv, &http, &secret).await;
+    let (ada, ada_token) = srv.register_worker("Ada <i>Lovelace</i>").await;
+    srv.register_worker("Bea").await;
+
+    let html = get(&http, &srv, "/console/workers?q=lovelace", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains(&format!("/console/workers/{ada}")));
+    assert!(
+        html.contains("Ada &#60;i&#62;Lovelace&#60;/i&#62;"),
+        "names are text: {html}"
+    );
+    assert!(!html.contains("Bea"));
+    let page = format!("/console/workers/{ada}");
+
+    // Suspend with a reason, then reinstate: both in the worker's history.
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        &page,
+        &format!("{page}/suspend"),
+        &[("reason", "no-show")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    srv.worker(&ada_token)
+        .get("/api/v1/worker/tasks")
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    let html = get(&http, &srv, &page, &cookie).await.text().await.unwrap();
+    assert!(html.contains("suspended since"));
+    assert!(html.contains("worker.suspended") && html.contains("no-show"));
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        &page,
+        &format!("{page}/reinstate"),
+        &[],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    srv.worker(&ada_token)
+        .get("/api/v1/worker/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
+
+    // A new token, shown once; the old one stops working.
+    let res = post_form(&srv, &http, &cookie, &page, &format!("{page}/rotate"), &[]).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let html = res.text().await.unwrap();
+    let at = html.find("id=\"new-token\">").expect("the new token") + 15;
+    let token = html[at..at + html[at..].find('<').unwrap()].to_owned();
+    srv.worker(&ada_token)
+        .get("/api/v1/worker/tasks")
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    srv.worker(&token)
+        .get("/api/v1/worker/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
+    let again = get(&http, &srv, &page, &cookie).await.text().await.unwrap();
+    assert!(!again.contains(&token), "a token is shown once");
+
+    // Qualifications: granted, refused when malformed, revoked.
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        &page,
+        &format!("{page}/qualifications"),
+        &[("name", "vehicle"), ("value", "car")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let own = srv
+        .worker(&token)
+        .get("/api/v1/worker/qualifications")
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(own["qualifications"][0]["value"], "car");
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        &page,
+        &format!("{page}/qualifications"),
+        &[("name", "Not A Name")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(res.text().await.unwrap().contains("id=\"worker-error\""));
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        &page,
+        &format!("{page}/qualifications/vehicle/revoke"),
+        &[],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let own = srv
+        .worker(&token)
+        .get("/api/v1/worker/qualifications")
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(own["qualifications"].as_array().unwrap().len(), 0);
+    let html = get(&http, &srv, &page, &cookie).await.text().await.unwrap();
+    for action in [
+        "worker.token_rotated",
+        "worker.qualified",
+        "worker.unqualified",
+        "worker.reinstated",
+    ] {
+        assert!(html.contains(action), "{action} in the history");
+    }
+    // An action without the session's token changes nothing.
+    let res = http
+        .post(srv.url(&format!("{page}/suspend")))
+        .header(COOKIE, &cookie)
+        .header("origin", &srv.base_url)
+        .form(&[("reason", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    srv.worker(&token)
+        .get("/api/v1/worker/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
 }

@@ -3122,6 +3122,7 @@ async fn audit_targets(store: &dyn Store) -> Vec<String> {
     let filter = meatspace_store::AuditFilter {
         principal: Some(OPERATOR),
         action: None,
+        target: None,
         since: None,
         until: None,
         before: None,

@@ -62,6 +62,7 @@ async fn list_audit(
     let filter = AuditFilter {
         principal: q.principal,
         action: q.action,
+        target: None,
         since: q.since,
         until: q.until,
         before,

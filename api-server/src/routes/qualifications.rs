@@ -71,6 +71,21 @@ async fn grant(
     Path(QualificationPath { worker_id, name }): Path<QualificationPath>,
     OptionalJson(req): OptionalJson<Grant>,
 ) -> Result<axum::Json<Qualification>, ApiError> {
+    Ok(axum::Json(
+        grant_to(&state, &caller, &address, worker_id, name, req).await?,
+    ))
+}
+
+/// Grants `worker_id` the qualification `name` (the API and the console),
+/// checked and audited.
+pub(crate) async fn grant_to(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    worker_id: Uuid,
+    name: String,
+    req: Grant,
+) -> Result<Qualification, ApiError> {
     check_name(&name).map_err(ApiError::invalid)?;
     if let Some(value) = &req.value {
         check_value(value).map_err(ApiError::invalid)?;
@@ -88,7 +103,7 @@ async fn grant(
     let audit = caller.audit(
         AuditAction::WorkerQualified,
         format!("worker:{worker_id}"),
-        &address,
+        address,
         Some(serde_json::to_value(&qualification).map_err(|e| ApiError::Internal(e.into()))?),
     );
     if !state
@@ -98,7 +113,7 @@ async fn grant(
     {
         return Err(no_such("worker"));
     }
-    Ok(axum::Json(qualification))
+    Ok(qualification)
 }
 
 /// Revokes a worker's qualification. A task it holds stays its own.
@@ -113,19 +128,7 @@ async fn revoke(
     address: ClientAddress,
     Path(QualificationPath { worker_id, name }): Path<QualificationPath>,
 ) -> Result<axum::Json<QualificationList>, ApiError> {
-    let audit = caller.audit(
-        AuditAction::WorkerUnqualified,
-        format!("worker:{worker_id}"),
-        &address,
-        Some(serde_json::json!({ "name": name })),
-    );
-    if !state
-        .store
-        .revoke_qualification(worker_id, &name, audit)
-        .await?
-    {
-        return Err(no_such("qualification of this worker"));
-    }
+    revoke_from(&state, &caller, &address, worker_id, &name).await?;
     let qualifications = state.store.qualifications(worker_id).await?;
     Ok(axum::Json(QualificationList {
         worker_id,
@@ -237,4 +240,29 @@ async fn set_block(
         return Err(no_such(missing));
     }
     block_list(state, caller.principal).await
+}
+
+/// Revokes `worker_id`'s qualification `name` (the API and the console),
+/// audited.
+pub(crate) async fn revoke_from(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    worker_id: Uuid,
+    name: &str,
+) -> Result<(), ApiError> {
+    let audit = caller.audit(
+        AuditAction::WorkerUnqualified,
+        format!("worker:{worker_id}"),
+        address,
+        Some(serde_json::json!({ "name": name })),
+    );
+    if !state
+        .store
+        .revoke_qualification(worker_id, name, audit)
+        .await?
+    {
+        return Err(no_such("qualification of this worker"));
+    }
+    Ok(())
 }

@@ -98,11 +98,24 @@ async fn suspend_worker(
     Path(id): Path<Uuid>,
     OptionalJson(req): OptionalJson<api::Suspend>,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    let reason = super::checked_optional_text("reason", req.reason.as_deref(), 1000)?;
+    let worker = suspend(&state, &caller, &address, id, req.reason.as_deref()).await?;
+    Ok(axum::Json(worker))
+}
+
+/// Suspends a worker (the API and the console): its sessions end and the
+/// tasks it holds reopen, with the audit entry, in one transaction.
+pub(crate) async fn suspend(
+    state: &AppState,
+    caller: &crate::auth::Caller,
+    address: &ClientAddress,
+    id: Uuid,
+    reason: Option<&str>,
+) -> Result<Worker, ApiError> {
+    let reason = super::checked_optional_text("reason", reason, 1000)?;
     let audit = caller.audit(
         AuditAction::WorkerSuspended,
         format!("worker:{id}"),
-        &address,
+        address,
         reason.map(|r| serde_json::json!({ "reason": r })),
     );
     let worker = state
@@ -111,7 +124,7 @@ async fn suspend_worker(
         .await?
         .ok_or_else(|| no_such("worker"))?;
     state.credentials.workers.forget(id);
-    Ok(axum::Json(worker))
+    Ok(worker)
 }
 
 /// Lifts a worker's suspension.
@@ -125,18 +138,27 @@ async fn reinstate_worker(
     address: ClientAddress,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<Worker>, ApiError> {
+    Ok(axum::Json(reinstate(&state, &caller, &address, id).await?))
+}
+
+/// Lifts a worker's suspension (the API and the console), audited.
+pub(crate) async fn reinstate(
+    state: &AppState,
+    caller: &crate::auth::Caller,
+    address: &ClientAddress,
+    id: Uuid,
+) -> Result<Worker, ApiError> {
     let audit = caller.audit(
         AuditAction::WorkerReinstated,
         format!("worker:{id}"),
-        &address,
+        address,
         None,
     );
-    let worker = state
+    state
         .store
         .reinstate_worker(id, audit)
         .await?
-        .ok_or_else(|| no_such("worker"))?;
-    Ok(axum::Json(worker))
+        .ok_or_else(|| no_such("worker"))
 }
 
 /// Gives a worker a new token; the old one stops working at once.
@@ -150,11 +172,25 @@ async fn rotate_worker_token(
     address: ClientAddress,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
+    Ok(secret_answer(
+        StatusCode::OK,
+        rotate_token(&state, &caller, &address, id).await?,
+    ))
+}
+
+/// Gives a worker a new token (the API and the console), audited; the old
+/// one stops working at once.
+pub(crate) async fn rotate_token(
+    state: &AppState,
+    caller: &crate::auth::Caller,
+    address: &ClientAddress,
+    id: Uuid,
+) -> Result<api::RotatedWorker, ApiError> {
     let (worker_token, hash) = issue_worker_token(id);
     let audit = caller.audit(
         AuditAction::WorkerTokenRotated,
         format!("worker:{id}"),
-        &address,
+        address,
         None,
     );
     let worker = state
@@ -163,11 +199,8 @@ async fn rotate_worker_token(
         .await?
         .ok_or_else(|| no_such("worker"))?;
     state.credentials.workers.forget(id);
-    Ok(secret_answer(
-        StatusCode::OK,
-        api::RotatedWorker {
-            worker,
-            worker_token,
-        },
-    ))
+    Ok(api::RotatedWorker {
+        worker,
+        worker_token,
+    })
 }

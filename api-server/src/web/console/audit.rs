@@ -51,6 +51,7 @@ impl AuditQuery {
         Ok(AuditFilter {
             principal,
             action,
+            target: None,
             since: time(&self.since)?,
             until: time(&self.until)?,
             before: self.before,

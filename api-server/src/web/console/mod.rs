@@ -32,6 +32,7 @@ use uuid::Uuid;
 mod audit;
 mod overview;
 mod tasks;
+mod workers;
 
 use super::session::{SameOrigin, check_csrf, cookie, csrf_token};
 use super::{AppError, html, with_cookie};
@@ -57,6 +58,7 @@ pub fn router() -> Router<AppState> {
         .merge(overview::router())
         .merge(audit::router())
         .merge(tasks::router())
+        .merge(workers::router())
 }
 
 // ---------------------------------------------------------------- cookies
@@ -94,6 +96,16 @@ fn set_cookie(secure: bool, name: &str, value: &str, max_age: i64) -> HeaderValu
 }
 
 // ---------------------------------------------------------------- session
+
+/// Checks the CSRF token a form of the signed-in session submitted.
+pub(super) fn check_form(
+    state: &AppState,
+    headers: &HeaderMap,
+    submitted: Option<&str>,
+) -> Result<(), AppError> {
+    let secure = state.public_origin.secure(headers);
+    check_csrf(cookie(headers, session_cookie(secure)), submitted)
+}
 
 /// A signed-in operator. Extracting it without a valid session sends the
 /// browser to the sign-in page.
@@ -386,10 +398,7 @@ async fn logout(
     axum::extract::Form(form): axum::extract::Form<CsrfForm>,
 ) -> Result<Response, AppError> {
     let secure = state.public_origin.secure(&headers);
-    check_csrf(
-        cookie(&headers, session_cookie(secure)),
-        form.csrf.as_deref(),
-    )?;
+    check_form(&state, &headers, form.csrf.as_deref())?;
     state.store.end_console_session(c.session.id).await?;
     record(
         &state,

@@ -23,7 +23,6 @@ use crate::AppState;
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
 use crate::routes::events::{EventsQuery, Reader, event_feed};
-use crate::web::session::check_csrf;
 use crate::web::{AppError, html};
 
 /// Tasks on a page.
@@ -337,11 +336,7 @@ async fn cancel(
     Path(raw): Path<String>,
     axum::extract::Form(form): axum::extract::Form<CancelForm>,
 ) -> Result<Response, AppError> {
-    let secure = state.public_origin.secure(&headers);
-    check_csrf(
-        super::cookie(&headers, super::session_cookie(secure)),
-        form.csrf.as_deref(),
-    )?;
+    super::check_form(&state, &headers, form.csrf.as_deref())?;
     let id = task_id(&raw)?;
     let reason = form.reason.trim();
     if reason.is_empty() || reason.chars().count() > MAX_REASON_CHARS {

@@ -1,0 +1,351 @@
+//! The console's workers: a list with a search of names, and a worker's
+//! page with its tasks, its qualifications, its history in the audit
+//! trail, and the operator's actions on it (suspend with a reason,
+//! reinstate, a new token shown once, grant and revoke qualifications),
+//! each the same code as the API's and audited as the signed-in operator.
+
+use askama::Template;
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use meatspace_api_types::Grant;
+use meatspace_domain::identity::Worker;
+use meatspace_domain::qualification::QualificationValue;
+use meatspace_store::AuditFilter;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::audit::time;
+use super::{Console, Nav, check_form};
+use crate::AppState;
+use crate::http::error::ApiError;
+use crate::http::rate_limit::ClientAddress;
+use crate::routes::{qualifications, workers};
+use crate::web::{AppError, html};
+
+/// Workers on a page.
+const PAGE: u32 = 50;
+/// Tasks and history entries shown on a worker's page.
+const SHOWN: u32 = 50;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console/workers", get(list))
+        .route("/console/workers/{worker_id}", get(page))
+        .route("/console/workers/{worker_id}/suspend", post(suspend))
+        .route("/console/workers/{worker_id}/reinstate", post(reinstate))
+        .route("/console/workers/{worker_id}/rotate", post(rotate))
+        .route("/console/workers/{worker_id}/qualifications", post(grant))
+        .route(
+            "/console/workers/{worker_id}/qualifications/{name}/revoke",
+            post(revoke),
+        )
+}
+
+fn not_found() -> AppError {
+    AppError::Page(
+        StatusCode::NOT_FOUND,
+        "No such worker",
+        "There is no worker with this id.".into(),
+    )
+}
+
+fn worker_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::try_parse(raw).map_err(|_| not_found())
+}
+
+// ------------------------------------------------------------------- list
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ListQuery {
+    q: String,
+    after: Option<Uuid>,
+}
+
+#[derive(Template)]
+#[template(path = "console_workers.html")]
+struct ListPage {
+    nav: Option<Nav>,
+    q: String,
+    workers: Vec<Worker>,
+    next: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    c: Console,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, AppError> {
+    let search: String = q.q.trim().chars().take(200).collect();
+    let mut workers = state
+        .store
+        .console_workers((!search.is_empty()).then_some(&*search), q.after, PAGE + 1)
+        .await?;
+    let next = (workers.len() > PAGE as usize).then(|| {
+        workers.truncate(PAGE as usize);
+        let mut next = url::form_urlencoded::Serializer::new(String::new());
+        if !search.is_empty() {
+            next.append_pair("q", &search);
+        }
+        if let Some(last) = workers.last() {
+            next.append_pair("after", &last.id.to_string());
+        }
+        next.finish()
+    });
+    Ok(html(&ListPage {
+        nav: Some(Nav::of(&c)),
+        q: search,
+        workers,
+        next,
+    }))
+}
+
+// ------------------------------------------------------------------- one worker
+
+struct TaskRow {
+    id: Uuid,
+    state: &'static str,
+    description: String,
+    updated: String,
+}
+
+struct QualificationRow {
+    name: String,
+    value: String,
+    until: String,
+    holds: bool,
+}
+
+struct HistoryRow {
+    at: String,
+    action: &'static str,
+    principal: String,
+    detail: String,
+}
+
+#[derive(Template)]
+#[template(path = "console_worker.html")]
+struct WorkerPage {
+    nav: Option<Nav>,
+    csrf: String,
+    worker: Worker,
+    tasks: Vec<TaskRow>,
+    qualifications: Vec<QualificationRow>,
+    history: Vec<HistoryRow>,
+    /// A token just issued: shown this once.
+    new_token: Option<String>,
+    error: Option<String>,
+}
+
+async fn worker_page(
+    state: &AppState,
+    c: &Console,
+    id: Uuid,
+    new_token: Option<String>,
+    error: Option<String>,
+) -> Result<Response, AppError> {
+    let worker = state.store.worker(id).await?.ok_or_else(not_found)?;
+    let now = state.clock.now();
+    let tasks = state.store.worker_tasks(id, SHOWN).await?;
+    let qualifications = state.store.qualifications(id).await?;
+    let history = state
+        .store
+        .audit(&AuditFilter {
+            target: Some(format!("worker:{id}")),
+            limit: SHOWN,
+            ..AuditFilter::default()
+        })
+        .await?;
+    let page = WorkerPage {
+        nav: Some(Nav::of(c)),
+        csrf: c.csrf.clone(),
+        tasks: tasks
+            .iter()
+            .map(|t| TaskRow {
+                id: t.id,
+                state: t.state.as_str(),
+                description: t.description.chars().take(120).collect(),
+                updated: t.updated_at.to_rfc3339(),
+            })
+            .collect(),
+        qualifications: qualifications
+            .iter()
+            .map(|q| QualificationRow {
+                name: q.name.clone(),
+                value: match &q.value {
+                    Some(QualificationValue::Text(t)) => t.clone(),
+                    Some(QualificationValue::Integer(n)) => n.to_string(),
+                    None => String::new(),
+                },
+                until: q.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                holds: q.holds(now),
+            })
+            .collect(),
+        history: history
+            .iter()
+            .map(|e| HistoryRow {
+                at: e.at.to_rfc3339(),
+                action: e.action.as_str(),
+                principal: e.principal.id.to_string(),
+                detail: e.detail.as_ref().map(|d| d.to_string()).unwrap_or_default(),
+            })
+            .collect(),
+        worker,
+        new_token,
+        error,
+    };
+    let status = if page.error.is_some() {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, html(&page)).into_response())
+}
+
+async fn page(
+    State(state): State<AppState>,
+    c: Console,
+    Path(raw): Path<String>,
+) -> Result<Response, AppError> {
+    worker_page(&state, &c, worker_id(&raw)?, None, None).await
+}
+
+/// After an action: the worker's page again, or the page with the
+/// refusal in words.
+async fn done(
+    state: &AppState,
+    c: &Console,
+    id: Uuid,
+    result: Result<(), ApiError>,
+) -> Result<Response, AppError> {
+    match result {
+        Ok(()) => Ok(Redirect::to(&format!("/console/workers/{id}")).into_response()),
+        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(ApiError::Invalid(e)) => worker_page(state, c, id, None, Some(e)).await,
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ReasonForm {
+    csrf: Option<String>,
+    reason: String,
+}
+
+async fn suspend(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<ReasonForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = worker_id(&raw)?;
+    let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
+    let result = workers::suspend(&state, &c.caller, &address, id, reason)
+        .await
+        .map(drop);
+    done(&state, &c, id, result).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CsrfForm {
+    csrf: Option<String>,
+}
+
+async fn reinstate(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = worker_id(&raw)?;
+    let result = workers::reinstate(&state, &c.caller, &address, id)
+        .await
+        .map(drop);
+    done(&state, &c, id, result).await
+}
+
+/// A new token, shown on the page this once (never again: only its
+/// digest is kept).
+async fn rotate(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = worker_id(&raw)?;
+    match workers::rotate_token(&state, &c.caller, &address, id).await {
+        Ok(rotated) => worker_page(&state, &c, id, Some(rotated.worker_token), None).await,
+        Err(e) => done(&state, &c, id, Err(e)).await,
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct GrantForm {
+    csrf: Option<String>,
+    name: String,
+    value: String,
+    expires_at: String,
+}
+
+async fn grant(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<GrantForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = worker_id(&raw)?;
+    let value = match form.value.trim() {
+        "" => None,
+        v => Some(match v.parse::<i64>() {
+            Ok(n) => QualificationValue::Integer(n),
+            Err(_) => QualificationValue::Text(v.to_owned()),
+        }),
+    };
+    let expires_at = match time(&form.expires_at) {
+        Ok(t) => t,
+        Err(e) => return worker_page(&state, &c, id, None, Some(e)).await,
+    };
+    let result = qualifications::grant_to(
+        &state,
+        &c.caller,
+        &address,
+        id,
+        form.name.trim().to_owned(),
+        Grant { value, expires_at },
+    )
+    .await
+    .map(drop);
+    done(&state, &c, id, result).await
+}
+
+async fn revoke(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path((raw, name)): Path<(String, String)>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = worker_id(&raw)?;
+    let result = qualifications::revoke_from(&state, &c.caller, &address, id, &name).await;
+    done(&state, &c, id, result).await
+}
