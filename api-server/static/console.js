@@ -48,7 +48,20 @@ function consoleFeed(list) {
   poll();
 }
 
+// Copy buttons: each names the element whose text it copies.
+function copyButtons() {
+  if (!navigator.clipboard) return;
+  Array.prototype.forEach.call(document.querySelectorAll("button[data-copy]"), function (b) {
+    b.hidden = false;
+    b.addEventListener("click", function () {
+      var text = document.getElementById(b.dataset.copy).textContent;
+      navigator.clipboard.writeText(text).then(function () { b.textContent = "Copied"; });
+    });
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
   var list = document.getElementById("console-feed");
   if (list && window.fetch) consoleFeed(list);
+  copyButtons();
 });

@@ -23,6 +23,7 @@ meatspace_tests::api_tests!(
     the_console_in_chromium_at_phone_and_desktop_width,
     tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason,
     workers_are_found_suspended_reinstated_given_tokens_and_qualified,
+    keys_and_invites_are_made_shown_once_rotated_and_revoked,
 );
 
 /// A browser-like client: no redirects followed, cookies by hand.
@@ -393,6 +394,37 @@ async fn the_console_in_chromium_at_phone_and_desktop_width(db: Db) {
     if shots {
         desk.capture("console-audit").await;
     }
+    // Every other page renders and fits, with a screenshot of each.
+    let (worker, _) = srv.register_worker("Ada").await;
+    for (path, heading, shot) in [
+        ("/console/tasks".to_owned(), "Tasks", "console-tasks"),
+        (format!("/console/tasks/{id}"), "Task", "console-task"),
+        ("/console/workers".to_owned(), "Workers", "console-workers"),
+        (
+            format!("/console/workers/{worker}"),
+            "Worker",
+            "console-worker",
+        ),
+        ("/console/keys".to_owned(), "API keys", "console-keys"),
+        (
+            "/console/invites".to_owned(),
+            "Worker invites",
+            "console-invites",
+        ),
+    ] {
+        desk.goto(&path).await;
+        desk.wait_for_text("h1", heading).await;
+        desk.assert_fits(&path, 1280).await;
+        if shots {
+            desk.capture(shot).await;
+        }
+    }
+    // An invite link with its QR code.
+    desk.click("#create-invite").await;
+    desk.wait_for("#invite-qr svg").await;
+    if shots {
+        desk.capture("console-invite-created").await;
+    }
     desk.close().await;
     srv.stop().await;
 }
@@ -728,3 +760,175 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         .expect_json(StatusCode::OK)
         .await;
 }
+
+/// The text of the element with id `id` in `html`.
+fn text_of(html: &str, id: &str) -> String {
+    let at = html
+        .find(&format!("id=\"{id}\">"))
+        .unwrap_or_else(|| panic!("#{id} in {html}"))
+        + id.len()
+        + 6;
+    html[at..at + html[at..].find('<').unwrap()].to_owned()
+}
+
+async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
+    let srv = TestServer::start(db).await;
+    let http = client();
+    let (_, secret, _) = operator_key(&srv, "operator").await;
+    let cookie = session(&srv, &http, &secret).await;
+
+    // A key for a new agent, with two scopes: its secret shown once.
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        "/console/keys",
+        "/console/keys",
+        &[
+            ("name", "robot"),
+            ("kind", "agent"),
+            ("scope", "tasks"),
+            ("scope", "invites"),
+        ],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let html = res.text().await.unwrap();
+    let robot = text_of(&html, "new-secret");
+    assert!(robot.starts_with("msk_"));
+    assert!(html.contains("tasks invites"), "both scopes: {html}");
+    srv.agent(&robot)
+        .get("/api/v1/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
+    let list = get(&http, &srv, "/console/keys", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!list.contains(&robot), "a secret is shown once");
+    let (task, _) = srv
+        .agent(&robot)
+        .post("/api/v1/tasks")
+        .json(&json!({ "description": "Fetch the mail" }))
+        .expect_json(StatusCode::CREATED)
+        .await
+        .pipe(|v| (uuid_at(&v, "/task/id"), ()));
+    let robot_id = {
+        let keys = srv
+            .dev(Method::GET, "/api/v1/keys")
+            .expect_json(StatusCode::OK)
+            .await;
+        uuid_at(
+            keys["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|k| k["name"] == "robot")
+                .unwrap(),
+            "/id",
+        )
+    };
+
+    // Rotated with no grace: the old secret stops at once, the new works.
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        "/console/keys",
+        &format!("/console/keys/{robot_id}/rotate"),
+        &[("grace_hours", "0")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let rotated = text_of(&res.text().await.unwrap(), "new-secret");
+    srv.agent(&robot)
+        .get("/api/v1/tasks")
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    srv.agent(&rotated)
+        .get("/api/v1/tasks")
+        .expect_json(StatusCode::OK)
+        .await;
+
+    // Revoked, cancelling its principal's tasks.
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        "/console/keys",
+        &format!("/console/keys/{robot_id}/revoke"),
+        &[("cancel_tasks", "on")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(text_of(&res.text().await.unwrap(), "keys-notice").contains("1 of its principal"));
+    srv.agent(&rotated)
+        .get("/api/v1/tasks")
+        .expect_problem(StatusCode::UNAUTHORIZED)
+        .await;
+    let cancelled = srv.store.task(task).await.unwrap().expect("the task");
+    assert_eq!(cancelled.state, meatspace_domain::TaskState::Cancelled);
+
+    // An invite: the link once, with a QR code; it signs up, until revoked.
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        "/console/invites",
+        "/console/invites",
+        &[("hours", "2")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let html = res.text().await.unwrap();
+    let link = text_of(&html, "invite-url");
+    assert!(
+        link.starts_with(&format!("{}/app/invite/msi_", srv.base_url)),
+        "{link}"
+    );
+    assert!(html.contains("<svg"), "a QR code");
+    assert_eq!(
+        http.get(&link).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    let list = get(&http, &srv, "/console/invites", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!list.contains(&link), "a link is shown once");
+    let invites = srv
+        .dev(Method::GET, "/api/v1/workers/invites")
+        .expect_json(StatusCode::OK)
+        .await;
+    let invite = uuid_at(&invites["invites"][0], "/id");
+    let res = post_form(
+        &srv,
+        &http,
+        &cookie,
+        "/console/invites",
+        &format!("/console/invites/{invite}/revoke"),
+        &[],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        http.get(&link).send().await.unwrap().status(),
+        StatusCode::GONE
+    );
+    let list = get(&http, &srv, "/console/invites", &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains("<td>revoked</td>"));
+}
+
+/// `value.pipe(f)`: `f(value)`, for a chain.
+trait Pipe: Sized {
+    fn pipe<T>(self, f: impl FnOnce(Self) -> T) -> T {
+        f(self)
+    }
+}
+impl<T> Pipe for T {}

@@ -52,7 +52,22 @@ async fn create_invite(
     OptionalJson(req): OptionalJson<CreateInvite>,
 ) -> Result<Response, ApiError> {
     caller.require(meatspace_domain::identity::Scope::Invites)?;
-    let seconds = req.expires_in_seconds.unwrap_or(DEFAULT_INVITE_SECONDS);
+    Ok(secret_answer(
+        StatusCode::CREATED,
+        create(&state, &caller, &address, &headers, req.expires_in_seconds).await?,
+    ))
+}
+
+/// Makes an invite (the API and the console), audited; its link is in
+/// the answer, and only there.
+pub(crate) async fn create(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    headers: &HeaderMap,
+    expires_in_seconds: Option<u64>,
+) -> Result<CreatedInvite, ApiError> {
+    let seconds = expires_in_seconds.unwrap_or(DEFAULT_INVITE_SECONDS);
     if !(60..=MAX_INVITE_SECONDS).contains(&seconds) {
         return Err(ApiError::invalid(format!(
             "expires_in_seconds must be between 60 and {MAX_INVITE_SECONDS}"
@@ -65,7 +80,7 @@ async fn create_invite(
     let audit = caller.audit(
         meatspace_domain::identity::AuditAction::InviteCreated,
         format!("invite:{id}"),
-        &address,
+        address,
         Some(serde_json::json!({ "expires_at": expires_at })),
     );
     state
@@ -77,16 +92,13 @@ async fn create_invite(
             meatspace_store::NewAudit { at: now, ..audit },
         )
         .await?;
-    let invite_url = format!("{}/app/invite/{code}", state.public_origin.origin(&headers));
-    Ok(secret_answer(
-        StatusCode::CREATED,
-        CreatedInvite {
-            id,
-            invite_url,
-            expires_at,
-            created_by: caller.principal,
-        },
-    ))
+    let invite_url = format!("{}/app/invite/{code}", state.public_origin.origin(headers));
+    Ok(CreatedInvite {
+        id,
+        invite_url,
+        expires_at,
+        created_by: caller.principal,
+    })
 }
 
 /// A stored invite as operators see it.
@@ -132,10 +144,20 @@ async fn revoke_invite(
     address: ClientAddress,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<api::Invite>, ApiError> {
+    Ok(axum::Json(revoke(&state, &caller, &address, id).await?))
+}
+
+/// Revokes an unused invite (the API and the console), audited.
+pub(crate) async fn revoke(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    id: Uuid,
+) -> Result<api::Invite, ApiError> {
     let audit = caller.audit(
         AuditAction::InviteRevoked,
         format!("invite:{id}"),
-        &address,
+        address,
         None,
     );
     let invite = state
@@ -143,5 +165,5 @@ async fn revoke_invite(
         .revoke_invite(id, audit)
         .await?
         .ok_or_else(|| no_such("invite"))?;
-    Ok(axum::Json(invite_view(invite)))
+    Ok(invite_view(invite))
 }

@@ -66,6 +66,20 @@ async fn create_key(
     address: ClientAddress,
     Json(req): Json<api::CreateKey>,
 ) -> Result<Response, ApiError> {
+    Ok(secret_answer(
+        StatusCode::CREATED,
+        create(&state, &caller, &address, req).await?,
+    ))
+}
+
+/// Creates a key (the API and the console), audited; its secret is in
+/// the answer, and only there.
+pub(crate) async fn create(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    req: api::CreateKey,
+) -> Result<api::KeySecret, ApiError> {
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
     let now = state.clock.now();
     if req.expires_at.is_some_and(|at| at <= now) {
@@ -112,17 +126,14 @@ async fn create_key(
     let audit = caller.audit(
         AuditAction::KeyCreated,
         format!("key:{id}"),
-        &address,
+        address,
         Some(serde_json::json!({ "principal_id": new.principal.id, "scopes": new.scopes })),
     );
     let key = state.store.create_api_key(new, audit).await?;
-    Ok(secret_answer(
-        StatusCode::CREATED,
-        api::KeySecret {
-            key: key_view(key),
-            secret,
-        },
-    ))
+    Ok(api::KeySecret {
+        key: key_view(key),
+        secret,
+    })
 }
 
 /// Every API key, revoked ones included, ordered by id.
@@ -176,7 +187,22 @@ async fn rotate_key(
     Path(id): Path<Uuid>,
     OptionalJson(req): OptionalJson<api::RotateKey>,
 ) -> Result<Response, ApiError> {
-    let grace = req.grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
+    Ok(secret_answer(
+        StatusCode::OK,
+        rotate(&state, &caller, &address, id, req.grace_seconds).await?,
+    ))
+}
+
+/// Gives key `id` a new secret (the API and the console), audited; the
+/// old one works for `grace_seconds` more (a day by default).
+pub(crate) async fn rotate(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    id: Uuid,
+    grace_seconds: Option<u64>,
+) -> Result<api::KeySecret, ApiError> {
+    let grace = grace_seconds.unwrap_or(DEFAULT_ROTATION_GRACE_SECONDS);
     if grace > MAX_ROTATION_GRACE_SECONDS {
         return Err(ApiError::invalid(format!(
             "grace_seconds must be at most {MAX_ROTATION_GRACE_SECONDS}"
@@ -186,7 +212,7 @@ async fn rotate_key(
     let audit = caller.audit(
         AuditAction::KeyRotated,
         format!("key:{id}"),
-        &address,
+        address,
         Some(serde_json::json!({ "grace_seconds": grace })),
     );
     let until = audit.at + TimeDelta::seconds(i64::try_from(grace).unwrap_or(0));
@@ -203,13 +229,10 @@ async fn rotate_key(
         });
     }
     state.credentials.keys.forget(id);
-    Ok(secret_answer(
-        StatusCode::OK,
-        api::KeySecret {
-            key: key_view(key),
-            secret,
-        },
-    ))
+    Ok(api::KeySecret {
+        key: key_view(key),
+        secret,
+    })
 }
 
 /// Revokes a key at once on every replica. Its principal's tasks keep
@@ -226,11 +249,25 @@ async fn revoke_key(
     Path(id): Path<Uuid>,
     OptionalJson(req): OptionalJson<api::RevokeKey>,
 ) -> Result<axum::Json<api::RevokedKey>, ApiError> {
+    Ok(axum::Json(
+        revoke(&state, &caller, &address, id, req.cancel_tasks).await?,
+    ))
+}
+
+/// Revokes key `id` at once on every replica (the API and the console),
+/// audited; with `cancel_tasks`, its principal's tasks are cancelled too.
+pub(crate) async fn revoke(
+    state: &AppState,
+    caller: &Caller,
+    address: &ClientAddress,
+    id: Uuid,
+    cancel_tasks: bool,
+) -> Result<api::RevokedKey, ApiError> {
     let audit = caller.audit(
         AuditAction::KeyRevoked,
         format!("key:{id}"),
-        &address,
-        Some(serde_json::json!({ "cancel_tasks": req.cancel_tasks })),
+        address,
+        Some(serde_json::json!({ "cancel_tasks": cancel_tasks })),
     );
     let key = state
         .store
@@ -241,13 +278,13 @@ async fn revoke_key(
     // stream's word.
     state.credentials.keys.forget(id);
     let mut cancelled = 0;
-    if req.cancel_tasks {
-        cancelled = cancel_owned(&state, &caller, &address, key.principal.id).await?;
+    if cancel_tasks {
+        cancelled = cancel_owned(state, caller, address, key.principal.id).await?;
     }
-    Ok(axum::Json(api::RevokedKey {
+    Ok(api::RevokedKey {
         key: key_view(key),
         cancelled_tasks: cancelled,
-    }))
+    })
 }
 
 /// Cancels every non-terminal task of `owner`, each with its audit entry.

@@ -30,6 +30,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 mod audit;
+mod keys;
 mod overview;
 mod tasks;
 mod workers;
@@ -59,6 +60,7 @@ pub fn router() -> Router<AppState> {
         .merge(audit::router())
         .merge(tasks::router())
         .merge(workers::router())
+        .merge(keys::router())
 }
 
 // ---------------------------------------------------------------- cookies

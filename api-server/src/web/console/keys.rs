@@ -1,0 +1,417 @@
+//! The console's API keys and invites: keys listed with their principal,
+//! scopes, last use and state, created (the secret shown once, with a
+//! copy button), rotated with a grace period and revoked (optionally
+//! cancelling the principal's tasks); invites created (the link shown
+//! once, with a QR code a phone can scan), listed with their state and
+//! revoked. Each action is the API's own function, audited as the
+//! signed-in operator.
+
+use askama::Template;
+use axum::Router;
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use meatspace_api_types as api;
+use meatspace_domain::identity::{PrincipalKind, Scope};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::audit::time;
+use super::{Console, Nav, check_form};
+use crate::AppState;
+use crate::http::error::ApiError;
+use crate::http::rate_limit::ClientAddress;
+use crate::routes::{invites, keys};
+use crate::web::{AppError, html};
+
+const PAGE: u32 = 100;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console/keys", get(list_keys).post(create_key))
+        .route("/console/keys/{key_id}/rotate", post(rotate_key))
+        .route("/console/keys/{key_id}/revoke", post(revoke_key))
+        .route("/console/invites", get(list_invites).post(create_invite))
+        .route("/console/invites/{invite_id}/revoke", post(revoke_invite))
+}
+
+fn not_found() -> AppError {
+    AppError::Page(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        "There is no such record.".into(),
+    )
+}
+
+fn id_of(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::try_parse(raw).map_err(|_| not_found())
+}
+
+// ------------------------------------------------------------------- keys
+
+struct KeyRow {
+    id: Uuid,
+    name: String,
+    principal: String,
+    scopes: String,
+    created: String,
+    last_used: String,
+    state: String,
+    active: bool,
+}
+
+fn key_row(k: &api::Key, now: DateTime<Utc>) -> KeyRow {
+    let state = if let Some(at) = k.revoked_at {
+        format!("revoked {}", at.to_rfc3339())
+    } else if k.expires_at.is_some_and(|at| at <= now) {
+        "expired".to_owned()
+    } else if let Some(until) = k.previous_valid_until.filter(|u| *u > now) {
+        format!("rotated; the old secret works until {}", until.to_rfc3339())
+    } else {
+        "active".to_owned()
+    };
+    KeyRow {
+        id: k.id,
+        name: k.name.clone(),
+        principal: format!(
+            "{} {} ({})",
+            k.principal.kind.as_str(),
+            k.principal.name,
+            k.principal.id
+        ),
+        scopes: k.scopes.to_text(),
+        created: k.created_at.to_rfc3339(),
+        last_used: k
+            .last_used_at
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_else(|| "never".into()),
+        active: k.revoked_at.is_none() && k.expires_at.is_none_or(|at| at > now),
+        state,
+    }
+}
+
+#[derive(Template)]
+#[template(path = "console_keys.html")]
+struct KeysPage {
+    nav: Option<Nav>,
+    csrf: String,
+    keys: Vec<KeyRow>,
+    scopes: Vec<&'static str>,
+    /// A secret just made: shown this once.
+    secret: Option<(String, String)>,
+    notice: Option<String>,
+    error: Option<String>,
+}
+
+async fn keys_page(
+    state: &AppState,
+    c: &Console,
+    secret: Option<(String, String)>,
+    notice: Option<String>,
+    error: Option<String>,
+) -> Result<Response, AppError> {
+    let now = state.clock.now();
+    let keys = state.store.api_keys(None, PAGE).await?;
+    let mut rows: Vec<KeyRow> = keys
+        .into_iter()
+        .map(|k| key_row(&crate::routes::keys::key_view(k), now))
+        .collect();
+    rows.sort_by(|a, b| a.principal.cmp(&b.principal).then(a.name.cmp(&b.name)));
+    let status = if error.is_some() {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::OK
+    };
+    let page = KeysPage {
+        nav: Some(Nav::of(c)),
+        csrf: c.csrf.clone(),
+        keys: rows,
+        scopes: Scope::ALL.iter().map(|s| s.as_str()).collect(),
+        secret,
+        notice,
+        error,
+    };
+    Ok((status, html(&page)).into_response())
+}
+
+async fn list_keys(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
+    keys_page(&state, &c, None, None, None).await
+}
+
+/// A refusal of the API's in words on the page; other errors as errors.
+fn refused(e: ApiError) -> Result<String, AppError> {
+    match e {
+        ApiError::Invalid(m) => Ok(m),
+        ApiError::Conflict { detail, .. } => Ok(detail),
+        e => Err(e.into()),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct KeyForm {
+    csrf: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    expires_at: String,
+    /// Checkboxes, one field per ticked scope.
+    #[serde(default)]
+    scope: Vec<String>,
+}
+
+async fn create_key(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, AppError> {
+    // Repeated fields (the scope checkboxes) need a form decoder that keeps
+    // them all: serde_urlencoded does not.
+    let form: KeyForm = serde_html_form::from_bytes(&body).map_err(|e| {
+        AppError::Page(
+            StatusCode::BAD_REQUEST,
+            "Form refused",
+            format!("The form: {e}"),
+        )
+    })?;
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let kind = match form.kind.as_str() {
+        "operator" => PrincipalKind::Operator,
+        _ => PrincipalKind::Agent,
+    };
+    let scopes = form
+        .scope
+        .iter()
+        .map(|s| Scope::parse(s))
+        .collect::<Option<Vec<_>>>();
+    let Some(scopes) = scopes else {
+        return keys_page(&state, &c, None, None, Some("Unknown scope.".into())).await;
+    };
+    let expires_at = match time(&form.expires_at) {
+        Ok(t) => t,
+        Err(e) => return keys_page(&state, &c, None, None, Some(e)).await,
+    };
+    let req = api::CreateKey {
+        name: form.name,
+        kind: Some(kind),
+        principal_id: None,
+        scopes: (!scopes.is_empty()).then_some(scopes),
+        expires_at,
+    };
+    match keys::create(&state, &c.caller, &address, req).await {
+        Ok(made) => {
+            let label = format!("Secret of the new key {}", made.key.name);
+            keys_page(&state, &c, Some((label, made.secret)), None, None).await
+        }
+        Err(e) => keys_page(&state, &c, None, None, Some(refused(e)?)).await,
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RotateForm {
+    csrf: Option<String>,
+    grace_hours: String,
+}
+
+async fn rotate_key(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<RotateForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = id_of(&raw)?;
+    let grace = match form.grace_hours.trim() {
+        "" => None,
+        h => match h.parse::<u64>() {
+            Ok(h) => Some(h.saturating_mul(3600)),
+            Err(_) => {
+                let e = "The grace period is a whole number of hours.".to_owned();
+                return keys_page(&state, &c, None, None, Some(e)).await;
+            }
+        },
+    };
+    match keys::rotate(&state, &c.caller, &address, id, grace).await {
+        Ok(made) => {
+            let label = format!("New secret of the key {}", made.key.name);
+            keys_page(&state, &c, Some((label, made.secret)), None, None).await
+        }
+        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(e) => keys_page(&state, &c, None, None, Some(refused(e)?)).await,
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RevokeForm {
+    csrf: Option<String>,
+    cancel_tasks: Option<String>,
+}
+
+async fn revoke_key(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<RevokeForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = id_of(&raw)?;
+    match keys::revoke(&state, &c.caller, &address, id, form.cancel_tasks.is_some()).await {
+        Ok(revoked) => {
+            let notice = format!(
+                "Revoked the key {}; {} of its principal's tasks cancelled.",
+                revoked.key.name, revoked.cancelled_tasks
+            );
+            keys_page(&state, &c, None, Some(notice), None).await
+        }
+        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+// ------------------------------------------------------------------- invites
+
+struct InviteRow {
+    id: Uuid,
+    created: String,
+    expires: String,
+    state: &'static str,
+    open: bool,
+}
+
+#[derive(Template)]
+#[template(path = "console_invites.html")]
+struct InvitesPage {
+    nav: Option<Nav>,
+    csrf: String,
+    invites: Vec<InviteRow>,
+    /// A link just made, and its QR code (SVG): shown this once.
+    made: Option<(String, String)>,
+    error: Option<String>,
+}
+
+async fn invites_page(
+    state: &AppState,
+    c: &Console,
+    made: Option<(String, String)>,
+    error: Option<String>,
+) -> Result<Response, AppError> {
+    let now = state.clock.now();
+    let invites = state.store.invites(None, PAGE).await?;
+    let rows = invites
+        .into_iter()
+        .map(|i| {
+            let state = if i.used_at.is_some() {
+                "used"
+            } else if i.revoked_at.is_some() {
+                "revoked"
+            } else if i.expires_at <= now {
+                "expired"
+            } else {
+                "open"
+            };
+            InviteRow {
+                id: i.id,
+                created: i.created_at.to_rfc3339(),
+                expires: i.expires_at.to_rfc3339(),
+                open: state == "open",
+                state,
+            }
+        })
+        .collect();
+    let status = if error.is_some() {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::OK
+    };
+    let page = InvitesPage {
+        nav: Some(Nav::of(c)),
+        csrf: c.csrf.clone(),
+        invites: rows,
+        made,
+        error,
+    };
+    Ok((status, html(&page)).into_response())
+}
+
+async fn list_invites(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
+    invites_page(&state, &c, None, None).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct InviteForm {
+    csrf: Option<String>,
+    hours: String,
+}
+
+/// The QR code of `text` as an SVG element (dark modules on white).
+fn qr_svg(text: &str) -> Result<String, AppError> {
+    let code = qrcode::QrCode::new(text.as_bytes())
+        .map_err(|e| AppError::Api(ApiError::Internal(e.into())))?;
+    Ok(code
+        .render::<qrcode::render::svg::Color<'_>>()
+        .min_dimensions(200, 200)
+        .quiet_zone(true)
+        .build())
+}
+
+async fn create_invite(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Form(form): Form<InviteForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let seconds = match form.hours.trim() {
+        "" => None,
+        h => match h.parse::<u64>() {
+            Ok(h) => Some(h.saturating_mul(3600)),
+            Err(_) => {
+                let e = "The lifetime is a whole number of hours.".to_owned();
+                return invites_page(&state, &c, None, Some(e)).await;
+            }
+        },
+    };
+    match invites::create(&state, &c.caller, &address, &headers, seconds).await {
+        Ok(made) => {
+            let svg = qr_svg(&made.invite_url)?;
+            invites_page(&state, &c, Some((made.invite_url, svg)), None).await
+        }
+        Err(e) => invites_page(&state, &c, None, Some(refused(e)?)).await,
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CsrfForm {
+    csrf: Option<String>,
+}
+
+async fn revoke_invite(
+    State(state): State<AppState>,
+    c: Console,
+    address: ClientAddress,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, AppError> {
+    check_form(&state, &headers, form.csrf.as_deref())?;
+    let id = id_of(&raw)?;
+    match invites::revoke(&state, &c.caller, &address, id).await {
+        Ok(_) => Ok(Redirect::to("/console/invites").into_response()),
+        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(e) => Err(e.into()),
+    }
+}
