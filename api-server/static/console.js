@@ -33,6 +33,7 @@ function consoleFeed(list) {
       li.appendChild(a);
     }
     list.appendChild(li);
+    localTimes(li);
   }
   function poll() {
     fetch("/console/tasks/" + task + "/feed?after=" + cursor, { credentials: "same-origin", cache: "no-store" })
@@ -60,7 +61,17 @@ function copyButtons() {
   });
 }
 
+// Times in the viewer's own time zone (the page shows UTC without this
+// script); the machine-readable time stays in the datetime attribute.
+function localTimes(root) {
+  Array.prototype.forEach.call(root.querySelectorAll("time[datetime]"), function (t) {
+    var d = new Date(t.dateTime);
+    if (!isNaN(d.getTime())) { t.title = t.dateTime; t.textContent = d.toLocaleString(); }
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
+  localTimes(document);
   var list = document.getElementById("console-feed");
   if (list && window.fetch) consoleFeed(list);
   copyButtons();

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use meatspace_domain::{Task, TaskState};
 use meatspace_store::StoreError;
-use meatspace_store::console::{ConsoleSession, ConsoleStore, HourCount, TaskFilter};
+use meatspace_store::console::{ConsoleSession, ConsoleStore, Health, HourCount, TaskFilter};
 use meatspace_store::token::TokenHash;
 use sqlx::Row as _;
 use uuid::Uuid;
@@ -164,6 +164,34 @@ impl ConsoleStore for d::Store {
         .bind(d::time(now))
         .bind(i64::from(limit));
         d::write_statement(self, query).await
+    }
+
+    async fn health(&self) -> Result<Health, StoreError> {
+        let reader = d::reader(self);
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM webhooks WHERE state = 'failing') AS failing, \
+             (SELECT COUNT(*) FROM webhooks WHERE state = 'disabled') AS disabled",
+        )
+        .fetch_one(reader)
+        .await?;
+        // The review's state is in its JSON: read those of the active
+        // tasks under review, and let the domain say which wait.
+        let reviews =
+            sqlx::query("SELECT review FROM tasks WHERE state = 'active' AND review IS NOT NULL")
+                .fetch_all(reader)
+                .await?;
+        let mut waiting = 0;
+        for r in &reviews {
+            let text: String = r.try_get("review")?;
+            let review: meatspace_domain::Review = serde_json::from_str(&text)
+                .map_err(|_| StoreError::Corrupt("a task's review".into()))?;
+            waiting += u64::from(review.is_waiting());
+        }
+        Ok(Health {
+            webhooks_failing: count(&row, "failing")?,
+            webhooks_disabled: count(&row, "disabled")?,
+            reviews_waiting: waiting,
+        })
     }
 
     async fn task_counts(&self) -> Result<Vec<(TaskState, u64)>, StoreError> {

@@ -35,6 +35,15 @@ pub struct HourCount {
     pub completed: u64,
 }
 
+/// How the agents' side of delivery is doing: webhook endpoints failing or
+/// disabled, and submissions waiting for an agent's review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Health {
+    pub webhooks_failing: u64,
+    pub webhooks_disabled: u64,
+    pub reviews_waiting: u64,
+}
+
 /// Which tasks the console lists: newest first, after a keyset cursor.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TaskFilter {
@@ -85,6 +94,9 @@ pub trait ConsoleStore: Send + Sync {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError>;
+
+    /// Webhook and review health now.
+    async fn health(&self) -> Result<Health, StoreError>;
 
     /// How many tasks are in each state now (states without any left out).
     async fn task_counts(&self) -> Result<Vec<(TaskState, u64)>, StoreError>;

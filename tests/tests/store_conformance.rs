@@ -3460,4 +3460,23 @@ async fn console_sessions_and_overview_counts(store: Arc<dyn Store>) {
         "{hours:?}"
     );
     assert!(hours.windows(2).all(|w| w[0].hour < w[1].hour));
+
+    // A submission waiting for review counts in the health.
+    assert_eq!(s.health().await.unwrap().reviews_waiting, 0);
+    let (reviewed, worker) = reviewed_and_active(s).await;
+    let submit = Command::Complete {
+        worker,
+        note: None,
+        result: Some(json!({ "ok": true })),
+    };
+    ok(s, reviewed.id, submit, 20).await;
+    let health = s.health().await.unwrap();
+    assert_eq!(
+        (
+            health.reviews_waiting,
+            health.webhooks_failing,
+            health.webhooks_disabled
+        ),
+        (1, 0, 0)
+    );
 }

@@ -42,6 +42,7 @@ struct OverviewPage {
     week_created: u64,
     week_completed: u64,
     peak: u64,
+    health: meatspace_store::console::Health,
 }
 
 /// Chart geometry: 24 hours, each a pair of bars.
@@ -103,6 +104,7 @@ async fn overview(State(state): State<AppState>, c: Console) -> Result<Response,
         (t.id, since.to_rfc3339(), age(now - since))
     });
     let (bars, peak) = bars(&hours, now);
+    let health = state.store.health().await?;
     let page = OverviewPage {
         nav: Some(Nav::of(&c)),
         total: counts.iter().map(|(_, n)| n).sum(),
@@ -122,6 +124,7 @@ async fn overview(State(state): State<AppState>, c: Console) -> Result<Response,
         week_created: sum(now - Duration::days(7), |h| h.created),
         week_completed: sum(now - Duration::days(7), |h| h.completed),
         peak,
+        health,
     };
     Ok(html(&page))
 }
