@@ -168,12 +168,68 @@ async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
 async fn every_console_page_refuses_without_a_good_session(db: Db) {
     let srv = TestServer::start(db).await;
     let http = client();
-    // No session: every page sends the browser to sign in.
-    for path in ["/console", "/console/audit", "/console/audit.csv"] {
+    // No session: every page and every action sends the browser to sign
+    // in, and changes nothing.
+    let (task, _) = srv.create_open_task("Water the plants").await;
+    let (worker, _) = srv.register_worker("Ada").await;
+    let (key, _, _) = operator_key(&srv, "agent").await;
+    let nil = Uuid::nil();
+    let pages = [
+        "/console".to_owned(),
+        "/console/audit".to_owned(),
+        "/console/audit.csv".to_owned(),
+        "/console/tasks".to_owned(),
+        format!("/console/tasks/{task}"),
+        format!("/console/tasks/{task}/feed?after=0"),
+        format!("/console/tasks/{task}/photos/{nil}"),
+        "/console/workers".to_owned(),
+        format!("/console/workers/{worker}"),
+        "/console/keys".to_owned(),
+        "/console/invites".to_owned(),
+    ];
+    for path in &pages {
         let res = get(&http, &srv, path, "").await;
         assert_eq!(res.status(), StatusCode::SEE_OTHER, "{path}");
         assert_eq!(location(&res), "/console/login", "{path}");
     }
+    let actions = [
+        "/console/logout".to_owned(),
+        format!("/console/tasks/{task}/cancel"),
+        format!("/console/workers/{worker}/suspend"),
+        format!("/console/workers/{worker}/reinstate"),
+        format!("/console/workers/{worker}/rotate"),
+        format!("/console/workers/{worker}/qualifications"),
+        format!("/console/workers/{worker}/qualifications/vehicle/revoke"),
+        "/console/keys".to_owned(),
+        format!("/console/keys/{key}/rotate"),
+        format!("/console/keys/{key}/revoke"),
+        "/console/invites".to_owned(),
+        format!("/console/invites/{nil}/revoke"),
+    ];
+    for path in &actions {
+        let res = http
+            .post(srv.url(path))
+            .header("origin", &srv.base_url)
+            .form(&[("reason", "x"), ("name", "vehicle")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(location(&res), "/console/login", "{path}");
+    }
+    assert_eq!(
+        srv.store.task(task).await.unwrap().unwrap().state,
+        meatspace_domain::TaskState::Open
+    );
+    assert!(
+        srv.store
+            .worker(worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .suspended_at
+            .is_none()
+    );
     // A made-up session cookie is no session.
     let forged = format!(
         "ms_console=mcs_{}_bm90IGEgc2VjcmV0",
@@ -234,11 +290,16 @@ async fn every_console_page_refuses_without_a_good_session(db: Db) {
         StatusCode::OK
     );
 
-    // Idle for 31 minutes: the session has ended.
+    // Idle for 31 minutes: the session has ended, for every page.
     srv.advance_clock(TimeDelta::minutes(31));
     let res = get(&http, &srv, "/console", &cookie).await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(&res), "/console/login?expired=1");
+    for path in &pages {
+        let res = get(&http, &srv, path, &cookie).await;
+        assert_eq!(res.status(), StatusCode::SEE_OTHER, "{path}");
+        assert!(location(&res).starts_with("/console/login"), "{path}");
+    }
 
     // Active, but 12 hours after signing in: ended too.
     let cookie = session(&srv, &http, &secret).await;
@@ -532,6 +593,30 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
             .iter()
             .any(|i| i["text"] == "<script>alert(1)</script> done")
     );
+
+    // A photo the worker sent is viewable from the task's page.
+    srv.worker(&active.worker_token)
+        .post(&format!("/api/v1/worker/tasks/{}/photos", active.task_id))
+        .header("content-type", "image/png")
+        .body(meatspace_tests::server::images::png(8, 8))
+        .expect_json(StatusCode::OK)
+        .await;
+    let page = get(
+        &http,
+        &srv,
+        &format!("/console/tasks/{}", active.task_id),
+        &cookie,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let at = page.find("/photos/").expect("a photo link");
+    let href_start = page[..at].rfind('"').unwrap() + 1;
+    let href = &page[href_start..at + page[at..].find('"').unwrap()];
+    let photo = get(&http, &srv, href, &cookie).await;
+    assert_eq!(photo.status(), StatusCode::OK);
+    assert_eq!(photo.headers()["content-type"], "image/png");
 
     // Cancelling needs a reason and the session's CSRF token.
     let csrf = csrf_of(&html);
