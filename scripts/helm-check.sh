@@ -226,8 +226,9 @@ output_is() {
   printf '[helm-check]     %s printed %s, expected %s\n' "$1" "${got:-nothing}" "$want" >&2
   return 1
 }
-# env_value FILE NAME — the literal value of env variable NAME in a rendering.
-env_value() { grep -A1 -E "name: $2\$" "$1" | sed -n 's/^ *value: //p'; }
+# env_value FILE NAME — the literal value of env variable NAME in a rendering,
+# once however many containers have it (two that disagree print both).
+env_value() { grep -A1 -E "name: $2\$" "$1" | sed -n 's/^ *value: //p' | sort -u; }
 # refused MESSAGE VALUES-SET OUT [ARGS...] — helm template fails and says
 # MESSAGE (a rendering that fails for another reason, a mistyped --set say,
 # proves nothing).

@@ -8,7 +8,7 @@
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -19,10 +19,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, Nav, check_form};
+use super::{Console, ConsoleForm, CsrfForm, Nav};
 use crate::AppState;
 use crate::http::error::ApiError;
-use crate::http::rate_limit::ClientAddress;
 use crate::routes::{invites, keys};
 use crate::web::{AppError, html};
 
@@ -162,24 +161,12 @@ struct KeyForm {
     #[serde(default)]
     scope: Vec<String>,
 }
+crate::web::form::csrf_field!(KeyForm, RotateForm, RevokeForm, InviteForm);
 
 async fn create_key(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    ConsoleForm { c, address, form }: ConsoleForm<KeyForm>,
 ) -> Result<Response, AppError> {
-    // Repeated fields (the scope checkboxes) need a form decoder that keeps
-    // them all: serde_urlencoded does not.
-    let form: KeyForm = serde_html_form::from_bytes(&body).map_err(|e| {
-        AppError::Page(
-            StatusCode::BAD_REQUEST,
-            "Form refused",
-            format!("The form: {e}"),
-        )
-    })?;
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let kind = match form.kind.as_str() {
         "operator" => PrincipalKind::Operator,
         _ => PrincipalKind::Agent,
@@ -221,13 +208,9 @@ struct RotateForm {
 
 async fn rotate_key(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<RotateForm>,
+    ConsoleForm { c, address, form }: ConsoleForm<RotateForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = id_of(&raw)?;
     let grace = match form.grace_hours.trim() {
         "" => None,
@@ -258,13 +241,9 @@ struct RevokeForm {
 
 async fn revoke_key(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<RevokeForm>,
+    ConsoleForm { c, address, form }: ConsoleForm<RevokeForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = id_of(&raw)?;
     match keys::revoke(&state, &c.caller, &address, id, form.cancel_tasks.is_some()).await {
         Ok(revoked) => {
@@ -368,12 +347,9 @@ fn qr_svg(text: &str) -> Result<String, AppError> {
 
 async fn create_invite(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
     headers: HeaderMap,
-    Form(form): Form<InviteForm>,
+    ConsoleForm { c, address, form }: ConsoleForm<InviteForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let seconds = match form.hours.trim() {
         "" => None,
         h => match h.parse::<u64>() {
@@ -393,21 +369,11 @@ async fn create_invite(
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct CsrfForm {
-    csrf: Option<String>,
-}
-
 async fn revoke_invite(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<CsrfForm>,
+    ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = id_of(&raw)?;
     match invites::revoke(&state, &c.caller, &address, id).await {
         Ok(_) => Ok(Redirect::to("/console/invites").into_response()),

@@ -99,15 +99,58 @@ fn set_cookie(secure: bool, name: &str, value: &str, max_age: i64) -> HeaderValu
 
 // ---------------------------------------------------------------- session
 
-/// Checks the CSRF token a form of the signed-in session submitted.
-pub(super) fn check_form(
-    state: &AppState,
-    headers: &HeaderMap,
-    submitted: Option<&str>,
-) -> Result<(), AppError> {
-    let secure = state.public_origin.secure(headers);
-    check_csrf(cookie(headers, session_cookie(secure)), submitted)
+/// A form posted in a signed-in session: the session (a cross-site post is
+/// refused before it is read), the client's address, and the form, its
+/// CSRF token checked against the session. Repeated fields (checkboxes)
+/// are kept, as browsers send them.
+pub(super) struct ConsoleForm<F> {
+    pub c: Console,
+    pub address: ClientAddress,
+    pub form: F,
 }
+
+impl<F> axum::extract::FromRequest<AppState> for ConsoleForm<F>
+where
+    F: serde::de::DeserializeOwned + crate::web::form::CsrfField + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(
+        req: axum::extract::Request,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let c = Console::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Ok(address) = ClientAddress::from_request_parts(&mut parts, state).await;
+        let body = axum::body::to_bytes(body, MAX_FORM_BYTES)
+            .await
+            .map_err(|_| {
+                AppError::Page(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Form refused",
+                    "The form is larger than any console form.".into(),
+                )
+                .into_response()
+            })?;
+        let form: F = serde_html_form::from_bytes(&body).map_err(|e| {
+            AppError::Page(
+                StatusCode::BAD_REQUEST,
+                "Form refused",
+                format!("The form: {e}"),
+            )
+            .into_response()
+        })?;
+        let secure = state.public_origin.secure(&parts.headers);
+        check_csrf(cookie(&parts.headers, session_cookie(secure)), form.csrf())
+            .map_err(IntoResponse::into_response)?;
+        Ok(ConsoleForm { c, address, form })
+    }
+}
+
+/// Largest console form body.
+const MAX_FORM_BYTES: usize = 64 * 1024;
 
 /// A signed-in operator. Extracting it without a valid session sends the
 /// browser to the sign-in page.
@@ -386,21 +429,20 @@ async fn record(
     Ok(())
 }
 
+/// A form with nothing but its CSRF token.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct CsrfForm {
-    csrf: Option<String>,
+pub(super) struct CsrfForm {
+    pub csrf: Option<String>,
 }
+crate::web::form::csrf_field!(CsrfForm);
 
 async fn logout(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
     headers: HeaderMap,
-    axum::extract::Form(form): axum::extract::Form<CsrfForm>,
+    ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let secure = state.public_origin.secure(&headers);
-    check_form(&state, &headers, form.csrf.as_deref())?;
     state.store.end_console_session(c.session.id).await?;
     record(
         &state,

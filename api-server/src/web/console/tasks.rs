@@ -18,7 +18,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, Nav};
+use super::{Console, ConsoleForm, Nav};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
@@ -325,18 +325,15 @@ struct CancelForm {
     csrf: Option<String>,
     reason: String,
 }
+crate::web::form::csrf_field!(CancelForm);
 
 /// Cancels the task, as the signed-in operator, with the audit entry in
 /// the cancel's own transaction.
 async fn cancel(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: axum::http::HeaderMap,
     Path(raw): Path<String>,
-    axum::extract::Form(form): axum::extract::Form<CancelForm>,
+    ConsoleForm { c, address, form }: ConsoleForm<CancelForm>,
 ) -> Result<Response, AppError> {
-    super::check_form(&state, &headers, form.csrf.as_deref())?;
     let id = task_id(&raw)?;
     let reason = form.reason.trim();
     if reason.is_empty() || reason.chars().count() > MAX_REASON_CHARS {

@@ -6,8 +6,8 @@
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use meatspace_api_types::Grant;
@@ -18,10 +18,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, Nav, check_form};
+use super::{Console, ConsoleForm, CsrfForm, Nav};
 use crate::AppState;
 use crate::http::error::ApiError;
-use crate::http::rate_limit::ClientAddress;
 use crate::routes::{qualifications, workers};
 use crate::web::{AppError, html};
 
@@ -235,16 +234,13 @@ struct ReasonForm {
     csrf: Option<String>,
     reason: String,
 }
+crate::web::form::csrf_field!(ReasonForm, GrantForm);
 
 async fn suspend(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<ReasonForm>,
+    ConsoleForm { c, address, form }: ConsoleForm<ReasonForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = worker_id(&raw)?;
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
     let result = workers::suspend(&state, &c.caller, &address, id, reason)
@@ -253,21 +249,11 @@ async fn suspend(
     done(&state, &c, id, result).await
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct CsrfForm {
-    csrf: Option<String>,
-}
-
 async fn reinstate(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<CsrfForm>,
+    ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = worker_id(&raw)?;
     let result = workers::reinstate(&state, &c.caller, &address, id)
         .await
@@ -279,13 +265,9 @@ async fn reinstate(
 /// digest is kept).
 async fn rotate(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<CsrfForm>,
+    ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = worker_id(&raw)?;
     match workers::rotate_token(&state, &c.caller, &address, id).await {
         Ok(rotated) => worker_page(&state, &c, id, Some(rotated.worker_token), None).await,
@@ -304,13 +286,9 @@ struct GrantForm {
 
 async fn grant(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path(raw): Path<String>,
-    Form(form): Form<GrantForm>,
+    ConsoleForm { c, address, form }: ConsoleForm<GrantForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = worker_id(&raw)?;
     let value = match form.value.trim() {
         "" => None,
@@ -338,13 +316,9 @@ async fn grant(
 
 async fn revoke(
     State(state): State<AppState>,
-    c: Console,
-    address: ClientAddress,
-    headers: HeaderMap,
     Path((raw, name)): Path<(String, String)>,
-    Form(form): Form<CsrfForm>,
+    ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    check_form(&state, &headers, form.csrf.as_deref())?;
     let id = worker_id(&raw)?;
     let result = qualifications::revoke_from(&state, &c.caller, &address, id, &name).await;
     done(&state, &c, id, result).await
