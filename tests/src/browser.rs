@@ -354,19 +354,7 @@ impl Browser {
 
     /// The page is laid out within the phone's width.
     pub async fn assert_no_horizontal_overflow(&self, name: &str) {
-        let v = self
-            .js("return [document.documentElement.scrollWidth, window.innerWidth];")
-            .await;
-        let (scroll, inner) = (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0));
-        assert_eq!(
-            inner,
-            u64::from(PHONE_WIDTH),
-            "{name}: viewport is not phone-sized"
-        );
-        assert!(
-            scroll <= inner,
-            "{name}: the page scrolls sideways at {inner} px (content is {scroll} px wide)"
-        );
+        self.assert_fits(name, PHONE_WIDTH).await;
     }
 
     /// Ends the browser session.

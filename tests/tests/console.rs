@@ -421,9 +421,21 @@ async fn the_console_in_chromium_at_phone_and_desktop_width(db: Db) {
     if shots {
         phone.capture("console-overview-phone").await;
     }
-    phone.goto("/console/audit").await;
-    phone.wait_for_text("h1", "Audit trail").await;
-    phone.assert_fits("audit on a phone", 360).await;
+    // Every page fits the phone.
+    let (worker, _) = srv.register_worker("Ada").await;
+    for (path, heading) in [
+        ("/console/audit".to_owned(), "Audit trail"),
+        ("/console/tasks".to_owned(), "Tasks"),
+        (format!("/console/tasks/{id}"), "Task"),
+        ("/console/workers".to_owned(), "Workers"),
+        (format!("/console/workers/{worker}"), "Worker"),
+        ("/console/keys".to_owned(), "API keys"),
+        ("/console/invites".to_owned(), "Worker invites"),
+    ] {
+        phone.goto(&path).await;
+        phone.wait_for_text("h1", heading).await;
+        phone.assert_fits(&path, 360).await;
+    }
     // Signing out, by keyboard-reachable button in the header.
     phone.click("header button.link").await;
     phone.wait_for_text("h1", "Sign in to the console").await;
@@ -456,7 +468,6 @@ async fn the_console_in_chromium_at_phone_and_desktop_width(db: Db) {
         desk.capture("console-audit").await;
     }
     // Every other page renders and fits, with a screenshot of each.
-    let (worker, _) = srv.register_worker("Ada").await;
     for (path, heading, shot) in [
         ("/console/tasks".to_owned(), "Tasks", "console-tasks"),
         (format!("/console/tasks/{id}"), "Task", "console-task"),

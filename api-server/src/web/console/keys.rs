@@ -23,7 +23,7 @@ use super::{Console, ConsoleForm, CsrfForm, Nav};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::routes::{invites, keys};
-use crate::web::{AppError, html};
+use crate::web::AppError;
 
 const PAGE: u32 = 100;
 
@@ -118,11 +118,6 @@ async fn keys_page(
         .map(|k| key_row(&crate::routes::keys::key_view(k), now))
         .collect();
     rows.sort_by(|a, b| a.principal.cmp(&b.principal).then(a.name.cmp(&b.name)));
-    let status = if error.is_some() {
-        StatusCode::UNPROCESSABLE_ENTITY
-    } else {
-        StatusCode::OK
-    };
     let page = KeysPage {
         nav: Some(Nav::of(c)),
         csrf: c.csrf.clone(),
@@ -132,7 +127,11 @@ async fn keys_page(
         notice,
         error,
     };
-    Ok((status, html(&page)).into_response())
+    Ok(super::shown(
+        &page,
+        page.error.is_some(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+    ))
 }
 
 async fn list_keys(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
@@ -308,11 +307,6 @@ async fn invites_page(
             }
         })
         .collect();
-    let status = if error.is_some() {
-        StatusCode::UNPROCESSABLE_ENTITY
-    } else {
-        StatusCode::OK
-    };
     let page = InvitesPage {
         nav: Some(Nav::of(c)),
         csrf: c.csrf.clone(),
@@ -320,7 +314,11 @@ async fn invites_page(
         made,
         error,
     };
-    Ok((status, html(&page)).into_response())
+    Ok(super::shown(
+        &page,
+        page.error.is_some(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+    ))
 }
 
 async fn list_invites(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {

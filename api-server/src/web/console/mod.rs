@@ -149,6 +149,13 @@ where
     }
 }
 
+/// A page, answered with `refused` when it shows a refusal (`error`) and
+/// 200 otherwise.
+pub(super) fn shown(page: &impl Template, error: bool, refused: StatusCode) -> Response {
+    let status = if error { refused } else { StatusCode::OK };
+    (status, html(page)).into_response()
+}
+
 /// Largest console form body.
 const MAX_FORM_BYTES: usize = 64 * 1024;
 

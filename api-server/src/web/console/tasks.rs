@@ -303,12 +303,11 @@ async fn task_page(
         task,
         error,
     };
-    let status = if page.error.is_some() {
-        StatusCode::CONFLICT
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, html(&page)).into_response())
+    Ok(super::shown(
+        &page,
+        page.error.is_some(),
+        StatusCode::CONFLICT,
+    ))
 }
 
 async fn page(

@@ -196,12 +196,11 @@ async fn worker_page(
         new_token,
         error,
     };
-    let status = if page.error.is_some() {
-        StatusCode::UNPROCESSABLE_ENTITY
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, html(&page)).into_response())
+    Ok(super::shown(
+        &page,
+        page.error.is_some(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+    ))
 }
 
 async fn page(
