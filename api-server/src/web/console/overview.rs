@@ -37,6 +37,8 @@ struct OverviewPage {
     total: u64,
     oldest: Option<(Uuid, String, String)>,
     bars: Vec<Bar>,
+    week_bars: Vec<Bar>,
+    week_peak: u64,
     day_created: u64,
     day_completed: u64,
     week_created: u64,
@@ -45,24 +47,13 @@ struct OverviewPage {
     health: meatspace_store::console::Health,
 }
 
-/// Chart geometry: 24 hours, each a pair of bars.
+/// Chart geometry: up to 24 slots, each a pair of bars.
 const CHART_HEIGHT: u32 = 120;
 const SLOT: u32 = 16;
 
-fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
-    let this_hour = now - Duration::seconds(now.timestamp() % 3600);
-    let slots: Vec<(DateTime<Utc>, u64, u64)> = (0..24)
-        .rev()
-        .map(|i| {
-            let hour = this_hour - Duration::hours(i);
-            let h = hours.iter().find(|h| h.hour == hour);
-            (
-                hour,
-                h.map_or(0, |h| h.created),
-                h.map_or(0, |h| h.completed),
-            )
-        })
-        .collect();
+/// The bars of a chart of `slots` (a label, created, completed), scaled to
+/// the tallest, which is returned too.
+fn chart(slots: &[(String, u64, u64)]) -> (Vec<Bar>, u64) {
     let peak = slots
         .iter()
         .map(|(_, c, d)| (*c).max(*d))
@@ -70,25 +61,59 @@ fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
         .unwrap_or(0)
         .max(1);
     let scale = |n: u64| ((n * u64::from(CHART_HEIGHT)) / peak) as u32;
+    let width = 24 * SLOT / slots.len().max(1) as u32;
     let bars = slots
         .iter()
         .enumerate()
-        .map(|(i, (hour, created, completed))| {
+        .map(|(i, (label, created, completed))| {
             let (ch, dh) = (scale(*created), scale(*completed));
             Bar {
-                x: i as u32 * SLOT + 2,
+                x: i as u32 * width + 2,
                 created_y: CHART_HEIGHT - ch,
                 created_h: ch,
                 completed_y: CHART_HEIGHT - dh,
                 completed_h: dh,
-                label: format!(
-                    "{} UTC: {created} created, {completed} completed",
-                    hour.format("%H:00")
-                ),
+                label: format!("{label}: {created} created, {completed} completed"),
             }
         })
         .collect();
     (bars, peak)
+}
+
+/// The last 24 hours, an hour a slot.
+fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
+    let this_hour = now - Duration::seconds(now.timestamp() % 3600);
+    let slots: Vec<(String, u64, u64)> = (0..24)
+        .rev()
+        .map(|i| {
+            let hour = this_hour - Duration::hours(i);
+            let h = hours.iter().find(|h| h.hour == hour);
+            (
+                format!("{} UTC", hour.format("%H:00")),
+                h.map_or(0, |h| h.created),
+                h.map_or(0, |h| h.completed),
+            )
+        })
+        .collect();
+    chart(&slots)
+}
+
+/// The last 7 days (UTC), a day a slot.
+fn days(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
+    let today = now - Duration::seconds(now.timestamp() % 86_400);
+    let slots: Vec<(String, u64, u64)> = (0..7)
+        .rev()
+        .map(|i| {
+            let day = today - Duration::days(i);
+            let of_day = hours
+                .iter()
+                .filter(|h| h.hour >= day && h.hour < day + Duration::days(1));
+            let (created, completed) =
+                of_day.fold((0, 0), |(c, d), h| (c + h.created, d + h.completed));
+            (day.format("%a %d %b").to_string(), created, completed)
+        })
+        .collect();
+    chart(&slots)
 }
 
 async fn overview(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
@@ -104,6 +129,7 @@ async fn overview(State(state): State<AppState>, c: Console) -> Result<Response,
         (t.id, since.to_rfc3339(), age(now - since))
     });
     let (bars, peak) = bars(&hours, now);
+    let (week_bars, week_peak) = days(&hours, now);
     let health = state.store.health().await?;
     let page = OverviewPage {
         nav: Some(Nav::of(&c)),
@@ -119,6 +145,8 @@ async fn overview(State(state): State<AppState>, c: Console) -> Result<Response,
             .collect(),
         oldest,
         bars,
+        week_bars,
+        week_peak,
         day_created: sum(day_start, |h| h.created),
         day_completed: sum(day_start, |h| h.completed),
         week_created: sum(now - Duration::days(7), |h| h.created),
@@ -155,6 +183,9 @@ mod tests {
         }];
         let (bars, peak) = bars(&hours, now);
         assert_eq!((bars.len(), peak), (24, 4));
+        let (week, week_peak) = days(&hours, now);
+        assert_eq!((week.len(), week_peak), (7, 4));
+        assert_eq!(week.last().unwrap().created_h, CHART_HEIGHT);
         let last = bars.last().unwrap();
         assert_eq!(
             (last.created_h, last.completed_h),
