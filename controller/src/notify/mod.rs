@@ -41,7 +41,7 @@ use meatspace_store::notify::{
     DueNotification, NewNotification, NotificationOutcome, PendingCause,
 };
 use meatspace_store::secret::ServerKey;
-use meatspace_store::{Store, StoreError};
+use meatspace_store::Store;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
@@ -586,13 +586,4 @@ fn channels(prefs: &Preferences, has_push: bool) -> impl Iterator<Item = Channel
     ]
     .into_iter()
     .flatten()
-}
-
-impl From<StoreError> for Sent {
-    fn from(e: StoreError) -> Self {
-        Sent::Failed {
-            transient: true,
-            error: e.to_string(),
-        }
-    }
 }
