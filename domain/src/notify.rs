@@ -28,6 +28,7 @@ pub const QUOTED_CHARS: usize = 140;
 /// Where a worker works: a point and a distance around it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
 pub struct Area {
     /// WGS 84 latitude in degrees, -90 to 90.
     pub latitude: f64,
@@ -55,6 +56,7 @@ impl Area {
 /// the worker can be reached.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
 pub struct Preferences {
     /// Where the worker works. Newly published tasks are announced when
     /// their place is in this area; without an area, only tasks without a
@@ -401,6 +403,12 @@ mod tests {
         task.state = TaskState::Assigned;
         assert!(!announce_to(&task, &around(52.5219, 13.4132, 10)));
         assert!(!still_for(Cause::Published, &task, uuid::Uuid::nil()));
+    }
+
+    #[test]
+    fn a_misspelt_preference_is_refused_not_ignored() {
+        let typo = serde_json::json!({ "new_task": true });
+        assert!(serde_json::from_value::<Preferences>(typo).is_err());
     }
 
     #[test]
