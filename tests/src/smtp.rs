@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::process::free_port;
 
@@ -40,11 +40,12 @@ impl SmtpServer {
     /// Installs aiosmtpd if it is missing (a prerequisite: failing to is a
     /// failed test, never a skip), starts it and waits until it accepts
     /// connections.
-    pub fn start() -> SmtpServer {
+    pub async fn start() -> SmtpServer {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/smtp-server.sh");
-        let out = Command::new(&script)
+        let out = tokio::process::Command::new(&script)
             .arg("python")
             .output()
+            .await
             .expect("run scripts/smtp-server.sh");
         assert!(
             out.status.success(),
@@ -74,14 +75,17 @@ impl SmtpServer {
             child,
             maildir,
         };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "aiosmtpd does not accept connections on port {port} after 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(20)); // poll interval
-        }
+        crate::eventually(
+            Duration::from_secs(30),
+            "aiosmtpd to accept connections",
+            || async {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()
+                    .map(drop)
+            },
+        )
+        .await;
         server
     }
 

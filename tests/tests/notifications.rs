@@ -59,9 +59,7 @@ async fn system_on(srv: TestServer) -> System {
         .with_env_filter("warn,tower_http=off")
         .with_test_writer()
         .try_init();
-    let smtp = tokio::task::spawn_blocking(SmtpServer::start)
-        .await
-        .expect("start the SMTP server");
+    let smtp = SmtpServer::start().await;
     let push = PushService::start(&srv.options.integrations.vapid_public_key).await;
     System { srv, smtp, push }
 }

@@ -37,11 +37,11 @@ use meatspace_domain::clock::Clock;
 use meatspace_domain::notify::{self, Cause, Channel, Preferences};
 use meatspace_domain::qualification::all_met;
 use meatspace_domain::{Task, TaskState};
+use meatspace_store::Store;
 use meatspace_store::notify::{
     DueNotification, NewNotification, NotificationOutcome, PendingCause,
 };
 use meatspace_store::secret::ServerKey;
-use meatspace_store::Store;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
