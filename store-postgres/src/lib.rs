@@ -48,21 +48,10 @@ mod dialect;
 mod group_commit;
 mod idempotency;
 // Shared with the other backend, over this one's `dialect`.
-#[path = "../../store/sql/console.rs"]
-mod console;
-#[path = "../../store/sql/deliveries.rs"]
-mod deliveries;
-#[path = "../../store/sql/engine_writes.rs"]
-mod engine_writes;
-#[path = "../../store/sql/identity.rs"]
-mod identity;
-#[path = "../../store/sql/notifications.rs"]
-mod notifications;
-#[path = "../../store/sql/reads.rs"]
-mod reads;
+#[path = "../../store/sql/mod.rs"]
+mod sql;
+use sql::{identity, reads};
 mod requests;
-#[path = "../../store/sql/retention.rs"]
-mod retention;
 mod webhooks;
 
 /// The migrations of this backend, embedded at build time. sqlx records each

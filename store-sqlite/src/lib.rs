@@ -37,22 +37,11 @@ mod checkpoint;
 pub use checkpoint::CheckpointCounts;
 mod dialect;
 // Shared with the other backend, over this one's `dialect`.
-#[path = "../../store/sql/console.rs"]
-mod console;
-#[path = "../../store/sql/deliveries.rs"]
-mod deliveries;
-#[path = "../../store/sql/engine_writes.rs"]
-mod engine_writes;
-#[path = "../../store/sql/identity.rs"]
-mod identity;
+#[path = "../../store/sql/mod.rs"]
+mod sql;
+use sql::{identity, reads};
 pub mod inline;
-#[path = "../../store/sql/notifications.rs"]
-mod notifications;
-#[path = "../../store/sql/reads.rs"]
-mod reads;
 mod requests;
-#[path = "../../store/sql/retention.rs"]
-mod retention;
 mod webhooks;
 mod writer;
 
