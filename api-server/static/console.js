@@ -1,11 +1,11 @@
 // The console's task page: new events appear in the feed as they happen
-// (a long poll of /console/tasks/{id}/feed). Text is set as text, never
-// as markup. Without this script the page shows the feed as loaded.
+// (the task's event stream, /console/tasks/{id}/stream, as Server-Sent
+// Events; the browser resumes it after the last event it had). Text is set
+// as text, never as markup. Without this script the page shows the feed as
+// loaded.
 "use strict";
 
 function consoleFeed(list) {
-  var task = list.dataset.task;
-  var cursor = list.dataset.cursor;
   function add(item) {
     if (document.getElementById("event-" + item.id)) return;
     var li = document.createElement("li");
@@ -35,18 +35,14 @@ function consoleFeed(list) {
     list.appendChild(li);
     localTimes(li);
   }
-  function poll() {
-    fetch("/console/tasks/" + task + "/feed?after=" + cursor, { credentials: "same-origin", cache: "no-store" })
-      .then(function (res) { if (!res.ok) throw new Error(String(res.status)); return res.json(); })
-      .then(function (page) {
-        page.items.forEach(add);
-        cursor = page.next_cursor;
-        if (page.terminal && page.items.length === 0) return;
-        poll();
-      })
-      .catch(function () { setTimeout(poll, 5000); });
-  }
-  poll();
+  if (list.dataset.terminal === "true") return;
+  var source = new EventSource("/console/tasks/" + list.dataset.task + "/stream?after=" + list.dataset.cursor);
+  source.onmessage = function (message) {
+    var item = JSON.parse(message.data);
+    add(item);
+    // The stream ends after the task's last event: do not reconnect.
+    if (item.terminal) source.close();
+  };
 }
 
 // Copy buttons: each names the element whose text it copies.
@@ -73,6 +69,6 @@ function localTimes(root) {
 document.addEventListener("DOMContentLoaded", function () {
   localTimes(document);
   var list = document.getElementById("console-feed");
-  if (list && window.fetch) consoleFeed(list);
+  if (list && window.EventSource) consoleFeed(list);
   copyButtons();
 });

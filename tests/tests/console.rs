@@ -80,6 +80,55 @@ async fn get(http: &Client, srv: &TestServer, path: &str, cookie: &str) -> reqwe
         .unwrap()
 }
 
+/// A browser signed in to the console: its client and session cookie.
+struct Signed<'a> {
+    srv: &'a TestServer,
+    http: Client,
+    cookie: String,
+}
+
+impl<'a> Signed<'a> {
+    /// Signs in to `srv` with `key`.
+    async fn new(srv: &'a TestServer, key: &str) -> Signed<'a> {
+        let http = client();
+        let cookie = session(srv, &http, key).await;
+        Signed { srv, http, cookie }
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        get(&self.http, self.srv, path, &self.cookie).await
+    }
+
+    /// The page at `path`, which must answer 200.
+    async fn html(&self, path: &str) -> String {
+        let res = self.get(path).await;
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        res.text().await.unwrap()
+    }
+
+    /// Posts a form to `action` with the CSRF token of the page at
+    /// `page_path`, from the console's own origin.
+    async fn post_form(
+        &self,
+        page_path: &str,
+        action: &str,
+        fields: &[(&str, &str)],
+    ) -> reqwest::Response {
+        let csrf = csrf_of(&self.html(page_path).await);
+        let mut form: Vec<(&str, &str)> = vec![("csrf", csrf.as_str())];
+        form.extend_from_slice(fields);
+        self.post(action).form(&form).send().await.unwrap()
+    }
+
+    /// A POST to `path` with the session and the console's origin.
+    fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(self.srv.url(path))
+            .header(COOKIE, &self.cookie)
+            .header("origin", &self.srv.base_url)
+    }
+}
+
 fn location(res: &reqwest::Response) -> &str {
     res.headers()
         .get(LOCATION)
@@ -118,8 +167,13 @@ async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
         !header.contains(&secret),
         "the key never reaches the cookie"
     );
+    let c = Signed {
+        srv: &srv,
+        http,
+        cookie,
+    };
 
-    let page = get(&http, &srv, "/console", &cookie).await;
+    let page = c.get("/console").await;
     assert_eq!(page.status(), StatusCode::OK);
     let csp = page.headers()["content-security-policy"]
         .to_str()
@@ -133,18 +187,10 @@ async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
     assert!(html.contains("id=\"day-created\">2<"));
 
     // Signing out ends the session on the server.
-    let csrf = csrf_of(&html);
-    let out = http
-        .post(srv.url("/console/logout"))
-        .header(COOKIE, &cookie)
-        .header("origin", &srv.base_url)
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let out = c.post_form("/console", "/console/logout", &[]).await;
     assert_eq!(out.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(&out), "/console/login?signed_out=1");
-    let after = get(&http, &srv, "/console", &cookie).await;
+    let after = c.get("/console").await;
     assert_eq!(after.status(), StatusCode::SEE_OTHER);
     assert!(location(&after).starts_with("/console/login"));
 
@@ -162,7 +208,7 @@ async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
     assert_eq!(actions, ["console.signed_out", "console.signed_in"]);
 
     // The development key signs in too (it is on here).
-    session(&srv, &http, &srv.dev_key).await;
+    Signed::new(&srv, &srv.dev_key).await;
 }
 
 async fn every_console_page_refuses_without_a_good_session(db: Db) {
@@ -180,7 +226,7 @@ async fn every_console_page_refuses_without_a_good_session(db: Db) {
         "/console/audit.csv".to_owned(),
         "/console/tasks".to_owned(),
         format!("/console/tasks/{task}"),
-        format!("/console/tasks/{task}/feed?after=0"),
+        format!("/console/tasks/{task}/stream?after=0"),
         format!("/console/tasks/{task}/photos/{nil}"),
         "/console/workers".to_owned(),
         format!("/console/workers/{worker}"),
@@ -275,41 +321,36 @@ async fn every_console_page_refuses_without_a_good_session(db: Db) {
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
 
     // Sign-out needs the session's CSRF token.
-    let cookie = session(&srv, &http, &secret).await;
-    let res = http
-        .post(srv.url("/console/logout"))
-        .header(COOKIE, &cookie)
-        .header("origin", &srv.base_url)
+    let c = Signed::new(&srv, &secret).await;
+    let res = c
+        .post("/console/logout")
         .form(&[("csrf", "wrong")])
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
-    assert_eq!(
-        get(&http, &srv, "/console", &cookie).await.status(),
-        StatusCode::OK
-    );
+    assert_eq!(c.get("/console").await.status(), StatusCode::OK);
 
     // Idle for 31 minutes: the session has ended, for every page.
     srv.advance_clock(TimeDelta::minutes(31));
-    let res = get(&http, &srv, "/console", &cookie).await;
+    let res = c.get("/console").await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(&res), "/console/login?expired=1");
     for path in &pages {
-        let res = get(&http, &srv, path, &cookie).await;
+        let res = c.get(path).await;
         assert_eq!(res.status(), StatusCode::SEE_OTHER, "{path}");
         assert!(location(&res).starts_with("/console/login"), "{path}");
     }
 
     // Active, but 12 hours after signing in: ended too.
-    let cookie = session(&srv, &http, &secret).await;
+    let c = Signed::new(&srv, &secret).await;
     for _ in 0..25 {
         srv.advance_clock(TimeDelta::minutes(29));
-        if get(&http, &srv, "/console", &cookie).await.status() != StatusCode::OK {
+        if c.get("/console").await.status() != StatusCode::OK {
             break;
         }
     }
-    let res = get(&http, &srv, "/console", &cookie).await;
+    let res = c.get("/console").await;
     assert_eq!(
         res.status(),
         StatusCode::SEE_OTHER,
@@ -319,35 +360,21 @@ async fn every_console_page_refuses_without_a_good_session(db: Db) {
 
 async fn the_audit_trail_filters_and_downloads_as_csv(db: Db) {
     let srv = TestServer::start(db).await;
-    let http = client();
     let (_, secret, principal) = operator_key(&srv, "operator").await;
     let (_, _, agent) = operator_key(&srv, "agent").await;
-    let cookie = session(&srv, &http, &secret).await;
-    let page = get(&http, &srv, "/console/audit?action=key.created", &cookie).await;
-    assert_eq!(page.status(), StatusCode::OK);
-    let html = page.text().await.unwrap();
+    let c = Signed::new(&srv, &secret).await;
+    let html = c.html("/console/audit?action=key.created").await;
     assert_eq!(html.matches("<td>key.created</td>").count(), 2, "{html}");
     assert!(!html.contains("<td>console.signed_in</td>"));
-    let page = get(
-        &http,
-        &srv,
-        &format!("/console/audit?principal={principal}"),
-        &cookie,
-    )
-    .await;
-    let html = page.text().await.unwrap();
+    let html = c
+        .html(&format!("/console/audit?principal={principal}"))
+        .await;
     assert!(html.contains("<td>console.signed_in</td>"));
     assert!(!html.contains("<td>key.created</td>"));
-    let bad = get(&http, &srv, "/console/audit?action=nonsense", &cookie).await;
+    let bad = c.get("/console/audit?action=nonsense").await;
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
 
-    let csv = get(
-        &http,
-        &srv,
-        "/console/audit.csv?action=key.created",
-        &cookie,
-    )
-    .await;
+    let csv = c.get("/console/audit.csv?action=key.created").await;
     assert_eq!(csv.status(), StatusCode::OK);
     assert!(
         csv.headers()["content-type"]
@@ -363,7 +390,9 @@ async fn the_audit_trail_filters_and_downloads_as_csv(db: Db) {
     );
     assert_eq!(lines.len(), 3, "{body}");
     assert!(lines[1..].iter().all(|l| l.contains(",key.created,")));
-    let _ = agent;
+    // The agent's principal has done nothing yet.
+    let html = c.html(&format!("/console/audit?principal={agent}")).await;
+    assert!(!html.contains("<td>key.created</td>") && !html.contains("<td>console."));
 }
 
 /// Revoking a key ends its console sessions on every replica at once:
@@ -374,13 +403,9 @@ async fn a_revoked_key_ends_its_console_session_on_a_second_replica() {
     let first = TestServer::start(Db::Postgres).await;
     let replica = TestDb::replica(&first.db);
     let second = TestServer::start_on(Db::Postgres, replica, ServerOptions::default()).await;
-    let http = client();
     let (key, secret, _) = operator_key(&first, "operator").await;
-    let cookie = session(&second, &http, &secret).await;
-    assert_eq!(
-        get(&http, &second, "/console", &cookie).await.status(),
-        StatusCode::OK
-    );
+    let c = Signed::new(&second, &secret).await;
+    c.html("/console").await;
     first
         .dev(Method::POST, &format!("/api/v1/keys/{key}/revoke"))
         .expect_json(StatusCode::OK)
@@ -388,10 +413,7 @@ async fn a_revoked_key_ends_its_console_session_on_a_second_replica() {
     let (_, took) = meatspace_tests::eventually_timed(
         std::time::Duration::from_secs(10),
         "the console session to end",
-        || async {
-            (get(&http, &second, "/console", &cookie).await.status() == StatusCode::SEE_OTHER)
-                .then_some(())
-        },
+        || async { (c.get("/console").await.status() == StatusCode::SEE_OTHER).then_some(()) },
     )
     .await;
     println!(
@@ -491,7 +513,21 @@ async fn the_console_in_chromium_at_phone_and_desktop_width(db: Db) {
             desk.capture(shot).await;
         }
     }
+    // A task's feed grows while its page is open: the worker's message
+    // arrives over the page's event stream, as text.
+    let live = srv.active_task("Read the meter").await;
+    desk.goto(&format!("/console/tasks/{}", live.task_id)).await;
+    desk.wait_for_text("#console-feed", "task.started").await;
+    srv.message(live.task_id, &live.worker_token, "<b>42</b> kWh")
+        .await;
+    desk.wait_for_text("#console-feed", "<b>42</b> kWh").await;
+    assert!(
+        !desk.has("#console-feed b").await,
+        "worker text is never markup"
+    );
     // An invite link with its QR code.
+    desk.goto("/console/invites").await;
+    desk.wait_for_text("h1", "Worker invites").await;
     desk.click("#create-invite").await;
     desk.wait_for("#invite-qr svg").await;
     if shots {
@@ -511,9 +547,8 @@ async fn browser_sign_in(browser: &meatspace_tests::browser::Browser, key: &str)
 
 async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db: Db) {
     let srv = TestServer::start(db).await;
-    let http = client();
     let (_, secret, principal) = operator_key(&srv, "operator").await;
-    let cookie = session(&srv, &http, &secret).await;
+    let c = Signed::new(&srv, &secret).await;
     let (plants, _) = srv.create_open_task("Water the <b>plants</b> 100%").await;
     srv.create_task("Count the bicycles").await;
     let active = srv.active_task("Check the gate").await;
@@ -525,85 +560,33 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
     .await;
 
     // The list: newest first, filtered by state and by a search.
-    let html = get(&http, &srv, "/console/tasks", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let html = c.html("/console/tasks").await;
     assert_eq!(html.matches("href=\"/console/tasks/").count(), 3);
-    let html = get(&http, &srv, "/console/tasks?state=open", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let html = c.html("/console/tasks?state=open").await;
     assert!(html.contains(&format!("/console/tasks/{plants}")));
     assert_eq!(html.matches("href=\"/console/tasks/").count(), 1);
-    let html = get(&http, &srv, "/console/tasks?q=100%25", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let html = c.html("/console/tasks?q=100%25").await;
     assert_eq!(
         html.matches("href=\"/console/tasks/").count(),
         1,
         "% is searched for literally"
     );
-    let html = get(&http, &srv, "/console/tasks?q=BICYCLES", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let html = c.html("/console/tasks?q=BICYCLES").await;
     assert!(html.contains("Count the bicycles"));
-    let bad = get(&http, &srv, "/console/tasks?state=lost", &cookie).await;
+    let bad = c.get("/console/tasks?state=lost").await;
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
 
     // A task's page: agent and worker text are text.
-    let page = get(
-        &http,
-        &srv,
-        &format!("/console/tasks/{}", active.task_id),
-        &cookie,
-    )
-    .await;
-    assert_eq!(page.status(), StatusCode::OK);
-    let html = page.text().await.unwrap();
+    let html = c.html(&format!("/console/tasks/{}", active.task_id)).await;
     assert!(
         html.contains("&#60;script&#62;alert(1)&#60;/script&#62; done"),
         "{html}"
     );
     assert!(!html.contains("<script>alert(1)"));
-    let plants_page = get(&http, &srv, &format!("/console/tasks/{plants}"), &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let plants_page = c.html(&format!("/console/tasks/{plants}")).await;
     assert!(plants_page.contains("Water the &#60;b&#62;plants&#60;/b&#62; 100%"));
-    let missing = get(
-        &http,
-        &srv,
-        &format!("/console/tasks/{}", Uuid::new_v4()),
-        &cookie,
-    )
-    .await;
+    let missing = c.get(&format!("/console/tasks/{}", Uuid::new_v4())).await;
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
-    // The live feed's JSON carries the same text, as data.
-    let feed: serde_json::Value = get(
-        &http,
-        &srv,
-        &format!("/console/tasks/{}/feed?after=0", active.task_id),
-        &cookie,
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
-    assert!(
-        feed["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|i| i["text"] == "<script>alert(1)</script> done")
-    );
 
     // A photo the worker sent is viewable from the task's page.
     srv.worker(&active.worker_token)
@@ -612,28 +595,20 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
         .body(meatspace_tests::server::images::png(8, 8))
         .expect_json(StatusCode::OK)
         .await;
-    let page = get(
-        &http,
-        &srv,
-        &format!("/console/tasks/{}", active.task_id),
-        &cookie,
-    )
-    .await
-    .text()
-    .await
-    .unwrap();
+    let page = c.html(&format!("/console/tasks/{}", active.task_id)).await;
     let at = page.find("/photos/").expect("a photo link");
     let href_start = page[..at].rfind('"').unwrap() + 1;
     let href = &page[href_start..at + page[at..].find('"').unwrap()];
-    let photo = get(&http, &srv, href, &cookie).await;
+    let photo = c.get(href).await;
     assert_eq!(photo.status(), StatusCode::OK);
     assert_eq!(photo.headers()["content-type"], "image/png");
 
     // Cancelling needs a reason and the session's CSRF token.
     let csrf = csrf_of(&html);
     let post = |form: Vec<(&'static str, String)>, origin: &str| {
-        http.post(srv.url(&format!("/console/tasks/{}/cancel", active.task_id)))
-            .header(COOKIE, &cookie)
+        c.http
+            .post(srv.url(&format!("/console/tasks/{}/cancel", active.task_id)))
+            .header(COOKIE, &c.cookie)
             .header("origin", origin.to_owned())
             .form(&form)
             .send()
@@ -678,58 +653,57 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
     assert_eq!(entry["target"], format!("task:{}", active.task_id));
     assert_eq!(entry["detail"]["reason"], "duplicate");
     // A cancelled task has no cancel form left.
-    let html = get(
-        &http,
-        &srv,
-        &format!("/console/tasks/{}", active.task_id),
-        &cookie,
-    )
-    .await
-    .text()
-    .await
-    .unwrap();
+    let html = c.html(&format!("/console/tasks/{}", active.task_id)).await;
     assert!(!html.contains("id=\"cancel-task\""));
-}
 
-/// Posts a console form with the session's CSRF token (from `page_path`).
-async fn post_form(
-    srv: &TestServer,
-    http: &Client,
-    cookie: &str,
-    page_path: &str,
-    action: &str,
-    fields: &[(&str, &str)],
-) -> reqwest::Response {
-    let html = get(http, srv, page_path, cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
-    let csrf = csrf_of(&html);
-    let mut form: Vec<(&str, &str)> = vec![("csrf", csrf.as_str())];
-    form.extend_from_slice(fields);
-    http.post(srv.url(action))
-        .header(COOKIE, cookie)
-        .header("origin", &srv.base_url)
-        .form(&form)
+    // The page's live feed is the task's event stream, each event in
+    // words with worker text as data; it ends after the terminal event.
+    let res = c
+        .get(&format!("/console/tasks/{}/stream?after=0", active.task_id))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["content-type"], "text/event-stream");
+    let body = res.text().await.unwrap();
+    let items: Vec<serde_json::Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(items.len(), feed.len(), "{body}");
+    assert!(
+        items
+            .iter()
+            .any(|i| i["text"] == "<script>alert(1)</script> done" && i["actor"] == "worker")
+    );
+    let last = items.last().unwrap();
+    assert_eq!(last["kind"], "task.cancelled");
+    assert_eq!(last["terminal"], true);
+    assert!(
+        items[..items.len() - 1]
+            .iter()
+            .all(|i| i["terminal"] == false)
+    );
+    // Resumed after the last event a browser had, it sends only the rest.
+    let res = c
+        .http
+        .get(srv.url(&format!("/console/tasks/{}/stream", active.task_id)))
+        .header(COOKIE, &c.cookie)
+        .header("last-event-id", items[items.len() - 2]["id"].to_string())
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    let rest = res.text().await.unwrap();
+    assert_eq!(rest.matches("data: ").count(), 1, "{rest}");
 }
 
 async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: Db) {
     let srv = TestServer::start(db).await;
-    let http = client();
     let (_, secret, _) = operator_key(&srv, "operator").await;
-    let cookie = session(&srv, &http, &secret).await;
+    let c = Signed::new(&srv, &secret).await;
     let (ada, ada_token) = srv.register_worker("Ada <i>Lovelace</i>").await;
     srv.register_worker("Bea").await;
 
-    let html = get(&http, &srv, "/console/workers?q=lovelace", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let html = c.html("/console/workers?q=lovelace").await;
     assert!(html.contains(&format!("/console/workers/{ada}")));
     assert!(
         html.contains("Ada &#60;i&#62;Lovelace&#60;/i&#62;"),
@@ -739,32 +713,18 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
     let page = format!("/console/workers/{ada}");
 
     // Suspend with a reason, then reinstate: both in the worker's history.
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        &page,
-        &format!("{page}/suspend"),
-        &[("reason", "no-show")],
-    )
-    .await;
+    let res = c
+        .post_form(&page, &format!("{page}/suspend"), &[("reason", "no-show")])
+        .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     srv.worker(&ada_token)
         .get("/api/v1/worker/tasks")
         .expect_problem(StatusCode::UNAUTHORIZED)
         .await;
-    let html = get(&http, &srv, &page, &cookie).await.text().await.unwrap();
+    let html = c.html(&page).await;
     assert!(html.contains("suspended since"));
     assert!(html.contains("worker.suspended") && html.contains("no-show"));
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        &page,
-        &format!("{page}/reinstate"),
-        &[],
-    )
-    .await;
+    let res = c.post_form(&page, &format!("{page}/reinstate"), &[]).await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     srv.worker(&ada_token)
         .get("/api/v1/worker/tasks")
@@ -772,7 +732,7 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         .await;
 
     // A new token, shown once; the old one stops working.
-    let res = post_form(&srv, &http, &cookie, &page, &format!("{page}/rotate"), &[]).await;
+    let res = c.post_form(&page, &format!("{page}/rotate"), &[]).await;
     assert_eq!(res.status(), StatusCode::OK);
     let html = res.text().await.unwrap();
     let at = html.find("id=\"new-token\">").expect("the new token") + 15;
@@ -785,19 +745,17 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         .get("/api/v1/worker/tasks")
         .expect_json(StatusCode::OK)
         .await;
-    let again = get(&http, &srv, &page, &cookie).await.text().await.unwrap();
+    let again = c.html(&page).await;
     assert!(!again.contains(&token), "a token is shown once");
 
     // Qualifications: granted, refused when malformed, revoked.
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        &page,
-        &format!("{page}/qualifications"),
-        &[("name", "vehicle"), ("value", "car")],
-    )
-    .await;
+    let res = c
+        .post_form(
+            &page,
+            &format!("{page}/qualifications"),
+            &[("name", "vehicle"), ("value", "car")],
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     let own = srv
         .worker(&token)
@@ -805,26 +763,18 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         .expect_json(StatusCode::OK)
         .await;
     assert_eq!(own["qualifications"][0]["value"], "car");
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        &page,
-        &format!("{page}/qualifications"),
-        &[("name", "Not A Name")],
-    )
-    .await;
+    let res = c
+        .post_form(
+            &page,
+            &format!("{page}/qualifications"),
+            &[("name", "Not A Name")],
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert!(res.text().await.unwrap().contains("id=\"worker-error\""));
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        &page,
-        &format!("{page}/qualifications/vehicle/revoke"),
-        &[],
-    )
-    .await;
+    let res = c
+        .post_form(&page, &format!("{page}/qualifications/vehicle/revoke"), &[])
+        .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     let own = srv
         .worker(&token)
@@ -832,7 +782,7 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         .expect_json(StatusCode::OK)
         .await;
     assert_eq!(own["qualifications"].as_array().unwrap().len(), 0);
-    let html = get(&http, &srv, &page, &cookie).await.text().await.unwrap();
+    let html = c.html(&page).await;
     for action in [
         "worker.token_rotated",
         "worker.qualified",
@@ -842,10 +792,8 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         assert!(html.contains(action), "{action} in the history");
     }
     // An action without the session's token changes nothing.
-    let res = http
-        .post(srv.url(&format!("{page}/suspend")))
-        .header(COOKIE, &cookie)
-        .header("origin", &srv.base_url)
+    let res = c
+        .post(&format!("{page}/suspend"))
         .form(&[("reason", "x")])
         .send()
         .await
@@ -869,25 +817,22 @@ fn text_of(html: &str, id: &str) -> String {
 
 async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
     let srv = TestServer::start(db).await;
-    let http = client();
     let (_, secret, _) = operator_key(&srv, "operator").await;
-    let cookie = session(&srv, &http, &secret).await;
+    let c = Signed::new(&srv, &secret).await;
 
     // A key for a new agent, with two scopes: its secret shown once.
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        "/console/keys",
-        "/console/keys",
-        &[
-            ("name", "robot"),
-            ("kind", "agent"),
-            ("scope", "tasks"),
-            ("scope", "invites"),
-        ],
-    )
-    .await;
+    let res = c
+        .post_form(
+            "/console/keys",
+            "/console/keys",
+            &[
+                ("name", "robot"),
+                ("kind", "agent"),
+                ("scope", "tasks"),
+                ("scope", "invites"),
+            ],
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::OK);
     let html = res.text().await.unwrap();
     let robot = text_of(&html, "new-secret");
@@ -897,11 +842,7 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
         .get("/api/v1/tasks")
         .expect_json(StatusCode::OK)
         .await;
-    let list = get(&http, &srv, "/console/keys", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let list = c.html("/console/keys").await;
     assert!(!list.contains(&robot), "a secret is shown once");
     let (task, _) = srv
         .agent(&robot)
@@ -927,15 +868,13 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
     };
 
     // Rotated with no grace: the old secret stops at once, the new works.
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        "/console/keys",
-        &format!("/console/keys/{robot_id}/rotate"),
-        &[("grace_hours", "0")],
-    )
-    .await;
+    let res = c
+        .post_form(
+            "/console/keys",
+            &format!("/console/keys/{robot_id}/rotate"),
+            &[("grace_hours", "0")],
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::OK);
     let rotated = text_of(&res.text().await.unwrap(), "new-secret");
     srv.agent(&robot)
@@ -948,15 +887,13 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
         .await;
 
     // Revoked, cancelling its principal's tasks.
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        "/console/keys",
-        &format!("/console/keys/{robot_id}/revoke"),
-        &[("cancel_tasks", "on")],
-    )
-    .await;
+    let res = c
+        .post_form(
+            "/console/keys",
+            &format!("/console/keys/{robot_id}/revoke"),
+            &[("cancel_tasks", "on")],
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(text_of(&res.text().await.unwrap(), "keys-notice").contains("1 of its principal"));
     srv.agent(&rotated)
@@ -967,15 +904,9 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
     assert_eq!(cancelled.state, meatspace_domain::TaskState::Cancelled);
 
     // An invite: the link once, with a QR code; it signs up, until revoked.
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        "/console/invites",
-        "/console/invites",
-        &[("hours", "2")],
-    )
-    .await;
+    let res = c
+        .post_form("/console/invites", "/console/invites", &[("hours", "2")])
+        .await;
     assert_eq!(res.status(), StatusCode::OK);
     let html = res.text().await.unwrap();
     let link = text_of(&html, "invite-url");
@@ -985,39 +916,29 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
     );
     assert!(html.contains("<svg"), "a QR code");
     assert_eq!(
-        http.get(&link).send().await.unwrap().status(),
+        c.http.get(&link).send().await.unwrap().status(),
         StatusCode::OK
     );
-    let list = get(&http, &srv, "/console/invites", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let list = c.html("/console/invites").await;
     assert!(!list.contains(&link), "a link is shown once");
     let invites = srv
         .dev(Method::GET, "/api/v1/workers/invites")
         .expect_json(StatusCode::OK)
         .await;
     let invite = uuid_at(&invites["invites"][0], "/id");
-    let res = post_form(
-        &srv,
-        &http,
-        &cookie,
-        "/console/invites",
-        &format!("/console/invites/{invite}/revoke"),
-        &[],
-    )
-    .await;
+    let res = c
+        .post_form(
+            "/console/invites",
+            &format!("/console/invites/{invite}/revoke"),
+            &[],
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(
-        http.get(&link).send().await.unwrap().status(),
+        c.http.get(&link).send().await.unwrap().status(),
         StatusCode::GONE
     );
-    let list = get(&http, &srv, "/console/invites", &cookie)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let list = c.html("/console/invites").await;
     assert!(list.contains("<td>revoked</td>"));
 }
 

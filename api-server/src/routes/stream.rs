@@ -64,7 +64,7 @@ pub struct StreamQuery {
 }
 
 /// The cursor a stream starts from: `Last-Event-ID`, else `after`, else 0.
-fn start_cursor(headers: &HeaderMap, q: &StreamQuery) -> Result<i64, ApiError> {
+pub(crate) fn start_cursor(headers: &HeaderMap, q: &StreamQuery) -> Result<i64, ApiError> {
     let after = match headers.get("last-event-id") {
         Some(v) => v
             .to_str()
@@ -128,7 +128,7 @@ async fn agent_stream(
         .rate_limit
         .streams()
         .open(Principal::Agent(id), address)?;
-    stream(state, id, after, FeedView::Agent, slot).await
+    stream(state, id, after, FeedView::Agent, slot, to_sse).await
 }
 
 /// The task's event feed as Server-Sent Events, for the assigned worker.
@@ -156,19 +156,24 @@ async fn worker_stream(
         .rate_limit
         .streams()
         .open(Principal::Worker(worker), address)?;
-    stream(state, id, after, view, slot).await
+    stream(state, id, after, view, slot, to_sse).await
 }
 
-/// Streams what `who` may see of task `id`'s feed after `after`. Whether
-/// the reader may read the task is checked again on every wake, so a worker
-/// who loses the assignment stops receiving.
-async fn stream(
+/// Streams what `who` may see of task `id`'s feed after `after`, each
+/// event as `render` writes it. Whether the reader may read the task is
+/// checked again on every wake, so a worker who loses the assignment stops
+/// receiving.
+pub(crate) async fn stream<R>(
     state: AppState,
     id: Uuid,
     after: i64,
     who: FeedView,
     slot: StreamSlot,
-) -> Result<Response, ApiError> {
+    render: R,
+) -> Result<Response, ApiError>
+where
+    R: Fn(&Event) -> SseEvent + Send + 'static,
+{
     // Subscribe before the first read, as the long poll does: a change
     // committed after the read still wakes the stream.
     let watch = state.feed.watch(id);
@@ -186,6 +191,7 @@ async fn stream(
         who,
         pending: VecDeque::new(),
         done: false,
+        render,
         _slot: slot,
     };
     let keep_alive = KeepAlive::new()
@@ -202,7 +208,7 @@ async fn stream(
 }
 
 /// One stream's position in the feed.
-struct Follower {
+struct Follower<R> {
     store: std::sync::Arc<dyn Store>,
     watch: Watch,
     task_id: Uuid,
@@ -213,12 +219,14 @@ struct Follower {
     pending: VecDeque<Event>,
     /// The terminal event has been queued, or the stream must stop.
     done: bool,
+    /// Writes an event as the client reads it.
+    render: R,
     /// Its place among the client's capped streams, given back when the
     /// stream ends or the client goes away (the body is dropped).
     _slot: StreamSlot,
 }
 
-impl Follower {
+impl<R: Fn(&Event) -> SseEvent + Send + 'static> Follower<R> {
     fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
         futures::stream::unfold(self, |mut f| async move {
             let event = f.next().await?;
@@ -231,7 +239,7 @@ impl Follower {
         loop {
             if let Some(e) = self.pending.pop_front() {
                 self.cursor = e.id;
-                return Some(to_sse(&e));
+                return Some((self.render)(&e));
             }
             if self.done {
                 return None;
@@ -292,6 +300,8 @@ impl Follower {
     }
 }
 
+/// An event as the API's streams send it: its id, its type and the event
+/// as in the polled feed.
 fn to_sse(e: &Event) -> SseEvent {
     let data = serde_json::to_string(e).unwrap_or_else(|_| "{}".to_owned());
     SseEvent::default()

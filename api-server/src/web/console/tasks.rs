@@ -7,12 +7,13 @@
 use askama::Template;
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use meatspace_domain::identity::AuditAction;
-use meatspace_domain::{Command, Event, Task, TaskState};
+use meatspace_domain::{Command, Event, FeedView, Task, TaskState};
 use meatspace_store::console::TaskFilter;
 use serde::Deserialize;
 use uuid::Uuid;
@@ -22,7 +23,7 @@ use super::{Console, ConsoleForm, Nav};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
-use crate::routes::events::{EventsQuery, Reader, event_feed};
+use crate::routes::{self, stream::StreamQuery, stream::start_cursor};
 use crate::web::{AppError, html};
 
 /// Tasks on a page.
@@ -31,15 +32,13 @@ const PAGE: u32 = 50;
 const FEED_SHOWN: u32 = 200;
 /// Longest reason for a cancel.
 const MAX_REASON_CHARS: usize = 1000;
-/// Seconds the page's live feed waits for news per request.
-const FEED_WAIT_SECONDS: u32 = 25;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
         .route("/console/tasks", get(list))
         .route("/console/tasks/{task_id}", get(page))
         .route("/console/tasks/{task_id}/cancel", post(cancel))
-        .route("/console/tasks/{task_id}/feed", get(feed))
+        .route("/console/tasks/{task_id}/stream", get(stream))
         .route("/console/tasks/{task_id}/photos/{photo_id}", get(photo))
 }
 
@@ -362,55 +361,34 @@ async fn cancel(
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct FeedQuery {
-    after: i64,
-}
-
-/// News of the task after `after`, for the page's script: a long poll of
-/// the feed the API serves, read as the task's owner may read it.
-async fn feed(
+/// The task's feed as it happens, for the page's script: the API's event
+/// stream (Server-Sent Events, resumed with `Last-Event-ID`), read as the
+/// task's owner reads it, each event in words as the page shows it.
+async fn stream(
     State(state): State<AppState>,
     c: Console,
     Path(raw): Path<String>,
-    Query(q): Query<FeedQuery>,
+    headers: HeaderMap,
+    Query(q): Query<StreamQuery>,
     ClientAddress(address): ClientAddress,
 ) -> Result<Response, ApiError> {
     let id = Uuid::try_parse(&raw).map_err(|_| ApiError::task_not_found())?;
-    let _slot = state
+    let after = start_cursor(&headers, &q)?;
+    let slot = state
         .rate_limit
         .streams()
         .open(c.caller.as_principal(), address)?;
-    let page = event_feed(
-        &state,
-        id,
-        &EventsQuery {
-            after: q.after.max(0),
-            limit: Some(crate::routes::events::MAX_EVENTS_PAGE),
-            wait: Some(FEED_WAIT_SECONDS),
-        },
-        0,
-        Reader::Agent,
-    )
-    .await?;
-    let items: Vec<serde_json::Value> = page
-        .events
-        .iter()
-        .map(|e| {
-            let i = item(id, e);
-            serde_json::json!({
-                "id": i.id, "at": i.at, "kind": i.kind, "actor": i.actor,
-                "text": i.text, "photo": i.photo,
-            })
-        })
-        .collect();
-    Ok(axum::Json(serde_json::json!({
-        "items": items,
-        "next_cursor": page.next_cursor,
-        "terminal": page.task_state.is_terminal(),
-    }))
-    .into_response())
+    routes::stream::stream(state, id, after, FeedView::Agent, slot, move |e| {
+        let i = item(id, e);
+        let data = serde_json::json!({
+            "id": i.id, "at": i.at, "kind": i.kind, "actor": i.actor,
+            "text": i.text, "photo": i.photo, "terminal": e.kind.is_terminal(),
+        });
+        SseEvent::default()
+            .id(e.id.to_string())
+            .data(data.to_string())
+    })
+    .await
 }
 
 async fn photo(
