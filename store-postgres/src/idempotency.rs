@@ -14,19 +14,7 @@ pub(crate) async fn insert_fresh(
     tx: &mut Tx,
     claim: &IdempotencyClaim,
 ) -> Result<bool, StoreError> {
-    let inserted = sqlx::query(
-        "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
-         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) ON CONFLICT (scope, key) DO NOTHING",
-    )
-    .bind(&claim.scope[..])
-    .bind(&claim.key)
-    .bind(&claim.fingerprint[..])
-    .bind(claim.now)
-    .bind(claim.now + claim.lease)
-    .bind(claim.now + claim.ttl)
-    .execute(&mut **tx)
-    .await?;
-    Ok(inserted.rows_affected() == 1)
+    Ok(write_claim(tx, claim, "DO NOTHING").await? == 1)
 }
 
 /// The key's record, locked to judge and maybe take it over.
@@ -57,20 +45,36 @@ pub(crate) async fn lock(
 
 /// Writes the key as in flight for `claim`, over whatever record it had.
 pub(crate) async fn take(tx: &mut Tx, claim: &IdempotencyClaim) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
-         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) \
-         ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 'in_flight', \
-           status = NULL, response = NULL, created_at = EXCLUDED.created_at, \
-           locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at",
+    write_claim(
+        tx,
+        claim,
+        "DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 'in_flight', \
+         status = NULL, response = NULL, created_at = EXCLUDED.created_at, \
+         locked_until = EXCLUDED.locked_until, expires_at = EXCLUDED.expires_at",
     )
-    .bind(&claim.scope[..])
-    .bind(&claim.key)
-    .bind(&claim.fingerprint[..])
-    .bind(claim.now)
-    .bind(claim.now + claim.lease)
-    .bind(claim.now + claim.ttl)
-    .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Inserts `claim` as in flight, doing `on_conflict` when the key has a
+/// record; the rows written.
+async fn write_claim(
+    tx: &mut Tx,
+    claim: &IdempotencyClaim,
+    on_conflict: &str,
+) -> Result<u64, StoreError> {
+    let sql = format!(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, state, created_at, locked_until, expires_at) \
+         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6) ON CONFLICT (scope, key) {on_conflict}"
+    );
+    let done = sqlx::query(&sql)
+        .bind(&claim.scope[..])
+        .bind(&claim.key)
+        .bind(&claim.fingerprint[..])
+        .bind(claim.now)
+        .bind(claim.now + claim.lease)
+        .bind(claim.now + claim.ttl)
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected())
 }
