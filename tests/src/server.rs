@@ -404,6 +404,22 @@ impl TestServer {
     /// A task a new worker has claimed and started.
     pub async fn active_task(&self, description: &str) -> ActiveTask {
         let (task_id, agent_token) = self.create_open_task(description).await;
+        self.started(task_id, agent_token).await
+    }
+
+    /// A task created from the request body `body`, published, and claimed
+    /// and started by a new worker.
+    pub async fn active_task_with(&self, body: Value) -> ActiveTask {
+        let created = self.create_task_with(body).await;
+        let (task_id, agent_token) = (
+            uuid_at(&created, "/task/id"),
+            str_at(&created, "/agent_token"),
+        );
+        self.publish(task_id, &agent_token).await;
+        self.started(task_id, agent_token).await
+    }
+
+    async fn started(&self, task_id: Uuid, agent_token: String) -> ActiveTask {
         let (worker_id, worker_token) = self.claim_and_start(task_id).await;
         ActiveTask {
             task_id,

@@ -2,20 +2,22 @@
 //! one terminal event per task, and a feed that a poller following
 //! `after=<last id>` reads completely while writers commit concurrently.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use chrono::TimeDelta;
 use futures::future::join_all;
 use meatspace_tests::Db;
 use meatspace_tests::prometheus::counter;
 use meatspace_tests::server::{ActiveTask, Expect, TestServer, ids, types, worker_path};
-use reqwest::StatusCode;
+use reqwest::{RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 meatspace_tests::api_tests!(
     twenty_workers_race_to_claim_one_task,
     racing_endings_leave_one_terminal_state_and_event,
+    every_answer_to_waiting_submissions_raced_gives_one_end_each,
     pollers_see_every_committed_event_in_order,
     an_empty_poll_never_hides_an_acknowledged_write,
     an_empty_poll_answered_from_memory_still_checks_the_token,
@@ -154,6 +156,99 @@ async fn racing_endings_leave_one_terminal_state_and_event(db: Db) {
     if db == Db::Postgres {
         assert_commands_grouped(srv).await;
     }
+}
+
+/// Submissions waiting for review on many tasks at once, each raced by
+/// everything that can end it: the agent's accept and reject, the worker's
+/// stop, the agent's cancel and, every other round (the auto-accept time
+/// passed), the controller's reconcile. Exactly one of them wins per task,
+/// and the task ends once, in the winner's state.
+async fn every_answer_to_waiting_submissions_raced_gives_one_end_each(db: Db) {
+    let srv = &TestServer::start(db).await;
+    let mut wins: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut rounds = 0;
+    // More rounds until two different answers have won, and the controller
+    // has raced at least once: a race one side always wins tests little.
+    while rounds < MAX_ROUNDS && (rounds < 2 || wins.len() < 2) {
+        let round = rounds;
+        rounds += 1;
+        let tasks = join_all((0..RACES).map(|i| async move {
+            let t = srv
+                .active_task_with(json!({
+                    "description": format!("Reviewed {i}"),
+                    "review": { "auto_accept_seconds": 60 },
+                }))
+                .await;
+            let submitted = srv
+                .worker(&t.worker_token)
+                .post(&worker_path(t.task_id, "/complete"))
+                .expect_json(StatusCode::OK)
+                .await;
+            assert_eq!(submitted["task"]["review"]["state"], "submitted");
+            t
+        }))
+        .await;
+        let due = round % 2 == 1;
+        if due {
+            srv.advance_clock(TimeDelta::seconds(61));
+        }
+        let status = |req: RequestBuilder| async move { req.send().await.unwrap().status() };
+        let races = tasks.iter().map(|t| async move {
+            let review = |body: Value| {
+                srv.agent(&t.agent_token)
+                    .post(&format!("/api/v1/tasks/{}/review", t.task_id))
+                    .json(&body)
+            };
+            let (accept, reject, stop, cancel) = tokio::join!(
+                status(review(json!({ "action": "accept" }))),
+                status(review(json!({ "action": "reject", "text": "blurry" }))),
+                status(
+                    srv.worker(&t.worker_token)
+                        .post(&worker_path(t.task_id, "/stop"))
+                ),
+                status(
+                    srv.agent(&t.agent_token)
+                        .post(&format!("/api/v1/tasks/{}/cancel", t.task_id))
+                ),
+            );
+            (t, [accept, reject, stop, cancel])
+        });
+        let (answers, reconciled) = tokio::join!(
+            join_all(races),
+            srv.store.reconcile_due(srv.now(), 10 * RACES as u32)
+        );
+        let reconciled: HashSet<Uuid> = reconciled
+            .expect("reconcile")
+            .iter()
+            .map(|a| a.task.id)
+            .collect();
+        if !due {
+            assert!(reconciled.is_empty(), "nothing was due yet");
+        }
+        for (t, statuses) in answers {
+            let won: Vec<(&str, &str)> = ["accept", "reject", "stop", "cancel"]
+                .into_iter()
+                .zip(["completed", "cancelled", "stopped", "cancelled"])
+                .zip(statuses)
+                .filter(|(_, s)| *s == StatusCode::OK)
+                .map(|(w, _)| w)
+                .chain(
+                    reconciled
+                        .contains(&t.task_id)
+                        .then_some(("auto-accept", "completed")),
+                )
+                .collect();
+            for s in statuses {
+                assert!(s == StatusCode::OK || s == StatusCode::CONFLICT, "{s}");
+            }
+            assert_eq!(won.len(), 1, "round {round}: one winner, not {won:?}");
+            let (winner, state) = won[0];
+            *wins.entry(winner).or_default() += 1;
+            assert_terminal_once(srv, t, state).await;
+        }
+    }
+    println!("{} raced submissions ended by: {wins:?}", rounds * RACES);
+    assert!(wins.len() >= 2, "one answer won every race: {wins:?}");
 }
 
 /// Whether PostgreSQL has written commands in groups so far (SQLite: true,

@@ -50,35 +50,15 @@ fn gate_schema() -> Value {
     })
 }
 
-/// Creates, publishes and starts a task from `body` with a new worker.
-async fn started(srv: &TestServer, body: Value) -> ActiveTask {
-    let created = srv.create_task_with(body).await;
-    let (task_id, agent_token) = (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-    );
-    srv.publish(task_id, &agent_token).await;
-    let (worker_id, worker_token) = srv.claim_and_start(task_id).await;
-    ActiveTask {
-        task_id,
-        agent_token,
-        worker_id,
-        worker_token,
-    }
-}
-
 /// A reviewed task with a one-boolean schema, started.
 async fn reviewed(srv: &TestServer, auto_accept_seconds: u32) -> ActiveTask {
-    started(
-        srv,
-        json!({
-            "description": "Check whether the gate is locked",
-            "result_schema": { "type": "object",
-                "properties": { "locked": { "type": "boolean", "title": "Locked?" } },
-                "required": ["locked"] },
-            "review": { "auto_accept_seconds": auto_accept_seconds },
-        }),
-    )
+    srv.active_task_with(json!({
+        "description": "Check whether the gate is locked",
+        "result_schema": { "type": "object",
+            "properties": { "locked": { "type": "boolean", "title": "Locked?" } },
+            "required": ["locked"] },
+        "review": { "auto_accept_seconds": auto_accept_seconds },
+    }))
     .await
 }
 
@@ -212,16 +192,14 @@ async fn schemas_in_the_subset_are_kept_and_others_refused_with_pointers(db: Db)
 
 async fn a_result_is_checked_field_by_field_and_photo_fields_count_this_tasks_photos(db: Db) {
     let srv = TestServer::start(db).await;
-    let t = started(
-        &srv,
-        json!({ "description": "Check the gate", "result_schema": gate_schema() }),
-    )
-    .await;
-    let other = started(
-        &srv,
-        json!({ "description": "Another gate", "result_schema": gate_schema() }),
-    )
-    .await;
+    let t = srv
+        .active_task_with(
+            json!({ "description": "Check the gate", "result_schema": gate_schema() }),
+        )
+        .await;
+    let other = srv
+        .active_task_with(json!({ "description": "Another gate", "result_schema": gate_schema() }))
+        .await;
     let mine = photo(&srv, &t).await;
     let theirs = photo(&srv, &other).await;
 
@@ -298,14 +276,12 @@ async fn a_result_is_checked_field_by_field_and_photo_fields_count_this_tasks_ph
 
 async fn a_typed_result_without_review_completes_the_task(db: Db) {
     let srv = TestServer::start(db).await;
-    let t = started(
-        &srv,
-        json!({ "description": "Count the queue",
+    let t = srv
+        .active_task_with(json!({ "description": "Count the queue",
                 "result_schema": { "type": "object",
                     "properties": { "queue": { "type": "integer", "minimum": 0 } },
-                    "required": ["queue"] } }),
-    )
-    .await;
+                    "required": ["queue"] } }))
+        .await;
     complete(
         &srv,
         &t,
