@@ -7,7 +7,10 @@
 //! happened, and that revoking the key ends its console sessions on a
 //! second replica at once.
 
+use std::num::NonZeroU32;
+
 use chrono::TimeDelta;
+use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_tests::browser::Chromedriver;
 use meatspace_tests::server::{Expect, ServerOptions, TestServer, str_at, uuid_at};
 use meatspace_tests::{Db, TestDb};
@@ -19,6 +22,7 @@ use uuid::Uuid;
 meatspace_tests::api_tests!(
     an_operator_signs_in_sees_the_overview_and_signs_out,
     every_console_page_refuses_without_a_good_session,
+    wrong_keys_spend_the_addresss_failed_sign_in_budget,
     the_audit_trail_filters_and_downloads_as_csv,
     the_console_in_chromium_at_phone_and_desktop_width,
     tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason,
@@ -356,6 +360,32 @@ async fn every_console_page_refuses_without_a_good_session(db: Db) {
         StatusCode::SEE_OTHER,
         "no session outlives 12 hours"
     );
+}
+
+/// Wrong keys at the console's sign-in spend the address's budget of failed
+/// authentications, as wrong credentials on the API do: past it, the
+/// address is answered 429 before anything is checked.
+async fn wrong_keys_spend_the_addresss_failed_sign_in_budget(db: Db) {
+    let srv = TestServer::start_with(
+        db,
+        ServerOptions {
+            rate_limit: RateLimitSettings {
+                auth_failures_per_minute: NonZeroU32::new(1),
+                auth_failures_burst: NonZeroU32::new(3).unwrap(),
+                ..RateLimitSettings::OFF
+            },
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let http = client();
+    for _ in 0..3 {
+        let res = sign_in(&srv, &http, "msk_not-a-key").await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = http.get(srv.url("/console/login")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
 }
 
 async fn the_audit_trail_filters_and_downloads_as_csv(db: Db) {
