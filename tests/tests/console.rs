@@ -8,6 +8,7 @@
 //! second replica at once.
 
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use chrono::TimeDelta;
 use meatspace_api::http::rate_limit::RateLimitSettings;
@@ -26,6 +27,7 @@ meatspace_tests::api_tests!(
     the_audit_trail_filters_and_downloads_as_csv,
     the_console_in_chromium_at_phone_and_desktop_width,
     tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason,
+    a_task_pages_stream_ends_with_its_session,
     workers_are_found_suspended_reinstated_given_tokens_and_qualified,
     keys_and_invites_are_made_shown_once_rotated_and_revoked,
 );
@@ -724,6 +726,40 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
         .unwrap();
     let rest = res.text().await.unwrap();
     assert_eq!(rest.matches("data: ").count(), 1, "{rest}");
+}
+
+/// A task page's stream sends nothing more once its session has ended: with
+/// the key it signed in with revoked, the task's next event ends the stream
+/// instead of reaching the page.
+async fn a_task_pages_stream_ends_with_its_session(db: Db) {
+    let srv = TestServer::start(db).await;
+    let (key, secret, _) = operator_key(&srv, "operator").await;
+    let c = Signed::new(&srv, &secret).await;
+    let t = srv.active_task("Read the meter").await;
+    let mut res = c
+        .get(&format!("/console/tasks/{}/stream?after=0", t.task_id))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut seen = String::new();
+    while !seen.contains("task.started") {
+        let chunk = res.chunk().await.unwrap().expect("the stream goes on");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    srv.dev(Method::POST, &format!("/api/v1/keys/{key}/revoke"))
+        .expect_json(StatusCode::OK)
+        .await;
+    assert_eq!(c.get("/console").await.status(), StatusCode::SEE_OTHER);
+    srv.message(t.task_id, &t.worker_token, "after the revocation")
+        .await;
+    let rest = async {
+        while let Some(chunk) = res.chunk().await.unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), rest)
+        .await
+        .expect("the stream ends");
+    assert!(!seen.contains("after the revocation"), "{seen}");
 }
 
 async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: Db) {

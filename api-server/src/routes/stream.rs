@@ -128,7 +128,7 @@ async fn agent_stream(
         .rate_limit
         .streams()
         .open(Principal::Agent(id), address)?;
-    stream(state, id, after, FeedView::Agent, slot, to_sse).await
+    stream(state, id, after, FeedView::Agent, slot, ApiReader).await
 }
 
 /// The task's event feed as Server-Sent Events, for the assigned worker.
@@ -156,24 +156,47 @@ async fn worker_stream(
         .rate_limit
         .streams()
         .open(Principal::Worker(worker), address)?;
-    stream(state, id, after, view, slot, to_sse).await
+    stream(state, id, after, view, slot, ApiReader).await
 }
 
-/// Streams what `who` may see of task `id`'s feed after `after`, each
-/// event as `render` writes it. Whether the reader may read the task is
-/// checked again on every wake, so a worker who loses the assignment stops
-/// receiving.
-pub(crate) async fn stream<R>(
+/// Who reads a stream: how each event is sent to it, and whether it may
+/// still read.
+pub(crate) trait StreamReader: Send + Sync + 'static {
+    /// The event as this reader receives it.
+    fn render(&self, e: &Event) -> SseEvent;
+
+    /// Asked on every wake, before anything more is sent: false ends the
+    /// stream (a console session that ended receives nothing more).
+    fn allowed(&self) -> impl Future<Output = bool> + Send {
+        std::future::ready(true)
+    }
+}
+
+/// A reader of the API's streams, whose credential was checked when the
+/// stream opened: each event as in the polled feed.
+struct ApiReader;
+
+impl StreamReader for ApiReader {
+    fn render(&self, e: &Event) -> SseEvent {
+        let data = serde_json::to_string(e).unwrap_or_else(|_| "{}".to_owned());
+        SseEvent::default()
+            .id(e.id.to_string())
+            .event(e.kind.as_str())
+            .data(data)
+    }
+}
+
+/// Streams what `who` may see of task `id`'s feed after `after` to
+/// `reader`. Whether the reader may read the task is checked again on every
+/// wake, so a worker who loses the assignment stops receiving.
+pub(crate) async fn stream(
     state: AppState,
     id: Uuid,
     after: i64,
     who: FeedView,
     slot: StreamSlot,
-    render: R,
-) -> Result<Response, ApiError>
-where
-    R: Fn(&Event) -> SseEvent + Send + 'static,
-{
+    reader: impl StreamReader,
+) -> Result<Response, ApiError> {
     // Subscribe before the first read, as the long poll does: a change
     // committed after the read still wakes the stream.
     let watch = state.feed.watch(id);
@@ -191,7 +214,7 @@ where
         who,
         pending: VecDeque::new(),
         done: false,
-        render,
+        reader,
         _slot: slot,
     };
     let keep_alive = KeepAlive::new()
@@ -219,14 +242,13 @@ struct Follower<R> {
     pending: VecDeque<Event>,
     /// The terminal event has been queued, or the stream must stop.
     done: bool,
-    /// Writes an event as the client reads it.
-    render: R,
+    reader: R,
     /// Its place among the client's capped streams, given back when the
     /// stream ends or the client goes away (the body is dropped).
     _slot: StreamSlot,
 }
 
-impl<R: Fn(&Event) -> SseEvent + Send + 'static> Follower<R> {
+impl<R: StreamReader> Follower<R> {
     fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
         futures::stream::unfold(self, |mut f| async move {
             let event = f.next().await?;
@@ -239,7 +261,7 @@ impl<R: Fn(&Event) -> SseEvent + Send + 'static> Follower<R> {
         loop {
             if let Some(e) = self.pending.pop_front() {
                 self.cursor = e.id;
-                return Some((self.render)(&e));
+                return Some(self.reader.render(&e));
             }
             if self.done {
                 return None;
@@ -271,6 +293,10 @@ impl<R: Fn(&Event) -> SseEvent + Send + 'static> Follower<R> {
     /// Reads the task and the events after the cursor. True when events
     /// were queued; sets `done` when the stream must end.
     async fn read(&mut self) -> Result<bool, meatspace_store::StoreError> {
+        if !self.reader.allowed().await {
+            self.done = true;
+            return Ok(false);
+        }
         let Some(task) = self
             .store
             .task(self.task_id)
@@ -298,14 +324,4 @@ impl<R: Fn(&Event) -> SseEvent + Send + 'static> Follower<R> {
         }
         Ok(true)
     }
-}
-
-/// An event as the API's streams send it: its id, its type and the event
-/// as in the polled feed.
-fn to_sse(e: &Event) -> SseEvent {
-    let data = serde_json::to_string(e).unwrap_or_else(|_| "{}".to_owned());
-    SseEvent::default()
-        .id(e.id.to_string())
-        .event(e.kind.as_str())
-        .data(data)
 }

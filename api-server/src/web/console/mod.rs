@@ -142,8 +142,7 @@ where
             )
             .into_response()
         })?;
-        let secure = state.public_origin.secure(&parts.headers);
-        check_csrf(cookie(&parts.headers, session_cookie(secure)), form.csrf())
+        check_csrf(session_value(state, &parts.headers), form.csrf())
             .map_err(IntoResponse::into_response)?;
         Ok(ConsoleForm { c, address, form })
     }
@@ -184,10 +183,23 @@ impl FromRequestParts<AppState> for Console {
         if !parts.method.is_safe() {
             SameOrigin::from_request_parts(parts, state).await?;
         }
-        let secure = state.public_origin.secure(&parts.headers);
-        let Some(value) = cookie(&parts.headers, session_cookie(secure)) else {
+        let Some(value) = session_value(state, &parts.headers) else {
             return Err(AppError::Redirect("/console/login"));
         };
+        Console::of_session(state, value).await
+    }
+}
+
+/// The console session cookie's value a request carries.
+pub(super) fn session_value<'h>(state: &AppState, headers: &'h HeaderMap) -> Option<&'h str> {
+    cookie(headers, session_cookie(state.public_origin.secure(headers)))
+}
+
+impl Console {
+    /// The signed-in operator of the session whose cookie is `value`, if
+    /// it is still good: not ended, not idle too long, its key still
+    /// valid. Touches the session (it was used).
+    pub(super) async fn of_session(state: &AppState, value: &str) -> Result<Console, AppError> {
         let id = credential_subject(value, SESSION_PREFIX).ok_or_else(signed_out)?;
         let now = state.clock.now();
         let session = state

@@ -19,11 +19,11 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, ConsoleForm, Nav};
+use super::{Console, ConsoleForm, Nav, session_value};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
-use crate::routes::{self, stream::StreamQuery, stream::start_cursor};
+use crate::routes::{self, stream::StreamQuery, stream::StreamReader, stream::start_cursor};
 use crate::web::{AppError, html};
 
 /// Tasks on a page.
@@ -363,7 +363,8 @@ async fn cancel(
 
 /// The task's feed as it happens, for the page's script: the API's event
 /// stream (Server-Sent Events, resumed with `Last-Event-ID`), read as the
-/// task's owner reads it, each event in words as the page shows it.
+/// task's owner reads it, each event in words as the page shows it. It ends
+/// when the session does.
 async fn stream(
     State(state): State<AppState>,
     c: Console,
@@ -378,8 +379,28 @@ async fn stream(
         .rate_limit
         .streams()
         .open(c.caller.as_principal(), address)?;
-    routes::stream::stream(state, id, after, FeedView::Agent, slot, move |e| {
-        let i = item(id, e);
+    let reader = ConsoleReader {
+        state: state.clone(),
+        session: session_value(&state, &headers)
+            .unwrap_or_default()
+            .to_owned(),
+        task: id,
+    };
+    routes::stream::stream(state, id, after, FeedView::Agent, slot, reader).await
+}
+
+/// The console page reading a task's stream: for as long as its session is
+/// good, each event in the page's words.
+struct ConsoleReader {
+    state: AppState,
+    /// The session cookie's value, checked again before anything is sent.
+    session: String,
+    task: Uuid,
+}
+
+impl StreamReader for ConsoleReader {
+    fn render(&self, e: &Event) -> SseEvent {
+        let i = item(self.task, e);
         let data = serde_json::json!({
             "id": i.id, "at": i.at, "kind": i.kind, "actor": i.actor,
             "text": i.text, "photo": i.photo, "terminal": e.kind.is_terminal(),
@@ -387,8 +408,13 @@ async fn stream(
         SseEvent::default()
             .id(e.id.to_string())
             .data(data.to_string())
-    })
-    .await
+    }
+
+    async fn allowed(&self) -> bool {
+        Console::of_session(&self.state, &self.session)
+            .await
+            .is_ok()
+    }
 }
 
 async fn photo(
