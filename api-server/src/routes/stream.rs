@@ -165,8 +165,9 @@ pub(crate) trait StreamReader: Send + Sync + 'static {
     /// The event as this reader receives it.
     fn render(&self, e: &Event) -> SseEvent;
 
-    /// Asked on every wake, before anything more is sent: false ends the
-    /// stream (a console session that ended receives nothing more).
+    /// Asked when new events were read, before they are sent: false ends
+    /// the stream without them (a console session that ended receives
+    /// nothing written after it ended).
     fn allowed(&self) -> impl Future<Output = bool> + Send {
         std::future::ready(true)
     }
@@ -293,10 +294,6 @@ impl<R: StreamReader> Follower<R> {
     /// Reads the task and the events after the cursor. True when events
     /// were queued; sets `done` when the stream must end.
     async fn read(&mut self) -> Result<bool, meatspace_store::StoreError> {
-        if !self.reader.allowed().await {
-            self.done = true;
-            return Ok(false);
-        }
         let Some(task) = self
             .store
             .task(self.task_id)
@@ -312,6 +309,12 @@ impl<R: StreamReader> Follower<R> {
             // The task was read before the events: if it was terminal then,
             // its terminal event is at or before the cursor.
             self.done = task.state.is_terminal();
+            return Ok(false);
+        }
+        // Asked after the read: whatever was written after the reader lost
+        // its right is in this batch only if the loss is already visible.
+        if !self.reader.allowed().await {
+            self.done = true;
             return Ok(false);
         }
         for e in events.into_iter().filter(|e| self.who.shows(e)) {
