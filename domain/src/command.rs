@@ -180,25 +180,14 @@ impl Command {
 
 /// A photo ready to store: the bytes are the re-encoded image, with all
 /// metadata of the upload gone.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, derive_more::Debug)]
 pub struct NewPhoto {
     pub id: Uuid,
     pub content_type: String,
     pub width: u32,
     pub height: u32,
+    #[debug("{} bytes", bytes.len())]
     pub bytes: Vec<u8>,
-}
-
-impl std::fmt::Debug for NewPhoto {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewPhoto")
-            .field("id", &self.id)
-            .field("content_type", &self.content_type)
-            .field("width", &self.width)
-            .field("height", &self.height)
-            .field("len", &self.bytes.len())
-            .finish()
-    }
 }
 
 /// What a command's decision reads besides the task row (see
