@@ -31,6 +31,10 @@
 #   RUNC                  runc binary (default: the one node-tools.sh builds)
 set -euo pipefail
 
+LOG_PREFIX=cluster
+# shellcheck source=service-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
+
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MARKER=.meatspace-cluster
 BRIDGE=msp0
@@ -43,10 +47,6 @@ PAUSE_IMAGE=${MEATSPACE_PAUSE_IMAGE:-docker.io/meatspace-test/pause:3.10}
 FW_CHAIN=MEATSPACE-CLUSTER
 READY_TIMEOUT=180
 
-log() { printf '[cluster] %s\n' "$*" >&2; }
-die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
-abspath() { mkdir -p "$1" && (cd "$1" && pwd); }
 
 pid_alive() {
   local pidfile=$1 pid
@@ -461,16 +461,10 @@ EOF
     "${kadm[@]}" wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
   wait_for "the default ServiceAccount" 60 kube-controller-manager "${kadm[@]}" -n default get serviceaccount default
 
-  {
-    echo "# meatspace one-node cluster in $DIR — source this file"
-    printf 'export KUBECONFIG=%q\n' "$DIR/admin.kubeconfig"
-    printf 'export MEATSPACE_TEST_KUBECONFIG=%q\n' "$DIR/admin.kubeconfig"
-    printf 'export MEATSPACE_CLUSTER_DIR=%q\n' "$DIR"
-    printf 'export MEATSPACE_APISERVER_URL=%q\n' "$api_url"
-    printf 'export MEATSPACE_NODE_BIN=%q\n' "$bin"
-    printf 'export MEATSPACE_NODE_IP=%q\n' "$NODE_IP"
-    printf 'export CONTAINERD_ADDRESS=%q\n' "$DIR/containerd/containerd.sock"
-  } >"$DIR/env"
+  write_env "$DIR/env" "meatspace one-node cluster in $DIR" \
+    "KUBECONFIG=$DIR/admin.kubeconfig" "MEATSPACE_TEST_KUBECONFIG=$DIR/admin.kubeconfig" \
+    "MEATSPACE_CLUSTER_DIR=$DIR" "MEATSPACE_APISERVER_URL=$api_url" "MEATSPACE_NODE_BIN=$bin" \
+    "MEATSPACE_NODE_IP=$NODE_IP" "CONTAINERD_ADDRESS=$DIR/containerd/containerd.sock"
   STARTED=true
   log "one-node cluster ready in $((SECONDS - t0))s: $api_url (source $DIR/env)"
   echo "$DIR/env"
@@ -546,12 +540,4 @@ cmd_stop() {
   log "stopped and removed $DIR"
 }
 
-[[ $# -ge 1 ]] || usage
-sub=$1; shift
-case $sub in
-  start) cmd_start "$@" ;;
-  import) cmd_import "$@" ;;
-  stop) cmd_stop "$@" ;;
-  -h|--help|help) usage ;;
-  *) usage ;;
-esac
+run_subcommand "$@"

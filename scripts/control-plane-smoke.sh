@@ -71,7 +71,7 @@ expect_can_i yes create namespaces   # admin is system:masters
 
 step "ServiceAccount kubeconfig (TokenRequest)"
 SA_KUBECONFIG=$CP_DIR/robot.kubeconfig
-"$SCRIPT_DIR/control-plane.sh" sa-kubeconfig "$CP_DIR" "$NS" "$SA" "$SA_KUBECONFIG" 1h
+"$SCRIPT_DIR/control-plane.sh" sa-kubeconfig "$CP_DIR/admin.kubeconfig" "$NS" "$SA" "$SA_KUBECONFIG" 1h
 "$KUBECTL" -n "$NS" create configmap hello --from-literal=greeting=hi
 [[ $("$KUBECTL" --kubeconfig "$SA_KUBECONFIG" get configmap hello -o jsonpath='{.data.greeting}') == hi ]] \
   || fail "ServiceAccount cannot read the configmap"

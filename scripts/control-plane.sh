@@ -10,10 +10,12 @@
 #                                   wait for /readyz, write DIR/admin.kubeconfig and DIR/env;
 #                                   prints DIR/env as the last line of stdout
 #   control-plane.sh env DIR        print DIR/env (use: eval "$(control-plane.sh env DIR)")
-#   control-plane.sh sa-kubeconfig DIR NAMESPACE SA OUT [DURATION]
-#                                   write a kubeconfig at OUT that authenticates as the
-#                                   ServiceAccount NAMESPACE/SA with a token from
-#                                   `kubectl create token` (default duration 24h)
+#   control-plane.sh sa-kubeconfig KUBECONFIG NAMESPACE SA OUT [DURATION]
+#                                   write a kubeconfig at OUT for the cluster of the admin
+#                                   KUBECONFIG (e.g. DIR/admin.kubeconfig; its CA inline)
+#                                   that authenticates as the ServiceAccount NAMESPACE/SA
+#                                   with a token from `kubectl create token` (default
+#                                   duration 24h)
 #   control-plane.sh stop DIR       stop the processes and remove DIR
 #
 # Environment:
@@ -22,17 +24,17 @@
 #   KUBECTL                     kubectl binary (default: kubectl on PATH)
 set -euo pipefail
 
+LOG_PREFIX=control-plane
+# shellcheck source=service-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
+
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MARKER=.meatspace-control-plane
 READY_TIMEOUT=${MEATSPACE_CP_READY_TIMEOUT:-120}
 SERVICE_CIDR=10.0.0.0/24
 SERVICE_IP=10.0.0.1   # first IP of SERVICE_CIDR: the `kubernetes` Service
 
-log() { printf '[control-plane] %s\n' "$*" >&2; }
-die() { printf '[control-plane] ERROR: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
 
-abspath() { mkdir -p "$1" && (cd "$1" && pwd); }
 
 # A TCP port on 127.0.0.1 that nothing is listening on (random, then re-checked).
 free_port() {
@@ -135,29 +137,37 @@ extendedKeyUsage=clientAuth"
 
 b64() { base64 -w0 <"$1"; }
 
-write_admin_kubeconfig() {
-  local dir=$1 url=$2
-  cat >"$dir/admin.kubeconfig" <<EOF
+# write_kubeconfig OUT SERVER CA_DATA USER NAMESPACE CREDENTIAL... — a kubeconfig
+# (mode 0600) with one context: USER at SERVER (whose CA is CA_DATA, base64)
+# in NAMESPACE, authenticated by the CREDENTIAL lines (`token: …`,
+# `client-key-data: …`).
+write_kubeconfig() {
+  local out=$1 server=$2 ca=$3 user=$4 ns=$5 cred
+  shift 5
+  mkdir -p "$(dirname "$out")"
+  (
+    umask 077
+    cat >"$out" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: meatspace-test
   cluster:
-    server: $url
-    certificate-authority-data: $(b64 "$dir/pki/ca.crt")
-users:
-- name: meatspace-admin
-  user:
-    client-certificate-data: $(b64 "$dir/pki/admin.crt")
-    client-key-data: $(b64 "$dir/pki/admin.key")
+    server: $server
+    certificate-authority-data: $ca
 contexts:
-- name: meatspace-test
+- name: $user
   context:
     cluster: meatspace-test
-    user: meatspace-admin
-current-context: meatspace-test
+    user: $user
+    namespace: $ns
+current-context: $user
+users:
+- name: $user
+  user:
 EOF
-  chmod 600 "$dir/admin.kubeconfig"
+    for cred in "$@"; do echo "    $cred"; done >>"$out"
+  )
 }
 
 dump_logs() {
@@ -269,63 +279,30 @@ cmd_start() {
   done
   rm -f "$dir/readyz.out"
 
-  write_admin_kubeconfig "$dir" "$api_url"
-  {
-    echo "# meatspace test control plane in $dir — source this file"
-    printf 'export KUBECONFIG=%q\n' "$dir/admin.kubeconfig"
-    printf 'export MEATSPACE_TEST_KUBECONFIG=%q\n' "$dir/admin.kubeconfig"
-    printf 'export MEATSPACE_CP_DIR=%q\n' "$dir"
-    printf 'export MEATSPACE_APISERVER_URL=%q\n' "$api_url"
-    printf 'export MEATSPACE_ETCD_URL=%q\n' "$etcd_url"
-    printf 'export MEATSPACE_APISERVER_PID=%q\n' "$(<"$dir/kube-apiserver.pid")"
-    printf 'export MEATSPACE_ETCD_PID=%q\n' "$(<"$dir/etcd.pid")"
-    printf 'export MEATSPACE_K8S_BIN=%q\n' "$bin"
-  } >"$dir/env"
+  write_kubeconfig "$dir/admin.kubeconfig" "$api_url" "$(b64 "$dir/pki/ca.crt")" meatspace-admin default \
+    "client-certificate-data: $(b64 "$dir/pki/admin.crt")" "client-key-data: $(b64 "$dir/pki/admin.key")"
+  write_env "$dir/env" "meatspace test control plane in $dir" \
+    "KUBECONFIG=$dir/admin.kubeconfig" "MEATSPACE_TEST_KUBECONFIG=$dir/admin.kubeconfig" \
+    "MEATSPACE_CP_DIR=$dir" "MEATSPACE_APISERVER_URL=$api_url" "MEATSPACE_ETCD_URL=$etcd_url" \
+    "MEATSPACE_APISERVER_PID=$(<"$dir/kube-apiserver.pid")" "MEATSPACE_ETCD_PID=$(<"$dir/etcd.pid")" \
+    "MEATSPACE_K8S_BIN=$bin"
   log "ready in $((SECONDS - t0))s: $api_url (source $dir/env)"
   echo "$dir/env"
 }
 
-cmd_env() {
-  [[ $# -eq 1 ]] || usage
-  [[ -f $1/env ]] || die "no env file in $1 (is a control plane started there?)"
-  cat "$1/env"
-}
-
 cmd_sa_kubeconfig() {
   [[ $# -eq 4 || $# -eq 5 ]] || usage
-  local dir=$1 ns=$2 sa=$3 out=$4 duration=${5:-24h}
-  local kubectl=${KUBECTL:-kubectl}
-  [[ -f $dir/admin.kubeconfig ]] || die "no admin.kubeconfig in $dir"
-  local url; url=$(sed -n 's/^export MEATSPACE_APISERVER_URL=//p' "$dir/env")
-  [[ -n $url ]] || die "cannot read the apiserver URL from $dir/env"
-  local token
-  token=$("$kubectl" --kubeconfig "$dir/admin.kubeconfig" -n "$ns" create token "$sa" \
+  local admin=$1 ns=$2 sa=$3 out=$4 duration=${5:-24h}
+  local kubectl=${KUBECTL:-kubectl} server ca token
+  [[ -f $admin ]] || die "no kubeconfig at $admin"
+  server=$("$kubectl" --kubeconfig "$admin" config view --raw --minify -o 'jsonpath={.clusters[0].cluster.server}')
+  ca=$("$kubectl" --kubeconfig "$admin" config view --raw --minify \
+    -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')
+  [[ -n $server && -n $ca ]] || die "no server or inline CA in $admin"
+  token=$("$kubectl" --kubeconfig "$admin" -n "$ns" create token "$sa" \
     --duration="$duration") || die "kubectl create token $ns/$sa failed"
   [[ -n $token ]] || die "empty token for $ns/$sa"
-  mkdir -p "$(dirname "$out")"
-  (
-    umask 077
-    cat >"$out" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: meatspace-test
-  cluster:
-    server: $url
-    certificate-authority-data: $(b64 "$dir/pki/ca.crt")
-users:
-- name: $ns-$sa
-  user:
-    token: $token
-contexts:
-- name: $ns-$sa
-  context:
-    cluster: meatspace-test
-    user: $ns-$sa
-    namespace: $ns
-current-context: $ns-$sa
-EOF
-  )
+  write_kubeconfig "$out" "$server" "$ca" "$ns-$sa" "$ns" "token: $token"
   log "wrote $out for system:serviceaccount:$ns:$sa"
 }
 
@@ -340,13 +317,4 @@ cmd_stop() {
   log "stopped and removed $dir"
 }
 
-[[ $# -ge 1 ]] || usage
-sub=$1; shift
-case $sub in
-  start) cmd_start "$@" ;;
-  stop) cmd_stop "$@" ;;
-  env) cmd_env "$@" ;;
-  sa-kubeconfig) cmd_sa_kubeconfig "$@" ;;
-  -h|--help|help) usage ;;
-  *) usage ;;
-esac
+run_subcommand "$@"

@@ -30,8 +30,6 @@
 #
 # Environment:
 #   MEATSPACE_TEST_KUBECONFIG  kubeconfig of the cluster (required; admin rights)
-#   MEATSPACE_CP_DIR           control-plane.sh directory; when set, ServiceAccount
-#                              kubeconfigs are minted with `control-plane.sh sa-kubeconfig`
 #   MEATSPACE_TEST_POSTGRES_URL  admin URL of a PostgreSQL server (required for part 8;
 #                              scripts/postgres.sh start DIR writes it to DIR/env)
 #   MEATSPACE_K8S_BIN          directory with helm (default: helm on PATH, else k8s-tools.sh)
@@ -490,37 +488,10 @@ fi
 
 # ---- 7. the controller's identity --------------------------------------------------------
 log "7. kubectl auth can-i as the chart's ServiceAccounts"
-# sa_kubeconfig NAMESPACE SA OUT — a kubeconfig that authenticates with a token of SA.
+# sa_kubeconfig NAMESPACE SA OUT — a kubeconfig of the cluster that authenticates
+# with a token of SA.
 sa_kubeconfig() {
-  local ns=$1 sa=$2 out=$3
-  if [[ -n ${MEATSPACE_CP_DIR:-} && -f $MEATSPACE_CP_DIR/env ]]; then
-    "$ROOT/scripts/control-plane.sh" sa-kubeconfig "$MEATSPACE_CP_DIR" "$ns" "$sa" "$out" 1h 2>"$WORK/mint.err"
-    return
-  fi
-  local server ca token
-  server=$(k config view --raw --minify -o 'jsonpath={.clusters[0].cluster.server}')
-  ca=$(k config view --raw --minify -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')
-  token=$(k -n "$ns" create token "$sa" --duration=1h 2>"$WORK/mint.err") || return 1
-  (
-    umask 077
-    cat >"$out" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: cluster
-  cluster:
-    server: $server
-    certificate-authority-data: $ca
-users:
-- name: $ns-$sa
-  user:
-    token: $token
-contexts:
-- name: $ns-$sa
-  context: {cluster: cluster, user: $ns-$sa, namespace: $ns}
-current-context: $ns-$sa
-EOF
-  )
+  KUBECTL=$KUBECTL "$ROOT/scripts/control-plane.sh" sa-kubeconfig "$KUBECONFIG" "$1" "$2" "$3" 1h 2>"$WORK/mint.err"
 }
 
 # can KUBECONFIG yes|no VERB RESOURCE [ARGS...] — kubectl auth can-i must answer as expected.

@@ -23,6 +23,8 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=go-tools.sh
+source "$SCRIPT_DIR/go-tools.sh"
 
 # ---- pinned versions --------------------------------------------------------
 # KUBERNETES_VERSION is read from k8s-tools.sh: node and control plane agree.
@@ -78,152 +80,59 @@ if all_built; then
   exit 0
 fi
 
-find_go() {
-  if [[ -n ${GO:-} ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  return 1
-}
-GO_CMD=$(find_go) || die "no Go toolchain found (set GO=/path/to/go)"
-log "using $GO_CMD ($("$GO_CMD" version))"
-export CGO_ENABLED=0
-# As k8s-tools.sh: no DWARF from the compiler for binaries linked with -w.
-export GOFLAGS="-mod=mod -buildvcs=false -gcflags=all=-dwarf=false"
-
-mkdir -p "$CACHE_ROOT"
-exec 9>"$CACHE_ROOT/.build-node.lock"
-flock 9
-
-WORK_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/meatspace-node-tools.XXXXXX")
-trap 'rm -rf "$WORK_ROOT"' EXIT
-gobuild() { nice -n "$NICE_LEVEL" "$GO_CMD" "$@"; }
+go_setup .build-node.lock meatspace-node-tools
 
 # ---- kubelet, kube-proxy, kube-scheduler, kube-controller-manager ------------
-# The same wrapper module as k8s-tools.sh's kube-apiserver: k8s.io/kubernetes
-# with every staging module mapped to its published v0.<minor>.<patch>.
-build_k8s_node() {
-  local ver=$KUBERNETES_VERSION
-  local staging_ver="v0.${ver#v1.}"
-  local minor=${ver#v1.}; minor=${minor%%.*}
-  local dir="$WORK_ROOT/kube-node" start=$SECONDS
-  mkdir -p "$dir/out"
-  log "building ${K8S_NODE_BINS[*]} $ver"
-  (
-    cd "$dir"
-    "$GO_CMD" mod init meatspace.local/tools/kube-node 2>/dev/null
-    "$GO_CMD" mod download -json "k8s.io/kubernetes@$ver" >"$dir/dl.json" \
-      || die "go mod download k8s.io/kubernetes@$ver failed"
-    local kmod
-    kmod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' "$dir/dl.json" | head -1)
-    [[ -f $kmod ]] || die "could not locate go.mod of k8s.io/kubernetes@$ver"
-    local staging
-    staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\)[[:space:]]*=>[[:space:]]*\./staging/.*#\1#p' "$kmod")
-    [[ -n $staging ]] || die "no staging replace directives found in $kmod"
-    {
-      echo
-      echo "require k8s.io/kubernetes $ver"
-      echo
-      echo "replace ("
-      local m
-      for m in $staging; do echo "	$m => $m $staging_ver"; done
-      echo ")"
-      echo
-      local b
-      for b in "${K8S_NODE_BINS[@]}"; do echo "tool k8s.io/kubernetes/cmd/$b"; done
-      sed -n 's/^godebug /godebug /p' "$kmod"
-    } >>go.mod
-    gobuild mod tidy || die "go mod tidy failed for the kube-node wrapper"
-    local ldflags="-s -w" kv pkg
-    for kv in "gitVersion=$ver" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
-              buildDate=1970-01-01T00:00:00Z; do
-      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldflags+=" -X $pkg.$kv"
-      done
-    done
-    local pkgs=() b
-    for b in "${K8S_NODE_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-    gobuild build -trimpath -ldflags="$ldflags" -o "$dir/out/" "${pkgs[@]}" \
-      || die "go build ${K8S_NODE_BINS[*]} failed"
-  )
-  mkdir -p "$k8s_dir"
-  local b
-  for b in "${K8S_NODE_BINS[@]}"; do
-    [[ -x $dir/out/$b ]] || die "build produced no $b"
-    mv -f "$dir/out/$b" "$k8s_dir/$b"
-  done
-  log "cached ${K8S_NODE_BINS[*]} in $k8s_dir ($((SECONDS - start))s)"
-}
+# The same wrapper module as k8s-tools.sh's kube-apiserver.
+build_k8s_node() (
+  local pkgs=() b
+  enter_module kube-node
+  log "building ${K8S_NODE_BINS[*]} $KUBERNETES_VERSION"
+  require_kubernetes "${K8S_NODE_BINS[@]}"
+  for b in "${K8S_NODE_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  gobuild build -trimpath -ldflags="$(kubernetes_ldflags)" -o out/ "${pkgs[@]}" \
+    || die "go build ${K8S_NODE_BINS[*]} failed"
+  cache_binaries "$k8s_dir" "${K8S_NODE_BINS[@]}"
+)
 
 # ---- CoreDNS -------------------------------------------------------------------
-build_coredns() {
-  local ver=$COREDNS_VERSION dir="$WORK_ROOT/coredns" start=$SECONDS
-  mkdir -p "$dir"
+build_coredns() (
+  local ver=$COREDNS_VERSION
+  enter_module coredns
   log "building coredns $ver"
-  (
-    cd "$dir"
-    "$GO_CMD" mod init meatspace.local/tools/coredns 2>/dev/null
-    printf '\nrequire github.com/coredns/coredns %s\n\ntool github.com/coredns/coredns\n' "$ver" >>go.mod
-    gobuild mod tidy || die "go mod tidy failed for the coredns wrapper"
-    gobuild build -trimpath -ldflags="-s -w" -o "$dir/coredns" github.com/coredns/coredns \
-      || die "go build coredns failed"
-  )
-  [[ -x $dir/coredns ]] || die "build produced no coredns"
-  mkdir -p "$(dirname "$coredns_bin")"
-  mv -f "$dir/coredns" "$coredns_bin"
-  log "cached $coredns_bin ($((SECONDS - start))s)"
-}
+  require_tools github.com/coredns/coredns "$ver" github.com/coredns/coredns
+  gobuild build -trimpath -ldflags="-s -w" -o out/coredns github.com/coredns/coredns \
+    || die "go build coredns failed"
+  cache_binaries "$(dirname "$coredns_bin")" coredns
+)
 
 # ---- containerd 2 ----------------------------------------------------------------
 # Static, without the btrfs/devmapper/zfs snapshotters (overlayfs and native
 # are what the node uses).
-build_containerd() {
-  local ver=$CONTAINERD_VERSION dir="$WORK_ROOT/containerd" start=$SECONDS
+build_containerd() (
+  local ver=$CONTAINERD_VERSION pkgs=() b
   local mod=github.com/containerd/containerd/v2
-  mkdir -p "$dir/out"
+  enter_module containerd
   log "building ${CONTAINERD_BINS[*]} $ver"
-  (
-    cd "$dir"
-    "$GO_CMD" mod init meatspace.local/tools/containerd 2>/dev/null
-    {
-      printf '\nrequire %s %s\n\n' "$mod" "$ver"
-      local b
-      for b in "${CONTAINERD_BINS[@]}"; do echo "tool $mod/cmd/$b"; done
-    } >>go.mod
-    gobuild mod tidy || die "go mod tidy failed for the containerd wrapper"
-    local pkgs=() b
-    for b in "${CONTAINERD_BINS[@]}"; do pkgs+=("$mod/cmd/$b"); done
-    gobuild build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
-      -ldflags="-s -w -X $mod/version.Version=$ver -X $mod/version.Package=$mod" \
-      -o "$dir/out/" "${pkgs[@]}" || die "go build containerd failed"
-  )
-  mkdir -p "$containerd_dir"
-  local b
-  for b in "${CONTAINERD_BINS[@]}"; do
-    [[ -x $dir/out/$b ]] || die "build produced no $b"
-    mv -f "$dir/out/$b" "$containerd_dir/$b"
-  done
-  log "cached ${CONTAINERD_BINS[*]} in $containerd_dir ($((SECONDS - start))s)"
-}
+  for b in "${CONTAINERD_BINS[@]}"; do pkgs+=("$mod/cmd/$b"); done
+  require_tools "$mod" "$ver" "${pkgs[@]}"
+  gobuild build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags="-s -w -X $mod/version.Version=$ver -X $mod/version.Package=$mod" \
+    -o out/ "${pkgs[@]}" || die "go build containerd failed"
+  cache_binaries "$containerd_dir" "${CONTAINERD_BINS[@]}"
+)
 
 # ---- runc ---------------------------------------------------------------------------
-build_runc() {
-  local ver=$RUNC_VERSION dir="$WORK_ROOT/runc" start=$SECONDS
-  mkdir -p "$dir"
+build_runc() (
+  local ver=$RUNC_VERSION
   [[ -f /usr/include/seccomp.h ]] || die "runc needs libseccomp's headers (apt-get install libseccomp-dev)"
+  enter_module runc
   log "building runc $ver"
-  (
-    cd "$dir"
-    "$GO_CMD" mod init meatspace.local/tools/runc 2>/dev/null
-    printf '\nrequire github.com/opencontainers/runc %s\n\ntool github.com/opencontainers/runc\n' "$ver" >>go.mod
-    gobuild mod tidy || die "go mod tidy failed for the runc wrapper"
-    CGO_ENABLED=1 gobuild build -trimpath -tags seccomp -ldflags="-s -w -X main.version=${ver#v}" \
-      -o "$dir/runc" github.com/opencontainers/runc || die "go build runc failed"
-  )
-  [[ -x $dir/runc ]] || die "build produced no runc"
-  mkdir -p "$(dirname "$runc_bin")"
-  mv -f "$dir/runc" "$runc_bin"
-  log "cached $runc_bin ($((SECONDS - start))s)"
-}
+  require_tools github.com/opencontainers/runc "$ver" github.com/opencontainers/runc
+  CGO_ENABLED=1 gobuild build -trimpath -tags seccomp -ldflags="-s -w -X main.version=${ver#v}" \
+    -o out/runc github.com/opencontainers/runc || die "go build runc failed"
+  cache_binaries "$(dirname "$runc_bin")" runc
+)
 
 # Separate module graphs, built side by side as in k8s-tools.sh; the
 # Kubernetes binaries share most of their packages with kube-apiserver's

@@ -40,17 +40,17 @@
 #                               outlives a process crash)
 set -euo pipefail
 
+LOG_PREFIX=postgres
+# shellcheck source=service-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
+
 MARKER=.meatspace-postgres
 READY_TIMEOUT=${MEATSPACE_PG_READY_TIMEOUT:-60}
 MAX_CONNECTIONS=${MEATSPACE_PG_MAX_CONNECTIONS:-300}
 SYNCHRONOUS_COMMIT=${MEATSPACE_PG_SYNCHRONOUS_COMMIT:-off}
 RUN_AS=postgres   # the system user the server runs as when we are root
 
-log() { printf '[postgres] %s\n' "$*" >&2; }
-die() { printf '[postgres] ERROR: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2; exit 2; }
 
-abspath() { mkdir -p "$1" && (cd "$1" && pwd); }
 
 # The directory holding initdb, pg_ctl and postgres.
 find_bin() {
@@ -188,20 +188,11 @@ EOF
     sleep 0.2
   done
 
-  {
-    echo "# meatspace test PostgreSQL in $DIR — source this file"
-    printf 'export MEATSPACE_TEST_POSTGRES_URL=%q\n' "postgres://postgres@127.0.0.1:$port/postgres"
-    printf 'export MEATSPACE_TEST_PG_BIN=%q\n' "$bin"
-    printf 'export MEATSPACE_PG_DIR=%q\n' "$DIR"
-  } >"$DIR/env"
+  write_env "$DIR/env" "meatspace test PostgreSQL in $DIR" \
+    "MEATSPACE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$port/postgres" \
+    "MEATSPACE_TEST_PG_BIN=$bin" "MEATSPACE_PG_DIR=$DIR"
   log "ready in $((SECONDS - t0))s on 127.0.0.1:$port (source $DIR/env)"
   cat "$DIR/env"
-}
-
-cmd_env() {
-  [[ $# -eq 1 ]] || usage
-  [[ -f $1/env ]] || die "no env file in $1 (is a server started there?)"
-  cat "$1/env"
 }
 
 cmd_stop() {
@@ -266,14 +257,9 @@ cmd_restart() {
   log "restarted on 127.0.0.1:$port"
 }
 
-[[ $# -ge 1 ]] || usage
-sub=$1; shift
-case $sub in
-  start) cmd_start "$@" ;;
-  stop) cmd_stop "$@" ;;
-  crash) cmd_crash "$@" ;;
-  restart) cmd_restart "$@" ;;
-  env) cmd_env "$@" ;;
-  bindir) [[ $# -eq 0 ]] || usage; find_bin ;;
-  *) usage ;;
-esac
+cmd_bindir() {
+  [[ $# -eq 0 ]] || usage
+  find_bin
+}
+
+run_subcommand "$@"
