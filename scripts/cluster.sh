@@ -110,18 +110,12 @@ gen_certs() {
   (
     cd "$d"
     umask 077
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-      -keyout ca.key -out ca.crt -days 30 -subj "/CN=meatspace-cluster-ca" \
-      -addext "basicConstraints=critical,CA:TRUE" \
-      -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+    make_ca meatspace-cluster-ca 30
     sign() {  # NAME SUBJECT EXTENDED-KEY-USAGE [SAN]
-      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-        -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-      printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\n%s\n' \
-        "$3" "${4:+subjectAltName=$4}" >"$1.ext"
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
-        -out "$1.crt" -days 30 -extfile "$1.ext" 2>/dev/null
-      rm -f "$1.csr" "$1.ext"
+      sign_cert "$1" "$2" 30 "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=$3${4:+
+subjectAltName=$4}"
     }
     sign apiserver /CN=kube-apiserver serverAuth \
       "IP:127.0.0.1,IP:$NODE_IP,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"

@@ -105,25 +105,12 @@ gen_certs() {
   (
     cd "$d"
     umask 077
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-      -keyout ca.key -out ca.crt -days 3650 -subj "/CN=meatspace-test-ca" \
-      -addext "basicConstraints=critical,CA:TRUE" \
-      -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
-
-    # sign NAME SUBJECT EXTENSIONS
-    sign() {
-      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-        -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-      printf '%s\n' "$3" >"$1.ext"
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
-        -out "$1.crt" -days 3650 -extfile "$1.ext" 2>/dev/null
-      rm -f "$1.csr" "$1.ext"
-    }
-    sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE
+    make_ca meatspace-test-ca 3650
+    sign_cert apiserver "/CN=kube-apiserver" 3650 "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
 subjectAltName=IP:127.0.0.1,DNS:localhost,IP:$SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
-    sign admin "/O=system:masters/CN=meatspace-admin" "basicConstraints=CA:FALSE
+    sign_cert admin "/O=system:masters/CN=meatspace-admin" 3650 "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
 

@@ -35,3 +35,24 @@ run_subcommand() {
   [[ $(type -t "$fn") == function ]] || usage
   "$fn" "$@"
 }
+
+# make_ca CN DAYS — ca.key and ca.crt of a new certificate authority (EC
+# P-256) named CN, in the current directory.
+make_ca() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout ca.key -out ca.crt -days "$2" -subj "/CN=$1" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+}
+
+# sign_cert NAME SUBJECT DAYS EXTENSIONS — NAME.key and NAME.crt, signed by
+# the CA in the current directory, with EXTENSIONS (the lines of an openssl
+# extension file).
+sign_cert() {
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+  printf '%s\n' "$4" >"$1.ext"
+  openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
+    -out "$1.crt" -days "$3" -extfile "$1.ext" 2>/dev/null
+  rm -f "$1.csr" "$1.ext"
+}
