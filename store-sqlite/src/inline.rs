@@ -48,10 +48,13 @@ pub fn run_to_end<T>(
 /// The write connection, lent to one batch of inline jobs, and what the job
 /// running now has done with it. The engine's [`Backend`] on it; see the
 /// module's documentation.
+#[derive(derive_more::Debug)]
 pub struct Inline {
     // A mutex only because the engine's backend must be `Sync`: one job at
     // a time holds it, for a statement.
+    #[debug(skip)]
     conn: Mutex<Connection>,
+    #[debug(skip)]
     job: Mutex<JobState>,
 }
 
@@ -72,12 +75,6 @@ pub(crate) struct JobState {
 /// transaction.
 #[derive(Debug)]
 pub struct InlineTx(());
-
-impl std::fmt::Debug for Inline {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inline").finish_non_exhaustive()
-    }
-}
 
 impl Inline {
     pub(crate) fn new(conn: Connection) -> Self {

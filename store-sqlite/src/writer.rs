@@ -300,8 +300,11 @@ fn gone() -> StoreError {
 
 /// One write in progress: the write connection, lent to the caller inside
 /// the batch's transaction. Dereferences to the connection for queries.
+#[derive(derive_more::Debug)]
 pub struct WriteTx {
+    #[debug(skip)]
     conn: Option<PoolConnection<Sqlite>>,
+    #[debug(skip)]
     back: Option<oneshot::Sender<ReturnedWrite>>,
     touched: Vec<Change>,
 }
@@ -358,14 +361,6 @@ impl WriteTx {
             // to the pool inside its open transaction.
             lost.conn.close_on_drop();
         }
-    }
-}
-
-impl std::fmt::Debug for WriteTx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteTx")
-            .field("touched", &self.touched)
-            .finish_non_exhaustive()
     }
 }
 

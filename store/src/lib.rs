@@ -295,23 +295,14 @@ impl NewTask {
 pub use meatspace_domain::identity::Worker;
 
 /// A photo as stored.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, derive_more::Debug)]
 pub struct Photo {
     pub id: Uuid,
     pub task_id: Uuid,
     pub content_type: String,
+    #[debug("{} bytes", bytes.len())]
     pub bytes: Vec<u8>,
     pub created_at: DateTime<Utc>,
-}
-
-impl std::fmt::Debug for Photo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Photo")
-            .field("id", &self.id)
-            .field("content_type", &self.content_type)
-            .field("len", &self.bytes.len())
-            .finish()
-    }
 }
 
 /// The outcome of an applied command: the task as written and the events

@@ -51,14 +51,8 @@ pub const KEY_FILE: &str = "secret.key";
 const NONCE_LEN: usize = 12;
 
 /// The server secret key. `Debug` never shows it.
-#[derive(Clone)]
-pub struct ServerKey([u8; 32]);
-
-impl std::fmt::Debug for ServerKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ServerKey(..)")
-    }
-}
+#[derive(Clone, derive_more::Debug)]
+pub struct ServerKey(#[debug(skip)] [u8; 32]);
 
 /// Constant time, like every comparison of secrets here.
 impl PartialEq for ServerKey {

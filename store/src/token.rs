@@ -11,14 +11,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// SHA-256 digest of a credential, the only form the store keeps.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TokenHash(pub [u8; 32]);
-
-impl std::fmt::Debug for TokenHash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TokenHash(..)")
-    }
-}
+#[derive(Clone, PartialEq, Eq, derive_more::Debug)]
+pub struct TokenHash(#[debug(skip)] pub [u8; 32]);
 
 impl TokenHash {
     /// Digest of a presented credential.
