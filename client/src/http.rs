@@ -73,8 +73,7 @@ impl RetryPolicy {
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     base_url: String,
-    dev_key: Option<String>,
-    api_key: Option<String>,
+    keys: PrincipalKeys,
     retry: RetryPolicy,
     timeout: Duration,
     stream_idle_timeout: Duration,
@@ -83,7 +82,7 @@ pub struct ClientBuilder {
 impl ClientBuilder {
     /// The development key, needed to create tasks and register workers.
     pub fn dev_key(mut self, key: impl Into<String>) -> Self {
-        self.dev_key = Some(key.into());
+        self.keys.dev_key = Some(key.into());
         self
     }
 
@@ -92,7 +91,7 @@ impl ClientBuilder {
     /// development key wherever a call needs a principal, and for the
     /// tasks that principal owns ([`Client::task_owned`]).
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = Some(key.into());
+        self.keys.api_key = Some(key.into());
         self
     }
 
@@ -142,8 +141,7 @@ impl ClientBuilder {
                 base,
                 http,
                 stream,
-                dev_key: self.dev_key,
-                api_key: self.api_key,
+                keys: self.keys,
                 retry: self.retry,
                 timeout: self.timeout,
                 client_id: Uuid::new_v4().to_string(),
@@ -153,17 +151,17 @@ impl ClientBuilder {
 }
 
 /// The shared HTTP core. Cheap to clone; handles borrow nothing from it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Client {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 struct Inner {
     base: String,
     http: reqwest::Client,
     stream: reqwest::Client,
-    dev_key: Option<String>,
-    api_key: Option<String>,
+    keys: PrincipalKeys,
     retry: RetryPolicy,
     timeout: Duration,
     /// Random per client: sent with the development key (which every
@@ -172,16 +170,13 @@ struct Inner {
     client_id: String,
 }
 
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The dev key stays out of logs.
-        f.debug_struct("Client")
-            .field("base_url", &self.inner.base)
-            .field("dev_key", &self.inner.dev_key.as_ref().map(|_| ".."))
-            .field("api_key", &self.inner.api_key.as_ref().map(|_| ".."))
-            .field("retry", &self.inner.retry)
-            .finish()
-    }
+/// The keys of the principal a client acts as, kept out of logs.
+#[derive(Clone, Default, derive_more::Debug)]
+struct PrincipalKeys {
+    #[debug(skip)]
+    dev_key: Option<String>,
+    #[debug(skip)]
+    api_key: Option<String>,
 }
 
 /// Which credential a request carries.
@@ -195,23 +190,14 @@ pub(crate) enum Auth<'a> {
     Bearer(&'a str),
 }
 
-/// A credential a handle keeps for all its calls.
-#[derive(Clone)]
+/// A credential a handle keeps for all its calls. The token stays out of
+/// logs.
+#[derive(Clone, derive_more::Debug)]
 pub(crate) enum Credential {
     /// A task's agent token or a worker's token.
-    Token(String),
+    Token(#[debug(skip)] String),
     /// The client's principal ([`Auth::Principal`]).
     Principal,
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token stays out of logs.
-        f.write_str(match self {
-            Credential::Token(_) => "Token(..)",
-            Credential::Principal => "Principal",
-        })
-    }
 }
 
 impl Credential {
@@ -297,8 +283,7 @@ impl Client {
     pub fn builder(base_url: impl Into<String>) -> ClientBuilder {
         ClientBuilder {
             base_url: base_url.into(),
-            dev_key: None,
-            api_key: None,
+            keys: PrincipalKeys::default(),
             retry: RetryPolicy::default(),
             timeout: Duration::from_secs(30),
             stream_idle_timeout: Duration::from_secs(45),
@@ -320,7 +305,7 @@ impl Client {
     /// Whether the client has an API key (else principal calls use the
     /// development key).
     pub fn has_api_key(&self) -> bool {
-        self.inner.api_key.is_some()
+        self.inner.keys.api_key.is_some()
     }
 
     /// Creates a task (API key with scope `tasks`, or the development
@@ -519,7 +504,7 @@ impl Client {
         }
         req = match call.auth {
             Auth::Public => req,
-            Auth::Principal => match (&self.inner.api_key, &self.inner.dev_key) {
+            Auth::Principal => match (&self.inner.keys.api_key, &self.inner.keys.dev_key) {
                 (Some(key), _) => req.header(AUTHORIZATION, format!("Bearer {key}")),
                 (None, Some(key)) => req
                     .header(DEV_KEY_HEADER, key)

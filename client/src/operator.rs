@@ -18,6 +18,15 @@ pub struct WorkersAdmin {
     client: Client,
 }
 
+/// A call to the route `suffix` of worker `id`, as the client's principal.
+fn worker_call(method: Method, id: Uuid, suffix: &str) -> Call<'static> {
+    Call::new(
+        method,
+        format!("/api/v1/workers/{id}{suffix}"),
+        Auth::Principal,
+    )
+}
+
 impl WorkersAdmin {
     pub(crate) fn new(client: Client) -> Self {
         WorkersAdmin { client }
@@ -40,33 +49,22 @@ impl WorkersAdmin {
         let body = Suspend {
             reason: reason.map(str::to_owned),
         };
-        let call = Call::new(
-            Method::POST,
-            format!("/api/v1/workers/{id}/suspend"),
-            Auth::Principal,
-        )
-        .body(Body::json(&body)?);
+        let call = worker_call(Method::POST, id, "/suspend").body(Body::json(&body)?);
         self.client.json(call).await
     }
 
     /// Lets a suspended worker work again (with its existing token).
     pub async fn reinstate(&self, id: Uuid) -> Result<Worker, Error> {
-        let call = Call::new(
-            Method::POST,
-            format!("/api/v1/workers/{id}/reinstate"),
-            Auth::Principal,
-        );
-        self.client.json(call).await
+        self.client
+            .json(worker_call(Method::POST, id, "/reinstate"))
+            .await
     }
 
     /// The worker's qualifications, lapsed ones included.
     pub async fn qualifications(&self, id: Uuid) -> Result<QualificationList, Error> {
-        let call = Call::new(
-            Method::GET,
-            format!("/api/v1/workers/{id}/qualifications"),
-            Auth::Principal,
-        );
-        self.client.json(call).await
+        self.client
+            .json(worker_call(Method::GET, id, "/qualifications"))
+            .await
     }
 
     /// Grants the worker a qualification (or replaces its value and expiry).
@@ -76,33 +74,22 @@ impl WorkersAdmin {
         name: &str,
         grant: &Grant,
     ) -> Result<Qualification, Error> {
-        let call = Call::new(
-            Method::PUT,
-            format!("/api/v1/workers/{id}/qualifications/{name}"),
-            Auth::Principal,
-        )
-        .body(Body::json(grant)?);
+        let call = worker_call(Method::PUT, id, &format!("/qualifications/{name}"))
+            .body(Body::json(grant)?);
         self.client.json(call).await
     }
 
     /// Revokes a qualification; a task the worker holds stays its own.
     pub async fn unqualify(&self, id: Uuid, name: &str) -> Result<QualificationList, Error> {
-        let call = Call::new(
-            Method::DELETE,
-            format!("/api/v1/workers/{id}/qualifications/{name}"),
-            Auth::Principal,
-        );
+        let call = worker_call(Method::DELETE, id, &format!("/qualifications/{name}"));
         self.client.json(call).await
     }
 
     /// A new token for the worker; the old one stops working at once.
     pub async fn rotate(&self, id: Uuid) -> Result<RotatedWorker, Error> {
-        let call = Call::new(
-            Method::POST,
-            format!("/api/v1/workers/{id}/rotate"),
-            Auth::Principal,
-        );
-        self.client.json(call).await
+        self.client
+            .json(worker_call(Method::POST, id, "/rotate"))
+            .await
     }
 }
 

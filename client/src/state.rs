@@ -31,8 +31,9 @@ fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
     Error::State(format!("{what} {}: {e}", path.display()))
 }
 
-/// What the CLI remembers about one task it created.
-#[derive(Clone, Serialize, Deserialize)]
+/// What the CLI remembers about one task it created. Its credentials stay
+/// out of debug output.
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 pub struct TaskRecord {
     pub id: Uuid,
     /// The server the task lives on (its token is valid only there).
@@ -40,9 +41,11 @@ pub struct TaskRecord {
     /// The task's agent token; absent for a task taken up with the API key
     /// of its owner (`Client::task_owned`), which the commands then use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[debug(skip)]
     pub agent_token: Option<String>,
     /// Signing secret of the task's webhook endpoint, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[debug(skip)]
     pub webhook_secret: Option<String>,
     /// Id of the last event `task watch` printed: it resumes after it.
     pub cursor: i64,
@@ -50,18 +53,6 @@ pub struct TaskRecord {
     pub task: Task,
     /// When this record was last written.
     pub updated_at: DateTime<Utc>,
-}
-
-impl std::fmt::Debug for TaskRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Credentials stay out of debug output.
-        f.debug_struct("TaskRecord")
-            .field("id", &self.id)
-            .field("server", &self.server)
-            .field("cursor", &self.cursor)
-            .field("state", &self.task.state)
-            .finish_non_exhaustive()
-    }
 }
 
 impl TaskRecord {
@@ -76,21 +67,13 @@ impl TaskRecord {
 }
 
 /// What the CLI remembers about the worker it registered.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 pub struct WorkerRecord {
     pub id: Uuid,
     pub name: String,
     pub server: String,
+    #[debug(skip)]
     pub worker_token: String,
-}
-
-impl std::fmt::Debug for WorkerRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerRecord")
-            .field("id", &self.id)
-            .field("server", &self.server)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The state directory, created on first use.

@@ -5,6 +5,7 @@
 use meatspace_domain::{IssueAction, Task};
 use reqwest::Method;
 use reqwest::header::CONTENT_TYPE;
+use serde::Serialize;
 use uuid::Uuid;
 
 use crate::error::Error;
@@ -13,21 +14,12 @@ use crate::http::{Body, Call, Client, Credential};
 use crate::types::{EventPage, Extend, Photo, Respond, ReviewAnswer, TaskChange};
 
 /// One task, as its agent sees it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct TaskHandle {
     client: Client,
     id: Uuid,
+    /// Its Debug leaves the token out.
     credential: Credential,
-}
-
-impl std::fmt::Debug for TaskHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token stays out of logs.
-        f.debug_struct("TaskHandle")
-            .field("id", &self.id)
-            .field("owned", &matches!(self.credential, Credential::Principal))
-            .finish()
-    }
 }
 
 impl TaskHandle {
@@ -60,6 +52,12 @@ impl TaskHandle {
         )
     }
 
+    /// A POST of `body`, as JSON, to the task's route `suffix`.
+    async fn post_json(&self, suffix: &str, body: &impl Serialize) -> Result<TaskChange, Error> {
+        let call = self.call(Method::POST, suffix).body(Body::json(body)?);
+        self.client.json(call).await
+    }
+
     /// The task and its authoritative state.
     pub async fn get(&self) -> Result<Task, Error> {
         self.client.json(self.call(Method::GET, "")).await
@@ -77,10 +75,7 @@ impl TaskHandle {
 
     /// Gives the task more time (never less); a `task.extended` event.
     pub async fn extend(&self, extension: Extend) -> Result<TaskChange, Error> {
-        let call = self
-            .call(Method::POST, "/extend")
-            .body(Body::json(&extension)?);
-        self.client.json(call).await
+        self.post_json("/extend", &extension).await
     }
 
     /// Answers the worker issue raised by event `issue_event_id`.
@@ -90,19 +85,14 @@ impl TaskHandle {
         action: IssueAction,
         text: Option<String>,
     ) -> Result<TaskChange, Error> {
-        let call = self
-            .call(Method::POST, &format!("/issues/{issue_event_id}/respond"))
-            .body(Body::json(&Respond { action, text })?);
-        self.client.json(call).await
+        let path = format!("/issues/{issue_event_id}/respond");
+        self.post_json(&path, &Respond { action, text }).await
     }
 
     /// Answers the worker's submission (a task created with `review`):
     /// accept, revise with a text, or reject with a reason.
     pub async fn review(&self, answer: ReviewAnswer) -> Result<TaskChange, Error> {
-        let call = self
-            .call(Method::POST, "/review")
-            .body(Body::json(&answer)?);
-        self.client.json(call).await
+        self.post_json("/review", &answer).await
     }
 
     /// One page of the feed: events with `id > after`, at most `limit`,

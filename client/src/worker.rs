@@ -10,16 +10,11 @@ use crate::http::{Auth, Body, Call, Client, Credential};
 use crate::types::{EndWork, EventPage, Message, OpenTaskPage, RaiseIssue, TaskChange};
 
 /// A registered worker.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct WorkerHandle {
     client: Client,
+    #[debug(skip)]
     token: String,
-}
-
-impl std::fmt::Debug for WorkerHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WorkerHandle(..)")
-    }
 }
 
 impl WorkerHandle {
