@@ -37,12 +37,14 @@ pub enum Subcommand {
     },
 }
 
-/// meatspace API server: the agent contract and the worker API.
-#[derive(Clone, clap::Parser)]
+/// meatspace API server: the agent contract and the worker API. Its Debug
+/// form leaves out the secrets and a database URL's password.
+#[derive(Clone, clap::Parser, derive_more::Debug)]
 #[command(name = "meatspace-api-server", version, about)]
 pub struct Config {
     /// Database: postgres://… (production) or sqlite://… . Unset means a
     /// SQLite file in --data-dir.
+    #[debug("{:?}", database_url.as_deref().map(redact_url))]
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,
 
@@ -53,6 +55,7 @@ pub struct Config {
     /// Development key that creates tasks and registers workers (header
     /// x-meatspace-dev-key). Required with PostgreSQL; with SQLite a random
     /// one is generated and printed at start when unset.
+    #[debug("{:?}", dev_key.as_ref().map(|_| "<redacted>"))]
     #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
     pub dev_key: Option<String>,
 
@@ -68,6 +71,7 @@ pub struct Config {
     /// least 32 characters of secret): at start its digest is stored as a
     /// key of the principal "bootstrap operator" unless a key with its id
     /// exists (revoked or not). The Helm chart generates one in a Secret.
+    #[debug("{:?}", bootstrap_operator_key.as_ref().map(|_| "<redacted>"))]
     #[arg(long, env = "MEATSPACE_BOOTSTRAP_OPERATOR_KEY", hide_env_values = true)]
     pub bootstrap_operator_key: Option<String>,
 
@@ -230,6 +234,7 @@ pub struct Config {
     /// derives webhook signing secrets. Give the controller the same key.
     /// Required with PostgreSQL; with SQLite one is generated once and kept
     /// in --data-dir/secret.key (mode 0600) when unset.
+    #[debug("{:?}", secret_key.as_ref().map(|_| "<redacted>"))]
     #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<String>,
 
@@ -336,54 +341,6 @@ impl Config {
             EmbeddedController::Always => true,
             EmbeddedController::Never => false,
         }
-    }
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("database_url", &redact_url(&self.database_url()))
-            .field("dev_key", &self.dev_key.as_ref().map(|_| "<redacted>"))
-            .field("dev_key_enabled", &self.dev_key_enabled)
-            .field(
-                "bootstrap_operator_key",
-                &self.bootstrap_operator_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("audit_retention_days", &self.audit_retention_days)
-            .field(
-                "secret_key",
-                &self.secret_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("sse_heartbeat_seconds", &self.sse_heartbeat_seconds)
-            .field("idempotency_ttl_seconds", &self.idempotency_ttl_seconds)
-            .field("listen_addr", &self.listen_addr)
-            .field("metrics_listen_addr", &self.metrics_listen_addr)
-            .field("embedded_controller", &self.embedded_controller)
-            .field("max_photo_bytes", &self.max_photo_bytes)
-            .field("max_photo_dimension", &self.max_photo_dimension)
-            .field("max_photo_pixels", &self.max_photo_pixels)
-            .field("max_photo_bytes_per_task", &self.max_photo_bytes_per_task)
-            .field("photo_decode_memory_bytes", &self.photo_decode_memory_bytes)
-            .field(
-                "header_read_timeout_seconds",
-                &self.header_read_timeout_seconds,
-            )
-            .field("max_connections", &self.max_connections)
-            .field("http2_max_streams", &self.http2_max_streams)
-            .field("rate_limit_per_second", &self.rate_limit_per_second)
-            .field("rate_limit_burst", &self.rate_limit_burst)
-            .field("auth_failures_per_minute", &self.auth_failures_per_minute)
-            .field("auth_failures_burst", &self.auth_failures_burst)
-            .field(
-                "max_streams_per_credential",
-                &self.max_streams_per_credential,
-            )
-            .field("max_streams_per_address", &self.max_streams_per_address)
-            .field("mcp_allowed_hosts", &self.mcp_allowed_hosts)
-            .field("public_url", &self.public_url)
-            .field("policy", &self.policy)
-            .field("controller", &self.controller)
-            .finish_non_exhaustive()
     }
 }
 

@@ -19,20 +19,15 @@ use super::{DEV_KEY_HEADER, Principal, bearer, issue_token, token_subject};
 
 /// The configured development key, kept only as a digest, and whether it
 /// is accepted at all.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct DevKey {
+    #[debug(skip)]
     pub(super) hash: TokenHash,
     pub(super) enabled: bool,
     /// When a refusal of the turned-off key was last written to the audit
     /// trail (ms since the epoch): at most one a minute, so that callers
     /// without any credential cannot grow the table.
     last_refusal_audited: std::sync::Arc<std::sync::atomic::AtomicI64>,
-}
-
-impl std::fmt::Debug for DevKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DevKey(..)")
-    }
 }
 
 impl DevKey {
