@@ -312,21 +312,25 @@ mod tests {
         assert_eq!(watch.changed(soon()).await, Woken::Changed);
     }
 
+    /// A detached hub and a watch of one new task.
+    fn watching() -> (Feed, Uuid, Watch) {
+        let feed = detached();
+        let task = Uuid::new_v4();
+        let watch = feed.watch(task);
+        (feed, task, watch)
+    }
+
     #[tokio::test]
     async fn a_wake_sent_before_the_wait_is_not_lost() {
-        let feed = detached();
-        let a = Uuid::new_v4();
         // Subscribed, then the change happens while the caller reads.
-        let mut watch = feed.watch(a);
+        let (feed, a, mut watch) = watching();
         feed.inner.wakes.send(Wake::Task(a)).unwrap();
         assert_eq!(watch.changed(soon()).await, Woken::Changed);
     }
 
     #[tokio::test]
     async fn a_lagging_watch_re_reads() {
-        let feed = detached();
-        let a = Uuid::new_v4();
-        let mut watch = feed.watch(a);
+        let (feed, _, mut watch) = watching();
         for _ in 0..10 {
             feed.inner.wakes.send(Wake::Task(Uuid::new_v4())).unwrap();
         }

@@ -164,26 +164,26 @@ mod tests {
         Ok((protocol, all))
     }
 
+    /// Writes `whole` in `pieces`: it must be detected as `protocol` and
+    /// replayed byte for byte.
+    async fn assert_replayed(pieces: &[&[u8]], protocol: Protocol, whole: &[u8]) {
+        let (detected, bytes) = detect_after_writing(pieces).await.unwrap();
+        assert_eq!(detected, protocol);
+        assert_eq!(bytes, whole);
+    }
+
     #[tokio::test]
     async fn an_http1_request_is_replayed_whole() {
         let request = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n";
-        let (protocol, bytes) = detect_after_writing(&[&request[..3], &request[3..]])
-            .await
-            .unwrap();
-        assert_eq!(protocol, Protocol::Http1);
-        assert_eq!(bytes, request);
+        assert_replayed(&[&request[..3], &request[3..]], Protocol::Http1, request).await;
     }
 
     #[tokio::test]
     async fn the_preface_in_pieces_is_http2_and_replayed() {
         let mut opening = PREFACE.to_vec();
         opening.extend_from_slice(b"\0\0\0\x04\0\0\0\0\0"); // an empty SETTINGS frame
-        let (protocol, bytes) =
-            detect_after_writing(&[&opening[..5], &opening[5..20], &opening[20..]])
-                .await
-                .unwrap();
-        assert_eq!(protocol, Protocol::Http2);
-        assert_eq!(bytes, opening);
+        let pieces: [&[u8]; 3] = [&opening[..5], &opening[5..20], &opening[20..]];
+        assert_replayed(&pieces, Protocol::Http2, &opening).await;
     }
 
     #[tokio::test]
