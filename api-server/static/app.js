@@ -117,36 +117,36 @@ function positionForms(forms) {
   navigator.geolocation.watchPosition(fill, failed, { enableHighAccuracy: true, maximumAge: 10000, timeout: 20000 });
 }
 
-// "Use my location" on the open tasks: the list near the device.
-function locateButton(button) {
-  var status = document.getElementById("locate-status");
+// A button that asks for the device's position once, saying so in the
+// element `statusId`; `found` gets the position, `help` is shown without one.
+function positionButton(button, statusId, found, help) {
+  var status = document.getElementById(statusId);
   button.hidden = false;
   button.addEventListener("click", function () {
     status.textContent = "Finding your position...";
     status.hidden = false;
     navigator.geolocation.getCurrentPosition(function (pos) {
-      location.assign("/app/tasks?near=" + pos.coords.latitude.toFixed(5) + "," + pos.coords.longitude.toFixed(5));
+      found(pos, status);
     }, function () {
-      status.textContent = "Your position is not available: type the place as latitude,longitude instead.";
+      status.textContent = "Your position is not available: " + help;
     }, { enableHighAccuracy: true, timeout: 20000 });
   });
 }
 
+// "Use my location" on the open tasks: the list near the device.
+function locateButton(button) {
+  positionButton(button, "locate-status", function (pos) {
+    location.assign("/app/tasks?near=" + pos.coords.latitude.toFixed(5) + "," + pos.coords.longitude.toFixed(5));
+  }, "type the place as latitude,longitude instead.");
+}
+
 // Settings: "Use my current position" fills the area's point.
 function usePosition(button) {
-  var status = document.getElementById("position-status");
-  button.hidden = false;
-  button.addEventListener("click", function () {
-    status.textContent = "Finding your position...";
-    status.hidden = false;
-    navigator.geolocation.getCurrentPosition(function (pos) {
-      document.getElementById("latitude").value = pos.coords.latitude.toFixed(5);
-      document.getElementById("longitude").value = pos.coords.longitude.toFixed(5);
-      status.textContent = "Filled in your position: save to keep it.";
-    }, function () {
-      status.textContent = "Your position is not available: type it as latitude and longitude instead.";
-    }, { enableHighAccuracy: true, timeout: 20000 });
-  });
+  positionButton(button, "position-status", function (pos, status) {
+    document.getElementById("latitude").value = pos.coords.latitude.toFixed(5);
+    document.getElementById("longitude").value = pos.coords.longitude.toFixed(5);
+    status.textContent = "Filled in your position: save to keep it.";
+  }, "type it as latitude and longitude instead.");
 }
 
 // Settings: push in this browser, through the service worker, where the
