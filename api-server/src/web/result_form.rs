@@ -62,12 +62,7 @@ pub fn fields(
         .enumerate()
         .map(|(n, field)| {
             let spec = &properties[&field.name];
-            let name = format!("{PREFIX}{}", field.name);
-            let posted: Vec<&str> = typed
-                .iter()
-                .filter(|(k, _)| *k == name)
-                .map(|(_, v)| v.as_str())
-                .collect();
+            let posted = posted_values(typed, &field.name);
             let text = |key: &str| match &spec[key] {
                 Value::Null => String::new(),
                 Value::String(s) => s.clone(),
@@ -157,9 +152,20 @@ pub fn fields(
                 max_length: text("maxLength"),
                 pattern: text("pattern"),
                 error,
-                name,
+                name: format!("{PREFIX}{}", field.name),
             }
         })
+        .collect()
+}
+
+/// The values posted for the result field `field` (its inputs are named
+/// with [`PREFIX`]), in the order the form sent them.
+fn posted_values<'a>(pairs: &'a [(String, String)], field: &str) -> Vec<&'a str> {
+    let name = format!("{PREFIX}{field}");
+    pairs
+        .iter()
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v.as_str())
         .collect()
 }
 
@@ -174,12 +180,7 @@ pub fn result_of(
     let mut result = Map::new();
     let mut errors = Vec::new();
     for field in schema.fields() {
-        let name = format!("{PREFIX}{}", field.name);
-        let values: Vec<&str> = pairs
-            .iter()
-            .filter(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
-            .collect();
+        let values = posted_values(pairs, &field.name);
         let single = values.first().map(|v| v.trim()).filter(|v| !v.is_empty());
         let pointer = format!("/{}", escape_pointer(&field.name));
         let value = match &field.kind {
