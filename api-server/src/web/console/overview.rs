@@ -80,40 +80,38 @@ fn chart(slots: &[(String, u64, u64)]) -> (Vec<Bar>, u64) {
     (bars, peak)
 }
 
-/// The last 24 hours, an hour a slot.
-fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
-    let this_hour = now - Duration::seconds(now.timestamp() % 3600);
-    let slots: Vec<(String, u64, u64)> = (0..24)
+/// The last `count` slots of `slot` (an hour or a day, UTC) up to `now`,
+/// each labelled with its start in `label`'s format.
+fn per_slot(
+    hours: &[HourCount],
+    now: DateTime<Utc>,
+    slot: Duration,
+    count: i32,
+    label: &str,
+) -> (Vec<Bar>, u64) {
+    let current = now - Duration::seconds(now.timestamp() % slot.num_seconds());
+    let slots: Vec<(String, u64, u64)> = (0..count)
         .rev()
         .map(|i| {
-            let hour = this_hour - Duration::hours(i);
-            let h = hours.iter().find(|h| h.hour == hour);
-            (
-                format!("{} UTC", hour.format("%H:00")),
-                h.map_or(0, |h| h.created),
-                h.map_or(0, |h| h.completed),
-            )
+            let start = current - slot * i;
+            let (created, completed) = hours
+                .iter()
+                .filter(|h| h.hour >= start && h.hour < start + slot)
+                .fold((0, 0), |(c, d), h| (c + h.created, d + h.completed));
+            (start.format(label).to_string(), created, completed)
         })
         .collect();
     chart(&slots)
 }
 
+/// The last 24 hours, an hour a slot.
+fn bars(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
+    per_slot(hours, now, Duration::hours(1), 24, "%H:00 UTC")
+}
+
 /// The last 7 days (UTC), a day a slot.
 fn days(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
-    let today = now - Duration::seconds(now.timestamp() % 86_400);
-    let slots: Vec<(String, u64, u64)> = (0..7)
-        .rev()
-        .map(|i| {
-            let day = today - Duration::days(i);
-            let of_day = hours
-                .iter()
-                .filter(|h| h.hour >= day && h.hour < day + Duration::days(1));
-            let (created, completed) =
-                of_day.fold((0, 0), |(c, d), h| (c + h.created, d + h.completed));
-            (day.format("%a %d %b").to_string(), created, completed)
-        })
-        .collect();
-    chart(&slots)
+    per_slot(hours, now, Duration::days(1), 7, "%a %d %b")
 }
 
 async fn overview(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
