@@ -407,17 +407,28 @@ async fn get_photo(
     AgentAuth(id, _): AgentAuth,
     Path(PhotoPath { photo_id, .. }): Path<PhotoPath>,
 ) -> Result<Response, ApiError> {
-    let photo = state
-        .store
-        .photo(id, photo_id)
+    photo_answer(&state, id, photo_id)
         .await?
-        .ok_or_else(|| ApiError::NotFound("no such photo on this task".into()))?;
-    photo_response(photo)
+        .ok_or_else(|| ApiError::NotFound("no such photo on this task".into()))
 }
 
-/// A stored photo as the answer that serves it, to the agent here and to
-/// the worker who sent it in the web app.
-pub(crate) fn photo_response(photo: meatspace_store::Photo) -> Result<Response, ApiError> {
+/// A photo of a task as the answer that serves it: to the agent here, to
+/// the console, and to the worker who sent it in the web app. `None` when
+/// the task has no such photo.
+pub(crate) async fn photo_answer(
+    state: &AppState,
+    task: Uuid,
+    photo: Uuid,
+) -> Result<Option<Response>, ApiError> {
+    state
+        .store
+        .photo(task, photo)
+        .await?
+        .map(photo_response)
+        .transpose()
+}
+
+fn photo_response(photo: meatspace_store::Photo) -> Result<Response, ApiError> {
     let content_type =
         HeaderValue::from_str(&photo.content_type).map_err(|e| ApiError::Internal(e.into()))?;
     Ok((

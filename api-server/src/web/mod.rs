@@ -305,14 +305,15 @@ fn html(t: &impl Template) -> Response {
 /// The signed-in header: the worker's name and the sign-out form.
 #[derive(Debug, Clone)]
 struct Nav {
-    name: String,
+    /// Who is signed in, as the sign-out button's title says it.
+    signed_in: String,
     csrf: String,
 }
 
 impl Nav {
     fn of(s: &WorkerSession) -> Self {
         Nav {
-            name: s.worker.name.clone(),
+            signed_in: format!("Signed in as {}", s.worker.name),
             csrf: s.csrf.clone(),
         }
     }
@@ -1365,12 +1366,8 @@ async fn own_photo(
     {
         return Err(not_found());
     }
-    let stored = state
-        .store
-        .photo(task, photo)
-        .await?
-        .ok_or_else(not_found)?;
-    Ok(crate::routes::tasks::photo_response(stored)?)
+    let stored = crate::routes::tasks::photo_answer(&state, task, photo).await?;
+    stored.ok_or_else(not_found)
 }
 
 /// The upload form: a multipart body with `csrf` and `photo`. The photo

@@ -61,21 +61,15 @@ impl AuditQuery {
 
     /// The query string of this filter, for links.
     fn query(&self, before: Option<i64>) -> String {
-        let mut q = url::form_urlencoded::Serializer::new(String::new());
-        for (k, v) in [
-            ("principal", &self.principal),
-            ("action", &self.action),
-            ("since", &self.since),
-            ("until", &self.until),
-        ] {
-            if !v.trim().is_empty() {
-                q.append_pair(k, v.trim());
-            }
-        }
-        if let Some(b) = before {
-            q.append_pair("before", &b.to_string());
-        }
-        q.finish()
+        super::filter_query(
+            &[
+                ("principal", &self.principal),
+                ("action", &self.action),
+                ("since", &self.since),
+                ("until", &self.until),
+            ],
+            before.map(|b| b.to_string()),
+        )
     }
 }
 

@@ -155,6 +155,21 @@ pub(super) fn shown(page: &impl Template, error: bool, refused: StatusCode) -> R
     (status, html(page)).into_response()
 }
 
+/// The query string of a listing's filter, for its links: the fields that
+/// are not blank, then `before` (where the next page starts) if given.
+pub(super) fn filter_query(fields: &[(&str, &String)], before: Option<String>) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in fields {
+        if !v.trim().is_empty() {
+            q.append_pair(k, v.trim());
+        }
+    }
+    if let Some(b) = before {
+        q.append_pair("before", &b);
+    }
+    q.finish()
+}
+
 /// Largest console form body.
 const MAX_FORM_BYTES: usize = 64 * 1024;
 
@@ -293,16 +308,17 @@ struct LoginPage {
 #[derive(Debug, Clone)]
 pub(super) struct Nav {
     csrf: String,
-    who: String,
+    /// Who is signed in, as the sign-out button's title says it.
+    signed_in: String,
 }
 
 impl Nav {
     pub(super) fn of(c: &Console) -> Self {
         Nav {
             csrf: c.csrf.clone(),
-            who: match c.caller.key_id {
-                Some(key) => format!("key {key}"),
-                None => "the development key".into(),
+            signed_in: match c.caller.key_id {
+                Some(key) => format!("Signed in with key {key}"),
+                None => "Signed in with the development key".into(),
             },
         }
     }
@@ -392,24 +408,22 @@ async fn login(
             Err(e) => return Err(e.into()),
         }
     };
+    // The sign-in page again, saying why. The key is a secret: it is
+    // never sent back into the page.
+    let refused = |status: StatusCode, why: &'static str| {
+        Ok((status, login_page(&state, &headers, None, Some(why))).into_response())
+    };
     let Some(caller) = caller else {
-        // The key is a secret: it is never sent back into the page.
-        let page = login_page(
-            &state,
-            &headers,
-            None,
-            Some("That key is not valid. Check that you pasted all of it."),
+        return refused(
+            StatusCode::UNAUTHORIZED,
+            "That key is not valid. Check that you pasted all of it.",
         );
-        return Ok((StatusCode::UNAUTHORIZED, page).into_response());
     };
     if !caller.is_operator() {
-        let page = login_page(
-            &state,
-            &headers,
-            None,
-            Some("That key is valid but not an operator's: the console needs the operator scope."),
+        return refused(
+            StatusCode::FORBIDDEN,
+            "That key is valid but not an operator's: the console needs the operator scope.",
         );
-        return Ok((StatusCode::FORBIDDEN, page).into_response());
     }
     let id = Uuid::new_v4();
     let (secret, hash) = issue_token(SESSION_PREFIX, id);

@@ -104,22 +104,16 @@ impl ListQuery {
     }
 
     fn query(&self, before: Option<String>) -> String {
-        let mut q = url::form_urlencoded::Serializer::new(String::new());
-        for (k, v) in [
-            ("state", &self.state),
-            ("owner", &self.owner),
-            ("since", &self.since),
-            ("until", &self.until),
-            ("q", &self.q),
-        ] {
-            if !v.trim().is_empty() {
-                q.append_pair(k, v.trim());
-            }
-        }
-        if let Some(b) = before {
-            q.append_pair("before", &b);
-        }
-        q.finish()
+        super::filter_query(
+            &[
+                ("state", &self.state),
+                ("owner", &self.owner),
+                ("since", &self.since),
+                ("until", &self.until),
+                ("q", &self.q),
+            ],
+            before,
+        )
     }
 }
 
@@ -424,10 +418,6 @@ async fn photo(
 ) -> Result<Response, AppError> {
     let id = task_id(&raw)?;
     let photo_id = Uuid::try_parse(&photo_id).map_err(|_| not_found())?;
-    let photo = state
-        .store
-        .photo(id, photo_id)
-        .await?
-        .ok_or_else(not_found)?;
-    Ok(crate::routes::tasks::photo_response(photo)?)
+    let photo = crate::routes::tasks::photo_answer(&state, id, photo_id).await?;
+    photo.ok_or_else(not_found)
 }
