@@ -20,30 +20,22 @@ use meatspace_api_types::{CreateTask, ReviewAnswer};
 
 use crate::types::{CreatedTask, EventPage, Problem, Task, TaskChange, TaskSummary};
 
-/// What the transport knows about who calls.
-#[derive(Clone, Default)]
+/// What the transport knows about who calls. Its Debug shows neither key.
+#[derive(Clone, Default, derive_more::Debug)]
 pub struct Caller {
     /// The development key, from the MCP request's
     /// `x-meatspace-dev-key` header (HTTP transport).
+    #[debug(skip)]
     pub dev_key: Option<String>,
     /// An API key (`msk_…`) from the MCP request's `Authorization: Bearer`
     /// header (HTTP transport): it creates tasks as its principal, and task
     /// tools act with it, so no task token need pass through the model.
+    #[debug(skip)]
     pub api_key: Option<String>,
     /// The client's address (HTTP transport, when the server that mounts
     /// the endpoint puts a [`PeerAddress`] in the request's extensions):
     /// long waits are capped per address as the API's are.
     pub address: Option<std::net::IpAddr>,
-}
-
-impl std::fmt::Debug for Caller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Caller")
-            .field("dev_key", &self.dev_key.as_ref().map(|_| ".."))
-            .field("api_key", &self.api_key.as_ref().map(|_| ".."))
-            .field("address", &self.address)
-            .finish()
-    }
 }
 
 /// The address of the client of an MCP request over HTTP, as the server

@@ -35,23 +35,15 @@ use crate::types::{
 };
 
 /// The credentials the stdio server calls the API with, from where it is
-/// launched (never from the model).
-#[derive(Clone, Default)]
+/// launched (never from the model). Its Debug shows neither key.
+#[derive(Clone, Default, derive_more::Debug)]
+#[debug("Credentials {{ .. }}")]
 pub struct Credentials {
     /// `MEATSPACE_DEV_KEY`: creates tasks when there is no API key.
     pub dev_key: Option<String>,
     /// `MEATSPACE_API_KEY` (`msk_…`): the agent the tools act as; creates
     /// tasks and reaches that agent's tasks without a stored token.
     pub api_key: Option<String>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("dev_key", &self.dev_key.as_ref().map(|_| ".."))
-            .field("api_key", &self.api_key.as_ref().map(|_| ".."))
-            .finish()
-    }
 }
 
 /// Path of the extension route; its presence in the server's OpenAPI

@@ -29,27 +29,18 @@ use uuid::Uuid;
 use crate::types::TaskState;
 
 /// What the stdio server needs of one task's record, from either layout.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize, derive_more::Debug)]
 pub struct TaskRecord {
     pub task_id: Uuid,
-    /// Absent for a task reached with its owner's API key.
+    /// Absent for a task reached with its owner's API key; never in debug
+    /// output.
     #[serde(default)]
+    #[debug(skip)]
     pub agent_token: Option<String>,
     /// Events up to this id were returned and acknowledged.
     pub cursor: i64,
     pub last_known_state: TaskState,
     pub description: String,
-}
-
-impl std::fmt::Debug for TaskRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskRecord")
-            .field("task_id", &self.task_id)
-            .field("agent_token", &"..")
-            .field("cursor", &self.cursor)
-            .field("last_known_state", &self.last_known_state)
-            .finish()
-    }
 }
 
 /// A failure of the state directory, said with the file it concerns.
