@@ -739,47 +739,109 @@ struct ActiveTask {
     event_ids: Vec<i64>,
 }
 
-/// Registers a worker, creates, publishes, claims and starts a task, then
-/// sends `messages` messages; returns the task with its event ids.
-async fn active_task(bench: &Bench<'_>, http: &Client, messages: usize) -> Result<ActiveTask> {
-    let dev_key = &bench.server.dev_key;
-    let worker = call(
-        http.post(bench.url("/api/v1/workers"))
-            .header(DEV_KEY_HEADER, dev_key)
+/// Posts a JSON `body` to `path` with the development key; returns the answer.
+async fn post_with_dev_key(
+    http: &Client,
+    server: &Server,
+    path: &str,
+    body: &'static str,
+) -> Result<Value> {
+    call(
+        http.post(server.url(path))
+            .header(DEV_KEY_HEADER, &server.dev_key)
             .header(CONTENT_TYPE, "application/json")
-            .body(r#"{"name":"Bench Worker"}"#),
+            .body(body),
+    )
+    .await
+}
+
+/// Registers a worker with the development key; returns its `Authorization`
+/// value.
+async fn register_worker(http: &Client, server: &Server) -> Result<String> {
+    let worker = post_with_dev_key(
+        http,
+        server,
+        "/api/v1/workers",
+        r#"{"name":"Bench Worker"}"#,
     )
     .await?;
-    let worker_bearer = format!("Bearer {}", text_at(&worker, "/worker_token")?);
-    let created = call(
-        http.post(bench.url("/api/v1/tasks"))
-            .header(DEV_KEY_HEADER, dev_key)
+    Ok(format!("Bearer {}", text_at(&worker, "/worker_token")?))
+}
+
+/// Creates a task with `key` (an agent's API key) or else the development
+/// key; returns the creation's answer.
+async fn create_task(http: &Client, server: &Server, key: Option<&str>) -> Result<Value> {
+    let Some(key) = key else {
+        return post_with_dev_key(http, server, "/api/v1/tasks", CREATE_BODY).await;
+    };
+    call(
+        http.post(server.url("/api/v1/tasks"))
+            .header(AUTHORIZATION, format!("Bearer {key}"))
             .header(CONTENT_TYPE, "application/json")
             .body(CREATE_BODY),
     )
-    .await?;
-    let agent = AgentTask::from_created(&created)?;
-    let id = agent.id;
+    .await
+}
+
+/// Publishes task `id` as its agent, then takes the worker's `actions`
+/// (`claim`, `start`, …) on it, one after the other.
+async fn publish_and_work(
+    http: &Client,
+    server: &Server,
+    id: &str,
+    agent_bearer: &str,
+    worker_bearer: &str,
+    actions: &[&str],
+) -> Result<()> {
     call(
-        http.post(bench.url(&format!("/api/v1/tasks/{id}/publish")))
-            .header(AUTHORIZATION, &agent.bearer),
+        http.post(server.url(&format!("/api/v1/tasks/{id}/publish")))
+            .header(AUTHORIZATION, agent_bearer),
     )
     .await?;
-    for action in ["claim", "start"] {
+    for action in actions {
         call(
-            http.post(bench.url(&format!("/api/v1/worker/tasks/{id}/{action}")))
-                .header(AUTHORIZATION, &worker_bearer),
+            http.post(server.url(&format!("/api/v1/worker/tasks/{id}/{action}")))
+                .header(AUTHORIZATION, worker_bearer),
         )
         .await?;
     }
+    Ok(())
+}
+
+/// Sends MESSAGE_BODY as the worker of task `id`; returns the answer.
+async fn send_message(
+    http: &Client,
+    server: &Server,
+    id: &str,
+    worker_bearer: &str,
+) -> Result<Value> {
+    call(
+        http.post(server.url(&format!("/api/v1/worker/tasks/{id}/messages")))
+            .header(AUTHORIZATION, worker_bearer)
+            .header(CONTENT_TYPE, "application/json")
+            .body(MESSAGE_BODY),
+    )
+    .await
+}
+
+/// Registers a worker, creates, publishes, claims and starts a task, then
+/// sends `messages` messages; returns the task with its event ids.
+async fn active_task(bench: &Bench<'_>, http: &Client, messages: usize) -> Result<ActiveTask> {
+    let worker_bearer = register_worker(http, bench.server).await?;
+    let created = create_task(http, bench.server, None).await?;
+    let agent = AgentTask::from_created(&created)?;
+    let id = agent.id;
+    publish_and_work(
+        http,
+        bench.server,
+        &id.to_string(),
+        &agent.bearer,
+        &worker_bearer,
+        &["claim", "start"],
+    )
+    .await?;
     for _ in 0..messages {
-        call(
-            http.post(bench.url(&format!("/api/v1/worker/tasks/{id}/messages")))
-                .header(AUTHORIZATION, &worker_bearer)
-                .header(CONTENT_TYPE, "application/json")
-                .body(MESSAGE_BODY),
-        )
-        .await?;
+        send_message(http, bench.server, &id.to_string(), &worker_bearer).await?;
     }
     let page = call(
         http.get(bench.url(&format!("/api/v1/tasks/{id}/events?after=0&limit=1000")))

@@ -59,14 +59,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use meatspace_tests::{POSTGRES_ENV, fresh_postgres_database};
 use reqwest::Client;
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use reqwest::header::AUTHORIZATION;
 use sqlx::{Connection, Executor, Row as _};
 
 use super::limits;
 use super::{
-    Backend, CREATE_BODY, CpuSnapshot, DEV_KEY_HEADER, MESSAGE_BODY, Server, Settings, call,
-    clock_ticks_per_second, drop_postgres_database, http_client, machine_busy_ticks, mib,
-    process_ticks, text_at,
+    Backend, CREATE_BODY, CpuSnapshot, DEV_KEY_HEADER, Server, Settings, call,
+    clock_ticks_per_second, create_task, drop_postgres_database, http_client, machine_busy_ticks,
+    mib, post_with_dev_key, process_ticks, publish_and_work, register_worker, send_message,
+    text_at,
 };
 
 /// Events on each polled task: published, assigned, started and messages.
@@ -321,48 +322,26 @@ async fn bench_backend(
         .context("capturing the SQL of an empty poll")?;
         scripts.push(("pgbench: empty poll (its SQL)", poll));
         let create = capture(&database_url, || async {
-            let created = call(
-                http.post(server.url("/api/v1/tasks"))
-                    .header(DEV_KEY_HEADER, &server.dev_key)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(CREATE_BODY),
-            )
-            .await?;
+            let created = create_task(&http, &server, None).await?;
             Ok(Some(text_at(&created, "/task/id")?))
         })
         .await
         .context("capturing the SQL of a create")?;
         scripts.push(("pgbench: create (its SQL)", create));
-        let worker = call(
-            http.post(server.url("/api/v1/workers"))
-                .header(DEV_KEY_HEADER, &server.dev_key)
-                .header(CONTENT_TYPE, "application/json")
-                .body(r#"{"name":"Bench Worker"}"#),
-        )
-        .await?;
-        let worker_bearer = format!("Bearer {}", text_at(&worker, "/worker_token")?);
+        let worker_bearer = register_worker(&http, &server).await?;
         let lifecycle = capture(&database_url, || async {
-            let created = call(
-                http.post(server.url("/api/v1/tasks"))
-                    .header(DEV_KEY_HEADER, &server.dev_key)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(CREATE_BODY),
-            )
-            .await?;
+            let created = create_task(&http, &server, None).await?;
             let id = text_at(&created, "/task/id")?;
             let agent = format!("Bearer {}", text_at(&created, "/agent_token")?);
-            call(
-                http.post(server.url(&format!("/api/v1/tasks/{id}/publish")))
-                    .header(AUTHORIZATION, &agent),
+            publish_and_work(
+                &http,
+                &server,
+                &id,
+                &agent,
+                &worker_bearer,
+                &["claim", "start", "complete"],
             )
             .await?;
-            for action in ["claim", "start", "complete"] {
-                call(
-                    http.post(server.url(&format!("/api/v1/worker/tasks/{id}/{action}")))
-                        .header(AUTHORIZATION, &worker_bearer),
-                )
-                .await?;
-            }
             Ok(Some(id))
         })
         .await
@@ -386,62 +365,24 @@ async fn bench_backend(
     let work = tempfile::tempdir()?;
     let mut rows = Vec::new();
     header();
-    let poll_script = lua_poll(&tasks);
-    rows.push(
-        run_wrk(
-            settings,
-            Target::server(&server),
-            wrk,
-            work.path(),
-            "empty poll",
-            &poll_script,
-            false,
-        )
-        .await?,
-    );
-    rows.push(
-        run_wrk(
-            settings,
-            Target::server(&server),
-            wrk,
-            work.path(),
-            "empty poll, API key",
-            &lua_poll(&keyed),
-            false,
-        )
-        .await?,
-    );
-    let create_script = lua_create(&server.dev_key);
-    rows.push(
-        run_wrk(
-            settings,
-            Target::server(&server),
-            wrk,
-            work.path(),
-            "create",
-            &create_script,
-            false,
-        )
-        .await?,
-    );
-    let lifecycle_script = lua_lifecycle(&server.dev_key);
-    rows.push(
-        run_wrk(
-            settings,
-            Target::server(&server),
-            wrk,
-            work.path(),
-            "lifecycle",
-            &lifecycle_script,
-            true,
-        )
-        .await?,
-    );
-    println!(
-        "  server peak RSS (VmHWM): {}; empty polls answered from memory: {}",
-        mib(server.memory_kib("VmHWM")),
-        memory_answers(&server, &http).await?
-    );
+    let wrk = Wrk {
+        settings,
+        program: wrk,
+        work: work.path(),
+    };
+    let target = Target::server(&server);
+    for (name, script, thread_per_connection) in [
+        ("empty poll", lua_poll(&tasks), false),
+        ("empty poll, API key", lua_poll(&keyed), false),
+        ("create", lua_create(&server.dev_key), false),
+        ("lifecycle", lua_lifecycle(&server.dev_key), true),
+    ] {
+        rows.push(
+            wrk.run(&target, name, &script, thread_per_connection)
+                .await?,
+        );
+    }
+    print_memory(&server, &http, "").await?;
     let commits = metric(&server, &http, "meatspace_sqlite_commits_total").await?;
     if commits > 0 {
         let writes = metric(&server, &http, "meatspace_sqlite_writes_total").await?;
@@ -460,23 +401,13 @@ async fn bench_backend(
     )
     .await?;
     restarted.extend(tasks);
+    let script = lua_poll(&restarted);
+    let target = Target::server(&server);
     rows.push(
-        run_wrk(
-            settings,
-            Target::server(&server),
-            wrk,
-            work.path(),
-            "empty poll after a restart",
-            &lua_poll(&restarted),
-            false,
-        )
-        .await?,
+        wrk.run(&target, "empty poll after a restart", &script, false)
+            .await?,
     );
-    println!(
-        "  after the restart: server peak RSS (VmHWM): {}; empty polls answered from memory: {}",
-        mib(server.memory_kib("VmHWM")),
-        memory_answers(&server, &http).await?
-    );
+    print_memory(&server, &http, "after the restart: ").await?;
     server.stop().await?;
     let logged = super::log_tail(dir.path());
     if !logged.is_empty() {
@@ -550,37 +481,23 @@ async fn http_limits(
     // knows the URL lacks.
     let script = format!("wrk.path = '/'\nfunction completed_total() return 0 end\n{LUA_DONE}");
     header();
+    let wrk = Wrk {
+        settings,
+        program: wrk,
+        work: work.path(),
+    };
     let mut rows = Vec::new();
     let bare = limits::Reference::bare_hyper(answer, work.path()).await?;
-    let target = Target {
-        base_url: &bare.base_url,
-        pids: bare.tree_pids(),
-    };
     rows.push(
-        run_wrk(
-            settings,
-            target,
-            wrk,
-            work.path(),
-            "bare hyper",
-            &script,
-            false,
-        )
-        .await?,
+        wrk.run(&Target::reference(&bare), "bare hyper", &script, false)
+            .await?,
     );
     bare.stop().await?;
     match limits::Reference::nginx(answer, work.path()).await? {
         Some(nginx) => {
-            let target = Target {
-                base_url: &nginx.base_url,
-                pids: nginx.tree_pids(),
-            };
             rows.push(
-                run_wrk(
-                    settings,
-                    target,
-                    wrk,
-                    work.path(),
+                wrk.run(
+                    &Target::reference(&nginx),
                     "nginx return 200",
                     &script,
                     false,
@@ -594,9 +511,15 @@ async fn http_limits(
     Ok(rows)
 }
 
-/// The server's count of empty polls it answered from memory.
-async fn memory_answers(server: &Server, http: &Client) -> Result<u64> {
-    metric(server, http, "meatspace_feed_memory_answers_total").await
+/// Prints the server's peak resident memory and its count of the empty
+/// polls it answered from memory, after `when`.
+async fn print_memory(server: &Server, http: &Client, when: &str) -> Result<()> {
+    println!(
+        "  {when}server peak RSS (VmHWM): {}; empty polls answered from memory: {}",
+        mib(server.memory_kib("VmHWM")),
+        metric(server, http, "meatspace_feed_memory_answers_total").await?
+    );
+    Ok(())
 }
 
 /// An unlabelled counter of the server's metrics; 0 when it has none yet.
@@ -634,20 +557,14 @@ struct PolledTask {
     last_event: i64,
 }
 
-/// Registers a worker, creates, publishes, claims and starts a task and
-/// sends `messages` messages.
 /// A new agent's API key, made with the development key.
 async fn agent_key(server: &Server, http: &Client) -> Result<String> {
-    let made = call(
-        http.post(server.url("/api/v1/keys"))
-            .header(DEV_KEY_HEADER, &server.dev_key)
-            .header(CONTENT_TYPE, "application/json")
-            .body(r#"{"name":"bench agent"}"#),
-    )
-    .await?;
+    let made = post_with_dev_key(http, server, "/api/v1/keys", r#"{"name":"bench agent"}"#).await?;
     text_at(&made, "/secret")
 }
 
+/// Registers a worker, creates, publishes, claims and starts a task and
+/// sends `messages` messages.
 async fn active_task(server: &Server, http: &Client, messages: usize) -> Result<PolledTask> {
     active_task_as(server, http, messages, None).await
 }
@@ -660,48 +577,22 @@ async fn active_task_as(
     messages: usize,
     key: Option<&str>,
 ) -> Result<PolledTask> {
-    let worker = call(
-        http.post(server.url("/api/v1/workers"))
-            .header(DEV_KEY_HEADER, &server.dev_key)
-            .header(CONTENT_TYPE, "application/json")
-            .body(r#"{"name":"Bench Worker"}"#),
-    )
-    .await?;
-    let worker_bearer = format!("Bearer {}", text_at(&worker, "/worker_token")?);
-    let create = http.post(server.url("/api/v1/tasks"));
-    let create = match key {
-        Some(key) => create.header(AUTHORIZATION, format!("Bearer {key}")),
-        None => create.header(DEV_KEY_HEADER, &server.dev_key),
-    };
-    let created = call(
-        create
-            .header(CONTENT_TYPE, "application/json")
-            .body(CREATE_BODY),
-    )
-    .await?;
+    let worker_bearer = register_worker(http, server).await?;
+    let created = create_task(http, server, key).await?;
     let id = text_at(&created, "/task/id")?;
     let bearer = format!("Bearer {}", text_at(&created, "/agent_token")?);
-    call(
-        http.post(server.url(&format!("/api/v1/tasks/{id}/publish")))
-            .header(AUTHORIZATION, &bearer),
+    publish_and_work(
+        http,
+        server,
+        &id,
+        &bearer,
+        &worker_bearer,
+        &["claim", "start"],
     )
     .await?;
-    for action in ["claim", "start"] {
-        call(
-            http.post(server.url(&format!("/api/v1/worker/tasks/{id}/{action}")))
-                .header(AUTHORIZATION, &worker_bearer),
-        )
-        .await?;
-    }
     let mut last_event = 0;
     for _ in 0..messages {
-        let change = call(
-            http.post(server.url(&format!("/api/v1/worker/tasks/{id}/messages")))
-                .header(AUTHORIZATION, &worker_bearer)
-                .header(CONTENT_TYPE, "application/json")
-                .body(MESSAGE_BODY),
-        )
-        .await?;
+        let change = send_message(http, server, &id, &worker_bearer).await?;
         last_event = change["events"][0]["id"].as_i64().context("no event id")?;
     }
     if messages == 0 {
@@ -1048,11 +939,19 @@ function completed_total() return 0 end
     s
 }
 
+/// The headers of a JSON request with the development key, as a Lua table.
+fn lua_dev_headers(dev_key: &str) -> String {
+    format!(
+        "{{ [{}] = {}, ['Content-Type'] = 'application/json' }}",
+        lua_string(DEV_KEY_HEADER),
+        lua_string(dev_key)
+    )
+}
+
 fn lua_create(dev_key: &str) -> String {
     let mut s = format!(
-        "local req = wrk.format('POST', '/api/v1/tasks', {{ [{}] = {}, ['Content-Type'] = 'application/json' }}, {})\n",
-        lua_string(DEV_KEY_HEADER),
-        lua_string(dev_key),
+        "local req = wrk.format('POST', '/api/v1/tasks', {}, {})\n",
+        lua_dev_headers(dev_key),
         lua_string(CREATE_BODY)
     );
     s.push_str("function request() return req end\nfunction completed_total() return 0 end\n");
@@ -1065,9 +964,8 @@ fn lua_create(dev_key: &str) -> String {
 /// the answers, and counts the tasks it completed.
 fn lua_lifecycle(dev_key: &str) -> String {
     let mut s = format!(
-        "local dev = {{ [{}] = {}, ['Content-Type'] = 'application/json' }}\nlocal create_body = {}\n",
-        lua_string(DEV_KEY_HEADER),
-        lua_string(dev_key),
+        "local dev = {}\nlocal create_body = {}\n",
+        lua_dev_headers(dev_key),
         lua_string(CREATE_BODY)
     );
     s.push_str(
@@ -1122,7 +1020,6 @@ end
     s
 }
 
-/// Warms up, then runs wrk for the scenario's duration and reads its line.
 /// What wrk drives: its URL, and the processes whose CPU is the server's.
 struct Target<'a> {
     base_url: &'a str,
@@ -1136,125 +1033,158 @@ impl<'a> Target<'a> {
             pids: vec![server.pid],
         }
     }
+
+    fn reference(reference: &'a limits::Reference) -> Target<'a> {
+        Target {
+            base_url: &reference.base_url,
+            pids: reference.tree_pids(),
+        }
+    }
+}
+
+/// A load generator (wrk, pgbench) as a child process whose output is read.
+fn generator_command(program: &Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A load generator's stdout; an error with all it printed when it failed.
+fn stdout_of(what: &str, output: &std::process::Output) -> Result<String> {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}{}",
+            output.status,
+            stdout,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(stdout.into_owned())
+}
+
+/// A load generator's own CPU ticks, read until just before it exits (its
+/// `/proc` entry is gone after).
+fn watch_ticks(pid: u32) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let pid = pid.to_string();
+        let mut last = 0;
+        loop {
+            let t = process_ticks(&pid);
+            if t == 0 && last > 0 {
+                break;
+            }
+            last = last.max(t);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break;
+            }
+        }
+        last
+    })
 }
 
 fn ticks_of(pids: &[u32]) -> u64 {
     pids.iter().map(|p| process_ticks(&p.to_string())).sum()
 }
 
-async fn run_wrk(
-    settings: &Settings,
-    target: Target<'_>,
-    wrk: &Path,
-    work: &Path,
-    name: &str,
-    script: &str,
-    thread_per_connection: bool,
-) -> Result<Figures> {
-    let path = work.join(format!("{}.lua", name.replace(' ', "_")));
-    std::fs::write(&path, script)?;
-    let clients = settings.clients;
-    let threads = if thread_per_connection {
-        clients
-    } else {
-        clients.min(std::thread::available_parallelism().map_or(2, |n| n.get()))
-    };
-    let wrk_run = |duration: Duration| {
-        let mut cmd = tokio::process::Command::new(wrk);
-        cmd.arg("-t")
-            .arg(threads.to_string())
-            .arg("-c")
-            .arg(clients.to_string())
-            .arg("-d")
-            .arg(format!("{}s", duration.as_secs().max(1)))
-            .arg("--timeout")
-            .arg("10s")
-            .arg("-s")
-            .arg(&path)
-            .arg(target.base_url)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        cmd
-    };
-    if !settings.warmup.is_zero() {
-        wrk_run(settings.warmup).output().await?;
-    }
-    let ticks = clock_ticks_per_second();
-    let before = CpuSnapshot::take(target.pids[0]);
-    let before_server = ticks_of(&target.pids);
-    let child = wrk_run(settings.duration).spawn()?;
-    let wrk_pid = child.id().context("wrk has no pid")?.to_string();
-    // wrk's own CPU, read just before it exits (the process is gone after).
-    let wrk_ticks = tokio::spawn({
-        let pid = wrk_pid.clone();
-        let duration = settings.duration;
-        async move {
-            let mut last = 0;
-            let end = Instant::now() + duration + Duration::from_secs(5);
-            while Instant::now() < end {
-                let t = process_ticks(&pid);
-                if t == 0 && last > 0 {
-                    break;
-                }
-                last = last.max(t);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            last
+/// What the wrk runs of a comparison share: the settings, wrk itself and a
+/// directory for the scripts.
+struct Wrk<'a> {
+    settings: &'a Settings,
+    program: &'a Path,
+    work: &'a Path,
+}
+
+impl Wrk<'_> {
+    /// Warms up, then runs `script` against `target` for the scenario's
+    /// duration and prints the row it reads from wrk's output.
+    async fn run(
+        &self,
+        target: &Target<'_>,
+        name: &str,
+        script: &str,
+        thread_per_connection: bool,
+    ) -> Result<Figures> {
+        let settings = self.settings;
+        let path = self.work.join(format!("{}.lua", name.replace(' ', "_")));
+        std::fs::write(&path, script)?;
+        let clients = settings.clients;
+        let threads = if thread_per_connection {
+            clients
+        } else {
+            clients.min(std::thread::available_parallelism().map_or(2, |n| n.get()))
+        };
+        let wrk_run = |duration: Duration| {
+            let mut cmd = generator_command(self.program);
+            cmd.arg("-t")
+                .arg(threads.to_string())
+                .arg("-c")
+                .arg(clients.to_string())
+                .arg("-d")
+                .arg(format!("{}s", duration.as_secs().max(1)))
+                .arg("--timeout")
+                .arg("10s")
+                .arg("-s")
+                .arg(&path)
+                .arg(target.base_url);
+            cmd
+        };
+        if !settings.warmup.is_zero() {
+            wrk_run(settings.warmup).output().await?;
         }
-    });
-    let output = child.wait_with_output().await?;
-    let after = CpuSnapshot::take(target.pids[0]);
-    let server_ticks = ticks_of(&target.pids).saturating_sub(before_server);
-    let wrk_ticks = wrk_ticks.await.unwrap_or(0);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        bail!(
-            "wrk failed ({}): {}{}",
-            output.status,
-            stdout,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let ticks = clock_ticks_per_second();
+        let before = CpuSnapshot::take(target.pids[0]);
+        let before_server = ticks_of(&target.pids);
+        let child = wrk_run(settings.duration).spawn()?;
+        let wrk_ticks = watch_ticks(child.id().context("wrk has no pid")?);
+        let output = child.wait_with_output().await?;
+        let after = CpuSnapshot::take(target.pids[0]);
+        let server_ticks = ticks_of(&target.pids).saturating_sub(before_server);
+        let wrk_ticks = wrk_ticks.await.unwrap_or(0);
+        let stdout = stdout_of("wrk", &output)?;
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("MEATSPACE "))
+            .with_context(|| format!("no result line from wrk: {stdout}"))?;
+        let field = |key: &str| -> f64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let seconds = field("duration_us") / 1e6;
+        let mut cpu = after.since(before, ticks);
+        // `this` in the snapshot is the benchmark program, idle meanwhile; the
+        // generator is wrk; the server may be several processes (nginx).
+        let span = after.at.duration_since(before.at).as_secs_f64();
+        let wrk_cores = wrk_ticks as f64 / ticks / span;
+        let server_cores = server_ticks as f64 / ticks / span;
+        cpu.rest = (cpu.rest + cpu.load_generator + cpu.server - wrk_cores - server_cores).max(0.0);
+        cpu.load_generator = wrk_cores;
+        cpu.server = server_cores;
+        let (rate, unit) = if name == "lifecycle" {
+            (field("tasks") / seconds, "tasks/s")
+        } else {
+            (field("requests") / seconds, "req/s")
+        };
+        let row = Figures {
+            name: name.to_owned(),
+            rate,
+            unit,
+            p50_ms: field("p50") / 1000.0,
+            p90_ms: field("p90") / 1000.0,
+            p99_ms: field("p99") / 1000.0,
+            max_ms: field("max") / 1000.0,
+            errors: field("errors") as u64,
+            cpu,
+        };
+        print_row(&row);
+        Ok(row)
     }
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("MEATSPACE "))
-        .with_context(|| format!("no result line from wrk: {stdout}"))?;
-    let field = |key: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    let seconds = field("duration_us") / 1e6;
-    let mut cpu = after.since(before, ticks);
-    // `this` in the snapshot is the benchmark program, idle meanwhile; the
-    // generator is wrk; the server may be several processes (nginx).
-    let span = after.at.duration_since(before.at).as_secs_f64();
-    let wrk_cores = wrk_ticks as f64 / ticks / span;
-    let server_cores = server_ticks as f64 / ticks / span;
-    cpu.rest = (cpu.rest + cpu.load_generator + cpu.server - wrk_cores - server_cores).max(0.0);
-    cpu.load_generator = wrk_cores;
-    cpu.server = server_cores;
-    let (rate, unit) = if name == "lifecycle" {
-        (field("tasks") / seconds, "tasks/s")
-    } else {
-        (field("requests") / seconds, "req/s")
-    };
-    let row = Figures {
-        name: name.to_owned(),
-        rate,
-        unit,
-        p50_ms: field("p50") / 1000.0,
-        p90_ms: field("p90") / 1000.0,
-        p99_ms: field("p99") / 1000.0,
-        max_ms: field("max") / 1000.0,
-        errors: field("errors") as u64,
-        cpu,
-    };
-    print_row(&row);
-    Ok(row)
 }
 
 // ---- pgbench ------------------------------------------------------------------------------
@@ -1281,7 +1211,7 @@ async fn run_pgbench(
         .clients
         .min(std::thread::available_parallelism().map_or(2, |n| n.get()));
     let run = |duration: Duration, log: bool| {
-        let mut cmd = tokio::process::Command::new(pgbench);
+        let mut cmd = generator_command(pgbench);
         cmd.current_dir(&dir)
             .arg("-n")
             .arg("-M")
@@ -1297,11 +1227,7 @@ async fn run_pgbench(
         if log {
             cmd.arg("-l");
         }
-        cmd.arg(database_url)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        cmd.arg(database_url);
         cmd
     };
     if !settings.warmup.is_zero() {
@@ -1311,38 +1237,12 @@ async fn run_pgbench(
     let before_busy = machine_busy_ticks();
     let started = Instant::now();
     let child = run(settings.duration, true).spawn()?;
-    let pid = child.id().context("pgbench has no pid")?.to_string();
-    let pg_ticks = tokio::spawn({
-        let pid = pid.clone();
-        async move {
-            let mut last = 0;
-            loop {
-                let t = process_ticks(&pid);
-                if t == 0 && last > 0 {
-                    break;
-                }
-                last = last.max(t);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    break;
-                }
-            }
-            last
-        }
-    });
+    let pg_ticks = watch_ticks(child.id().context("pgbench has no pid")?);
     let output = child.wait_with_output().await?;
     let elapsed = started.elapsed().as_secs_f64();
     let busy = machine_busy_ticks().saturating_sub(before_busy) as f64 / ticks / elapsed;
     let gen_cores = pg_ticks.await.unwrap_or(0) as f64 / ticks / elapsed;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        bail!(
-            "pgbench failed ({}): {}{}",
-            output.status,
-            stdout,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+    let stdout = stdout_of("pgbench", &output)?;
     let tps: f64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))

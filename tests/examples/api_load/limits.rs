@@ -157,17 +157,12 @@ impl Reference {
         let port = free_port()?;
         let file = work.join("answer.http");
         answer.write(&file)?;
-        let child = tokio::process::Command::new(std::env::current_exe()?)
+        let mut command = tokio::process::Command::new(std::env::current_exe()?);
+        command
             .arg("--bare-http")
             .arg(format!("127.0.0.1:{port}"))
-            .arg(&file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("start the bare hyper service")?;
-        Reference::ready(child, port).await
+            .arg(&file);
+        Reference::start(command, "the bare hyper service", port).await
     }
 
     /// nginx answering `answer` with `return`, when it is installed.
@@ -196,21 +191,25 @@ impl Reference {
         );
         let conf_path = prefix.join("nginx.conf");
         std::fs::write(&conf_path, conf)?;
-        let child = tokio::process::Command::new(nginx)
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(&conf_path)
+        let mut command = tokio::process::Command::new(nginx);
+        command.arg("-p").arg(&prefix).arg("-c").arg(&conf_path);
+        Ok(Some(Reference::start(command, "nginx", port).await?))
+    }
+
+    /// Starts `command` (`what` for errors), which is to listen on `port`,
+    /// and waits until it does.
+    async fn start(
+        mut command: tokio::process::Command,
+        what: &str,
+        port: u16,
+    ) -> Result<Reference> {
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("start nginx")?;
-        Ok(Some(Reference::ready(child, port).await?))
-    }
-
-    async fn ready(child: tokio::process::Child, port: u16) -> Result<Reference> {
+            .with_context(|| format!("start {what}"))?;
         let pid = child.id().context("no pid")?;
         let base_url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
