@@ -101,7 +101,7 @@ pub struct ControllerArgs {
 /// How workers are notified. Email needs an SMTP server
 /// (`MEATSPACE_SMTP_HOST`); Web Push needs nothing more than the server
 /// key.
-#[derive(Clone, clap::Args)]
+#[derive(Clone, clap::Args, derive_more::Debug)]
 pub struct NotifyArgs {
     /// SMTP server for email notifications; without one no email is sent.
     #[arg(long, env = "MEATSPACE_SMTP_HOST")]
@@ -115,6 +115,7 @@ pub struct NotifyArgs {
     #[arg(long, env = "MEATSPACE_SMTP_USERNAME")]
     pub smtp_username: Option<String>,
     #[arg(long, env = "MEATSPACE_SMTP_PASSWORD", hide_env_values = true)]
+    #[debug(skip)]
     pub smtp_password: Option<String>,
     /// The From of every email.
     #[arg(
@@ -168,29 +169,6 @@ impl Default for NotifyArgs {
             push_allow: AllowList::default(),
             push_contact: d.push_contact,
         }
-    }
-}
-
-/// The password never reaches a log.
-impl std::fmt::Debug for NotifyArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NotifyArgs")
-            .field("smtp_host", &self.smtp_host)
-            .field("smtp_port", &self.smtp_port)
-            .field("smtp_tls", &self.smtp_tls)
-            .field("smtp_username", &self.smtp_username)
-            .field(
-                "smtp_password",
-                &self.smtp_password.as_ref().map(|_| "<redacted>"),
-            )
-            .field("smtp_from", &self.smtp_from)
-            .field("notify_hourly_cap", &self.notify_hourly_cap)
-            .field(
-                "notify_lapse_notice_seconds",
-                &self.notify_lapse_notice_seconds,
-            )
-            .field("push_allow", &self.push_allow)
-            .finish_non_exhaustive()
     }
 }
 
@@ -421,7 +399,7 @@ impl From<ControllerArgs> for ControllerConfig {
 
 /// The `meatspace-controller` command line. Every flag has an environment
 /// variable, listed by `--help`.
-#[derive(Clone, clap::Parser)]
+#[derive(Clone, clap::Parser, derive_more::Debug)]
 #[command(
     name = "meatspace-controller",
     version,
@@ -434,6 +412,7 @@ pub struct Config {
     /// sqlite://path (the embedded default, which the API server normally
     /// reconciles itself).
     #[arg(long, env = "DATABASE_URL")]
+    #[debug("{:?}", redact_url(database_url))]
     pub database_url: String,
     /// Address of the /livez, /readyz and /metrics endpoints.
     #[arg(
@@ -456,6 +435,7 @@ pub struct Config {
     /// webhook signing secrets. Required: without it the controller
     /// refuses to start, since it could not sign any webhook.
     #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
+    #[debug(skip)]
     pub secret_key: Option<String>,
     /// Where people open meatspace (scheme://host[:port]): the origin of
     /// the links in notifications.
@@ -469,25 +449,6 @@ pub struct Config {
     pub controller: ControllerArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("database_url", &redact_url(&self.database_url))
-            .field("listen_addr", &self.listen_addr)
-            .field("db_max_connections", &self.db_max_connections)
-            .field("log", &self.log)
-            .field("log_format", &self.log_format)
-            .field(
-                "secret_key",
-                &self.secret_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("public_url", &self.public_url)
-            .field("controller", &self.controller)
-            .field("policy", &self.policy)
-            .finish()
-    }
 }
 
 #[cfg(test)]

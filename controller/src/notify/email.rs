@@ -27,29 +27,17 @@ pub enum SmtpTls {
 }
 
 /// Where and how email is sent.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, derive_more::Debug)]
 pub struct SmtpSettings {
     pub host: String,
     pub port: u16,
     pub tls: SmtpTls,
     pub username: Option<String>,
+    /// Never reaches a log.
+    #[debug(skip)]
     pub password: Option<String>,
     /// The `From` of every message, e.g. `meatspace <notify@example.com>`.
     pub from: String,
-}
-
-/// The password never reaches a log.
-impl std::fmt::Debug for SmtpSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SmtpSettings")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("tls", &self.tls)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("from", &self.from)
-            .finish()
-    }
 }
 
 /// The HTML part; askama escapes every value for HTML.
