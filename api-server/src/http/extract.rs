@@ -4,7 +4,6 @@
 use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
@@ -12,35 +11,25 @@ use crate::http::error::ApiError;
 
 /// A JSON body. Malformed JSON is 400, a body of the wrong shape 422, a
 /// missing `Content-Type: application/json` 415, a body over the limit 413.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
 pub struct Json<T>(pub T);
 
-impl<T, S> FromRequest<S> for Json<T>
-where
-    T: DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Json(v)),
-            Err(rejection) => Err(json_rejection(rejection)),
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType(
+                "send the body as JSON with Content-Type: application/json".into(),
+            ),
+            JsonRejection::JsonSyntaxError(e) => {
+                ApiError::bad_request("malformed-json", e.body_text())
+            }
+            JsonRejection::JsonDataError(e) => ApiError::invalid(e.body_text()),
+            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::TooLarge("the request body is too large".into())
+            }
+            other => ApiError::bad_request("unreadable-body", other.body_text()),
         }
-    }
-}
-
-fn json_rejection(r: JsonRejection) -> ApiError {
-    match r {
-        JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType(
-            "send the body as JSON with Content-Type: application/json".into(),
-        ),
-        JsonRejection::JsonSyntaxError(e) => ApiError::bad_request("malformed-json", e.body_text()),
-        JsonRejection::JsonDataError(e) => ApiError::invalid(e.body_text()),
-        other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::TooLarge("the request body is too large".into())
-        }
-        other => ApiError::bad_request("unreadable-body", other.body_text()),
     }
 }
 
@@ -100,45 +89,28 @@ fn optional_json<T: Default + serde::de::DeserializeOwned>(
 }
 
 /// Path parameters. A malformed id cannot name anything, so it is a 404.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct Path<T>(pub T);
 
-impl<T, S> FromRequestParts<S> for Path<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(v)) => Ok(Path(v)),
-            Err(PathRejection::FailedToDeserializePathParams(e)) => Err(ApiError::NotFound(
-                format!("no such resource: {}", e.body_text()),
-            )),
-            Err(other) => Err(ApiError::Internal(anyhow::anyhow!(other.body_text()))),
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        match r {
+            PathRejection::FailedToDeserializePathParams(e) => {
+                ApiError::NotFound(format!("no such resource: {}", e.body_text()))
+            }
+            other => ApiError::Internal(anyhow::anyhow!(other.body_text())),
         }
     }
 }
 
 /// A query string; anything malformed is a 400.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
 pub struct Query<T>(pub T);
 
-impl<T, S> FromRequestParts<S> for Query<T>
-where
-    T: DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(v)) => Ok(Query(v)),
-            Err(e @ QueryRejection::FailedToDeserializeQueryString(_)) => {
-                Err(ApiError::bad_request("invalid-query", e.body_text()))
-            }
-            Err(e) => Err(ApiError::bad_request("invalid-query", e.body_text())),
-        }
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        ApiError::bad_request("invalid-query", r.body_text())
     }
 }
