@@ -699,7 +699,7 @@ impl engine::Backend for PgStore {
             .bind(worker_id)
             .execute(&mut **tx)
             .await?;
-        let Some(worker) = identity::worker_in(tx, worker_id).await? else {
+        let Some(worker) = identity::WORKERS.find(tx, worker_id).await? else {
             return Ok(None);
         };
         dialect::announce_credential(tx, worker_id).await?;
