@@ -200,24 +200,43 @@ pub fn cpu_time() -> std::time::Duration {
     std::time::Duration::from_millis(ticks * 10)
 }
 
+/// Runs `command` to its end and returns what it printed; fails the test,
+/// showing its stderr, unless it succeeded. `what` names it in the failure.
+pub async fn run_ok(command: &mut tokio::process::Command, what: &str) -> std::process::Output {
+    let out = command
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert_succeeded(&out, what);
+    out
+}
+
+/// [`run_ok`] for a blocking [`std::process::Command`].
+pub fn run_ok_blocking(command: &mut std::process::Command, what: &str) -> std::process::Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert_succeeded(&out, what);
+    out
+}
+
+fn assert_succeeded(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Every stored byte of the test database: a `pg_dump`, or the SQLite
 /// files (database, WAL and shared memory).
 pub async fn stored_bytes(backend: Db, url: &str) -> Vec<u8> {
     match backend {
         Db::Postgres => {
-            let out = tokio::process::Command::new(pg_dump())
-                .arg("--no-owner")
-                .arg("--dbname")
-                .arg(url)
-                .output()
-                .await
-                .expect("run pg_dump");
-            assert!(
-                out.status.success(),
-                "pg_dump failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            out.stdout
+            let mut pg_dump = tokio::process::Command::new(pg_dump());
+            pg_dump.arg("--no-owner").arg("--dbname").arg(url);
+            run_ok(&mut pg_dump, "pg_dump").await.stdout
         }
         Db::Sqlite => {
             let path = url.trim_start_matches("sqlite://");

@@ -33,19 +33,15 @@ impl PgServer {
             .prefix("meatspace-pg-")
             .tempdir_in("/tmp")
             .expect("temporary directory");
-        let out = Command::new(script())
-            .arg("start")
-            .arg(dir.path())
-            // As production must: a crashed server then loses no commit it
-            // acknowledged (with it off, the WAL of an acknowledged commit
-            // may still be in shared memory when the server is killed).
-            .env("MEATSPACE_PG_SYNCHRONOUS_COMMIT", "on")
-            .output()
-            .expect("run scripts/postgres.sh");
-        assert!(
-            out.status.success(),
-            "scripts/postgres.sh start failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = crate::run_ok_blocking(
+            Command::new(script())
+                .arg("start")
+                .arg(dir.path())
+                // As production must: a crashed server then loses no commit it
+                // acknowledged (with it off, the WAL of an acknowledged commit
+                // may still be in shared memory when the server is killed).
+                .env("MEATSPACE_PG_SYNCHRONOUS_COMMIT", "on"),
+            "scripts/postgres.sh start",
         );
         let env = String::from_utf8_lossy(&out.stdout).into_owned();
         let value = |key: &str| {
@@ -125,15 +121,9 @@ impl PgServer {
     }
 
     fn script(&self, args: &[&str]) {
-        let out = Command::new(script())
-            .args(args)
-            .arg(self.dir.path())
-            .output()
-            .expect("run scripts/postgres.sh");
-        assert!(
-            out.status.success(),
-            "scripts/postgres.sh {args:?} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        crate::run_ok_blocking(
+            Command::new(script()).args(args).arg(self.dir.path()),
+            &format!("scripts/postgres.sh {args:?}"),
         );
     }
 }

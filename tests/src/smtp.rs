@@ -42,16 +42,11 @@ impl SmtpServer {
     /// connections.
     pub async fn start() -> SmtpServer {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/smtp-server.sh");
-        let out = tokio::process::Command::new(&script)
-            .arg("python")
-            .output()
-            .await
-            .expect("run scripts/smtp-server.sh");
-        assert!(
-            out.status.success(),
-            "scripts/smtp-server.sh python failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = crate::run_ok(
+            tokio::process::Command::new(&script).arg("python"),
+            "scripts/smtp-server.sh python",
+        )
+        .await;
         let python = String::from_utf8(out.stdout)
             .expect("a path")
             .trim()
