@@ -479,6 +479,43 @@ impl TestServer {
             .json(&body)
     }
 
+    /// The agent's clarification `text` in answer to the issue `issue_id`,
+    /// ready to send.
+    pub fn clarify(
+        &self,
+        task_id: Uuid,
+        agent_token: &str,
+        issue_id: i64,
+        text: &str,
+    ) -> RequestBuilder {
+        self.respond_to_issue(
+            task_id,
+            agent_token,
+            issue_id,
+            json!({ "action": "clarify", "text": text }),
+        )
+    }
+
+    /// Asserts that the worker token `token` is `accepted` (a worker's task
+    /// list answers 200) or else refused (a 401 problem).
+    pub async fn assert_worker_token(&self, token: &str, accepted: bool) {
+        Self::assert_accepted(self.worker(token).get("/api/v1/worker/tasks"), accepted).await;
+    }
+
+    /// Asserts that the agent's key or task token `key` is `accepted` (the
+    /// task list answers 200) or else refused (a 401 problem).
+    pub async fn assert_agent_key(&self, key: &str, accepted: bool) {
+        Self::assert_accepted(self.agent(key).get("/api/v1/tasks"), accepted).await;
+    }
+
+    async fn assert_accepted(request: RequestBuilder, accepted: bool) {
+        if accepted {
+            request.expect_json(StatusCode::OK).await;
+        } else {
+            request.expect_problem(StatusCode::UNAUTHORIZED).await;
+        }
+    }
+
     /// The worker sends the message `text` on the task; asserts 200 and
     /// returns the answer.
     pub async fn message(&self, task_id: Uuid, worker_token: &str, text: &str) -> Value {
@@ -616,6 +653,52 @@ impl Bearer<'_> {
     }
 }
 
+/// A worker's claim on its way to lapse: on a server whose claims must be
+/// started within a second, the first of two registered workers claimed an
+/// open task, sent a message and raised an `access_blocked` issue, and will
+/// never start. What the second worker must not inherit.
+#[derive(Debug)]
+pub struct LapsingClaim {
+    pub server: TestServer,
+    pub task_id: Uuid,
+    pub agent_token: String,
+    pub first_worker: String,
+    pub second_worker: String,
+    /// The first claim's answer, for [`TestServer::lapse_assignment`].
+    pub claimed: Value,
+    /// The issue's event id.
+    pub issue: i64,
+}
+
+impl LapsingClaim {
+    /// Sets the scene: the task `description`, the first worker's message
+    /// `note` and issue `issue_text`.
+    pub async fn start(db: Db, description: &str, note: &str, issue_text: &str) -> LapsingClaim {
+        let policy = Policy {
+            start_timeout: chrono::TimeDelta::seconds(1),
+            ..Policy::default()
+        };
+        let server = TestServer::start_with_policy(db, policy).await;
+        let (task_id, agent_token) = server.create_open_task(description).await;
+        let (_, first_worker) = server.register_worker("First").await;
+        let (_, second_worker) = server.register_worker("Second").await;
+        let claimed = server.worker_post(task_id, &first_worker, "claim").await;
+        server.message(task_id, &first_worker, note).await;
+        let issue = server
+            .raise_issue(task_id, &first_worker, "access_blocked", issue_text)
+            .await;
+        LapsingClaim {
+            server,
+            task_id,
+            agent_token,
+            first_worker,
+            second_worker,
+            claimed,
+            issue,
+        }
+    }
+}
+
 /// A task in the active state and everyone's credentials for it.
 #[derive(Debug, Clone)]
 pub struct ActiveTask {
@@ -635,6 +718,20 @@ pub struct RowCounts {
     pub workers: i64,
 }
 
+/// The event types of a task that went the whole way with one of each
+/// conversation: published, assigned, started, a message, a photo, an issue
+/// and its answer, completed.
+pub const FULL_STORY: [&str; 8] = [
+    "task.published",
+    "task.assigned",
+    "task.started",
+    "worker.message",
+    "worker.photo",
+    "worker.issue",
+    "agent.issue_response",
+    "task.completed",
+];
+
 /// Sends a request and checks the answer.
 #[allow(async_fn_in_trait)] // used only by these tests, on one runtime
 pub trait Expect {
@@ -642,6 +739,19 @@ pub trait Expect {
     async fn expect_json(self, status: StatusCode) -> Value;
     /// Asserts an RFC 9457 problem document with this status and returns it.
     async fn expect_problem(self, status: StatusCode) -> Value;
+    /// [`Expect::expect_problem`], asserting too that the problem's type is
+    /// `…/{kind}`.
+    async fn expect_problem_type(self, status: StatusCode, kind: &str) -> Value
+    where
+        Self: Sized,
+    {
+        let body = self.expect_problem(status).await;
+        assert!(
+            str_at(&body, "/type").ends_with(&format!("/{kind}")),
+            "a problem of type {kind} was expected: {body}"
+        );
+        body
+    }
 }
 
 impl Expect for RequestBuilder {

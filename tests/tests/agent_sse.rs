@@ -7,11 +7,10 @@
 use std::time::Duration;
 
 use meatspace_api::agent_integrations::Integrations;
-use meatspace_domain::Policy;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    Expect, ServerOptions, TestServer, header_str, ids, types, web, worker_path,
+    Expect, LapsingClaim, ServerOptions, TestServer, header_str, ids, types, web, worker_path,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -284,26 +283,23 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     // with a door code), never starts; the assignment lapses and worker B
     // claims. B's stream, polled feed and web page must start at the
     // reopening.
-    let policy = Policy {
-        start_timeout: chrono::TimeDelta::seconds(1),
-        ..Policy::default()
-    };
-    let server = TestServer::start_with_policy(db, policy).await;
-    let (id, agent) = server.create_open_task("Water the plants").await;
-    let (_, a) = server.register_worker("A").await;
-    let (_, b) = server.register_worker("B").await;
-    let claimed = server.worker_post(id, &a, "claim").await;
-    server.message(id, &a, "A's private note").await;
-    let issue = server
-        .raise_issue(id, &a, "access_blocked", "the door is locked")
-        .await;
+    let LapsingClaim {
+        server,
+        task_id: id,
+        agent_token: agent,
+        second_worker: b,
+        claimed,
+        issue,
+        ..
+    } = LapsingClaim::start(
+        db,
+        "Water the plants",
+        "A's private note",
+        "the door is locked",
+    )
+    .await;
     server
-        .respond_to_issue(
-            id,
-            &agent,
-            issue,
-            json!({ "action": "clarify", "text": "the door code is 4711" }),
-        )
+        .clarify(id, &agent, issue, "the door code is 4711")
         .expect_json(StatusCode::OK)
         .await;
 

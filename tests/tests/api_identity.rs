@@ -261,10 +261,7 @@ async fn scopes_bound_what_a_key_does(db: Db) {
     let mut tampered = agent.secret.clone();
     tampered.push('x');
     for bad in [tampered, format!("msk_{}_nothing", Uuid::new_v4().simple())] {
-        srv.agent(&bad)
-            .get("/api/v1/tasks")
-            .expect_problem(StatusCode::UNAUTHORIZED)
-            .await;
+        srv.assert_agent_key(&bad, false).await;
     }
     srv.dev(Method::POST, &format!("/api/v1/keys/{}/revoke", agent.id))
         .expect_json(StatusCode::OK)
@@ -667,16 +664,8 @@ async fn revocations_reach_a_second_replica_at_once() {
             .get(&format!("/api/v1/tasks/{task}/events?after=0"))
             .expect_json(StatusCode::OK)
             .await;
-        second
-            .worker(&worker_token)
-            .get("/api/v1/worker/tasks")
-            .expect_json(StatusCode::OK)
-            .await;
-        second
-            .agent(&rotating.secret)
-            .get("/api/v1/tasks")
-            .expect_json(StatusCode::OK)
-            .await;
+        second.assert_worker_token(&worker_token, true).await;
+        second.assert_agent_key(&rotating.secret, true).await;
     }
     first
         .dev(Method::POST, &format!("/api/v1/keys/{}/revoke", key.id))
@@ -713,9 +702,7 @@ async fn revocations_reach_a_second_replica_at_once() {
     })
     .await;
     second
-        .agent(&str_at(&rotated, "/secret"))
-        .get("/api/v1/tasks")
-        .expect_json(StatusCode::OK)
+        .assert_agent_key(&str_at(&rotated, "/secret"), true)
         .await;
 }
 
@@ -746,18 +733,14 @@ async fn the_binary_bootstraps_an_operator_and_logs_no_credential() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let data = dir.path().join("data");
     let data_env = data.to_str().expect("utf-8 path").to_owned();
-    let boot = tokio::process::Command::new(Binary::ApiServer.path())
-        .args(["bootstrap-operator", "--name", "first operator"])
-        .env_clear()
-        .env("MEATSPACE_DATA_DIR", &data_env)
-        .output()
-        .await
-        .expect("run bootstrap-operator");
-    assert!(
-        boot.status.success(),
-        "{}",
-        String::from_utf8_lossy(&boot.stderr)
-    );
+    let boot = meatspace_tests::run_ok(
+        tokio::process::Command::new(Binary::ApiServer.path())
+            .args(["bootstrap-operator", "--name", "first operator"])
+            .env_clear()
+            .env("MEATSPACE_DATA_DIR", &data_env),
+        "bootstrap-operator",
+    )
+    .await;
     let printed = String::from_utf8(boot.stdout).expect("utf-8");
     let operator = printed.trim().to_owned();
     assert!(operator.starts_with("msk_"), "{printed:?}");

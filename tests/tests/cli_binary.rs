@@ -9,12 +9,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use meatspace_tests::cli::{dev_cli as cli, json_of, run};
-use meatspace_tests::server::{Expect, TestServer, ids, images, types};
+use meatspace_tests::server::{Expect, FULL_STORY, TestServer, ids, images, str_at, types};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -41,6 +41,48 @@ async fn create_task(cmd: Command, description: &str, args: &[&str]) -> (String,
         .as_str()
         .unwrap_or_else(|| panic!("a task id in {created}"));
     (id.to_owned(), created)
+}
+
+/// An agent's and a worker's CLI, each with its own state directory in a
+/// temporary directory.
+struct AgentAndWorker<'a> {
+    server: &'a TestServer,
+    dir: tempfile::TempDir,
+    agent_state: PathBuf,
+    worker_state: PathBuf,
+}
+
+impl<'a> AgentAndWorker<'a> {
+    fn new(server: &'a TestServer) -> AgentAndWorker<'a> {
+        let dir = tempfile::tempdir().unwrap();
+        AgentAndWorker {
+            server,
+            agent_state: dir.path().join("agent"),
+            worker_state: dir.path().join("worker"),
+            dir,
+        }
+    }
+
+    fn agent(&self) -> Command {
+        cli(self.server, &self.agent_state)
+    }
+
+    fn worker(&self) -> Command {
+        cli(self.server, &self.worker_state)
+    }
+
+    /// The worker sends a PNG, written to `png` first, as a photo of task
+    /// `id`; returns the answer and the photo's id.
+    async fn send_photo(&self, id: &str, png: &Path) -> (Value, String) {
+        std::fs::write(png, images::png(20, 20)).unwrap();
+        let photo = json_of(
+            self.worker(),
+            &["worker", "photo", id, png.to_str().unwrap()],
+        )
+        .await;
+        let photo_id = str_at(&photo, "/events/0/data/photo_id");
+        (photo, photo_id)
+    }
 }
 
 fn mode(p: &Path) -> u32 {
@@ -116,21 +158,20 @@ async fn watch_resumes_after_sigkill_without_gap_or_duplicate(db: Db) {
 /// some events, restarted: together the two runs print the feed exactly.
 async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
     let server = TestServer::start(db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
+    let clis = AgentAndWorker::new(&server);
 
     let (id, created) = create_task(
-        cli(&server, &state),
+        clis.agent(),
         "Read the gas meter",
         &["--lifetime", "3600", "--publish"],
     )
     .await;
     assert_eq!(created["task"]["state"], "open", "{created}");
     let id: Uuid = id.parse().unwrap();
-    let file = state.join(format!("tasks/{id}.json"));
+    let file = clis.agent_state.join(format!("tasks/{id}.json"));
     assert_eq!(created["state_file"], json!(file));
-    assert_eq!(mode(&state), 0o700, "state directory is private");
-    assert_eq!(mode(&state.join("tasks")), 0o700);
+    assert_eq!(mode(&clis.agent_state), 0o700, "state directory is private");
+    assert_eq!(mode(&clis.agent_state.join("tasks")), 0o700);
     assert_eq!(mode(&file), 0o600, "the token file is private");
     let stored: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let token = stored["agent_token"]
@@ -162,7 +203,7 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
         message(format!("reading {i}")).await;
     }
     // published, assigned, started, 3 messages.
-    let mut first = Watch::spawn(&server, &state, id, transport);
+    let mut first = Watch::spawn(&server, &clis.agent_state, id, transport);
     let printed = first.events_through(6).await;
     // Mid-stream: more events arrive while it is following.
     message("reading 3 \u{1b}[2J".into()).await;
@@ -171,7 +212,7 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
     printed_first.append(&mut more);
     // The cursor is stored once the batch is printed; kill it after that.
     eventually("the cursor of the printed events is stored", || {
-        stored_cursor(&state, id) == 7
+        stored_cursor(&clis.agent_state, id) == 7
     })
     .await;
     first.child.start_kill().expect("SIGKILL");
@@ -188,11 +229,11 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
         .await;
     let issue_id = issue["events"][0]["id"].as_i64().unwrap();
 
-    let mut second = Watch::spawn(&server, &state, id, transport);
+    let mut second = Watch::spawn(&server, &clis.agent_state, id, transport);
     let mut printed_second = second.events_through(issue_id).await;
     // The agent answers the issue through the CLI while watch runs.
     let answered = json_of(
-        cli(&server, &state),
+        clis.agent(),
         &[
             "task",
             "respond",
@@ -255,10 +296,13 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
             );
         }
     }
-    assert_eq!(stored_cursor(&state, id), *ids(&feed).last().unwrap());
+    assert_eq!(
+        stored_cursor(&clis.agent_state, id),
+        *ids(&feed).last().unwrap()
+    );
 
     // The local listing shows the last known state.
-    let list = json_of(cli(&server, &state), &["task", "list"]).await;
+    let list = json_of(clis.agent(), &["task", "list"]).await;
     assert_eq!(list["tasks"][0]["id"], id.to_string(), "{list}");
     assert_eq!(list["tasks"][0]["state"], "completed", "{list}");
     assert!(
@@ -268,7 +312,7 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
 
     // For people: worker text is framed as untrusted and cannot drive the terminal.
     let human = run(
-        cli(&server, &state),
+        clis.agent(),
         &[
             "task",
             "watch",
@@ -301,25 +345,21 @@ async fn watch_resumes_after_sigkill(db: Db, transport: &str) {
 
 async fn worker_commands_do_a_task(db: Db) {
     let server = TestServer::start(db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let agent_state = dir.path().join("agent");
-    let worker_state = dir.path().join("worker");
-    let agent = || cli(&server, &agent_state);
-    let worker = || cli(&server, &worker_state);
+    let clis = AgentAndWorker::new(&server);
 
-    let (id, created) = create_task(agent(), "Feed the cat", &[]).await;
+    let (id, created) = create_task(clis.agent(), "Feed the cat", &[]).await;
     assert_eq!(created["task"]["state"], "draft");
-    let published = json_of(agent(), &["task", "publish", &id]).await;
+    let published = json_of(clis.agent(), &["task", "publish", &id]).await;
     assert_eq!(published["task"]["state"], "open");
 
-    let registered = json_of(worker(), &["worker", "register", "--name", "Lin"]).await;
+    let registered = json_of(clis.worker(), &["worker", "register", "--name", "Lin"]).await;
     assert_eq!(registered["worker"]["name"], "Lin");
-    assert_eq!(mode(&worker_state.join("worker.json")), 0o600);
-    let again = run(worker(), &["worker", "register", "--name", "Lin"]).await;
+    assert_eq!(mode(&clis.worker_state.join("worker.json")), 0o600);
+    let again = run(clis.worker(), &["worker", "register", "--name", "Lin"]).await;
     assert!(!again.status.success(), "a second register needs --replace");
     assert!(again.stderr.contains("--replace"), "{}", again.stderr);
 
-    let open = json_of(worker(), &["worker", "tasks"]).await;
+    let open = json_of(clis.worker(), &["worker", "tasks"]).await;
     assert!(
         open["tasks"]
             .as_array()
@@ -329,23 +369,17 @@ async fn worker_commands_do_a_task(db: Db) {
         "{open}"
     );
     assert_eq!(
-        json_of(worker(), &["worker", "get", &id]).await["state"],
+        json_of(clis.worker(), &["worker", "get", &id]).await["state"],
         "open"
     );
-    json_of(worker(), &["worker", "claim", &id]).await;
-    let started = json_of(worker(), &["worker", "start", &id]).await;
+    json_of(clis.worker(), &["worker", "claim", &id]).await;
+    let started = json_of(clis.worker(), &["worker", "start", &id]).await;
     assert_eq!(started["task"]["state"], "active");
-    json_of(worker(), &["worker", "message", &id, "At the door"]).await;
-    let png = dir.path().join("cat.png");
-    std::fs::write(&png, images::png(20, 20)).unwrap();
-    let photo = json_of(worker(), &["worker", "photo", &id, png.to_str().unwrap()]).await;
+    json_of(clis.worker(), &["worker", "message", &id, "At the door"]).await;
+    let (photo, photo_id) = clis.send_photo(&id, &clis.dir.path().join("cat.png")).await;
     assert_eq!(photo["events"][0]["type"], "worker.photo");
-    let photo_id = photo["events"][0]["data"]["photo_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let issue = json_of(
-        worker(),
+        clis.worker(),
         &[
             "worker",
             "issue",
@@ -360,7 +394,7 @@ async fn worker_commands_do_a_task(db: Db) {
     assert_eq!(issue["events"][0]["data"]["kind"], "item_unavailable");
     let issue_id = issue["events"][0]["id"].as_i64().unwrap().to_string();
     json_of(
-        agent(),
+        clis.agent(),
         &[
             "task",
             "respond",
@@ -373,12 +407,16 @@ async fn worker_commands_do_a_task(db: Db) {
         ],
     )
     .await;
-    let done = json_of(worker(), &["worker", "complete", &id, "--text", "Cat fed"]).await;
+    let done = json_of(
+        clis.worker(),
+        &["worker", "complete", &id, "--text", "Cat fed"],
+    )
+    .await;
     assert_eq!(done["task"]["state"], "completed");
 
-    let saved = dir.path().join("photo.png");
+    let saved = clis.dir.path().join("photo.png");
     let got = json_of(
-        agent(),
+        clis.agent(),
         &[
             "task",
             "photo",
@@ -392,60 +430,47 @@ async fn worker_commands_do_a_task(db: Db) {
     assert_eq!(got["content_type"], "image/png");
     assert!(std::fs::read(&saved).unwrap().starts_with(b"\x89PNG"));
 
-    let task = json_of(agent(), &["task", "get", &id]).await;
+    let task = json_of(clis.agent(), &["task", "get", &id]).await;
     assert_eq!(task["state"], "completed");
     let id: Uuid = id.parse().unwrap();
     let token = serde_json::from_str::<Value>(
-        &std::fs::read_to_string(agent_state.join(format!("tasks/{id}.json"))).unwrap(),
+        &std::fs::read_to_string(clis.agent_state.join(format!("tasks/{id}.json"))).unwrap(),
     )
     .unwrap()["agent_token"]
         .as_str()
         .unwrap()
         .to_owned();
-    assert_eq!(
-        types(&server.feed(id, &token).await),
-        [
-            "task.published",
-            "task.assigned",
-            "task.started",
-            "worker.message",
-            "worker.photo",
-            "worker.issue",
-            "agent.issue_response",
-            "task.completed"
-        ]
-    );
+    assert_eq!(types(&server.feed(id, &token).await), FULL_STORY);
 
     // Cancel and stop, on tasks of their own.
-    let (other_id, _) = create_task(agent(), "Walk the dog", &["--publish"]).await;
-    let cancelled = json_of(agent(), &["task", "cancel", &other_id]).await;
+    let (other_id, _) = create_task(clis.agent(), "Walk the dog", &["--publish"]).await;
+    let cancelled = json_of(clis.agent(), &["task", "cancel", &other_id]).await;
     assert_eq!(cancelled["task"]["state"], "cancelled");
-    let (third_id, _) = create_task(agent(), "Water the roses", &["--publish"]).await;
-    json_of(worker(), &["worker", "claim", &third_id]).await;
+    let (third_id, _) = create_task(clis.agent(), "Water the roses", &["--publish"]).await;
+    json_of(clis.worker(), &["worker", "claim", &third_id]).await;
     let stopped = json_of(
-        worker(),
+        clis.worker(),
         &["worker", "stop", &third_id, "--text", "Hose broken"],
     )
     .await;
     assert_eq!(stopped["task"]["state"], "stopped");
-    let list = json_of(agent(), &["task", "list"]).await;
+    let list = json_of(clis.agent(), &["task", "list"]).await;
     assert_eq!(list["tasks"].as_array().unwrap().len(), 3, "{list}");
     server.stop().await;
 }
 
 async fn errors_say_what_to_do_next(db: Db) {
     let server = TestServer::start(db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
+    let clis = AgentAndWorker::new(&server);
 
-    let mut no_key = cli(&server, &state);
+    let mut no_key = clis.agent();
     no_key.env_remove("MEATSPACE_DEV_KEY");
     let ran = run(no_key, &["task", "create", "--description", "x"]).await;
     assert_eq!(ran.status.code(), Some(2), "a missing key is a usage error");
     assert!(ran.stderr.contains("MEATSPACE_DEV_KEY"), "{}", ran.stderr);
 
     let unknown = Uuid::new_v4().to_string();
-    let ran = run(cli(&server, &state), &["task", "get", &unknown]).await;
+    let ran = run(clis.agent(), &["task", "get", &unknown]).await;
     assert_eq!(
         ran.status.code(),
         Some(2),
@@ -454,14 +479,14 @@ async fn errors_say_what_to_do_next(db: Db) {
     assert!(ran.stderr.contains("no local record"), "{}", ran.stderr);
     assert!(ran.stderr.contains("meatspace task list"), "{}", ran.stderr);
 
-    let (id, _) = create_task(cli(&server, &state), "Buy stamps", &["--publish"]).await;
-    let ran = run(cli(&server, &state), &["task", "publish", &id]).await;
+    let (id, _) = create_task(clis.agent(), "Buy stamps", &["--publish"]).await;
+    let ran = run(clis.agent(), &["task", "publish", &id]).await;
     assert_eq!(ran.status.code(), Some(1));
     assert!(ran.stderr.contains("409"), "{}", ran.stderr);
     assert!(ran.stderr.contains("meatspace task get"), "{}", ran.stderr);
 
     let ran = run(
-        cli(&server, &state),
+        clis.agent(),
         &["task", "respond", &id, "1", "--action", "clarify"],
     )
     .await;
@@ -469,7 +494,7 @@ async fn errors_say_what_to_do_next(db: Db) {
     assert!(ran.stderr.contains("--text"), "{}", ran.stderr);
 
     let port = meatspace_tests::process::free_port();
-    let mut dead = cli(&server, &state);
+    let mut dead = clis.agent();
     dead.env("MEATSPACE_URL", format!("http://127.0.0.1:{port}"));
     let ran = run(dead, &["task", "get", &id]).await;
     assert_eq!(ran.status.code(), Some(5), "unreachable is exit 5");
@@ -479,7 +504,7 @@ async fn errors_say_what_to_do_next(db: Db) {
         ran.stderr
     );
 
-    let ran = run(cli(&server, &state), &["task", "extend", &id]).await;
+    let ran = run(clis.agent(), &["task", "extend", &id]).await;
     assert_eq!(ran.status.code(), Some(2), "a usage error: {}", ran.stderr);
     assert!(ran.stderr.contains("--add-seconds"), "{}", ran.stderr);
 
@@ -501,7 +526,7 @@ async fn errors_say_what_to_do_next(db: Db) {
         ),
     ];
     for (command, verbs) in documented {
-        let help = run(cli(&server, &state), &[command, "--help"]).await;
+        let help = run(clis.agent(), &[command, "--help"]).await;
         for verb in verbs {
             assert!(
                 help.stdout.contains(verb),
@@ -526,18 +551,13 @@ async fn watch_over_sse_resumes_after_sigkill(db: Db) {
 
 async fn extend_moves_the_deadline(db: Db) {
     let server = TestServer::start(db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let (id, created) = create_task(
-        cli(&server, &state),
-        "Queue for tickets",
-        &["--lifetime", "600"],
-    )
-    .await;
+    let clis = AgentAndWorker::new(&server);
+    let (id, created) =
+        create_task(clis.agent(), "Queue for tickets", &["--lifetime", "600"]).await;
     let before: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(created["task"]["expires_at"].clone()).unwrap();
     let extended = json_of(
-        cli(&server, &state),
+        clis.agent(),
         &["task", "extend", &id, "--add-seconds", "120"],
     )
     .await;
@@ -547,7 +567,7 @@ async fn extend_moves_the_deadline(db: Db) {
     assert_eq!(after - before, chrono::TimeDelta::seconds(120));
     let target = (after + chrono::TimeDelta::seconds(60)).to_rfc3339();
     let extended = json_of(
-        cli(&server, &state),
+        clis.agent(),
         &["task", "extend", &id, "--expires-at", &target],
     )
     .await;
@@ -559,7 +579,7 @@ async fn extend_moves_the_deadline(db: Db) {
         after + chrono::TimeDelta::seconds(60)
     );
     // The local copy follows.
-    let list = json_of(cli(&server, &state), &["task", "list"]).await;
+    let list = json_of(clis.agent(), &["task", "list"]).await;
     assert_eq!(
         list["tasks"][0]["expires_at"],
         extended["task"]["expires_at"]
@@ -573,12 +593,8 @@ async fn extend_moves_the_deadline(db: Db) {
 /// from the CLI, the result printed field by field.
 async fn a_typed_result_is_reviewed_from_the_shell(db: Db) {
     let server = TestServer::start(db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let agent_state = dir.path().join("agent");
-    let worker_state = dir.path().join("worker");
-    let agent = || cli(&server, &agent_state);
-    let worker = || cli(&server, &worker_state);
-    let schema = dir.path().join("gate.json");
+    let clis = AgentAndWorker::new(&server);
+    let schema = clis.dir.path().join("gate.json");
     std::fs::write(
         &schema,
         json!({
@@ -595,7 +611,7 @@ async fn a_typed_result_is_reviewed_from_the_shell(db: Db) {
     .unwrap();
     let schema = schema.to_str().unwrap();
     let (id, created) = create_task(
-        agent(),
+        clis.agent(),
         "Check the gate",
         &[
             "--publish",
@@ -613,19 +629,15 @@ async fn a_typed_result_is_reviewed_from_the_shell(db: Db) {
         false
     );
 
-    json_of(worker(), &["worker", "register", "--name", "Lin"]).await;
-    json_of(worker(), &["worker", "claim", &id]).await;
-    json_of(worker(), &["worker", "start", &id]).await;
-    let png = dir.path().join("gate.png");
-    std::fs::write(&png, images::png(20, 20)).unwrap();
-    let photo = json_of(worker(), &["worker", "photo", &id, png.to_str().unwrap()]).await;
-    let photo_id = photo["events"][0]["data"]["photo_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    json_of(clis.worker(), &["worker", "register", "--name", "Lin"]).await;
+    json_of(clis.worker(), &["worker", "claim", &id]).await;
+    json_of(clis.worker(), &["worker", "start", &id]).await;
+    let (_, photo_id) = clis
+        .send_photo(&id, &clis.dir.path().join("gate.png"))
+        .await;
 
     let wrong = run(
-        worker(),
+        clis.worker(),
         &[
             "worker",
             "complete",
@@ -638,29 +650,33 @@ async fn a_typed_result_is_reviewed_from_the_shell(db: Db) {
     assert!(!wrong.status.success());
     assert!(wrong.stderr.contains("/locked"), "{}", wrong.stderr);
     let result = json!({ "locked": true, "photos": [photo_id] }).to_string();
-    let submitted = json_of(worker(), &["worker", "complete", &id, "--result", &result]).await;
+    let submitted = json_of(
+        clis.worker(),
+        &["worker", "complete", &id, "--result", &result],
+    )
+    .await;
     assert_eq!(submitted["task"]["state"], "active");
     assert_eq!(submitted["events"][0]["type"], "task.submitted");
 
     // A verdict is required, and only one.
-    let none = run(agent(), &["task", "review", &id]).await;
+    let none = run(clis.agent(), &["task", "review", &id]).await;
     assert_eq!(none.status.code(), Some(2), "{}", none.stderr);
     let revised = json_of(
-        agent(),
+        clis.agent(),
         &["task", "review", &id, "--revise", "Closer, please"],
     )
     .await;
     assert_eq!(revised["events"][0]["type"], "task.revision_requested");
-    json_of(worker(), &["worker", "complete", &id, "--result", &result]).await;
-    let accepted = json_of(agent(), &["task", "review", &id, "--accept"]).await;
+    json_of(
+        clis.worker(),
+        &["worker", "complete", &id, "--result", &result],
+    )
+    .await;
+    let accepted = json_of(clis.agent(), &["task", "review", &id, "--accept"]).await;
     assert_eq!(accepted["task"]["state"], "completed");
 
     // People read the result as fields.
-    let shown = run(
-        cli(&server, &agent_state),
-        &["--output", "human", "task", "get", &id],
-    )
-    .await;
+    let shown = run(clis.agent(), &["--output", "human", "task", "get", &id]).await;
     assert!(shown.status.success(), "{}", shown.stderr);
     assert!(
         shown.stdout.contains("review:      accepted"),

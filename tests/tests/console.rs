@@ -126,6 +126,20 @@ impl<'a> Signed<'a> {
         self.post(action).form(&form).send().await.unwrap()
     }
 
+    /// [`Signed::post_form`], asserting the answer's `status`; returns the
+    /// page it answered with.
+    async fn submit(
+        &self,
+        page_path: &str,
+        action: &str,
+        fields: &[(&str, &str)],
+        status: StatusCode,
+    ) -> String {
+        let res = self.post_form(page_path, action, fields).await;
+        assert_eq!(res.status(), status, "{action}");
+        res.text().await.unwrap()
+    }
+
     /// A POST to `path` with the session and the console's origin.
     fn post(&self, path: &str) -> reqwest::RequestBuilder {
         self.http
@@ -777,77 +791,53 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
     );
     assert!(!html.contains("Bea"));
     let page = format!("/console/workers/{ada}");
+    // An action of the worker's page, answered with `status`.
+    let act = async |action: &str, fields: &[(&str, &str)], status| {
+        c.submit(&page, &format!("{page}/{action}"), fields, status)
+            .await
+    };
 
     // Suspend with a reason, then reinstate: both in the worker's history.
-    let res = c
-        .post_form(&page, &format!("{page}/suspend"), &[("reason", "no-show")])
-        .await;
-    assert_eq!(res.status(), StatusCode::SEE_OTHER);
-    srv.worker(&ada_token)
-        .get("/api/v1/worker/tasks")
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
+    act("suspend", &[("reason", "no-show")], StatusCode::SEE_OTHER).await;
+    srv.assert_worker_token(&ada_token, false).await;
     let html = c.html(&page).await;
     assert!(html.contains("suspended since"));
     assert!(html.contains("worker.suspended") && html.contains("no-show"));
-    let res = c.post_form(&page, &format!("{page}/reinstate"), &[]).await;
-    assert_eq!(res.status(), StatusCode::SEE_OTHER);
-    srv.worker(&ada_token)
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    act("reinstate", &[], StatusCode::SEE_OTHER).await;
+    srv.assert_worker_token(&ada_token, true).await;
 
     // A new token, shown once; the old one stops working.
-    let res = c.post_form(&page, &format!("{page}/rotate"), &[]).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let html = res.text().await.unwrap();
-    let at = html.find("id=\"new-token\">").expect("the new token") + 15;
-    let token = html[at..at + html[at..].find('<').unwrap()].to_owned();
-    srv.worker(&ada_token)
-        .get("/api/v1/worker/tasks")
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
-    srv.worker(&token)
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    let html = act("rotate", &[], StatusCode::OK).await;
+    let token = text_of(&html, "new-token");
+    srv.assert_worker_token(&ada_token, false).await;
+    srv.assert_worker_token(&token, true).await;
     let again = c.html(&page).await;
     assert!(!again.contains(&token), "a token is shown once");
 
     // Qualifications: granted, refused when malformed, revoked.
-    let res = c
-        .post_form(
-            &page,
-            &format!("{page}/qualifications"),
-            &[("name", "vehicle"), ("value", "car")],
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::SEE_OTHER);
-    let own = srv
-        .worker(&token)
-        .get("/api/v1/worker/qualifications")
-        .expect_json(StatusCode::OK)
-        .await;
-    assert_eq!(own["qualifications"][0]["value"], "car");
-    let res = c
-        .post_form(
-            &page,
-            &format!("{page}/qualifications"),
-            &[("name", "Not A Name")],
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(res.text().await.unwrap().contains("id=\"worker-error\""));
-    let res = c
-        .post_form(&page, &format!("{page}/qualifications/vehicle/revoke"), &[])
-        .await;
-    assert_eq!(res.status(), StatusCode::SEE_OTHER);
-    let own = srv
-        .worker(&token)
-        .get("/api/v1/worker/qualifications")
-        .expect_json(StatusCode::OK)
-        .await;
-    assert_eq!(own["qualifications"].as_array().unwrap().len(), 0);
+    act(
+        "qualifications",
+        &[("name", "vehicle"), ("value", "car")],
+        StatusCode::SEE_OTHER,
+    )
+    .await;
+    let qualifications = async || {
+        srv.worker(&token)
+            .get("/api/v1/worker/qualifications")
+            .expect_json(StatusCode::OK)
+            .await["qualifications"]
+            .clone()
+    };
+    assert_eq!(qualifications().await[0]["value"], "car");
+    let refused = act(
+        "qualifications",
+        &[("name", "Not A Name")],
+        StatusCode::UNPROCESSABLE_ENTITY,
+    )
+    .await;
+    assert!(refused.contains("id=\"worker-error\""));
+    act("qualifications/vehicle/revoke", &[], StatusCode::SEE_OTHER).await;
+    assert_eq!(qualifications().await.as_array().unwrap().len(), 0);
     let html = c.html(&page).await;
     for action in [
         "worker.token_rotated",
@@ -865,10 +855,7 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
-    srv.worker(&token)
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.assert_worker_token(&token, true).await;
 }
 
 /// The text of the element with id `id` in `html`.
@@ -887,8 +874,8 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
     let c = Signed::new(&srv, &secret).await;
 
     // A key for a new agent, with two scopes: its secret shown once.
-    let res = c
-        .post_form(
+    let html = c
+        .submit(
             "/console/keys",
             "/console/keys",
             &[
@@ -897,17 +884,13 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
                 ("scope", "tasks"),
                 ("scope", "invites"),
             ],
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let html = res.text().await.unwrap();
     let robot = text_of(&html, "new-secret");
     assert!(robot.starts_with("msk_"));
     assert!(html.contains("tasks invites"), "both scopes: {html}");
-    srv.agent(&robot)
-        .get("/api/v1/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.assert_agent_key(&robot, true).await;
     let list = c.html("/console/keys").await;
     assert!(!list.contains(&robot), "a secret is shown once");
     let (task, _) = srv
@@ -933,48 +916,34 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
         )
     };
 
+    // An action on the robot's key, from the key list.
+    let act = async |action: &str, fields: &[(&str, &str)]| {
+        let action = format!("/console/keys/{robot_id}/{action}");
+        c.submit("/console/keys", &action, fields, StatusCode::OK)
+            .await
+    };
+
     // Rotated with no grace: the old secret stops at once, the new works.
-    let res = c
-        .post_form(
-            "/console/keys",
-            &format!("/console/keys/{robot_id}/rotate"),
-            &[("grace_hours", "0")],
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let rotated = text_of(&res.text().await.unwrap(), "new-secret");
-    srv.agent(&robot)
-        .get("/api/v1/tasks")
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
-    srv.agent(&rotated)
-        .get("/api/v1/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    let rotated = text_of(&act("rotate", &[("grace_hours", "0")]).await, "new-secret");
+    srv.assert_agent_key(&robot, false).await;
+    srv.assert_agent_key(&rotated, true).await;
 
     // Revoked, cancelling its principal's tasks.
-    let res = c
-        .post_form(
-            "/console/keys",
-            &format!("/console/keys/{robot_id}/revoke"),
-            &[("cancel_tasks", "on")],
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::OK);
-    assert!(text_of(&res.text().await.unwrap(), "keys-notice").contains("1 of its principal"));
-    srv.agent(&rotated)
-        .get("/api/v1/tasks")
-        .expect_problem(StatusCode::UNAUTHORIZED)
-        .await;
+    let revocation = act("revoke", &[("cancel_tasks", "on")]).await;
+    assert!(text_of(&revocation, "keys-notice").contains("1 of its principal"));
+    srv.assert_agent_key(&rotated, false).await;
     let cancelled = srv.store.task(task).await.unwrap().expect("the task");
     assert_eq!(cancelled.state, meatspace_domain::TaskState::Cancelled);
 
     // An invite: the link once, with a QR code; it signs up, until revoked.
-    let res = c
-        .post_form("/console/invites", "/console/invites", &[("hours", "2")])
+    let html = c
+        .submit(
+            "/console/invites",
+            "/console/invites",
+            &[("hours", "2")],
+            StatusCode::OK,
+        )
         .await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let html = res.text().await.unwrap();
     let link = text_of(&html, "invite-url");
     assert!(
         link.starts_with(&format!("{}/app/invite/msi_", srv.base_url)),
@@ -992,14 +961,13 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
         .expect_json(StatusCode::OK)
         .await;
     let invite = uuid_at(&invites["invites"][0], "/id");
-    let res = c
-        .post_form(
-            "/console/invites",
-            &format!("/console/invites/{invite}/revoke"),
-            &[],
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    c.submit(
+        "/console/invites",
+        &format!("/console/invites/{invite}/revoke"),
+        &[],
+        StatusCode::SEE_OTHER,
+    )
+    .await;
     assert_eq!(
         c.http.get(&link).send().await.unwrap().status(),
         StatusCode::GONE

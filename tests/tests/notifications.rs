@@ -314,14 +314,9 @@ async fn news_of_a_task_reaches_its_holder_within_the_hourly_cap(db: Db) {
                 &format!("Which plant first? ({n})"),
             )
             .await;
-        srv.respond_to_issue(
-            task,
-            &agent,
-            issue,
-            json!({ "action": "clarify", "text": "The fern" }),
-        )
-        .expect_json(StatusCode::OK)
-        .await;
+        srv.clarify(task, &agent, issue, "The fern")
+            .expect_json(StatusCode::OK)
+            .await;
         sys.settled().await;
     }
     srv.agent_post(task, &agent, "cancel").await;

@@ -713,16 +713,11 @@ async fn every_event_type_has_its_actor_trust_and_data(store: Arc<dyn Store>) {
     let mut check = |e: &Event, kind: EventType, actor: Actor, data: Value| {
         assert_eq!(e.kind, kind);
         assert_eq!(e.actor, actor, "actor of {kind:?}");
-        let worker_content = matches!(
-            kind,
-            EventType::WorkerMessage
-                | EventType::WorkerPhoto
-                | EventType::WorkerIssue
-                | EventType::TaskCompleted
-                | EventType::TaskStopped
-                | EventType::TaskSubmitted
+        assert_eq!(
+            e.untrusted,
+            kind.carries_worker_content(),
+            "untrusted flag of {kind:?}"
         );
-        assert_eq!(e.untrusted, worker_content, "untrusted flag of {kind:?}");
         assert_eq!(e.data, data, "data of {kind:?}");
         checked.insert(kind.as_str());
     };

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use meatspace_tests::Db;
 use meatspace_tests::browser::{Browser, Chromedriver, screenshot_dir};
-use meatspace_tests::server::{Expect, TestServer, images, str_at, types};
+use meatspace_tests::server::{Expect, FULL_STORY, TestServer, images, str_at, types};
 use reqwest::StatusCode;
 use reqwest::header::COOKIE;
 use serde_json::{Value, json};
@@ -171,12 +171,7 @@ async fn end_to_end(db: Db) {
     assert_eq!(issue["data"]["kind"], "access_blocked");
     let issue_id = issue["id"].as_i64().expect("issue id");
     server
-        .respond_to_issue(
-            task,
-            &agent,
-            issue_id,
-            json!({ "action": "clarify", "text": "Ask at the front desk for the key." }),
-        )
+        .clarify(task, &agent, issue_id, "Ask at the front desk for the key.")
         .expect_json(StatusCode::OK)
         .await;
     browser
@@ -231,19 +226,7 @@ async fn end_to_end(db: Db) {
     );
     screenshot_if(&browser, shots, "task-completed").await;
 
-    assert_eq!(
-        agent_types(&server, task, &agent).await,
-        [
-            "task.published",
-            "task.assigned",
-            "task.started",
-            "worker.message",
-            "worker.photo",
-            "worker.issue",
-            "agent.issue_response",
-            "task.completed"
-        ]
-    );
+    assert_eq!(agent_types(&server, task, &agent).await, FULL_STORY);
     let feed = server.feed(task, &agent).await;
     assert_eq!(feed[3]["data"]["text"], "On my way, five minutes.");
     assert_eq!(feed[7]["data"]["note"], "Photo taken through the glass.");
