@@ -42,6 +42,17 @@ struct Seen {
     answers: Vec<(Instant, StatusCode)>,
 }
 
+impl Seen {
+    /// How long after `since` the first answer with `status` came, if one
+    /// did.
+    fn first_after(&self, since: Instant, status: StatusCode) -> Option<Duration> {
+        self.answers
+            .iter()
+            .find(|(at, s)| *at > since && *s == status)
+            .map(|(at, _)| *at - since)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
     // The server runs in this process: its errors (the cause of an
@@ -132,22 +143,16 @@ async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
     })
     .await
         - crashed;
-    wait_for("a 503 after the crash", Duration::from_secs(30), || {
+    let first_503 = || {
         seen.lock()
             .unwrap()
-            .answers
-            .iter()
-            .any(|(at, s)| *at > crashed && *s == StatusCode::SERVICE_UNAVAILABLE)
+            .first_after(crashed, StatusCode::SERVICE_UNAVAILABLE)
+    };
+    wait_for("a 503 after the crash", Duration::from_secs(30), || {
+        first_503().is_some()
     })
     .await;
-    let first_503_after = seen
-        .lock()
-        .unwrap()
-        .answers
-        .iter()
-        .find(|(at, s)| *at > crashed && *s == StatusCode::SERVICE_UNAVAILABLE)
-        .map(|(at, _)| *at - crashed)
-        .expect("a 503 after the crash");
+    let first_503_after = first_503().expect("a 503 after the crash");
 
     tokio::task::block_in_place(|| pg.restart_after_crash());
     let restarted = Instant::now();
@@ -165,10 +170,7 @@ async fn a_postgres_crash_under_write_load_loses_nothing_acknowledged() {
     let first_200_after = seen
         .lock()
         .unwrap()
-        .answers
-        .iter()
-        .find(|(at, s)| *at > restarted && *s == StatusCode::OK)
-        .map(|(at, _)| *at - restarted)
+        .first_after(restarted, StatusCode::OK)
         .expect("a 200 after the restart");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in writers {
