@@ -37,8 +37,30 @@ pub enum Subcommand {
     },
 }
 
+/// A secret given by configuration (a key): it reads as the text it holds,
+/// and its Debug form never shows it.
+#[derive(Clone, derive_more::Debug)]
+#[debug("<redacted>")]
+pub struct Secret(String);
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// meatspace API server: the agent contract and the worker API. Its Debug
-/// form leaves out the secrets and a database URL's password.
+/// form shows neither the secrets nor a database URL's password.
 #[derive(Clone, clap::Parser, derive_more::Debug)]
 #[command(name = "meatspace-api-server", version, about)]
 pub struct Config {
@@ -55,9 +77,8 @@ pub struct Config {
     /// Development key that creates tasks and registers workers (header
     /// x-meatspace-dev-key). Required with PostgreSQL; with SQLite a random
     /// one is generated and printed at start when unset.
-    #[debug("{:?}", dev_key.as_ref().map(|_| "<redacted>"))]
     #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
-    pub dev_key: Option<String>,
+    pub dev_key: Option<Secret>,
 
     /// Accept the development key. When false it is refused with a problem
     /// that says how to get an API key, and each refusal (at most one a
@@ -71,9 +92,8 @@ pub struct Config {
     /// least 32 characters of secret): at start its digest is stored as a
     /// key of the principal "bootstrap operator" unless a key with its id
     /// exists (revoked or not). The Helm chart generates one in a Secret.
-    #[debug("{:?}", bootstrap_operator_key.as_ref().map(|_| "<redacted>"))]
     #[arg(long, env = "MEATSPACE_BOOTSTRAP_OPERATOR_KEY", hide_env_values = true)]
-    pub bootstrap_operator_key: Option<String>,
+    pub bootstrap_operator_key: Option<Secret>,
 
     /// Days an audit entry is kept.
     #[arg(long, env = "MEATSPACE_AUDIT_RETENTION_DAYS", default_value_t = 365,
@@ -234,9 +254,8 @@ pub struct Config {
     /// derives webhook signing secrets. Give the controller the same key.
     /// Required with PostgreSQL; with SQLite one is generated once and kept
     /// in --data-dir/secret.key (mode 0600) when unset.
-    #[debug("{:?}", secret_key.as_ref().map(|_| "<redacted>"))]
     #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
-    pub secret_key: Option<String>,
+    pub secret_key: Option<Secret>,
 
     /// Seconds between the `: keep-alive` comments of event streams.
     #[arg(long, env = "MEATSPACE_SSE_HEARTBEAT_SECONDS", default_value_t = 15,
@@ -492,24 +511,28 @@ mod check_tests {
 
     #[test]
     fn each_mistake_gets_its_own_message() {
+        // Each wrong setting, and what its message must say.
+        let cases: [(&[&str], &[&str]); 6] = [
+            (&["--database-url", "mysql://u:pw@h/db"], &["uses mysql://"]),
+            (&["--database-url", "data.db"], &["write sqlite://data.db"]),
+            (
+                &["--database-url", "sqlite:///no/such/dir/x.db"],
+                &["/no/such/dir", "does not exist"],
+            ),
+            (
+                &["--database-url", "postgres://h/db"],
+                &["MEATSPACE_DEV_KEY must be set"],
+            ),
+            (&["--dev-key", "short"], &["at least 16"]),
+            (&["--secret-key", "short"], &["MEATSPACE_SECRET_KEY", "32"]),
+        ];
+        for (args, says) in cases {
+            let e = check(args).unwrap_err();
+            assert!(says.iter().all(|s| e.contains(s)), "{args:?}: {e}");
+        }
+        // A database URL's password is never repeated.
         let e = check(&["--database-url", "mysql://u:pw@h/db"]).unwrap_err();
-        assert!(e.contains("uses mysql://") && !e.contains("pw"), "{e}");
-        let e = check(&["--database-url", "data.db"]).unwrap_err();
-        assert!(e.contains("write sqlite://data.db"), "{e}");
-        let e = check(&["--database-url", "sqlite:///no/such/dir/x.db"]).unwrap_err();
-        assert!(
-            e.contains("/no/such/dir") && e.contains("does not exist"),
-            "{e}"
-        );
-        let e = check(&["--database-url", "postgres://h/db"]).unwrap_err();
-        assert!(e.contains("MEATSPACE_DEV_KEY must be set"), "{e}");
-        let e = check(&["--dev-key", "short"]).unwrap_err();
-        assert!(e.contains("at least 16"), "{e}");
-        let e = check(&["--secret-key", "short"]).unwrap_err();
-        assert!(
-            e.contains("MEATSPACE_SECRET_KEY") && e.contains("32"),
-            "{e}"
-        );
+        assert!(!e.contains("pw"), "{e}");
         assert_eq!(
             check(&["--data-dir", "/tmp/x"]).unwrap(),
             Database::Sqlite {
