@@ -137,28 +137,13 @@ impl Command {
     /// `needs_nothing_means_the_context_is_not_read` test holds every
     /// command to that.
     pub fn needs(&self) -> Needs {
-        let events = self.is_limited();
-        match self {
-            Command::RespondToIssue { issue_event_id, .. } => Needs {
-                issue: Some(*issue_event_id),
-                events,
-            },
-            Command::Publish
-            | Command::Cancel { .. }
-            | Command::Claim { .. }
-            | Command::Start { .. }
-            | Command::Message { .. }
-            | Command::Photo { .. }
-            | Command::RaiseIssue { .. }
-            | Command::Complete { .. }
-            | Command::Review(_)
-            | Command::Stop { .. }
-            | Command::Reconcile
-            | Command::Extend(_)
-            | Command::Release { .. } => Needs {
-                issue: None,
-                events,
-            },
+        let issue = match self {
+            Command::RespondToIssue { issue_event_id, .. } => Some(*issue_event_id),
+            _ => None,
+        };
+        Needs {
+            issue,
+            events: self.is_limited(),
         }
     }
 
@@ -608,52 +593,23 @@ pub fn decide(
                     Actor::System,
                     json!({ "reason": reason, "previous_state": task.state }),
                 ),
-                Due::Unassign => {
-                    d.task.state = Open;
-                    d.task.worker_id = None;
-                    d.task.assigned_at = None;
-                    d.task.start_by = None;
-                    // The lapsed worker's issues go with its assignment: an
-                    // answer must never reach the next worker.
-                    d.task.open_issues = 0;
-                    d.push(
-                        EventType::TaskUnassigned,
-                        Actor::System,
-                        json!({ "worker_id": worker_id, "reason": "start_timeout" }),
-                    );
-                    d.issue_changes.push(IssueChange::CloseAll {
-                        resolution: "assignment_lapsed".to_owned(),
-                    });
-                }
+                Due::Unassign => d.unassign("start_timeout", "assignment_lapsed"),
             }
         }
         Command::Extend(extension) => extend(&mut d, task, extension, policy)?,
-        Command::Release { worker } => {
+        Command::Release { .. } => {
             if !matches!(task.state, Assigned | Active) {
                 return Err(wrong_state());
             }
-            d.task.state = Open;
-            d.task.worker_id = None;
-            d.task.assigned_at = None;
+            d.unassign("worker_suspended", "worker_suspended");
+            // The work started goes with the worker too: neither its result
+            // nor a review of it may reach the next worker.
             d.task.started_at = None;
-            d.task.start_by = None;
             d.task.active_until = None;
-            // As with a lapsed assignment: an answer to the suspended
-            // worker's issue must never reach the next worker, nor its
-            // result or a review of it.
-            d.task.open_issues = 0;
             d.task.result = None;
             if let Some(review) = &mut d.task.review {
                 *review = crate::Review::new(review.auto_accept_seconds);
             }
-            d.push(
-                EventType::TaskUnassigned,
-                Actor::System,
-                json!({ "worker_id": worker, "reason": "worker_suspended" }),
-            );
-            d.issue_changes.push(IssueChange::CloseAll {
-                resolution: "worker_suspended".to_owned(),
-            });
         }
     }
     Ok(d)
@@ -788,6 +744,26 @@ impl Decision {
         );
     }
 
+    /// The task reopens without its worker: a `task.unassigned` event by
+    /// the system says why (`reason`), and the worker's issues go with its
+    /// assignment (closed with `resolution`), so that an answer never
+    /// reaches the next worker.
+    fn unassign(&mut self, reason: &str, resolution: &str) {
+        let worker_id = self.task.worker_id.take();
+        self.task.state = TaskState::Open;
+        self.task.assigned_at = None;
+        self.task.start_by = None;
+        self.task.open_issues = 0;
+        self.push(
+            EventType::TaskUnassigned,
+            Actor::System,
+            json!({ "worker_id": worker_id, "reason": reason }),
+        );
+        self.issue_changes.push(IssueChange::CloseAll {
+            resolution: resolution.to_owned(),
+        });
+    }
+
     fn push(&mut self, kind: EventType, actor: Actor, data: serde_json::Value) {
         self.events.push(NewEvent { kind, actor, data });
     }
@@ -825,6 +801,41 @@ mod tests {
         decide(t, &Context::default(), c, at(secs), &Policy::default())
     }
 
+    /// Worker `W` starts, from `position`.
+    fn start(position: Option<Position>) -> Command {
+        Command::Start {
+            worker: W,
+            position,
+        }
+    }
+
+    /// Worker `W` completes, with a note and `result`.
+    fn complete(result: Option<serde_json::Value>) -> Command {
+        Command::Complete {
+            worker: W,
+            note: Some("done".into()),
+            result,
+        }
+    }
+
+    /// A one-pixel photo.
+    fn pixel() -> NewPhoto {
+        NewPhoto {
+            id: Uuid::nil(),
+            content_type: "image/png".into(),
+            width: 1,
+            height: 1,
+            bytes: vec![0],
+        }
+    }
+
+    /// The issue changes of a decision that closes every open issue.
+    fn closes_all(resolution: &str) -> Vec<IssueChange> {
+        vec![IssueChange::CloseAll {
+            resolution: resolution.into(),
+        }]
+    }
+
     /// One command of every variant (and both kinds of answer to an issue),
     /// acting for worker `W`. The match below has no wildcard, so a new
     /// variant does not compile until it is listed here, and the assertion
@@ -851,10 +862,7 @@ mod tests {
                 text: None,
             },
             Command::Claim { worker: W },
-            Command::Start {
-                worker: W,
-                position: None,
-            },
+            start(None),
             Command::Message {
                 worker: W,
                 text: "on my way".into(),
@@ -869,11 +877,7 @@ mod tests {
                 kind: IssueKind::AccessBlocked,
                 text: "locked".into(),
             },
-            Command::Complete {
-                worker: W,
-                note: None,
-                result: None,
-            },
+            complete(None),
             Command::Review(Verdict::Accept),
             Command::Stop {
                 worker: W,
@@ -1010,19 +1014,12 @@ mod tests {
         for free in [
             respond(IssueAction::Cancel),
             Command::Cancel { reason: None },
-            Command::Complete {
-                worker: W,
-                note: None,
-                result: None,
-            },
+            complete(None),
             Command::Stop {
                 worker: W,
                 reason: None,
             },
-            Command::Start {
-                worker: W,
-                position: None,
-            },
+            start(None),
             Command::Claim { worker: W },
             Command::Publish,
             Command::Reconcile,
@@ -1061,13 +1058,7 @@ mod tests {
         );
         let photo = Command::Photo {
             worker: W,
-            photo: NewPhoto {
-                id: Uuid::nil(),
-                content_type: "image/png".into(),
-                width: 1,
-                height: 1,
-                bytes: vec![0],
-            },
+            photo: pixel(),
             position: None,
         };
         assert_eq!(
@@ -1082,12 +1073,7 @@ mod tests {
             Some(Refusal::EventLimit { limit: 5 })
         );
         // Endings are not additions: a full feed can still end.
-        let complete = Command::Complete {
-            worker: W,
-            note: None,
-            result: None,
-        };
-        assert_eq!(refusal(&t, &full, complete), None);
+        assert_eq!(refusal(&t, &full, complete(None)), None);
         t.state = TaskState::Completed;
         assert_eq!(
             refusal(&t, &full, msg(W)),
@@ -1132,31 +1118,14 @@ mod tests {
             Some(at(2) + Policy::default().start_timeout)
         );
 
-        let d = run(
-            &d.task,
-            Command::Start {
-                worker: W,
-                position: None,
-            },
-            3,
-        )
-        .unwrap();
+        let d = run(&d.task, start(None), 3).unwrap();
         assert_eq!(d.task.state, TaskState::Active);
         assert_eq!(
             d.task.active_until,
             Some(at(3) + Policy::default().active_time_limit)
         );
 
-        let d = run(
-            &d.task,
-            Command::Complete {
-                worker: W,
-                note: None,
-                result: None,
-            },
-            4,
-        )
-        .unwrap();
+        let d = run(&d.task, complete(None), 4).unwrap();
         assert_eq!(d.task.state, TaskState::Completed);
         assert_eq!(d.task.ended_at, Some(at(4)));
         assert_eq!(kinds(&d), vec![EventType::TaskCompleted]);
@@ -1258,12 +1227,7 @@ mod tests {
             let d = run(&t, Command::Cancel { reason: None }, 1).unwrap();
             assert_eq!(d.task.state, TaskState::Cancelled);
             assert_eq!(d.task.open_issues, 0);
-            assert_eq!(
-                d.issue_changes,
-                vec![IssueChange::CloseAll {
-                    resolution: "task_cancelled".into()
-                }]
-            );
+            assert_eq!(d.issue_changes, closes_all("task_cancelled"));
         }
     }
 
@@ -1275,15 +1239,7 @@ mod tests {
             Refusal::DeadlinePassed
         );
         assert_eq!(
-            run(
-                &assigned(),
-                Command::Start {
-                    worker: W,
-                    position: None
-                },
-                500
-            )
-            .unwrap_err(),
+            run(&assigned(), start(None), 500).unwrap_err(),
             Refusal::DeadlinePassed
         );
     }
@@ -1305,18 +1261,19 @@ mod tests {
             d.events[0].data,
             json!({ "reason": "active_time_limit", "previous_state": "active" })
         );
-        assert_eq!(
-            d.issue_changes,
-            vec![IssueChange::CloseAll {
-                resolution: "task_expired".into()
-            }]
-        );
+        assert_eq!(d.issue_changes, closes_all("task_expired"));
     }
 
+    /// A lapsed assignment reopens the task within its lifetime, and the
+    /// lapsed worker's issues close with it, so an answer can never reach
+    /// the next worker.
     #[test]
     fn a_reopened_task_waits_for_a_new_claim_and_keeps_its_lifetime() {
-        let d = run(&assigned(), Command::Reconcile, 500).unwrap();
+        let mut t = assigned();
+        t.open_issues = 2;
+        let d = run(&t, Command::Reconcile, 500).unwrap();
         assert_eq!(d.reconciled, Some(Due::Unassign));
+        assert_eq!(d.task.state, TaskState::Open);
         assert_eq!(d.task.expires_at, assigned().expires_at);
         assert_eq!(d.task.next_deadline(), Some(at(1000)));
         assert_eq!(d.events[0].actor, Actor::System);
@@ -1324,25 +1281,10 @@ mod tests {
             d.events[0].data,
             json!({ "worker_id": W, "reason": "start_timeout" })
         );
+        assert_eq!(d.task.open_issues, 0);
+        assert_eq!(d.issue_changes, closes_all("assignment_lapsed"));
         let claimed = run(&d.task, Command::Claim { worker: OTHER }, 600).unwrap();
         assert_eq!(claimed.task.worker_id, Some(OTHER));
-    }
-
-    /// The lapsed worker's issues close with its assignment,
-    /// so an answer can never reach the next worker.
-    #[test]
-    fn a_lapsed_assignment_closes_its_issues() {
-        let mut t = assigned();
-        t.open_issues = 2;
-        let d = run(&t, Command::Reconcile, 500).unwrap();
-        assert_eq!(d.task.state, TaskState::Open);
-        assert_eq!(d.task.open_issues, 0);
-        assert_eq!(
-            d.issue_changes,
-            vec![IssueChange::CloseAll {
-                resolution: "assignment_lapsed".into()
-            }]
-        );
     }
 
     /// Suspending a worker reopens the task it holds, started or
@@ -1643,13 +1585,6 @@ mod tests {
         Some(Position::new(52.52 + metres / 111_250.0, 13.405, accuracy_m).unwrap())
     }
 
-    fn start(position: Option<Position>) -> Command {
-        Command::Start {
-            worker: W,
-            position,
-        }
-    }
-
     #[test]
     fn a_start_records_the_position_its_distance_and_the_servers_time() {
         let d = run(&located(Presence::Flag), start(at_distance(300.0, 20.0)), 5).unwrap();
@@ -1690,13 +1625,7 @@ mod tests {
         }
         let photo = |position| Command::Photo {
             worker: W,
-            photo: NewPhoto {
-                id: Uuid::nil(),
-                content_type: "image/png".into(),
-                width: 1,
-                height: 1,
-                bytes: vec![0],
-            },
+            photo: pixel(),
             position,
         };
         assert!(matches!(
@@ -1720,14 +1649,6 @@ mod tests {
             t.result_schema = Some(json!({"type": "object"}));
         }
         t
-    }
-
-    fn complete(result: Option<serde_json::Value>) -> Command {
-        Command::Complete {
-            worker: W,
-            note: Some("done".into()),
-            result,
-        }
     }
 
     fn verdict(v: Verdict) -> Command {
