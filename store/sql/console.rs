@@ -157,13 +157,15 @@ impl ConsoleStore for d::Store {
         now: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let query = sqlx::query(
-            "DELETE FROM console_sessions WHERE id IN \
-             (SELECT id FROM console_sessions WHERE expires_at <= $1 LIMIT $2)",
+        crate::sql::delete_due(
+            self,
+            "console_sessions",
+            "id",
+            "expires_at <= $1",
+            now,
+            limit,
         )
-        .bind(d::time(now))
-        .bind(i64::from(limit));
-        d::write_statement(self, query).await
+        .await
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

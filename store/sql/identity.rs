@@ -776,12 +776,6 @@ impl IdentityStore for d::Store {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let delete = sqlx::query(
-            "DELETE FROM audit WHERE id IN \
-             (SELECT id FROM audit WHERE at < $1 ORDER BY id LIMIT $2)",
-        )
-        .bind(d::time(before))
-        .bind(i64::from(limit));
-        d::write_statement(self, delete).await
+        crate::sql::delete_due(self, "audit", "id", "at < $1 ORDER BY id", before, limit).await
     }
 }

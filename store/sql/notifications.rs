@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use crate::dialect::{self as d, Row};
 use crate::reads::placeholders;
+use crate::sql::lock_due;
 
 /// Rows per multi-row insert: well under either database's limit of bound
 /// parameters.
@@ -76,30 +77,98 @@ async fn withdraw(
     Ok(())
 }
 
-/// Holds the claimed rows `ids` (by their `key` column) until `until`:
-/// `set` names the table and the column, `"notifications SET
-/// next_attempt_at"`.
-async fn lease(
-    tx: &mut d::Tx,
-    set: &str,
-    key: &str,
-    ids: &[i64],
-    until: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
+/// Rows the controller claims: those due are read and held for a while, so
+/// that no other controller takes them meanwhile.
+struct Claimed<T> {
+    /// Reads the due rows, binding the time as `$1` and how many as `$2`.
+    select: &'static str,
+    /// What holds a row, set to the lease's end: `"notifications SET
+    /// next_attempt_at"`.
+    lease: &'static str,
+    /// The rows' key column.
+    key: &'static str,
+    from_row: fn(&Row) -> Result<T, StoreError>,
+    key_of: fn(&T) -> i64,
+}
+
+const CAUSES: Claimed<PendingCause> = Claimed {
+    select: "SELECT event_id, task_id, type, actor, created_at, next_worker \
+        FROM notification_causes WHERE lease_until IS NULL OR lease_until <= $1 \
+        ORDER BY event_id LIMIT $2",
+    lease: "notification_causes SET lease_until",
+    key: "event_id",
+    from_row: |row| {
+        let kind: String = row.try_get("type")?;
+        let actor: String = row.try_get("actor")?;
+        Ok(PendingCause {
+            event_id: row.try_get("event_id")?,
+            task_id: d::read_id(row, "task_id")?,
+            kind: EventType::parse(&kind)
+                .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?,
+            actor: Actor::parse(&actor)
+                .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?,
+            created_at: d::read_time(row, "created_at")?,
+            next_worker: d::read_opt_id(row, "next_worker")?,
+        })
+    },
+    key_of: |cause| cause.event_id,
+};
+
+const DUE_NOTIFICATIONS: Claimed<DueNotification> = Claimed {
+    select: "SELECT id, worker_id, cause, task_id, channel, attempts, created_at \
+        FROM notifications WHERE next_attempt_at <= $1 \
+        ORDER BY next_attempt_at, id LIMIT $2",
+    lease: "notifications SET next_attempt_at",
+    key: "id",
+    from_row: |row| {
+        let attempts: i64 = row.try_get("attempts")?;
+        Ok(DueNotification {
+            id: row.try_get("id")?,
+            worker_id: d::read_id(row, "worker_id")?,
+            cause: cause_of(row.try_get("cause")?)?,
+            task_id: d::read_id(row, "task_id")?,
+            channel: channel_of(row.try_get("channel")?)?,
+            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            created_at: d::read_time(row, "created_at")?,
+        })
+    },
+    key_of: |notification| notification.id,
+};
+
+impl<T> Claimed<T> {
+    /// Claims at most `limit` rows due at `now`, holding them until
+    /// `lease_until`.
+    async fn claim(
+        &self,
+        store: &d::Store,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut tx = d::begin(store).await?;
+        let rows = lock_due(&mut tx, self.select, now, limit).await?;
+        let claimed = rows
+            .iter()
+            .map(self.from_row)
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if !claimed.is_empty() {
+            let keys: Vec<i64> = claimed.iter().map(self.key_of).collect();
+            let sql = format!(
+                "UPDATE {} = ${} WHERE {} IN ({})",
+                self.lease,
+                keys.len() + 1,
+                self.key,
+                placeholders(keys.len())
+            );
+            let mut query = sqlx::query(&sql);
+            for key in keys {
+                query = query.bind(key);
+            }
+            query.bind(d::time(lease_until)).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(claimed)
     }
-    let sql = format!(
-        "UPDATE {set} = ${} WHERE {key} IN ({})",
-        ids.len() + 1,
-        placeholders(ids.len())
-    );
-    let mut query = sqlx::query(&sql);
-    for id in ids {
-        query = query.bind(id);
-    }
-    query.bind(d::time(until)).execute(&mut **tx).await?;
-    Ok(())
 }
 
 #[async_trait::async_trait]
@@ -229,45 +298,7 @@ impl Notifications for d::Store {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<PendingCause>, StoreError> {
-        let mut tx = d::begin(self).await?;
-        let rows = sqlx::query(&format!(
-            "SELECT event_id, task_id, type, actor, created_at, next_worker \
-             FROM notification_causes WHERE lease_until IS NULL OR lease_until <= $1 \
-             ORDER BY event_id LIMIT $2{}",
-            d::SKIP_LOCKED
-        ))
-        .bind(d::time(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let causes = rows
-            .iter()
-            .map(|row| {
-                let kind: String = row.try_get("type")?;
-                let actor: String = row.try_get("actor")?;
-                Ok(PendingCause {
-                    event_id: row.try_get("event_id")?,
-                    task_id: d::read_id(row, "task_id")?,
-                    kind: EventType::parse(&kind)
-                        .ok_or_else(|| StoreError::Corrupt(format!("event type {kind:?}")))?,
-                    actor: Actor::parse(&actor)
-                        .ok_or_else(|| StoreError::Corrupt(format!("actor {actor:?}")))?,
-                    created_at: d::read_time(row, "created_at")?,
-                    next_worker: d::read_opt_id(row, "next_worker")?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let ids: Vec<i64> = causes.iter().map(|c| c.event_id).collect();
-        lease(
-            &mut tx,
-            "notification_causes SET lease_until",
-            "event_id",
-            &ids,
-            lease_until,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(causes)
+        CAUSES.claim(self, now, lease_until, limit).await
     }
 
     async fn listeners(
@@ -397,43 +428,7 @@ impl Notifications for d::Store {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<DueNotification>, StoreError> {
-        let mut tx = d::begin(self).await?;
-        let rows = sqlx::query(&format!(
-            "SELECT id, worker_id, cause, task_id, channel, attempts, created_at \
-             FROM notifications WHERE next_attempt_at <= $1 \
-             ORDER BY next_attempt_at, id LIMIT $2{}",
-            d::SKIP_LOCKED
-        ))
-        .bind(d::time(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let due = rows
-            .iter()
-            .map(|row| {
-                let attempts: i64 = row.try_get("attempts")?;
-                Ok(DueNotification {
-                    id: row.try_get("id")?,
-                    worker_id: d::read_id(row, "worker_id")?,
-                    cause: cause_of(row.try_get("cause")?)?,
-                    task_id: d::read_id(row, "task_id")?,
-                    channel: channel_of(row.try_get("channel")?)?,
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    created_at: d::read_time(row, "created_at")?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let ids: Vec<i64> = due.iter().map(|n| n.id).collect();
-        lease(
-            &mut tx,
-            "notifications SET next_attempt_at",
-            "id",
-            &ids,
-            lease_until,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(due)
+        DUE_NOTIFICATIONS.claim(self, now, lease_until, limit).await
     }
 
     async fn next_notification_work(&self) -> Result<Option<DateTime<Utc>>, StoreError> {

@@ -8,6 +8,7 @@ use meatspace_store::{Retention, StoreError};
 use uuid::Uuid;
 
 use crate::dialect as d;
+use crate::sql::{delete_due, lock_due};
 
 #[async_trait::async_trait]
 impl Retention for d::Store {
@@ -19,14 +20,8 @@ impl Retention for d::Store {
         limit: u32,
     ) -> Result<u64, StoreError> {
         let mut tx = d::begin(self).await?;
-        let rows = sqlx::query(&format!(
-            "SELECT id FROM tasks WHERE ended_at < $1 ORDER BY ended_at LIMIT $2{}",
-            d::SKIP_LOCKED
-        ))
-        .bind(d::time(cutoff))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
+        let select = "SELECT id FROM tasks WHERE ended_at < $1 ORDER BY ended_at LIMIT $2";
+        let rows = lock_due(&mut tx, select, cutoff, limit).await?;
         let ids = rows
             .iter()
             .map(|row| d::read_id(row, "id"))
@@ -74,32 +69,17 @@ impl Retention for d::Store {
         cutoff: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let query = sqlx::query(
-            "DELETE FROM purged_tasks WHERE id IN \
-             (SELECT id FROM purged_tasks WHERE purged_at < $1 ORDER BY purged_at LIMIT $2)",
-        )
-        .bind(d::time(cutoff))
-        .bind(i64::from(limit));
-        d::write_statement(self, query).await
+        let due = "purged_at < $1 ORDER BY purged_at";
+        delete_due(self, "purged_tasks", "id", due, cutoff, limit).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn purge_sign_ins(&self, now: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
-        let sessions = sqlx::query(
-            "DELETE FROM worker_sessions WHERE id IN \
-             (SELECT id FROM worker_sessions WHERE expires_at <= $1 LIMIT $2)",
-        )
-        .bind(d::time(now))
-        .bind(i64::from(limit));
-        let sessions = d::write_statement(self, sessions).await?;
-        let invites = sqlx::query(
-            "DELETE FROM worker_invites WHERE id IN \
-             (SELECT id FROM worker_invites \
-              WHERE used_at IS NOT NULL OR revoked_at IS NOT NULL OR expires_at <= $1 LIMIT $2)",
-        )
-        .bind(d::time(now))
-        .bind(i64::from(limit));
-        Ok(sessions + d::write_statement(self, invites).await?)
+        let expired = "expires_at <= $1";
+        let sessions = delete_due(self, "worker_sessions", "id", expired, now, limit).await?;
+        let done = "used_at IS NOT NULL OR revoked_at IS NOT NULL OR expires_at <= $1";
+        let invites = delete_due(self, "worker_invites", "id", done, now, limit).await?;
+        Ok(sessions + invites)
     }
 
     async fn purge_idempotency_keys(
@@ -107,14 +87,16 @@ impl Retention for d::Store {
         before: DateTime<Utc>,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let sql = format!(
-            "DELETE FROM idempotency_keys WHERE {row} IN \
-             (SELECT {row} FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2)",
-            row = d::ROW_ADDRESS
-        );
-        let query = sqlx::query(&sql)
-            .bind(d::time(before))
-            .bind(i64::from(limit));
-        d::write_statement(self, query).await
+        // Keyed by two columns: a row is deleted by its address.
+        let key = d::ROW_ADDRESS;
+        delete_due(
+            self,
+            "idempotency_keys",
+            key,
+            "expires_at <= $1",
+            before,
+            limit,
+        )
+        .await
     }
 }
