@@ -40,49 +40,27 @@ pub enum EventType {
     TaskRevisionRequested,
 }
 
+crate::names! {
+    EventType {
+        TaskPublished => "task.published",
+        TaskAssigned => "task.assigned",
+        TaskUnassigned => "task.unassigned",
+        TaskStarted => "task.started",
+        WorkerMessage => "worker.message",
+        WorkerPhoto => "worker.photo",
+        WorkerIssue => "worker.issue",
+        AgentIssueResponse => "agent.issue_response",
+        TaskCompleted => "task.completed",
+        TaskStopped => "task.stopped",
+        TaskCancelled => "task.cancelled",
+        TaskExpired => "task.expired",
+        TaskExtended => "task.extended",
+        TaskSubmitted => "task.submitted",
+        TaskRevisionRequested => "task.revision_requested",
+    }
+}
+
 impl EventType {
-    pub const ALL: [EventType; 15] = [
-        EventType::TaskPublished,
-        EventType::TaskAssigned,
-        EventType::TaskUnassigned,
-        EventType::TaskStarted,
-        EventType::WorkerMessage,
-        EventType::WorkerPhoto,
-        EventType::WorkerIssue,
-        EventType::AgentIssueResponse,
-        EventType::TaskCompleted,
-        EventType::TaskStopped,
-        EventType::TaskCancelled,
-        EventType::TaskExpired,
-        EventType::TaskExtended,
-        EventType::TaskSubmitted,
-        EventType::TaskRevisionRequested,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::TaskPublished => "task.published",
-            EventType::TaskAssigned => "task.assigned",
-            EventType::TaskUnassigned => "task.unassigned",
-            EventType::TaskStarted => "task.started",
-            EventType::WorkerMessage => "worker.message",
-            EventType::WorkerPhoto => "worker.photo",
-            EventType::WorkerIssue => "worker.issue",
-            EventType::AgentIssueResponse => "agent.issue_response",
-            EventType::TaskCompleted => "task.completed",
-            EventType::TaskStopped => "task.stopped",
-            EventType::TaskCancelled => "task.cancelled",
-            EventType::TaskExpired => "task.expired",
-            EventType::TaskExtended => "task.extended",
-            EventType::TaskSubmitted => "task.submitted",
-            EventType::TaskRevisionRequested => "task.revision_requested",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        EventType::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
     /// Terminal events end a task; exactly one exists per terminal task.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -119,19 +97,11 @@ pub enum Actor {
     System,
 }
 
-impl Actor {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Actor::Agent => "agent",
-            Actor::Worker => "worker",
-            Actor::System => "system",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Actor::Agent, Actor::Worker, Actor::System]
-            .into_iter()
-            .find(|a| a.as_str() == s)
+crate::names! {
+    Actor {
+        Agent => "agent",
+        Worker => "worker",
+        System => "system",
     }
 }
 

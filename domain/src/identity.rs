@@ -40,25 +40,12 @@ pub enum PrincipalKind {
     System,
 }
 
-impl PrincipalKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrincipalKind::Operator => "operator",
-            PrincipalKind::Agent => "agent",
-            PrincipalKind::Worker => "worker",
-            PrincipalKind::System => "system",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            PrincipalKind::Operator,
-            PrincipalKind::Agent,
-            PrincipalKind::Worker,
-            PrincipalKind::System,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
+crate::names! {
+    PrincipalKind {
+        Operator => "operator",
+        Agent => "agent",
+        Worker => "worker",
+        System => "system",
     }
 }
 
@@ -89,25 +76,12 @@ pub enum Scope {
     Operator,
 }
 
-impl Scope {
-    pub const ALL: [Scope; 4] = [
-        Scope::Tasks,
-        Scope::RegisterWorkers,
-        Scope::Invites,
-        Scope::Operator,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Tasks => "tasks",
-            Scope::RegisterWorkers => "workers:register",
-            Scope::Invites => "invites",
-            Scope::Operator => "operator",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Scope::ALL.into_iter().find(|k| k.as_str() == s)
+crate::names! {
+    Scope {
+        Tasks => "tasks",
+        RegisterWorkers => "workers:register",
+        Invites => "invites",
+        Operator => "operator",
     }
 }
 
@@ -245,49 +219,24 @@ pub enum AuditAction {
     ConsoleSignedOut,
 }
 
-impl AuditAction {
-    pub const ALL: [AuditAction; 16] = [
-        AuditAction::KeyCreated,
-        AuditAction::KeyRotated,
-        AuditAction::KeyRevoked,
-        AuditAction::WorkerSuspended,
-        AuditAction::WorkerReinstated,
-        AuditAction::WorkerTokenRotated,
-        AuditAction::InviteCreated,
-        AuditAction::InviteRevoked,
-        AuditAction::TaskCancelledByOperator,
-        AuditAction::DevKeyRefused,
-        AuditAction::WorkerQualified,
-        AuditAction::WorkerUnqualified,
-        AuditAction::WorkerBlocked,
-        AuditAction::WorkerUnblocked,
-        AuditAction::ConsoleSignedIn,
-        AuditAction::ConsoleSignedOut,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditAction::KeyCreated => "key.created",
-            AuditAction::KeyRotated => "key.rotated",
-            AuditAction::KeyRevoked => "key.revoked",
-            AuditAction::WorkerSuspended => "worker.suspended",
-            AuditAction::WorkerReinstated => "worker.reinstated",
-            AuditAction::WorkerTokenRotated => "worker.token_rotated",
-            AuditAction::InviteCreated => "invite.created",
-            AuditAction::InviteRevoked => "invite.revoked",
-            AuditAction::TaskCancelledByOperator => "task.cancelled_by_operator",
-            AuditAction::DevKeyRefused => "dev_key.refused",
-            AuditAction::WorkerQualified => "worker.qualified",
-            AuditAction::WorkerUnqualified => "worker.unqualified",
-            AuditAction::WorkerBlocked => "worker.blocked",
-            AuditAction::WorkerUnblocked => "worker.unblocked",
-            AuditAction::ConsoleSignedIn => "console.signed_in",
-            AuditAction::ConsoleSignedOut => "console.signed_out",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        AuditAction::ALL.into_iter().find(|a| a.as_str() == s)
+crate::names! {
+    AuditAction {
+        KeyCreated => "key.created",
+        KeyRotated => "key.rotated",
+        KeyRevoked => "key.revoked",
+        WorkerSuspended => "worker.suspended",
+        WorkerReinstated => "worker.reinstated",
+        WorkerTokenRotated => "worker.token_rotated",
+        InviteCreated => "invite.created",
+        InviteRevoked => "invite.revoked",
+        TaskCancelledByOperator => "task.cancelled_by_operator",
+        DevKeyRefused => "dev_key.refused",
+        WorkerQualified => "worker.qualified",
+        WorkerUnqualified => "worker.unqualified",
+        WorkerBlocked => "worker.blocked",
+        WorkerUnblocked => "worker.unblocked",
+        ConsoleSignedIn => "console.signed_in",
+        ConsoleSignedOut => "console.signed_out",
     }
 }
 

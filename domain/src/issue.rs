@@ -29,29 +29,14 @@ pub enum IssueKind {
     Other,
 }
 
-impl IssueKind {
-    pub const ALL: [IssueKind; 6] = [
-        IssueKind::UnclearInstructions,
-        IssueKind::AccessBlocked,
-        IssueKind::ItemUnavailable,
-        IssueKind::SafetyConcern,
-        IssueKind::NeedsMoreTime,
-        IssueKind::Other,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IssueKind::UnclearInstructions => "unclear_instructions",
-            IssueKind::AccessBlocked => "access_blocked",
-            IssueKind::ItemUnavailable => "item_unavailable",
-            IssueKind::SafetyConcern => "safety_concern",
-            IssueKind::NeedsMoreTime => "needs_more_time",
-            IssueKind::Other => "other",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        IssueKind::ALL.into_iter().find(|k| k.as_str() == s)
+crate::names! {
+    IssueKind {
+        UnclearInstructions => "unclear_instructions",
+        AccessBlocked => "access_blocked",
+        ItemUnavailable => "item_unavailable",
+        SafetyConcern => "safety_concern",
+        NeedsMoreTime => "needs_more_time",
+        Other => "other",
     }
 }
 
@@ -68,15 +53,15 @@ pub enum IssueAction {
     Cancel,
 }
 
-impl IssueAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IssueAction::Clarify => "clarify",
-            IssueAction::Acknowledge => "acknowledge",
-            IssueAction::Cancel => "cancel",
-        }
+crate::names! {
+    IssueAction {
+        Clarify => "clarify",
+        Acknowledge => "acknowledge",
+        Cancel => "cancel",
     }
+}
 
+impl IssueAction {
     pub fn requires_text(self) -> bool {
         !matches!(self, IssueAction::Cancel)
     }
@@ -92,23 +77,11 @@ pub enum IssueStatus {
     Closed,
 }
 
-impl IssueStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IssueStatus::Open => "open",
-            IssueStatus::Resolved => "resolved",
-            IssueStatus::Closed => "closed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            IssueStatus::Open,
-            IssueStatus::Resolved,
-            IssueStatus::Closed,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
+crate::names! {
+    IssueStatus {
+        Open => "open",
+        Resolved => "resolved",
+        Closed => "closed",
     }
 }
 

@@ -16,6 +16,40 @@
 //! (the policy's flags), so the client and the CLI link neither a database
 //! driver nor the server's frameworks.
 
+/// The names of a fieldless enum's variants, as the API, the database and
+/// the wire (serde) spell them, from one table: `as_str`, its inverse
+/// `parse`, `ALL` (every variant, in the table's order) and `Display`.
+macro_rules! names {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every variant, in the order of its names' table.
+            pub const ALL: [$ty; [$($name),+].len()] = [$($ty::$variant),+];
+
+            /// The variant's name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+
+            /// The variant named `s`, if it is one.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($name => Some($ty::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+pub(crate) use names;
+
 pub mod clock;
 mod command;
 mod event;

@@ -158,18 +158,10 @@ pub enum Channel {
     Email,
 }
 
-impl Channel {
-    pub const ALL: [Channel; 2] = [Channel::Push, Channel::Email];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Channel::Push => "push",
-            Channel::Email => "email",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Channel::ALL.into_iter().find(|c| c.as_str() == s)
+crate::names! {
+    Channel {
+        Push => "push",
+        Email => "email",
     }
 }
 
@@ -192,16 +184,18 @@ pub enum Cause {
     Lapsing,
 }
 
-impl Cause {
-    pub const ALL: [Cause; 6] = [
-        Cause::Published,
-        Cause::IssueAnswered,
-        Cause::RevisionRequested,
-        Cause::Accepted,
-        Cause::Cancelled,
-        Cause::Lapsing,
-    ];
+crate::names! {
+    Cause {
+        Published => "published",
+        IssueAnswered => "issue_answered",
+        RevisionRequested => "revision_requested",
+        Accepted => "accepted",
+        Cancelled => "cancelled",
+        Lapsing => "lapsing",
+    }
+}
 
+impl Cause {
     /// The event types the store records as possible causes (the outbox's
     /// trigger in each backend's migration names the same five).
     pub const EVENT_TYPES: [EventType; 5] = [
@@ -211,21 +205,6 @@ impl Cause {
         EventType::TaskCompleted,
         EventType::TaskCancelled,
     ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Cause::Published => "published",
-            Cause::IssueAnswered => "issue_answered",
-            Cause::RevisionRequested => "revision_requested",
-            Cause::Accepted => "accepted",
-            Cause::Cancelled => "cancelled",
-            Cause::Lapsing => "lapsing",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Cause::ALL.into_iter().find(|c| c.as_str() == s)
-    }
 
     /// The cause an event is, if any: a worker's own complete (no review)
     /// tells the worker nothing it does not know.

@@ -58,19 +58,11 @@ pub enum Presence {
     Require,
 }
 
-impl Presence {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Presence::None => "none",
-            Presence::Flag => "flag",
-            Presence::Require => "require",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [Presence::None, Presence::Flag, Presence::Require]
-            .into_iter()
-            .find(|p| p.as_str() == s)
+crate::names! {
+    Presence {
+        None => "none",
+        Flag => "flag",
+        Require => "require",
     }
 }
 

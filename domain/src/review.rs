@@ -40,22 +40,14 @@ pub enum ReviewState {
     Rejected,
 }
 
-impl ReviewState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReviewState::AwaitingSubmission => "awaiting_submission",
-            ReviewState::Submitted => "submitted",
-            ReviewState::RevisionRequested => "revision_requested",
-            ReviewState::Accepted => "accepted",
-            ReviewState::AutoAccepted => "auto_accepted",
-            ReviewState::Rejected => "rejected",
-        }
-    }
-}
-
-impl std::fmt::Display for ReviewState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+crate::names! {
+    ReviewState {
+        AwaitingSubmission => "awaiting_submission",
+        Submitted => "submitted",
+        RevisionRequested => "revision_requested",
+        Accepted => "accepted",
+        AutoAccepted => "auto_accepted",
+        Rejected => "rejected",
     }
 }
 

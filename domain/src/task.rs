@@ -24,48 +24,27 @@ pub enum TaskState {
     Expired,
 }
 
-impl TaskState {
-    /// Every state, in lifecycle order.
-    pub const ALL: [TaskState; 8] = [
-        TaskState::Draft,
-        TaskState::Open,
-        TaskState::Assigned,
-        TaskState::Active,
-        TaskState::Completed,
-        TaskState::Stopped,
-        TaskState::Cancelled,
-        TaskState::Expired,
-    ];
+// In lifecycle order, which `TaskState::ALL` follows.
+crate::names! {
+    TaskState {
+        Draft => "draft",
+        Open => "open",
+        Assigned => "assigned",
+        Active => "active",
+        Completed => "completed",
+        Stopped => "stopped",
+        Cancelled => "cancelled",
+        Expired => "expired",
+    }
+}
 
+impl TaskState {
     /// A terminal task never changes state again.
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
             TaskState::Completed | TaskState::Stopped | TaskState::Cancelled | TaskState::Expired
         )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Draft => "draft",
-            TaskState::Open => "open",
-            TaskState::Assigned => "assigned",
-            TaskState::Active => "active",
-            TaskState::Completed => "completed",
-            TaskState::Stopped => "stopped",
-            TaskState::Cancelled => "cancelled",
-            TaskState::Expired => "expired",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        TaskState::ALL.into_iter().find(|st| st.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for TaskState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -19,24 +19,11 @@ pub enum WebhookState {
     Disabled,
 }
 
-impl WebhookState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WebhookState::Active => "active",
-            WebhookState::Failing => "failing",
-            WebhookState::Disabled => "disabled",
-        }
-    }
-
-    /// The state named `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            WebhookState::Active,
-            WebhookState::Failing,
-            WebhookState::Disabled,
-        ]
-        .into_iter()
-        .find(|w| w.as_str() == s)
+crate::names! {
+    WebhookState {
+        Active => "active",
+        Failing => "failing",
+        Disabled => "disabled",
     }
 }
 
