@@ -38,7 +38,7 @@ use crate::routes::events::{EventsQuery, Reader, event_feed};
 use crate::routes::invites::INVITE_PREFIX;
 use crate::routes::{checked_optional_text, checked_text, worker_tasks};
 use form::{SessionForm, SignInForm, TaskForm, TaskId};
-use session::{WorkerSession, csrf_token, pre_session};
+use session::{APP_COOKIES, WorkerSession, csrf_token};
 
 /// The Content-Security-Policy of every page: only the app's own script,
 /// style and images, no inline code, forms post only here, no framing.
@@ -717,7 +717,7 @@ fn signed_out_page<T: Template>(
     headers: &HeaderMap,
     page: impl FnOnce(String) -> T,
 ) -> Response {
-    let (pre, set) = pre_session(state, headers);
+    let (pre, set) = APP_COOKIES.pre_session(state, headers);
     with_cookie(html(&page(csrf_token(&pre))), set)
 }
 
@@ -789,7 +789,7 @@ async fn logout(
     SessionForm { session: s, .. }: SessionForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     state.store.delete_session(s.session_id).await?;
-    let clear = session::set_cookie(
+    let clear = APP_COOKIES.set(
         state.public_origin.secure(&headers),
         session::SESSION_COOKIE,
         "",

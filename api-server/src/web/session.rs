@@ -47,12 +47,75 @@ const SESSION_PREFIX: &str = "mss_";
 /// How long a session lasts.
 pub const SESSION_DAYS: i64 = 14;
 
-/// The name of the pre-session cookie, by whether cookies are Secure.
-pub fn pre_session_cookie(secure: bool) -> &'static str {
-    if secure {
-        SECURE_PRE_SESSION_COOKIE
-    } else {
-        PRE_SESSION_COOKIE
+/// A family of cookies, the web app's ([`APP_COOKIES`]) or the console's:
+/// where they live, and the pre-session cookie behind the CSRF token of
+/// the forms posted before signing in.
+#[derive(Debug, Clone, Copy)]
+pub struct Cookies {
+    /// The path of the cookies without the `__Host-` prefix.
+    pub path: &'static str,
+    /// Their `SameSite` attribute.
+    pub same_site: &'static str,
+    /// The pre-session cookie's name over plain HTTP.
+    pub pre_session: &'static str,
+    /// Its name when cookies are Secure.
+    pub secure_pre_session: &'static str,
+    /// How long a pre-session cookie lasts, in seconds.
+    pub pre_session_seconds: i64,
+}
+
+/// The web app's cookies.
+pub const APP_COOKIES: Cookies = Cookies {
+    path: "/app",
+    same_site: "Lax",
+    pre_session: PRE_SESSION_COOKIE,
+    secure_pre_session: SECURE_PRE_SESSION_COOKIE,
+    pre_session_seconds: 24 * 3600,
+};
+
+impl Cookies {
+    /// The name of the pre-session cookie, by whether cookies are Secure.
+    pub fn pre_session_cookie(&self, secure: bool) -> &'static str {
+        if secure {
+            self.secure_pre_session
+        } else {
+            self.pre_session
+        }
+    }
+
+    /// A `Set-Cookie` value of this family, `HttpOnly`: a `__Host-` cookie
+    /// has path `/` (and Secure, no Domain, as the prefix demands), the
+    /// others this family's path. `max_age` 0 deletes the cookie.
+    pub fn set(&self, secure: bool, name: &str, value: &str, max_age: i64) -> HeaderValue {
+        let path = if name.starts_with("__Host-") {
+            "/"
+        } else {
+            self.path
+        };
+        let same_site = self.same_site;
+        let secure = if secure { "; Secure" } else { "" };
+        let value = format!(
+            "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite={same_site}{secure}"
+        );
+        HeaderValue::from_str(&value).expect("cookie values are URL-safe base64 and ids")
+    }
+
+    /// The pre-session cookie of this request, or a new one to set.
+    pub fn pre_session(
+        &self,
+        state: &AppState,
+        headers: &HeaderMap,
+    ) -> (String, Option<HeaderValue>) {
+        let secure = state.public_origin.secure(headers);
+        let name = self.pre_session_cookie(secure);
+        match cookie(headers, name) {
+            Some(v) => (v.to_owned(), None),
+            None => {
+                let v = token::generate("");
+                let set = self.set(secure, name, &v, self.pre_session_seconds);
+                (v, Some(set))
+            }
+        }
     }
 }
 
@@ -67,21 +130,6 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
         .filter(|v| !v.is_empty())
-}
-
-/// A `Set-Cookie` value; `max_age` 0 deletes the cookie. A `__Host-`
-/// cookie must have path `/` (and Secure, no Domain); the others are
-/// scoped to the app.
-pub fn set_cookie(secure: bool, name: &str, value: &str, max_age: i64) -> HeaderValue {
-    let path = if name.starts_with("__Host-") {
-        "/"
-    } else {
-        "/app"
-    };
-    let secure = if secure { "; Secure" } else { "" };
-    let value =
-        format!("{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}");
-    HeaderValue::from_str(&value).expect("cookie values are URL-safe base64 and ids")
 }
 
 /// The CSRF token of a cookie value.
@@ -101,26 +149,12 @@ pub fn check_csrf(cookie_value: Option<&str>, submitted: Option<&str>) -> Result
     }
 }
 
-/// The pre-session cookie of this request, or a new one to set.
-pub fn pre_session(state: &AppState, headers: &HeaderMap) -> (String, Option<HeaderValue>) {
-    let secure = state.public_origin.secure(headers);
-    let name = pre_session_cookie(secure);
-    match cookie(headers, name) {
-        Some(v) => (v.to_owned(), None),
-        None => {
-            let v = token::generate("");
-            let set = set_cookie(secure, name, &v, 24 * 3600);
-            (v, Some(set))
-        }
-    }
-}
-
 /// The value of this request's pre-session cookie, under the name cookies
 /// of this request's kind carry.
 pub fn pre_session_value<'a>(state: &AppState, headers: &'a HeaderMap) -> Option<&'a str> {
     cookie(
         headers,
-        pre_session_cookie(state.public_origin.secure(headers)),
+        APP_COOKIES.pre_session_cookie(state.public_origin.secure(headers)),
     )
 }
 
@@ -137,7 +171,7 @@ pub async fn start(
         .store
         .create_session(id, worker_id, hash, now, now + Duration::days(SESSION_DAYS))
         .await?;
-    Ok(set_cookie(
+    Ok(APP_COOKIES.set(
         state.public_origin.secure(headers),
         SESSION_COOKIE,
         &secret,
@@ -170,12 +204,9 @@ impl FromRequestParts<AppState> for WorkerSession {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        // Every form of a session changes something: a cross-site one is
-        // refused before the session is even looked up.
-        if !parts.method.is_safe() {
-            SameOrigin::from_request_parts(parts, state).await?;
-        }
-        let value = cookie(&parts.headers, SESSION_COOKIE).ok_or(AppError::SignIn)?;
+        let value = session_cookie(parts, state, SESSION_COOKIE)
+            .await?
+            .ok_or(AppError::SignIn)?;
         let id = credential_subject(value, SESSION_PREFIX).ok_or(AppError::SignIn)?;
         let session = state
             .store
@@ -192,6 +223,21 @@ impl FromRequestParts<AppState> for WorkerSession {
             cookie: value.to_owned(),
         })
     }
+}
+
+/// The value of the session cookie `name` a request carries, for the
+/// worker's and the console's sessions alike. Every form of a session
+/// changes something: a cross-site one is refused ([`SameOrigin`]) before
+/// the session is even looked up.
+pub async fn session_cookie<'p>(
+    parts: &'p mut Parts,
+    state: &AppState,
+    name: &str,
+) -> Result<Option<&'p str>, AppError> {
+    if !parts.method.is_safe() {
+        SameOrigin::from_request_parts(parts, state).await?;
+    }
+    Ok(cookie(&parts.headers, name))
 }
 
 /// A state-changing request that the browser did not mark as coming from
@@ -283,15 +329,16 @@ mod tests {
 
     #[test]
     fn a_secure_pre_session_cookie_is_host_prefixed() {
-        assert_eq!(pre_session_cookie(true), "__Host-ms_presession");
-        let set = set_cookie(true, pre_session_cookie(true), "v", 60);
+        let cookies = APP_COOKIES;
+        assert_eq!(cookies.pre_session_cookie(true), "__Host-ms_presession");
+        let set = cookies.set(true, cookies.pre_session_cookie(true), "v", 60);
         let set = set.to_str().unwrap();
         assert!(
             set.contains("; Path=/;") && set.ends_with("; Secure"),
             "{set}"
         );
         assert!(!set.contains("Domain"), "{set}");
-        let plain = set_cookie(false, pre_session_cookie(false), "v", 60);
+        let plain = cookies.set(false, cookies.pre_session_cookie(false), "v", 60);
         assert!(
             plain
                 .to_str()

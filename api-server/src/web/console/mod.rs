@@ -19,13 +19,13 @@ use askama::Template;
 use axum::Router;
 use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::identity::{AuditAction, Scope};
 use meatspace_store::console::ConsoleSession;
-use meatspace_store::token::{self, TokenHash};
+use meatspace_store::token::TokenHash;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -35,7 +35,7 @@ mod overview;
 mod tasks;
 mod workers;
 
-use super::session::{SameOrigin, check_csrf, cookie, csrf_token};
+use super::session::{self, Cookies, SameOrigin, check_csrf, cookie, csrf_token};
 use super::{AppError, html, with_cookie};
 use crate::AppState;
 use crate::auth::{Caller, credential_subject, issue_token, verify_key};
@@ -73,29 +73,14 @@ fn session_cookie(secure: bool) -> &'static str {
     }
 }
 
-fn pre_session_cookie(secure: bool) -> &'static str {
-    if secure {
-        "__Host-ms_console_pre"
-    } else {
-        "ms_console_pre"
-    }
-}
-
-/// A console cookie: `HttpOnly`, `SameSite=Strict`; `__Host-` ones have
-/// path `/` and `Secure` (as the prefix demands), the others are scoped
-/// to the console. `max_age` 0 deletes it.
-fn set_cookie(secure: bool, name: &str, value: &str, max_age: i64) -> HeaderValue {
-    let path = if name.starts_with("__Host-") {
-        "/"
-    } else {
-        "/console"
-    };
-    let secure = if secure { "; Secure" } else { "" };
-    HeaderValue::from_str(&format!(
-        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}"
-    ))
-    .expect("cookie values are URL-safe base64 and ids")
-}
+/// The console's cookies: `SameSite=Strict`, scoped to the console.
+const COOKIES: Cookies = Cookies {
+    path: "/console",
+    same_site: "Strict",
+    pre_session: "ms_console_pre",
+    secure_pre_session: "__Host-ms_console_pre",
+    pre_session_seconds: 3600,
+};
 
 // ---------------------------------------------------------------- session
 
@@ -195,10 +180,8 @@ impl FromRequestParts<AppState> for Console {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        if !parts.method.is_safe() {
-            SameOrigin::from_request_parts(parts, state).await?;
-        }
-        let Some(value) = session_value(state, &parts.headers) else {
+        let name = session_cookie(state.public_origin.secure(&parts.headers));
+        let Some(value) = session::session_cookie(parts, state, name).await? else {
             return Err(AppError::Redirect("/console/login"));
         };
         Console::of_session(state, value).await
@@ -331,27 +314,13 @@ struct LoginQuery {
     signed_out: Option<String>,
 }
 
-/// A page posted before signing in: the pre-session cookie (set when the
-/// browser has none) and its CSRF token.
-fn pre_session(state: &AppState, headers: &HeaderMap) -> (String, Option<HeaderValue>) {
-    let secure = state.public_origin.secure(headers);
-    let name = pre_session_cookie(secure);
-    match cookie(headers, name) {
-        Some(v) => (v.to_owned(), None),
-        None => {
-            let v = token::generate("");
-            (v.clone(), Some(set_cookie(secure, name, &v, 3600)))
-        }
-    }
-}
-
 fn login_page(
     state: &AppState,
     headers: &HeaderMap,
     notice: Option<&'static str>,
     error: Option<&'static str>,
 ) -> Response {
-    let (pre, set) = pre_session(state, headers);
+    let (pre, set) = COOKIES.pre_session(state, headers);
     with_cookie(
         html(&LoginPage {
             nav: None,
@@ -394,7 +363,7 @@ async fn login(
 ) -> Result<Response, AppError> {
     let secure = state.public_origin.secure(&headers);
     check_csrf(
-        cookie(&headers, pre_session_cookie(secure)),
+        cookie(&headers, COOKIES.pre_session_cookie(secure)),
         form.csrf.as_deref(),
     )?;
     let key = form.key.trim();
@@ -441,7 +410,7 @@ async fn login(
     record(&state, &caller, AuditAction::ConsoleSignedIn, id, &address).await?;
     Ok(with_cookie(
         Redirect::to("/console").into_response(),
-        Some(set_cookie(
+        Some(COOKIES.set(
             secure,
             session_cookie(secure),
             &secret,
@@ -487,6 +456,6 @@ async fn logout(
     .await?;
     Ok(with_cookie(
         Redirect::to("/console/login?signed_out=1").into_response(),
-        Some(set_cookie(secure, session_cookie(secure), "", 0)),
+        Some(COOKIES.set(secure, session_cookie(secure), "", 0)),
     ))
 }
