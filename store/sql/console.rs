@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::dialect::{self as d, Row};
 use crate::identity::{WORKER_COLUMNS, worker_from_row};
+use crate::sql::read_all;
 use crate::{TASK_COLUMNS, task_from_row};
 
 const SESSION_COLUMNS: &str =
@@ -67,13 +68,11 @@ impl ConsoleStore for d::Store {
              WHERE ($1 IS NULL OR lower(name) LIKE $1 ESCAPE '\\') AND id > $2 \
              ORDER BY id LIMIT $3"
         );
-        let rows = sqlx::query(&sql)
+        let query = sqlx::query(&sql)
             .bind(search.map(contains_pattern))
             .bind(d::id(after.unwrap_or_default()))
-            .bind(i64::from(limit))
-            .fetch_all(d::reader(self))
-            .await?;
-        rows.iter().map(worker_from_row).collect()
+            .bind(i64::from(limit));
+        read_all(self, query, worker_from_row).await
     }
 
     async fn console_tasks(&self, f: &TaskFilter) -> Result<Vec<(Task, Uuid)>, StoreError> {
@@ -81,27 +80,27 @@ impl ConsoleStore for d::Store {
             Some((at, id)) => (Some(d::time(at)), Some(d::id(id))),
             None => (None, None),
         };
-        let rows = sqlx::query(&format!(
+        let sql = format!(
             "SELECT {TASK_COLUMNS}, owner_id AS console_owner FROM tasks \
              WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR owner_id = $2) \
              AND ($3 IS NULL OR created_at >= $3) AND ($4 IS NULL OR created_at < $4) \
              AND ($5 IS NULL OR lower(description) LIKE $5 ESCAPE '\\') \
              AND ($6 IS NULL OR created_at < $6 OR (created_at = $6 AND id < $7)) \
              ORDER BY created_at DESC, id DESC LIMIT $8"
-        ))
-        .bind(f.state.map(|s| s.as_str()))
-        .bind(f.owner.map(d::id))
-        .bind(d::opt_time(f.since))
-        .bind(d::opt_time(f.until))
-        .bind(f.search.as_deref().map(contains_pattern))
-        .bind(before_at)
-        .bind(before_id)
-        .bind(i64::from(f.limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter()
-            .map(|row| Ok((task_from_row(row)?, d::read_id(row, "console_owner")?)))
-            .collect()
+        );
+        let query = sqlx::query(&sql)
+            .bind(f.state.map(|s| s.as_str()))
+            .bind(f.owner.map(d::id))
+            .bind(d::opt_time(f.since))
+            .bind(d::opt_time(f.until))
+            .bind(f.search.as_deref().map(contains_pattern))
+            .bind(before_at)
+            .bind(before_id)
+            .bind(i64::from(f.limit));
+        read_all(self, query, |row| {
+            Ok((task_from_row(row)?, d::read_id(row, "console_owner")?))
+        })
+        .await
     }
 
     async fn create_console_session(&self, s: &ConsoleSession) -> Result<(), StoreError> {
@@ -226,7 +225,7 @@ impl ConsoleStore for d::Store {
     async fn tasks_per_hour(&self, since: DateTime<Utc>) -> Result<Vec<HourCount>, StoreError> {
         let created = d::hour_of("created_at");
         let ended = d::hour_of("ended_at");
-        let rows = sqlx::query(&format!(
+        let sql = format!(
             "SELECT hour, SUM(created) AS created, SUM(completed) AS completed FROM ( \
                SELECT {created} AS hour, 1 AS created, 0 AS completed FROM tasks \
                  WHERE created_at >= $1 \
@@ -234,18 +233,15 @@ impl ConsoleStore for d::Store {
                SELECT {ended} AS hour, 0 AS created, 1 AS completed FROM tasks \
                  WHERE state = 'completed' AND ended_at >= $1 \
              ) AS t GROUP BY hour ORDER BY hour"
-        ))
-        .bind(d::time(since))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(HourCount {
-                    hour: d::read_time(row, "hour")?,
-                    created: count(row, "created")?,
-                    completed: count(row, "completed")?,
-                })
+        );
+        let query = sqlx::query(&sql).bind(d::time(since));
+        read_all(self, query, |row| {
+            Ok(HourCount {
+                hour: d::read_time(row, "hour")?,
+                created: count(row, "created")?,
+                completed: count(row, "completed")?,
             })
-            .collect()
+        })
+        .await
     }
 }

@@ -27,6 +27,7 @@ use sqlx::Row as _;
 use uuid::Uuid;
 
 use crate::dialect::{self as d, Conn, Row, Tx};
+use crate::sql::read_all;
 
 pub(crate) const WORKER_COLUMNS: &str = "id, name, created_at, suspended_at";
 
@@ -108,14 +109,11 @@ impl<T> Table<T> {
         let Table {
             columns, from, id, ..
         } = self;
-        let rows = sqlx::query(&format!(
-            "SELECT {columns} FROM {from} WHERE {id} > $1 ORDER BY {id} LIMIT $2"
-        ))
-        .bind(d::id(after.unwrap_or_default()))
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(store))
-        .await?;
-        rows.iter().map(self.from_row).collect()
+        let sql = format!("SELECT {columns} FROM {from} WHERE {id} > $1 ORDER BY {id} LIMIT $2");
+        let query = sqlx::query(&sql)
+            .bind(d::id(after.unwrap_or_default()))
+            .bind(i64::from(limit));
+        read_all(store, query, self.from_row).await
     }
 
     /// Runs `update` of row `id` in a write of its own, with `audit` when
@@ -509,19 +507,18 @@ impl IdentityStore for d::Store {
             Some(c) => (d::time(c.created_at), d::id(c.id)),
             None => d::past_every_task(),
         };
-        let rows = sqlx::query(&format!(
+        let sql = format!(
             "SELECT {} FROM tasks WHERE owner_id = $1 AND ($2 IS NULL OR state = $2) \
              AND (created_at, id) < ($3, $4) ORDER BY created_at DESC, id DESC LIMIT $5",
             crate::TASK_COLUMNS
-        ))
-        .bind(d::id(owner))
-        .bind(state.map(TaskState::as_str))
-        .bind(created_at)
-        .bind(id)
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(crate::task_from_row).collect()
+        );
+        let query = sqlx::query(&sql)
+            .bind(d::id(owner))
+            .bind(state.map(TaskState::as_str))
+            .bind(created_at)
+            .bind(id)
+            .bind(i64::from(limit));
+        read_all(self, query, crate::task_from_row).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -587,14 +584,12 @@ impl IdentityStore for d::Store {
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn qualifications(&self, worker: Uuid) -> Result<Vec<Qualification>, StoreError> {
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT name, value_text, value_int, granted_at, expires_at \
              FROM worker_qualifications WHERE worker_id = $1 ORDER BY name",
         )
-        .bind(d::id(worker))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(qualification_from_row).collect()
+        .bind(d::id(worker));
+        read_all(self, query, qualification_from_row).await
     }
 
     #[tracing::instrument(level = "debug", skip(self, audit), err)]
@@ -639,32 +634,25 @@ impl IdentityStore for d::Store {
         &self,
         principal: Uuid,
     ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT worker_id, created_at FROM worker_blocks WHERE principal_id = $1 \
              ORDER BY worker_id",
         )
-        .bind(d::id(principal))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    d::read_id(row, "worker_id")?,
-                    d::read_time(row, "created_at")?,
-                ))
-            })
-            .collect()
+        .bind(d::id(principal));
+        read_all(self, query, |row| {
+            Ok((
+                d::read_id(row, "worker_id")?,
+                d::read_time(row, "created_at")?,
+            ))
+        })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn blocked_by(&self, worker: Uuid) -> Result<Vec<Uuid>, StoreError> {
-        let rows = sqlx::query("SELECT principal_id FROM worker_blocks WHERE worker_id = $1")
-            .bind(d::id(worker))
-            .fetch_all(d::reader(self))
-            .await?;
-        rows.iter()
-            .map(|row| d::read_id(row, "principal_id"))
-            .collect()
+        let query = sqlx::query("SELECT principal_id FROM worker_blocks WHERE worker_id = $1")
+            .bind(d::id(worker));
+        read_all(self, query, |row| d::read_id(row, "principal_id")).await
     }
 
     #[tracing::instrument(level = "debug", skip(self, audit), err)]
@@ -731,7 +719,7 @@ impl IdentityStore for d::Store {
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn audit(&self, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT a.id, a.at, a.principal_id, a.action, a.target, a.address, a.detail, \
              p.kind AS principal_kind, p.name AS principal_name \
              FROM audit a LEFT JOIN principals p ON p.id = a.principal_id \
@@ -746,28 +734,25 @@ impl IdentityStore for d::Store {
         .bind(f.before)
         .bind(i64::from(f.limit))
         .bind(f.action.map(|a| a.as_str()))
-        .bind(f.target.as_deref())
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter()
-            .map(|r| {
-                let principal = match r.try_get::<Option<&str>, _>("principal_kind")? {
-                    Some(_) => principal_from_row(r)?,
-                    None => unknown_principal(d::read_id(r, "principal_id")?),
-                };
-                let action: &str = r.try_get("action")?;
-                Ok(AuditEntry {
-                    id: r.try_get("id")?,
-                    at: d::read_time(r, "at")?,
-                    principal,
-                    action: AuditAction::parse(action)
-                        .ok_or_else(|| StoreError::Corrupt(format!("audit action {action:?}")))?,
-                    target: r.try_get("target")?,
-                    address: r.try_get("address")?,
-                    detail: d::read_json(r, "detail")?,
-                })
+        .bind(f.target.as_deref());
+        read_all(self, query, |r| {
+            let principal = match r.try_get::<Option<&str>, _>("principal_kind")? {
+                Some(_) => principal_from_row(r)?,
+                None => unknown_principal(d::read_id(r, "principal_id")?),
+            };
+            let action: &str = r.try_get("action")?;
+            Ok(AuditEntry {
+                id: r.try_get("id")?,
+                at: d::read_time(r, "at")?,
+                principal,
+                action: AuditAction::parse(action)
+                    .ok_or_else(|| StoreError::Corrupt(format!("audit action {action:?}")))?,
+                target: r.try_get("target")?,
+                address: r.try_get("address")?,
+                detail: d::read_json(r, "detail")?,
             })
-            .collect()
+        })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]

@@ -50,3 +50,13 @@ pub(crate) async fn delete_due(
     let query = sqlx::query(&sql).bind(d::time(at)).bind(i64::from(limit));
     d::write_statement(store, query).await
 }
+
+/// The rows that `query` reads on a reader, each through `from_row`.
+pub(crate) async fn read_all<T>(
+    store: &d::Store,
+    query: d::Query<'_>,
+    from_row: impl FnMut(&Row) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let rows = query.fetch_all(d::reader(store)).await?;
+    rows.iter().map(from_row).collect()
+}

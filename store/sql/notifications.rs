@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::dialect::{self as d, Row};
 use crate::reads::placeholders;
-use crate::sql::lock_due;
+use crate::sql::{lock_due, read_all};
 
 /// Rows per multi-row insert: well under either database's limit of bound
 /// parameters.
@@ -236,22 +236,19 @@ impl Notifications for d::Store {
     }
 
     async fn push_subscriptions(&self, worker: Uuid) -> Result<Vec<PushSubscription>, StoreError> {
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT endpoint, p256dh, auth FROM push_subscriptions WHERE worker_id = $1 \
              ORDER BY created_at, endpoint",
         )
-        .bind(d::id(worker))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(PushSubscription {
-                    endpoint: row.try_get("endpoint")?,
-                    p256dh: row.try_get("p256dh")?,
-                    auth: row.try_get("auth")?,
-                })
+        .bind(d::id(worker));
+        read_all(self, query, |row| {
+            Ok(PushSubscription {
+                endpoint: row.try_get("endpoint")?,
+                p256dh: row.try_get("p256dh")?,
+                auth: row.try_get("auth")?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn remove_push_subscription(
@@ -525,7 +522,7 @@ impl Notifications for d::Store {
         by: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Lapsing>, StoreError> {
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT id, worker_id, next_deadline FROM tasks \
              WHERE next_deadline > $1 AND next_deadline <= $2 \
              AND state IN ('assigned', 'active') AND worker_id IS NOT NULL \
@@ -533,17 +530,14 @@ impl Notifications for d::Store {
         )
         .bind(d::time(now))
         .bind(d::time(by))
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Lapsing {
-                    task_id: d::read_id(row, "id")?,
-                    worker_id: d::read_id(row, "worker_id")?,
-                    at: d::read_time(row, "next_deadline")?,
-                })
+        .bind(i64::from(limit));
+        read_all(self, query, |row| {
+            Ok(Lapsing {
+                task_id: d::read_id(row, "id")?,
+                worker_id: d::read_id(row, "worker_id")?,
+                at: d::read_time(row, "next_deadline")?,
             })
-            .collect()
+        })
+        .await
     }
 }

@@ -14,6 +14,7 @@ use sqlx::Row as _;
 use uuid::Uuid;
 
 use crate::dialect as d;
+use crate::sql::read_all;
 use crate::{TASK_COLUMNS, event_from_row, issue_from_row, task_from_row};
 
 #[async_trait::async_trait]
@@ -46,16 +47,14 @@ impl TaskReads for d::Store {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
-        let rows = sqlx::query(
+        let query = sqlx::query(
             "SELECT id, task_id, type, actor, created_at, data FROM events \
              WHERE task_id = $1 AND id > $2 ORDER BY id LIMIT $3",
         )
         .bind(d::id(task_id))
         .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(event_from_row).collect()
+        .bind(i64::from(limit));
+        read_all(self, query, event_from_row).await
     }
 
     async fn feed_read(
@@ -110,11 +109,9 @@ impl TaskReads for d::Store {
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn issues(&self, task_id: Uuid) -> Result<Vec<Issue>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM issues WHERE task_id = $1 ORDER BY event_id")
-            .bind(d::id(task_id))
-            .fetch_all(d::reader(self))
-            .await?;
-        rows.iter().map(issue_from_row).collect()
+        let query = sqlx::query("SELECT * FROM issues WHERE task_id = $1 ORDER BY event_id")
+            .bind(d::id(task_id));
+        read_all(self, query, issue_from_row).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -205,16 +202,14 @@ impl TaskReads for d::Store {
         for &(lo, hi) in ranges {
             query = query.bind(lo).bind(hi);
         }
-        let rows = query.fetch_all(d::reader(self)).await?;
-        rows.iter()
-            .map(|row| {
-                Ok(OpenPlace {
-                    id: d::read_id(row, "id")?,
-                    latitude: row.try_get("latitude")?,
-                    longitude: row.try_get("longitude")?,
-                })
+        read_all(self, query, |row| {
+            Ok(OpenPlace {
+                id: d::read_id(row, "id")?,
+                latitude: row.try_get("latitude")?,
+                longitude: row.try_get("longitude")?,
             })
-            .collect()
+        })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -230,20 +225,16 @@ impl TaskReads for d::Store {
         for &id in ids {
             query = query.bind(d::id(id));
         }
-        let rows = query.fetch_all(d::reader(self)).await?;
-        rows.iter().map(task_from_row).collect()
+        read_all(self, query, task_from_row).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn tasks_after(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2"
-        ))
-        .bind(d::id(after.unwrap_or_default()))
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(task_from_row).collect()
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id > $1 ORDER BY id LIMIT $2");
+        let query = sqlx::query(&sql)
+            .bind(d::id(after.unwrap_or_default()))
+            .bind(i64::from(limit));
+        read_all(self, query, task_from_row).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
@@ -281,27 +272,24 @@ impl TaskReads for d::Store {
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn worker_tasks(&self, worker_id: Uuid, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let sql = format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE worker_id = $1 \
              ORDER BY updated_at DESC, id DESC LIMIT $2"
-        ))
-        .bind(d::id(worker_id))
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(task_from_row).collect()
+        );
+        let query = sqlx::query(&sql)
+            .bind(d::id(worker_id))
+            .bind(i64::from(limit));
+        read_all(self, query, task_from_row).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn newest_open_tasks(&self, limit: u32) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let sql = format!(
             "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' \
              ORDER BY created_at DESC, id DESC LIMIT $1"
-        ))
-        .bind(i64::from(limit))
-        .fetch_all(d::reader(self))
-        .await?;
-        rows.iter().map(task_from_row).collect()
+        );
+        let query = sqlx::query(&sql).bind(i64::from(limit));
+        read_all(self, query, task_from_row).await
     }
 
     async fn task_request(&self, resource_uid: &str) -> Result<Option<TaskRequest>, StoreError> {
@@ -347,16 +335,15 @@ async fn open_tasks_where(
         Some(c) => (d::time(c.created_at), d::id(c.id)),
         None => d::before_every_task(),
     };
-    let rows = sqlx::query(&format!(
+    let sql = format!(
         "SELECT {TASK_COLUMNS} FROM tasks WHERE state = 'open' {also} \
          AND (created_at, id) > ($1, $2) ORDER BY created_at, id LIMIT $3"
-    ))
-    .bind(created_at)
-    .bind(id)
-    .bind(i64::from(limit))
-    .fetch_all(d::reader(store))
-    .await?;
-    rows.iter().map(task_from_row).collect()
+    );
+    let query = sqlx::query(&sql)
+        .bind(created_at)
+        .bind(id)
+        .bind(i64::from(limit));
+    read_all(store, query, task_from_row).await
 }
 
 /// `$1, $2, …, $n`: the parameters of an `IN` list.
