@@ -1012,22 +1012,17 @@ mod tests {
     fn transition_times_stay_while_a_condition_holds() {
         let t0 = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
         let t1 = t0 + TimeDelta::seconds(60);
-        let mut conditions = vec![condition("SpecApplied", true, "Applied", "ok".into(), t0)];
-        set_condition(
-            &mut conditions,
-            condition("SpecApplied", true, "Applied", "ok".into(), t1),
-        );
-        assert_eq!(
-            conditions[0].last_transition_time,
-            condition("x", true, "x", String::new(), t0).last_transition_time
-        );
-        set_condition(
-            &mut conditions,
-            condition("SpecApplied", false, "ExtensionRefused", "no".into(), t1),
-        );
-        assert_eq!(
-            conditions[0].last_transition_time,
-            condition("x", true, "x", String::new(), t1).last_transition_time
-        );
+        let applied =
+            |status, reason: &str, at| condition("SpecApplied", status, reason, String::new(), at);
+        let mut conditions = vec![applied(true, "Applied", t0)];
+        // At t1: the same status keeps the time of t0, another one takes t1.
+        for (status, reason, since) in [(true, "Applied", t0), (false, "ExtensionRefused", t1)] {
+            set_condition(&mut conditions, applied(status, reason, t1));
+            assert_eq!(
+                conditions[0].last_transition_time,
+                applied(status, reason, since).last_transition_time,
+                "{reason}"
+            );
+        }
     }
 }
