@@ -13,32 +13,25 @@ use crate::output::{emit, one_line, task_summary};
 use crate::state::WorkerRecord;
 
 pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
-    match &cmd {
-        WorkerCommand::Register { name, replace } => return register(ctx, name, *replace).await,
+    // The worker's own commands act with the worker token of the state
+    // directory; the operator's act with the API key.
+    let worker = || -> Result<WorkerHandle> {
+        let record = ctx.state.worker()?;
+        Ok(ctx
+            .client(Some(&record.server))?
+            .worker(record.worker_token))
+    };
+    match cmd {
+        WorkerCommand::Register { name, replace } => register(ctx, &name, replace).await,
         WorkerCommand::List { .. }
         | WorkerCommand::Suspend { .. }
         | WorkerCommand::Reinstate { .. }
         | WorkerCommand::Qualify { .. }
         | WorkerCommand::Unqualify { .. }
         | WorkerCommand::Qualifications { .. }
-        | WorkerCommand::Block { .. } => return crate::operator::worker(ctx, cmd).await,
-        _ => {}
-    }
-    let record = ctx.state.worker()?;
-    let h = ctx
-        .client(Some(&record.server))?
-        .worker(record.worker_token);
-    match cmd {
-        WorkerCommand::Register { .. }
-        | WorkerCommand::List { .. }
-        | WorkerCommand::Suspend { .. }
-        | WorkerCommand::Reinstate { .. }
-        | WorkerCommand::Qualify { .. }
-        | WorkerCommand::Unqualify { .. }
-        | WorkerCommand::Qualifications { .. }
-        | WorkerCommand::Block { .. } => unreachable!("handled above"),
+        | WorkerCommand::Block { .. } => crate::operator::worker(ctx, cmd).await,
         WorkerCommand::Tasks { limit } => {
-            let page = h.open_tasks(None, Some(limit)).await?;
+            let page = worker()?.open_tasks(None, Some(limit)).await?;
             emit(ctx.global.output, &page, || {
                 if page.tasks.is_empty() {
                     return "no open tasks".into();
@@ -57,13 +50,16 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
             })
         }
         WorkerCommand::Get { id } => {
-            let task = h.task(id).await?;
+            let task = worker()?.task(id).await?;
             emit(ctx.global.output, &task, || task_summary(&task))
         }
-        WorkerCommand::Claim { id } => show(ctx, "claimed", h.claim(id).await?),
-        WorkerCommand::Start { id } => show(ctx, "started", h.start(id).await?),
-        WorkerCommand::Message { id, text } => show(ctx, "sent", h.message(id, &text).await?),
+        WorkerCommand::Claim { id } => show(ctx, "claimed", worker()?.claim(id).await?),
+        WorkerCommand::Start { id } => show(ctx, "started", worker()?.start(id).await?),
+        WorkerCommand::Message { id, text } => {
+            show(ctx, "sent", worker()?.message(id, &text).await?)
+        }
         WorkerCommand::Photo { id, file } => {
+            let h = worker()?;
             let bytes = std::fs::read(&file).with_context(|| format!("read {}", file.display()))?;
             let Some(content_type) = sniff_image(&bytes) else {
                 bail!(
@@ -74,9 +70,10 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
             show(ctx, "sent photo", h.photo(id, content_type, bytes).await?)
         }
         WorkerCommand::Issue { id, kind, text } => {
-            show(ctx, "raised issue", h.issue(id, kind, &text).await?)
+            show(ctx, "raised issue", worker()?.issue(id, kind, &text).await?)
         }
         WorkerCommand::Complete { id, note, result } => {
+            let h = worker()?;
             let change = match result {
                 Some(result) => h.complete_with_result(id, note.as_deref(), result).await?,
                 None => h.complete(id, note.as_deref()).await?,
@@ -90,7 +87,7 @@ pub async fn run(ctx: &Ctx, cmd: WorkerCommand) -> Result<()> {
             show(ctx, done, change)
         }
         WorkerCommand::Stop { id, reason } => {
-            show(ctx, "stopped", h.stop(id, reason.as_deref()).await?)
+            show(ctx, "stopped", worker()?.stop(id, reason.as_deref()).await?)
         }
     }
 }
