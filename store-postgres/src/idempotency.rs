@@ -4,7 +4,6 @@
 
 use meatspace_store::StoreError;
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
-use sqlx::Row;
 
 type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
@@ -22,25 +21,14 @@ pub(crate) async fn lock(
     tx: &mut Tx,
     claim: &IdempotencyClaim,
 ) -> Result<Option<IdempotencyRecord>, StoreError> {
-    let row = sqlx::query(
+    Ok(sqlx::query_as(
         "SELECT fingerprint, state, status, response, locked_until, expires_at \
          FROM idempotency_keys WHERE scope = $1 AND key = $2 FOR UPDATE",
     )
     .bind(&claim.scope[..])
     .bind(&claim.key)
     .fetch_optional(&mut **tx)
-    .await?;
-    row.map(|row| {
-        Ok(IdempotencyRecord {
-            fingerprint: row.try_get("fingerprint")?,
-            state: row.try_get("state")?,
-            status: row.try_get("status")?,
-            response: row.try_get("response")?,
-            locked_until: row.try_get("locked_until")?,
-            expires_at: row.try_get("expires_at")?,
-        })
-    })
-    .transpose()
+    .await?)
 }
 
 /// Writes the key as in flight for `claim`, over whatever record it had.

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use meatspace_store::StoreError;
 use meatspace_store::webhooks::DueWebhook;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 pub(crate) async fn insert(
@@ -33,7 +33,7 @@ pub(crate) async fn claim_due(
     lease_until: DateTime<Utc>,
     limit: u32,
 ) -> Result<Vec<DueWebhook>, StoreError> {
-    let rows = sqlx::query(
+    Ok(sqlx::query_as(
         "UPDATE webhooks w SET next_attempt_at = $2 FROM ( \
            SELECT w2.task_id FROM webhooks w2 JOIN tasks t ON t.id = w2.task_id \
            WHERE w2.next_attempt_at IS NOT NULL AND w2.next_attempt_at <= $1 \
@@ -46,16 +46,5 @@ pub(crate) async fn claim_due(
     .bind(lease_until)
     .bind(i64::from(limit))
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(DueWebhook {
-                task_id: r.try_get("task_id")?,
-                url: r.try_get("url")?,
-                delivered_event_id: r.try_get("delivered_event_id")?,
-                attempts: r.try_get("attempts")?,
-                failing_since: r.try_get("failing_since")?,
-            })
-        })
-        .collect()
+    .await?)
 }

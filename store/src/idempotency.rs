@@ -42,8 +42,9 @@ pub enum IdempotencyBegin {
     Completed { status: u16, response: Vec<u8> },
 }
 
-/// A stored record, as a claim reads it.
-#[derive(Debug, Clone)]
+/// A stored record, as a claim reads it. A PostgreSQL row reads into it as
+/// it is (`sqlx::FromRow`).
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct IdempotencyRecord {
     pub fingerprint: Vec<u8>,
     pub state: String,

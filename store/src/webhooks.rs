@@ -15,8 +15,9 @@ use uuid::Uuid;
 
 pub use meatspace_domain::webhook::{Webhook, WebhookState};
 
-/// An endpoint a controller claimed for delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An endpoint a controller claimed for delivery. A row of PostgreSQL's
+/// claim reads into it as it is (`sqlx::FromRow`).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct DueWebhook {
     pub task_id: Uuid,
     pub url: String,
