@@ -399,15 +399,3 @@ mod tests {
             .expect("the database answers");
     }
 }
-
-/// Shipped migrations never change (see [`meatspace_store::migrations`]).
-#[cfg(test)]
-mod migration_checksums {
-    #[test]
-    fn shipped_migrations_are_unchanged() {
-        meatspace_store::migrations::assert_unchanged(
-            &super::MIGRATOR,
-            include_str!("../shipped-migrations.txt"),
-        );
-    }
-}

@@ -60,3 +60,19 @@ pub(crate) async fn read_all<T>(
     let rows = query.fetch_all(d::reader(store)).await?;
     rows.iter().map(from_row).collect()
 }
+
+/// Shipped migrations never change (see [`meatspace_store::migrations`]):
+/// each backend checks its own against its `shipped-migrations.txt`.
+#[cfg(test)]
+mod migration_checksums {
+    #[test]
+    fn shipped_migrations_are_unchanged() {
+        meatspace_store::migrations::assert_unchanged(
+            &crate::MIGRATOR,
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/shipped-migrations.txt"
+            )),
+        );
+    }
+}
