@@ -14,6 +14,7 @@ pub mod pg;
 pub mod process;
 pub mod prometheus;
 pub mod push;
+pub mod schema;
 pub mod server;
 pub mod smtp;
 

@@ -316,6 +316,12 @@ impl TestServer {
         self.request(Method::GET, path)
     }
 
+    /// `GET path` without credentials; asserts 200 and returns the JSON
+    /// answer.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get(path).expect_json(StatusCode::OK).await
+    }
+
     pub fn post(&self, path: &str) -> RequestBuilder {
         self.request(Method::POST, path)
     }
@@ -479,6 +485,24 @@ impl TestServer {
             .json(&body)
     }
 
+    /// The page of the task's events after `after`, at most `limit` of
+    /// them, as the agent reads it; asserts 200.
+    pub async fn events_page(
+        &self,
+        task_id: Uuid,
+        agent_token: &str,
+        after: i64,
+        limit: usize,
+    ) -> Value {
+        self.agent(agent_token)
+            .get(&task_path(
+                task_id,
+                &format!("/events?after={after}&limit={limit}"),
+            ))
+            .expect_json(StatusCode::OK)
+            .await
+    }
+
     /// The agent's clarification `text` in answer to the issue `issue_id`,
     /// ready to send.
     pub fn clarify(
@@ -556,13 +580,7 @@ impl TestServer {
         let mut events = Vec::new();
         let mut after = 0;
         loop {
-            let page = self
-                .agent(agent_token)
-                .get(&format!(
-                    "/api/v1/tasks/{task_id}/events?after={after}&limit=1000"
-                ))
-                .expect_json(StatusCode::OK)
-                .await;
+            let page = self.events_page(task_id, agent_token, after, 1000).await;
             events.extend(page["events"].as_array().expect("events array").clone());
             after = page["next_cursor"].as_i64().expect("next_cursor");
             if !page["has_more"].as_bool().expect("has_more") {
@@ -650,6 +668,17 @@ impl Bearer<'_> {
 
     pub fn post(&self, path: &str) -> RequestBuilder {
         self.request(Method::POST, path)
+    }
+
+    /// `GET path`; asserts 200 and returns the JSON answer.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get(path).expect_json(StatusCode::OK).await
+    }
+
+    /// `POST path` with the JSON `body`; asserts 200 and returns the JSON
+    /// answer.
+    pub async fn post_json(&self, path: &str, body: &Value) -> Value {
+        self.post(path).json(body).expect_json(StatusCode::OK).await
     }
 }
 
@@ -828,6 +857,13 @@ pub fn str_at(v: &Value, pointer: &str) -> String {
         .and_then(Value::as_str)
         .unwrap_or_else(|| panic!("no string at {pointer} in {v}"))
         .to_owned()
+}
+
+/// The array at a JSON pointer; panics if absent.
+pub fn array_at<'a>(v: &'a Value, pointer: &str) -> &'a Vec<Value> {
+    v.pointer(pointer)
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("no array at {pointer} in {v}"))
 }
 
 /// The UUID at a JSON pointer; panics if absent or malformed.

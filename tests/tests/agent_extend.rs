@@ -49,11 +49,7 @@ async fn extending_moves_the_deadline_and_records_an_event(db: Db) {
     let agent = server.agent(&token);
     let path = format!("/api/v1/tasks/{id}/extend");
 
-    let change = agent
-        .post(&path)
-        .json(&json!({ "add_seconds": 600 }))
-        .expect_json(StatusCode::OK)
-        .await;
+    let change = agent.post_json(&path, &json!({ "add_seconds": 600 })).await;
     let after_add = time_at(&change, "/task/expires_at");
     assert_eq!(after_add, expires_at + TimeDelta::seconds(600));
     assert_eq!(
@@ -67,9 +63,7 @@ async fn extending_moves_the_deadline_and_records_an_event(db: Db) {
 
     let target = after_add + TimeDelta::seconds(60);
     let change = agent
-        .post(&path)
-        .json(&json!({ "expires_at": target.to_rfc3339() }))
-        .expect_json(StatusCode::OK)
+        .post_json(&path, &json!({ "expires_at": target.to_rfc3339() }))
         .await;
     assert_eq!(time_at(&change, "/task/expires_at"), target);
     assert_eq!(change["task"]["state"], "open");
@@ -118,9 +112,10 @@ async fn extensions_are_bounded_and_checked(db: Db) {
     assert!(server.feed(id, &token).await.is_empty());
     // The maximum itself is allowed.
     agent
-        .post(&path)
-        .json(&json!({ "expires_at": (created_at + max).to_rfc3339() }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &path,
+            &json!({ "expires_at": (created_at + max).to_rfc3339() }),
+        )
         .await;
     // Another task's token: 404; no token: 401.
     let (_, other, _) = create(&server, 3600).await;
@@ -169,9 +164,10 @@ async fn the_controller_expires_at_the_new_deadline(db: Db) {
     server.publish(id, &token).await;
     let change = server
         .agent(&token)
-        .post(&format!("/api/v1/tasks/{id}/extend"))
-        .json(&json!({ "add_seconds": 3 }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &format!("/api/v1/tasks/{id}/extend"),
+            &json!({ "add_seconds": 3 }),
+        )
         .await;
     let new = time_at(&change, "/task/expires_at");
     assert_eq!(new, old + TimeDelta::seconds(3));

@@ -340,8 +340,7 @@ async fn the_next_worker_never_sees_a_lapsed_workers_conversation(db: Db) {
     // The polled feed and the web page agree.
     let page = server
         .worker(&b)
-        .get(&worker_path(id, "/events?after=0"))
-        .expect_json(StatusCode::OK)
+        .get_json(&worker_path(id, "/events?after=0"))
         .await;
     let events = page["events"].as_array().unwrap().clone();
     assert_eq!(types(&events), ["task.assigned", "worker.message"]);

@@ -318,13 +318,7 @@ async fn follow(srv: &TestServer, task_id: Uuid, token: &str) -> Vec<Value> {
              ({} events read, cursor {after})",
             delivered.len()
         );
-        let page = srv
-            .agent(token)
-            .get(&format!(
-                "/api/v1/tasks/{task_id}/events?after={after}&limit={limit}"
-            ))
-            .expect_json(StatusCode::OK)
-            .await;
+        let page = srv.events_page(task_id, token, after, limit).await;
         let events = page["events"].as_array().unwrap();
         delivered.extend(events.iter().cloned());
         after = page["next_cursor"].as_i64().unwrap();
@@ -461,7 +455,7 @@ async fn an_empty_poll_never_hides_an_acknowledged_write(db: Db) {
     let agent = srv.agent(&t.agent_token);
     let poll = |after: i64| {
         let path = format!("/api/v1/tasks/{}/events?after={after}", t.task_id);
-        async move { agent.get(&path).expect_json(StatusCode::OK).await }
+        async move { agent.get_json(&path).await }
     };
     let mut after = poll(0).await["next_cursor"].as_i64().unwrap();
     for i in 0..100 {
@@ -544,10 +538,7 @@ async fn an_empty_poll_answered_from_memory_still_checks_the_token(db: Db) {
     let (other, other_token) = srv.create_open_task("Another").await;
     let path = format!("/api/v1/tasks/{}/events?after=1000000", t.task_id);
     for _ in 0..3 {
-        srv.agent(&t.agent_token)
-            .get(&path)
-            .expect_json(StatusCode::OK)
-            .await;
+        srv.agent(&t.agent_token).get_json(&path).await;
     }
     let forged = format!("mst_{}_{}", t.task_id.simple(), "x".repeat(43));
     let other_path = format!("/api/v1/tasks/{other}/events?after=1000000");

@@ -138,8 +138,7 @@ async fn a_lapsed_assignment_takes_its_issues_and_feed_with_it(db: Db) {
     srv.worker_post(id, &second, "claim").await;
     let page = srv
         .worker(&second)
-        .get(&worker_path(id, "/events?after=0"))
-        .expect_json(StatusCode::OK)
+        .get_json(&worker_path(id, "/events?after=0"))
         .await;
     let seen = page["events"].as_array().expect("events").clone();
     assert_eq!(types(&seen), ["task.assigned"], "{page}");
@@ -373,10 +372,7 @@ async fn failed_authentications_are_limited_per_address(db: Db) {
         .expect_problem(StatusCode::TOO_MANY_REQUESTS)
         .await;
     // ... but the holder of a real token, and the dev key, are not.
-    srv.agent(&token)
-        .get(&path)
-        .expect_json(StatusCode::OK)
-        .await;
+    srv.agent(&token).get_json(&path).await;
     srv.create_task("And the lawn").await;
 }
 
@@ -422,8 +418,7 @@ async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
     }
     // A page answered at once takes no place.
     srv.agent(&t.agent_token)
-        .get(&format!("/api/v1/tasks/{}/events", t.task_id))
-        .expect_json(StatusCode::OK)
+        .get_json(&format!("/api/v1/tasks/{}/events", t.task_id))
         .await;
     // A forged token cannot take the holder's places, nor is it counted.
     srv.agent(&format!("{}x", t.agent_token))
@@ -733,9 +728,7 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
 
     // Ending the task is never refused.
     srv.worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/complete"))
-        .json(&json!({}))
-        .expect_json(StatusCode::OK)
+        .post_json(&worker_path(t.task_id, "/complete"), &json!({}))
         .await;
     let caps = srv.capabilities().await;
     assert_eq!(caps["limits"]["events_per_task"], LIMIT);

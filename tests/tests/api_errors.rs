@@ -221,10 +221,7 @@ async fn workers_reach_only_open_tasks_and_their_own(db: Db) {
     ] {
         request.expect_problem(NOT_FOUND).await;
     }
-    let listed = other
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
+    let listed = other.get_json("/api/v1/worker/tasks").await;
     assert_eq!(listed["tasks"], json!([]));
     assert_eq!(
         srv.counts().await.events,
@@ -780,15 +777,13 @@ async fn no_input_gets_a_server_error(db: Db) {
     let t = srv.active_task("Target of garbage").await;
     let issue = srv
         .worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/issues"))
-        .json(&json!({ "kind": "other", "text": "?" }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &worker_path(t.task_id, "/issues"),
+            &json!({ "kind": "other", "text": "?" }),
+        )
         .await["events"][0]["id"]
         .to_string();
-    let api = srv
-        .get("/api/v1/openapi.json")
-        .expect_json(StatusCode::OK)
-        .await;
+    let api = srv.get_json("/api/v1/openapi.json").await;
     let mut routes: Vec<(Method, String)> = Vec::new();
     for (path, item) in api["paths"].as_object().unwrap() {
         for method in ["get", "post", "put", "patch", "delete"] {

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_tests::server::{
-    DEV_KEY_HEADER, Expect, PROBLEM_TYPE_BASE, ServerOptions, TestServer, str_at, uuid_at, web,
+    DEV_KEY_HEADER, Expect, PROBLEM_TYPE_BASE, ServerOptions, TestServer, array_at, str_at,
+    uuid_at, web,
 };
 use meatspace_tests::{Db, TestDb, eventually};
 use reqwest::{Method, StatusCode};
@@ -82,9 +83,7 @@ fn slug(problem: &Value) -> String {
 }
 
 fn task_ids(page: &Value) -> Vec<Uuid> {
-    page["tasks"]
-        .as_array()
-        .expect("tasks")
+    array_at(page, "/tasks")
         .iter()
         .map(|t| uuid_at(t, "/id"))
         .collect()
@@ -103,14 +102,12 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
     srv.agent_post(task_a, &a.secret, "publish").await;
     let got = srv
         .agent(&a.secret)
-        .get(&format!("/api/v1/tasks/{task_a}"))
-        .expect_json(StatusCode::OK)
+        .get_json(&format!("/api/v1/tasks/{task_a}"))
         .await;
     assert_eq!(got["state"], "open");
     let feed = srv
         .agent(&a.secret)
-        .get(&format!("/api/v1/tasks/{task_a}/events?after=0"))
-        .expect_json(StatusCode::OK)
+        .get_json(&format!("/api/v1/tasks/{task_a}/events?after=0"))
         .await;
     assert_eq!(feed["events"][0]["type"], "task.published");
     // The event says which credential acted.
@@ -145,8 +142,7 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
     // The task token still works for whoever holds it (a sub-agent), and
     // its actions say so.
     srv.agent(&token_a)
-        .get(&format!("/api/v1/tasks/{task_a}"))
-        .expect_json(StatusCode::OK)
+        .get_json(&format!("/api/v1/tasks/{task_a}"))
         .await;
     let (task_c, token_c) = create_with(&srv, &a.secret, "handed to a sub-agent").await;
     let published = srv.agent_post(task_c, &token_c, "publish").await;
@@ -159,8 +155,7 @@ async fn agents_see_list_and_drive_only_their_own_tasks(db: Db) {
     srv.agent_post(task_c, &op.secret, "cancel").await;
     let trail = srv
         .agent(&op.secret)
-        .get(&format!("/api/v1/audit?principal={}", op.principal))
-        .expect_json(StatusCode::OK)
+        .get_json(&format!("/api/v1/audit?principal={}", op.principal))
         .await;
     assert_eq!(trail["entries"][0]["action"], "task.cancelled_by_operator");
     assert_eq!(trail["entries"][0]["target"], format!("task:{task_c}"));
@@ -498,7 +493,7 @@ async fn every_privileged_action_is_audited_with_its_principal(db: Db) {
     )
     .expect_json(StatusCode::OK)
     .await;
-    let entries = trail["entries"].as_array().expect("entries");
+    let entries = array_at(&trail, "/entries");
     let actions: Vec<&str> = entries
         .iter()
         .rev()
@@ -527,7 +522,7 @@ async fn every_privileged_action_is_audited_with_its_principal(db: Db) {
     let everyone = as_op(Method::GET, "/api/v1/audit?limit=200")
         .expect_json(StatusCode::OK)
         .await;
-    let all = everyone["entries"].as_array().expect("entries");
+    let all = array_at(&everyone, "/entries");
     assert_eq!(all.len(), entries.len() + 1);
     assert_eq!(
         all.last().expect("first entry")["principal"]["name"],
@@ -593,14 +588,8 @@ async fn the_dev_key_turned_off_is_refused_with_a_way_forward(db: Db) {
     let key = meatspace_api::access::bootstrap_operator(srv.store.as_ref(), "first operator")
         .await
         .expect("bootstrap");
-    let trail = srv
-        .agent(&key)
-        .get("/api/v1/audit")
-        .expect_json(StatusCode::OK)
-        .await;
-    let refusals: Vec<&Value> = trail["entries"]
-        .as_array()
-        .expect("entries")
+    let trail = srv.agent(&key).get_json("/api/v1/audit").await;
+    let refusals: Vec<&Value> = array_at(&trail, "/entries")
         .iter()
         .filter(|e| e["action"] == "dev_key.refused")
         .collect();
@@ -661,8 +650,7 @@ async fn revocations_reach_a_second_replica_at_once() {
     for _ in 0..2 {
         second
             .agent(&key.secret)
-            .get(&format!("/api/v1/tasks/{task}/events?after=0"))
-            .expect_json(StatusCode::OK)
+            .get_json(&format!("/api/v1/tasks/{task}/events?after=0"))
             .await;
         second.assert_worker_token(&worker_token, true).await;
         second.assert_agent_key(&rotating.secret, true).await;

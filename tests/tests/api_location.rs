@@ -146,11 +146,7 @@ async fn nearby(
         if let Some(c) = &cursor {
             path.push_str(&format!("&cursor={c}"));
         }
-        let page = srv
-            .worker(token)
-            .get(&path)
-            .expect_json(StatusCode::OK)
-            .await;
+        let page = srv.worker(token).get_json(&path).await;
         for t in page["tasks"].as_array().expect("tasks") {
             listed.push((uuid_at(t, "/id"), t["distance_m"].as_f64()));
         }
@@ -328,9 +324,10 @@ async fn positions_are_recorded_flagged_or_required(db: Db) {
     let (id, token, worker) = claimed(&srv, "flag").await;
     let started = srv
         .worker(&worker)
-        .post(&format!("/api/v1/worker/tasks/{id}/start"))
-        .json(&json!({ "position": position(400.0, 50.0) }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &format!("/api/v1/worker/tasks/{id}/start"),
+            &json!({ "position": position(400.0, 50.0) }),
+        )
         .await;
     let event = &started["events"][0];
     assert_eq!(event["type"], "task.started");
@@ -386,9 +383,7 @@ async fn positions_are_recorded_flagged_or_required(db: Db) {
     assert_eq!(srv.task(id, &token).await["state"], "assigned");
     // The accuracy counts: 1000 m away but only known to 950 m.
     srv.worker(&worker)
-        .post(&start)
-        .json(&json!({ "position": position(1_000.0, 950.0) }))
-        .expect_json(StatusCode::OK)
+        .post_json(&start, &json!({ "position": position(1_000.0, 950.0) }))
         .await;
     // Photos: far refused, near accepted with its distance.
     let res = send_photo(&srv, &worker, id, Some(position(2_000.0, 10.0))).await;

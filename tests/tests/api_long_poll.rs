@@ -71,9 +71,7 @@ async fn append_message(
 ) -> (i64, Instant) {
     let change = srv
         .worker(worker_token)
-        .post(&message_path(id))
-        .json(&json!({ "text": text }))
-        .expect_json(OK)
+        .post_json(&message_path(id), &json!({ "text": text }))
         .await;
     let event_id = change["events"][0]["id"].as_i64().expect("event id");
     (event_id, Instant::now())
@@ -112,21 +110,20 @@ async fn a_waiting_worker_poll_answers_with_the_agents_response(db: Db) {
     let t = srv.active_task("Photograph the harbour crane").await;
     let worker = srv.worker(&t.worker_token);
     let change = worker
-        .post(&format!("/api/v1/worker/tasks/{}/issues", t.task_id))
-        .json(&json!({ "kind": "unclear_instructions", "text": "Which crane?" }))
-        .expect_json(OK)
+        .post_json(
+            &format!("/api/v1/worker/tasks/{}/issues", t.task_id),
+            &json!({ "kind": "unclear_instructions", "text": "Which crane?" }),
+        )
         .await;
     let issue = change["events"][0]["id"].as_i64().expect("issue id");
 
     let waiter = poll(worker.get(&worker_events_path(t.task_id, issue, LONG)));
     srv.until_waiting(1).await;
     srv.agent(&t.agent_token)
-        .post(&format!(
-            "/api/v1/tasks/{}/issues/{issue}/respond",
-            t.task_id
-        ))
-        .json(&json!({ "action": "clarify", "text": "The red one" }))
-        .expect_json(OK)
+        .post_json(
+            &format!("/api/v1/tasks/{}/issues/{issue}/respond", t.task_id),
+            &json!({ "action": "clarify", "text": "The red one" }),
+        )
         .await;
     let (page, _) = waiter.await.expect("waiter");
 
@@ -144,11 +141,7 @@ async fn a_wait_on_an_idle_task_times_out_empty(db: Db) {
     assert!(after > 0);
 
     let sent = Instant::now();
-    let page = srv
-        .agent(&token)
-        .get(&events_path(id, after, 1))
-        .expect_json(OK)
-        .await;
+    let page = srv.agent(&token).get_json(&events_path(id, after, 1)).await;
     let took = sent.elapsed();
 
     assert!(page_events(&page).is_empty(), "{page}");
@@ -195,8 +188,7 @@ async fn a_wait_on_a_terminal_task_answers_at_once(db: Db) {
     let sent = Instant::now();
     let page = srv
         .agent(&t.agent_token)
-        .get(&events_path(t.task_id, 0, 30))
-        .expect_json(OK)
+        .get_json(&events_path(t.task_id, 0, 30))
         .await;
     assert!(!page_events(&page).is_empty());
     assert!(sent.elapsed() < AT_ONCE);
@@ -228,8 +220,7 @@ async fn wait_outside_0_to_30_is_a_bad_request(db: Db) {
     let sent = Instant::now();
     let page = srv
         .agent(&t.agent_token)
-        .get(&events_path(t.task_id, after, 0))
-        .expect_json(OK)
+        .get_json(&events_path(t.task_id, after, 0))
         .await;
     assert!(page_events(&page).is_empty());
     assert!(sent.elapsed() < AT_ONCE);

@@ -8,7 +8,7 @@
 
 use chrono::TimeDelta;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at, worker_path};
+use meatspace_tests::server::{Expect, TestServer, array_at, str_at, uuid_at, worker_path};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -34,22 +34,18 @@ async fn grant(srv: &TestServer, worker: Uuid, name: &str, body: Value) -> Value
 /// nearby one, which must agree on which tasks it may see).
 async fn listed(srv: &TestServer, token: &str) -> Vec<Uuid> {
     let ids = |page: Value| -> Vec<Uuid> {
-        page["tasks"]
-            .as_array()
-            .expect("tasks")
+        array_at(&page, "/tasks")
             .iter()
             .map(|t| uuid_at(t, "/id"))
             .collect()
     };
     let plain = ids(srv
         .worker(token)
-        .get("/api/v1/worker/tasks?limit=100")
-        .expect_json(StatusCode::OK)
+        .get_json("/api/v1/worker/tasks?limit=100")
         .await);
     let mut near = ids(srv
         .worker(token)
-        .get("/api/v1/worker/tasks?near=52.5,13.4&limit=100")
-        .expect_json(StatusCode::OK)
+        .get_json("/api/v1/worker/tasks?near=52.5,13.4&limit=100")
         .await);
     let mut sorted = plain.clone();
     sorted.sort();
@@ -78,12 +74,9 @@ async fn operators_grant_and_revoke_qualifications_and_the_trail_records_it(db: 
 
     let own = srv
         .worker(&token)
-        .get("/api/v1/worker/qualifications")
-        .expect_json(StatusCode::OK)
+        .get_json("/api/v1/worker/qualifications")
         .await;
-    let names: Vec<&str> = own["qualifications"]
-        .as_array()
-        .expect("list")
+    let names: Vec<&str> = array_at(&own, "/qualifications")
         .iter()
         .map(|q| q["name"].as_str().expect("name"))
         .collect();
@@ -146,9 +139,7 @@ async fn operators_grant_and_revoke_qualifications_and_the_trail_records_it(db: 
         .dev(Method::GET, "/api/v1/audit?limit=20")
         .expect_json(StatusCode::OK)
         .await;
-    let actions: Vec<(String, String)> = trail["entries"]
-        .as_array()
-        .expect("entries")
+    let actions: Vec<(String, String)> = array_at(&trail, "/entries")
         .iter()
         .map(|e| (str_at(e, "/action"), str_at(e, "/target")))
         .collect();
@@ -244,8 +235,7 @@ async fn requirements_decide_who_sees_opens_and_claims_a_task(db: Db) {
         .await
         .expect("revoke");
     srv.worker(&driver_token)
-        .get(&worker_path(by_car, ""))
-        .expect_json(StatusCode::OK)
+        .get_json(&worker_path(by_car, ""))
         .await;
     srv.worker_post(by_car, &driver_token, "start").await;
     srv.worker_post(by_car, &driver_token, "complete").await;
@@ -312,11 +302,7 @@ async fn a_principal_blocks_a_worker_from_its_own_tasks_only(db: Db) {
         .await;
     assert_eq!(blocks, answered);
     assert_eq!(blocks["blocks"][0]["worker_id"], json!(worker));
-    let other_blocks = srv
-        .agent(&other)
-        .get("/api/v1/blocks")
-        .expect_json(StatusCode::OK)
-        .await;
+    let other_blocks = srv.agent(&other).get_json("/api/v1/blocks").await;
     assert_eq!(
         other_blocks["blocks"],
         json!([]),
@@ -348,9 +334,7 @@ async fn a_principal_blocks_a_worker_from_its_own_tasks_only(db: Db) {
         .dev(Method::GET, "/api/v1/audit?limit=20")
         .expect_json(StatusCode::OK)
         .await;
-    let actions: Vec<String> = trail["entries"]
-        .as_array()
-        .expect("entries")
+    let actions: Vec<String> = array_at(&trail, "/entries")
         .iter()
         .map(|e| str_at(e, "/action"))
         .collect();

@@ -358,8 +358,7 @@ async fn accept_and_revise_then_accept(db: Db) {
     // The worker sees the request in its feed.
     let worker_feed = srv
         .worker(&t.worker_token)
-        .get(&worker_path(t.task_id, "/events?after=0"))
-        .expect_json(StatusCode::OK)
+        .get_json(&worker_path(t.task_id, "/events?after=0"))
         .await;
     assert!(
         types(worker_feed["events"].as_array().expect("events"))
@@ -481,11 +480,10 @@ async fn the_controller_accepts_a_silent_review_past_the_active_time_limit(db: D
     // The agent's long poll wakes with the controller's acceptance.
     let page = srv
         .agent(&t.agent_token)
-        .get(&format!(
+        .get_json(&format!(
             "/api/v1/tasks/{}/events?after={cursor}&wait=25",
             t.task_id
         ))
-        .expect_json(StatusCode::OK)
         .await;
     let end = &page["events"][0];
     assert_eq!(end["type"], "task.completed", "{page}");

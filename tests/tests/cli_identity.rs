@@ -16,7 +16,7 @@ use std::process::Stdio;
 use meatspace_tests::cli::{
     call_tool as call, call_tool_result, cli_at, json_of, mcp_session, refused, run,
 };
-use meatspace_tests::server::{Expect, ServerOptions, TestServer};
+use meatspace_tests::server::{Expect, ServerOptions, TestServer, array_at};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
 use rmcp::service::{RoleClient, RunningService};
@@ -95,9 +95,7 @@ async fn operator_and_two_agents(server: &TestServer, state: &Path) -> (String, 
 }
 
 fn listed_ids(list: &Value) -> Vec<String> {
-    list["tasks"]
-        .as_array()
-        .expect("tasks")
+    array_at(list, "/tasks")
         .iter()
         .map(|t| t["id"].as_str().expect("id").to_owned())
         .collect()
@@ -235,9 +233,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
     let state = dir.path().join("ops");
     let op = operator_key(&server, &state).await;
     let op_key = json_of(cli(&server, &state, As::Key(&op)), &["key", "list"]).await;
-    let op_principal = op_key["keys"]
-        .as_array()
-        .unwrap()
+    let op_principal = array_at(&op_key, "/keys")
         .iter()
         .find(|k| k["name"] == "ops")
         .expect("the operator's key is listed")["principal"]["id"]
@@ -324,9 +320,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
     .await;
     assert!(suspended["suspended_at"].is_string(), "{suspended}");
     let workers = json_of(cli(&server, &state, As::Key(&op)), &["worker", "list"]).await;
-    let listed = workers["workers"]
-        .as_array()
-        .unwrap()
+    let listed = array_at(&workers, "/workers")
         .iter()
         .find(|w| w["id"] == worker.to_string())
         .expect("the worker is listed")
@@ -364,9 +358,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
         .await;
     let invite_id = invite["id"].as_str().expect("invite id").to_owned();
     let invites = json_of(cli(&server, &state, As::Key(&op)), &["invite", "list"]).await;
-    let listed = invites["invites"]
-        .as_array()
-        .unwrap()
+    let listed = array_at(&invites, "/invites")
         .iter()
         .find(|i| i["id"] == invite_id.as_str())
         .expect("the invite is listed")
@@ -389,7 +381,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
         &["audit", "--principal", &op_principal],
     )
     .await;
-    let entries = audit["entries"].as_array().expect("entries");
+    let entries = array_at(&audit, "/entries");
     let actions: Vec<&str> = entries
         .iter()
         .map(|e| e["action"].as_str().unwrap())
@@ -439,9 +431,7 @@ async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
     let empty = dir.path().join("mcp-a");
     let client = mcp(&server, &empty, &a).await;
     let listed = call(&client, "list_my_tasks", json!({})).await;
-    let ids: Vec<&str> = listed["tasks"]
-        .as_array()
-        .unwrap()
+    let ids: Vec<&str> = array_at(&listed, "/tasks")
         .iter()
         .map(|t| t["task_id"].as_str().unwrap())
         .collect();
@@ -455,7 +445,7 @@ async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
     )
     .await;
     assert!(
-        !page["events"].as_array().unwrap().is_empty(),
+        !array_at(&page, "/events").is_empty(),
         "the published task has events: {page}"
     );
     // A task it creates belongs to A: the CLI with A's key lists it.
@@ -637,14 +627,8 @@ async fn qualifications_requirements_and_blocks_from_the_shell(db: Db) {
 
 /// Whether the worker with `token` lists the open task `task`.
 async fn worker_sees(server: &TestServer, token: &str, task: &str) -> bool {
-    let page = server
-        .worker(token)
-        .get("/api/v1/worker/tasks")
-        .expect_json(StatusCode::OK)
-        .await;
-    page["tasks"]
-        .as_array()
-        .expect("tasks")
+    let page = server.worker(token).get_json("/api/v1/worker/tasks").await;
+    array_at(&page, "/tasks")
         .iter()
         .any(|t| t["id"] == json!(task))
 }

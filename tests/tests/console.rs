@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::TimeDelta;
 use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_tests::browser::Chromedriver;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, str_at, uuid_at};
+use meatspace_tests::server::{Expect, ServerOptions, TestServer, array_at, str_at, uuid_at};
 use meatspace_tests::{Db, TestDb};
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use reqwest::{Client, Method, StatusCode};
@@ -219,9 +219,7 @@ async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
         .dev(Method::GET, &format!("/api/v1/audit?principal={principal}"))
         .expect_json(StatusCode::OK)
         .await;
-    let actions: Vec<&str> = trail["entries"]
-        .as_array()
-        .unwrap()
+    let actions: Vec<&str> = array_at(&trail, "/entries")
         .iter()
         .map(|e| e["action"].as_str().unwrap())
         .collect();
@@ -823,8 +821,7 @@ async fn workers_are_found_suspended_reinstated_given_tokens_and_qualified(db: D
     .await;
     let qualifications = async || {
         srv.worker(&token)
-            .get("/api/v1/worker/qualifications")
-            .expect_json(StatusCode::OK)
+            .get_json("/api/v1/worker/qualifications")
             .await["qualifications"]
             .clone()
     };
@@ -906,9 +903,7 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
             .expect_json(StatusCode::OK)
             .await;
         uuid_at(
-            keys["keys"]
-                .as_array()
-                .unwrap()
+            array_at(&keys, "/keys")
                 .iter()
                 .find(|k| k["name"] == "robot")
                 .unwrap(),

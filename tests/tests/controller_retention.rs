@@ -5,11 +5,13 @@
 mod controller_support;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::TimeDelta;
 use meatspace_controller::ControllerConfig;
 use meatspace_domain::{Command, IssueKind, NewPhoto, Policy, TaskState};
+use meatspace_store::Store;
 use meatspace_tests::{Db, TestDb};
 use uuid::Uuid;
 
@@ -18,14 +20,27 @@ use meatspace_tests::eventually;
 
 on_both_backends!(retention_removes_old_terminal_tasks_and_nothing_else);
 
-fn a_photo() -> NewPhoto {
-    NewPhoto {
+/// Worker `worker` sends a tiny photo on task `task`; returns its id.
+async fn send_photo(store: &Arc<dyn Store>, task: Uuid, worker: Uuid) -> Uuid {
+    let photo = NewPhoto {
         id: Uuid::new_v4(),
         content_type: "image/png".into(),
         width: 1,
         height: 1,
         bytes: vec![0x89, b'P', b'N', b'G'],
-    }
+    };
+    let id = photo.id;
+    apply(
+        store,
+        task,
+        Command::Photo {
+            worker,
+            photo,
+            position: None,
+        },
+    )
+    .await;
+    id
 }
 
 async fn retention_removes_old_terminal_tasks_and_nothing_else(db: Db) {
@@ -37,18 +52,7 @@ async fn retention_removes_old_terminal_tasks_and_nothing_else(db: Db) {
     // Terminal for 31 days: completed with a photo, messages and an issue;
     // stopped; and a backlog of cancelled drafts larger than a batch.
     let completed = active(&store, long, w).await;
-    let photo = a_photo();
-    let photo_id = photo.id;
-    apply(
-        &store,
-        completed.id,
-        Command::Photo {
-            worker: w,
-            photo,
-            position: None,
-        },
-    )
-    .await;
+    let photo_id = send_photo(&store, completed.id, w).await;
     apply(
         &store,
         completed.id,
@@ -110,18 +114,7 @@ async fn retention_removes_old_terminal_tasks_and_nothing_else(db: Db) {
         },
     )
     .await;
-    let live_photo = a_photo();
-    let live_photo_id = live_photo.id;
-    apply(
-        &store,
-        live_active.id,
-        Command::Photo {
-            worker: w,
-            photo: live_photo,
-            position: None,
-        },
-    )
-    .await;
+    let live_photo_id = send_photo(&store, live_active.id, w).await;
     age(&db.url, live_active.id, 60).await;
     let kept = [recent_end.id, just_ended.id, live_open.id, live_active.id];
     let mut before = HashMap::new();

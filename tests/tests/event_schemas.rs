@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 
 use meatspace_domain::{Command, EventType, clock};
+use meatspace_tests::schema::{resolve, validate};
 use meatspace_tests::server::{Expect, TestServer, images};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
@@ -26,9 +27,7 @@ async fn every_served_event_matches_its_schema(db: Db) {
     let worker = srv.worker(&a.worker_token);
     let path = |p: &str| format!("/api/v1/worker/tasks/{}/{p}", a.task_id);
     worker
-        .post(&path("messages"))
-        .json(&json!({ "text": "At the pond" }))
-        .expect_json(StatusCode::OK)
+        .post_json(&path("messages"), &json!({ "text": "At the pond" }))
         .await;
     worker
         .post(&path("photos"))
@@ -37,38 +36,37 @@ async fn every_served_event_matches_its_schema(db: Db) {
         .expect_json(StatusCode::OK)
         .await;
     let issue = worker
-        .post(&path("issues"))
-        .json(&json!({ "kind": "needs_more_time", "text": "Many ducks" }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &path("issues"),
+            &json!({ "kind": "needs_more_time", "text": "Many ducks" }),
+        )
         .await;
     let issue_id = issue["events"][0]["id"].as_i64().unwrap();
     let agent = srv.agent(&a.agent_token);
     agent
-        .post(&format!(
-            "/api/v1/tasks/{}/issues/{issue_id}/respond",
-            a.task_id
-        ))
-        .json(&json!({ "action": "acknowledge", "text": "Take your time" }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &format!("/api/v1/tasks/{}/issues/{issue_id}/respond", a.task_id),
+            &json!({ "action": "acknowledge", "text": "Take your time" }),
+        )
         .await;
     agent
-        .post(&format!("/api/v1/tasks/{}/extend", a.task_id))
-        .json(&json!({ "add_seconds": 60 }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &format!("/api/v1/tasks/{}/extend", a.task_id),
+            &json!({ "add_seconds": 60 }),
+        )
         .await;
     worker
-        .post(&path("complete"))
-        .json(&json!({ "text": "Twelve" }))
-        .expect_json(StatusCode::OK)
+        .post_json(&path("complete"), &json!({ "text": "Twelve" }))
         .await;
     feeds.push((a.task_id, a.agent_token.clone()));
 
     // Stopped.
     let b = srv.active_task("Walk the dog").await;
     srv.worker(&b.worker_token)
-        .post(&format!("/api/v1/worker/tasks/{}/stop", b.task_id))
-        .json(&json!({ "text": "The dog bit me" }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &format!("/api/v1/worker/tasks/{}/stop", b.task_id),
+            &json!({ "text": "The dog bit me" }),
+        )
         .await;
     feeds.push((b.task_id, b.agent_token));
 
@@ -165,10 +163,7 @@ async fn every_served_event_matches_its_schema(db: Db) {
         feeds.push((id, token));
     }
 
-    let doc = srv
-        .get("/api/v1/openapi.json")
-        .expect_json(StatusCode::OK)
-        .await;
+    let doc = srv.get_json("/api/v1/openapi.json").await;
     let event_schema = json!({ "$ref": "#/components/schemas/Event" });
     let mut seen = BTreeSet::new();
     for (id, token) in &feeds {
@@ -196,97 +191,4 @@ async fn every_served_event_matches_its_schema(db: Db) {
         .collect();
     assert_eq!(seen, all, "the test produced every event type");
     srv.stop().await;
-}
-
-fn resolve<'a>(schema: &'a Value, root: &'a Value) -> &'a Value {
-    match schema.as_str().or_else(|| schema["$ref"].as_str()) {
-        Some(reference) => reference
-            .strip_prefix('#')
-            .and_then(|p| root.pointer(p))
-            .unwrap_or_else(|| panic!("unresolvable reference {reference}")),
-        None => schema,
-    }
-}
-
-/// A structural JSON Schema check: types (with null), required
-/// properties, enums, formats of ids and times, numeric bounds, string
-/// lengths, references, and `oneOf` matching exactly one branch.
-fn validate(schema: &Value, value: &Value, root: &Value) -> Result<(), String> {
-    if schema.get("$ref").is_some() {
-        return validate(resolve(schema, root), value, root);
-    }
-    if let Some(options) = schema["oneOf"].as_array() {
-        let matching = options
-            .iter()
-            .filter(|s| validate(s, value, root).is_ok())
-            .count();
-        if matching != 1 {
-            let why: Vec<String> = options
-                .iter()
-                .filter_map(|s| validate(s, value, root).err())
-                .collect();
-            return Err(format!("matches {matching} branches of oneOf: {why:?}"));
-        }
-    }
-    if let Some(options) = schema["enum"].as_array()
-        && !options.contains(value)
-    {
-        return Err(format!("{value} is not one of {options:?}"));
-    }
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    if !types.is_empty()
-        && !types.iter().any(|t| match *t {
-            "object" => value.is_object(),
-            "string" => value.is_string(),
-            "integer" => value.is_i64() || value.is_u64(),
-            "number" => value.is_number(),
-            "boolean" => value.is_boolean(),
-            "array" => value.is_array(),
-            "null" => value.is_null(),
-            _ => false,
-        })
-    {
-        return Err(format!("{value} is not of type {types:?}"));
-    }
-    if let Some(s) = value.as_str() {
-        match schema["format"].as_str() {
-            Some("uuid") if s.parse::<Uuid>().is_err() => return Err(format!("{s} is no uuid")),
-            Some("date-time") if chrono::DateTime::parse_from_rfc3339(s).is_err() => {
-                return Err(format!("{s} is no date-time"));
-            }
-            _ => {}
-        }
-        let n = s.chars().count() as u64;
-        if schema["minLength"].as_u64().is_some_and(|m| n < m)
-            || schema["maxLength"].as_u64().is_some_and(|m| n > m)
-        {
-            return Err(format!("{s:?} has a length out of bounds"));
-        }
-    }
-    if let Some(n) = value.as_f64()
-        && (schema["minimum"].as_f64().is_some_and(|m| n < m)
-            || schema["maximum"].as_f64().is_some_and(|m| n > m))
-    {
-        return Err(format!("{n} is out of bounds"));
-    }
-    if let Value::Object(map) = value {
-        for required in schema["required"].as_array().into_iter().flatten() {
-            let name = required.as_str().unwrap();
-            if !map.contains_key(name) {
-                return Err(format!("missing required property {name}"));
-            }
-        }
-        if let Some(properties) = schema["properties"].as_object() {
-            for (k, v) in map {
-                if let Some(s) = properties.get(k) {
-                    validate(s, v, root).map_err(|e| format!("{k}: {e}"))?;
-                }
-            }
-        }
-    }
-    Ok(())
 }

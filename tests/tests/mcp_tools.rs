@@ -10,7 +10,8 @@ use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::process::cli_bin;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, uuid_at};
+use meatspace_tests::schema::validate;
+use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, str_at, uuid_at};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
@@ -236,6 +237,25 @@ impl Agent {
     }
 }
 
+/// The API's problem that the tool error `result` carries, which must
+/// have `status`.
+fn problem_of(result: &CallToolResult, status: u16) -> Value {
+    assert_eq!(result.is_error, Some(true), "a tool error");
+    let problem = checked(result)["problem"].clone();
+    assert_eq!(problem["status"], status, "{problem}");
+    problem
+}
+
+/// [`problem_of`], whose type must be `…/{kind}`.
+fn problem_of_type(result: &CallToolResult, status: u16, kind: &str) -> Value {
+    let problem = problem_of(result, status);
+    assert!(
+        str_at(&problem, "/type").ends_with(&format!("/{kind}")),
+        "{problem}"
+    );
+    problem
+}
+
 /// The result's structured content; its text block carries the same JSON,
 /// and in both, the injection string appears only in untrusted fields
 /// (untrusted_worker_text, untrusted_result).
@@ -274,85 +294,6 @@ fn worker_text_only_in_untrusted_fields(value: &Value, key: &str) {
         }
         _ => {}
     }
-}
-
-/// A structural JSON Schema check of what the tests send: types, required
-/// and unknown properties, enums and consts, numeric bounds, references.
-fn validate(schema: &Value, value: &Value, root: &Value) -> Result<(), String> {
-    if let Some(reference) = schema["$ref"].as_str() {
-        let target = reference
-            .strip_prefix('#')
-            .and_then(|p| root.pointer(p))
-            .ok_or_else(|| format!("unresolvable $ref {reference}"))?;
-        return validate(target, value, root);
-    }
-    for key in ["oneOf", "anyOf"] {
-        if let Some(options) = schema[key].as_array()
-            && !options.iter().any(|s| validate(s, value, root).is_ok())
-        {
-            return Err(format!("{value} matches none of {key}"));
-        }
-    }
-    if let Some(c) = schema.get("const")
-        && c != value
-    {
-        return Err(format!("{value} is not {c}"));
-    }
-    if let Some(options) = schema["enum"].as_array()
-        && !options.contains(value)
-    {
-        return Err(format!("{value} is not one of {options:?}"));
-    }
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    if !types.is_empty() {
-        let ok = types.iter().any(|t| match *t {
-            "object" => value.is_object(),
-            "string" => value.is_string(),
-            "integer" => value.is_i64() || value.is_u64(),
-            "number" => value.is_number(),
-            "boolean" => value.is_boolean(),
-            "array" => value.is_array(),
-            "null" => value.is_null(),
-            _ => false,
-        });
-        if !ok {
-            return Err(format!("{value} is not of type {types:?}"));
-        }
-    }
-    if let Some(n) = value.as_f64() {
-        if schema["minimum"].as_f64().is_some_and(|m| n < m) {
-            return Err(format!("{n} is below the minimum"));
-        }
-        if schema["maximum"].as_f64().is_some_and(|m| n > m) {
-            return Err(format!("{n} is above the maximum"));
-        }
-    }
-    if let Value::Object(map) = value {
-        let properties = schema["properties"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
-        for required in schema["required"].as_array().into_iter().flatten() {
-            let name = required.as_str().unwrap();
-            if !map.contains_key(name) {
-                return Err(format!("missing required property {name}"));
-            }
-        }
-        for (k, v) in map {
-            match properties.get(k) {
-                Some(s) => validate(s, v, root).map_err(|e| format!("{k}: {e}"))?,
-                None if schema["additionalProperties"] == false => {
-                    return Err(format!("unknown property {k}"));
-                }
-                None => {}
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The listed tools: the expected set, each with an output schema, honest
@@ -432,6 +373,11 @@ impl<'a> Worker<'a> {
         req.expect_json(StatusCode::OK).await
     }
 
+    /// `post` of `action` with a text (`messages`, `complete`, ...).
+    async fn say(&self, task: Uuid, action: &str, text: &str) -> Value {
+        self.post(task, action, Some(json!({ "text": text }))).await
+    }
+
     async fn photo(&self, task: Uuid) {
         self.srv
             .worker(&self.token)
@@ -505,10 +451,10 @@ async fn whole_task(srv: &TestServer, agent: &Agent) {
 
     worker.photo(task.id).await;
     worker
-        .post(
+        .say(
             task.id,
             "complete",
-            Some(json!({ "text": format!("Open until 18:00. {INJECTION}.") })),
+            &format!("Open until 18:00. {INJECTION}."),
         )
         .await;
 
@@ -551,10 +497,7 @@ async fn whole_task(srv: &TestServer, agent: &Agent) {
     let refused = agent
         .call_raw("cancel_task", agent.args(&task, json!({})))
         .await;
-    assert_eq!(refused.is_error, Some(true));
-    let problem = checked(&refused);
-    assert_eq!(problem["problem"]["status"], 409, "{problem}");
-    assert_eq!(problem["problem"]["task_state"], "completed");
+    assert_eq!(problem_of(&refused, 409)["task_state"], "completed");
 
     let list_args = match agent.transport {
         Transport::Http => json!({ "tasks": [agent.args(&task, json!({}))] }),
@@ -761,15 +704,9 @@ async fn fifty_concurrent_http_sessions_each_run_a_task_to_the_end(db: Db) {
             worker.post(task.id, "claim", None).await;
             worker.post(task.id, "start", None).await;
             worker
-                .post(
-                    task.id,
-                    "messages",
-                    Some(json!({ "text": format!("{INJECTION} {i}") })),
-                )
+                .say(task.id, "messages", &format!("{INJECTION} {i}"))
                 .await;
-            worker
-                .post(task.id, "complete", Some(json!({ "text": "done" })))
-                .await;
+            worker.say(task.id, "complete", "done").await;
             let (events, _, page) = agent.wait_until(&task, 0, |_| false).await;
             assert_eq!(
                 types(&events),
@@ -801,11 +738,9 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
     };
     for tool in ["get_task", "wait_for_events", "cancel_task"] {
         let result = agent.call_raw(tool, agent.args(&wrong, json!({}))).await;
-        assert_eq!(result.is_error, Some(true), "{tool}");
-        let problem = checked(&result);
-        assert_eq!(problem["problem"]["status"], 401, "{tool}: {problem}");
-        assert!(problem["problem"]["type"].is_string());
-        assert!(problem["problem"]["detail"].is_string());
+        let problem = problem_of(&result, 401);
+        assert!(problem["type"].is_string(), "{tool}");
+        assert!(problem["detail"].is_string(), "{tool}");
     }
     // A genuine token of another task: 404, as over the HTTP API.
     let (other, _) = agent.create("Feed the cat").await;
@@ -816,14 +751,13 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
     let result = agent
         .call_raw("get_task", agent.args(&crossed, json!({})))
         .await;
-    assert_eq!(checked(&result)["problem"]["status"], 404);
+    problem_of(&result, 404);
 
     // Arguments the API refuses: the same problem detail.
     let result = agent
         .call_raw("create_task", json!({ "description": "   " }))
         .await;
-    assert_eq!(result.is_error, Some(true));
-    assert_eq!(checked(&result)["problem"]["status"], 422);
+    problem_of(&result, 422);
     let result = agent
         .call_raw(
             "respond_to_issue",
@@ -833,10 +767,8 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
             ),
         )
         .await;
-    assert_eq!(result.is_error, Some(true));
     // No such issue: the API's 404 problem, not just any tool error.
-    let problem = checked(&result)["problem"].clone();
-    assert_eq!(problem["status"], 404, "{problem}");
+    let problem = problem_of(&result, 404);
     assert!(
         problem["detail"]
             .as_str()
@@ -860,8 +792,7 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
         )
         .await
         .expect("a tool error, not a protocol error");
-    assert_eq!(result.is_error, Some(true));
-    assert_eq!(checked(&result)["problem"]["status"], 422);
+    problem_of(&result, 422);
 
     // Without the development key, create_task is refused (401).
     let config = StreamableHttpClientTransportConfig::with_uri(srv.url("/mcp"));
@@ -876,8 +807,7 @@ async fn refusals_are_tool_errors_not_protocol_failures(db: Db) {
         )
         .await
         .expect("a tool error, not a protocol error");
-    assert_eq!(result.is_error, Some(true));
-    assert_eq!(checked(&result)["problem"]["status"], 401);
+    problem_of(&result, 401);
     keyless.cancel().await.unwrap();
 
     // The session still works, and the task is untouched.
@@ -928,10 +858,7 @@ async fn the_host_guard_is_configurable(db: Db) {
     );
 
     // The capabilities document lists both transports and the same tools.
-    let caps = srv
-        .get("/api/v1/capabilities")
-        .expect_json(StatusCode::OK)
-        .await;
+    let caps = srv.get_json("/api/v1/capabilities").await;
     assert_eq!(caps["mcp"]["streamable_http"]["path"], "/mcp");
     assert_eq!(caps["mcp"]["streamable_http"]["mode"], "stateless");
     assert_eq!(caps["mcp"]["stdio"]["command"], "meatspace");
@@ -991,16 +918,7 @@ async fn a_full_feed_refuses_extensions_as_a_tool_error(db: Db) {
             agent.args(&task, json!({ "add_seconds": 60 })),
         )
         .await;
-    assert_eq!(refused.is_error, Some(true));
-    let problem = checked(&refused);
-    assert_eq!(problem["problem"]["status"], 409, "{problem}");
-    assert!(
-        problem["problem"]["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("/task-event-limit"),
-        "{problem}"
-    );
+    problem_of_type(&refused, 409, "task-event-limit");
     // Cancelling still works.
     agent
         .call("cancel_task", agent.args(&task, json!({})))
@@ -1045,16 +963,7 @@ async fn a_long_wait_takes_a_capped_place_as_the_apis_long_polls_do(db: Db) {
                 agent.args(&task, json!({ "wait_seconds": 25, "cursor": cursor })),
             )
             .await;
-        assert_eq!(refused.is_error, Some(true));
-        let problem = checked(&refused);
-        assert_eq!(problem["problem"]["status"], 429, "{problem}");
-        assert!(
-            problem["problem"]["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("/too-many-streams"),
-            "{problem}"
-        );
+        problem_of_type(&refused, 429, "too-many-streams");
         // A read that does not wait takes no place.
         agent
             .call(
@@ -1116,14 +1025,14 @@ async fn an_api_key_over_http_keeps_task_tokens_out_of_the_model(db: Db) {
         .await;
     let other = Agent::http_with(&srv, "authorization", &theirs).await;
     for tool in ["get_task", "cancel_task"] {
-        let refused = other.call_raw(tool, only_id.clone()).await;
-        assert_eq!(refused.is_error, Some(true), "{tool}");
-        assert_eq!(checked(&refused)["problem"]["status"], 404, "{tool}");
+        problem_of(&other.call_raw(tool, only_id.clone()).await, 404);
     }
     let cancelled = agent.call("cancel_task", only_id).await;
     assert_eq!(cancelled["task"]["state"], "cancelled", "{cancelled}");
     // Without a key nor a token, the tool says what it needs.
     let dev = Agent::http(&srv).await;
-    let refused = dev.call_raw("get_task", json!({ "task_id": id })).await;
-    assert_eq!(checked(&refused)["problem"]["status"], 401);
+    problem_of(
+        &dev.call_raw("get_task", json!({ "task_id": id })).await,
+        401,
+    );
 }

@@ -95,6 +95,14 @@ impl System {
         )
     }
 
+    /// Ada, told by email of the tasks she holds and of no new ones;
+    /// returns her token.
+    async fn ada_on_her_own_tasks(&self) -> String {
+        let mut mine_only = prefs(0.0, 5, Some("ada@example.org"));
+        mine_only["new_tasks"] = json!(false);
+        self.worker("Ada", mine_only, false).await.1
+    }
+
     /// A worker with these preferences (and a push subscription when
     /// `push`); returns its id, token and subscription.
     async fn worker(
@@ -115,9 +123,7 @@ impl System {
             let answer = self
                 .srv
                 .worker(&token)
-                .post("/api/v1/worker/push-subscriptions")
-                .json(&s.json())
-                .expect_json(StatusCode::OK)
+                .post_json("/api/v1/worker/push-subscriptions", &s.json())
                 .await;
             assert_eq!(answer["subscribed"], true);
             Some(s)
@@ -289,19 +295,12 @@ async fn a_published_task_reaches_exactly_the_workers_who_may_take_it(db: Db) {
 async fn news_of_a_task_reaches_its_holder_within_the_hourly_cap(db: Db) {
     let sys = system(db).await;
     let srv = &sys.srv;
-    let mut mine_only = prefs(0.0, 5, Some("ada@example.org"));
-    mine_only["new_tasks"] = json!(false);
-    let (_, token, _) = sys.worker("Ada", mine_only, false).await;
+    let token = sys.ada_on_her_own_tasks().await;
     let controller = sys.controller(2);
     let (task, agent) = sys.publish("Water the plants", json!({})).await;
+    srv.worker_post(task, &token, "claim").await;
     srv.worker(&token)
-        .post(&format!("/api/v1/worker/tasks/{task}/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
-    srv.worker(&token)
-        .post(&format!("/api/v1/worker/tasks/{task}/start"))
-        .json(&json!({}))
-        .expect_json(StatusCode::OK)
+        .post_json(&format!("/api/v1/worker/tasks/{task}/start"), &json!({}))
         .await;
     // Two issues answered: two emails; the third news (the cancel) is over
     // the cap of two an hour and dropped.
@@ -457,16 +456,10 @@ async fn a_postgres_crash_during_a_fan_out_loses_no_notification() {
 async fn a_worker_is_warned_once_before_its_assignment_lapses(db: Db) {
     let sys = system(db).await;
     let srv = &sys.srv;
-    let mut mine_only = prefs(0.0, 5, Some("ada@example.org"));
-    mine_only["new_tasks"] = json!(false);
-    let (_, token, _) = sys.worker("Ada", mine_only, false).await;
+    let token = sys.ada_on_her_own_tasks().await;
     let controller = sys.controller(20);
     let (task, _) = sys.publish("Feed the cat", json!({})).await;
-    let claimed = srv
-        .worker(&token)
-        .post(&format!("/api/v1/worker/tasks/{task}/claim"))
-        .expect_json(StatusCode::OK)
-        .await;
+    let claimed = srv.worker_post(task, &token, "claim").await;
     let start_by: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(claimed["task"]["start_by"].clone()).expect("start_by");
     // Ten minutes before the deadline (the notice is fifteen).

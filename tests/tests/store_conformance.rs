@@ -1568,18 +1568,15 @@ async fn open_tasks_page_by_cursor(store: Arc<dyn Store>) {
     ok(s, claimed.id, claim(w), 20).await;
     open.sort_by_key(|t| (t.created_at, t.id));
 
-    let mut listed = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = s.open_tasks(cursor, 2).await.expect("list");
-        assert!(page.len() <= 2);
-        let Some(last) = page.last() else { break };
-        cursor = Some(OpenTasksCursor {
+    let listed = every_page(
+        2,
+        |cursor| s.open_tasks(cursor, 2),
+        |last| OpenTasksCursor {
             created_at: last.created_at,
             id: last.id,
-        });
-        listed.extend(page);
-    }
+        },
+    )
+    .await;
     assert_eq!(listed, open, "open tasks, oldest first, each once");
     let unlisted = [draft.id, cancelled.id, claimed.id];
     assert!(!listed.iter().any(|t| unlisted.contains(&t.id)));
@@ -1592,6 +1589,29 @@ async fn open_tasks_page_by_cursor(store: Arc<dyn Store>) {
     open.push(reopened[0].task.clone());
     open.sort_by_key(|t| (t.created_at, t.id));
     assert_eq!(s.open_tasks(None, 100).await.expect("list"), open);
+}
+
+/// A listing read page by page to its end: `page(cursor)` reads the tasks
+/// after `cursor`, at most `size` of them; `cursor_of` makes the next
+/// cursor from a page's last task.
+async fn every_page<C, Fut>(
+    size: usize,
+    mut page: impl FnMut(Option<C>) -> Fut,
+    cursor_of: impl Fn(&Task) -> C,
+) -> Vec<Task>
+where
+    Fut: std::future::Future<Output = Result<Vec<Task>, StoreError>>,
+{
+    let mut listed = Vec::new();
+    let mut cursor = None;
+    loop {
+        let tasks = page(cursor).await.expect("list");
+        assert!(tasks.len() <= size);
+        let Some(last) = tasks.last() else { break };
+        cursor = Some(cursor_of(last));
+        listed.extend(tasks);
+    }
+    listed
 }
 
 // ---- deadlines, reconciliation, retention --------------------------------------------------
@@ -1799,15 +1819,7 @@ async fn tasks_after_pages_every_task_by_id(store: Arc<dyn Store>) {
     all[0] = ok(s, ended, cancel(), 10).await.task;
     all.sort_by_key(|t| t.id);
 
-    let mut listed = Vec::new();
-    let mut after = None;
-    loop {
-        let page = s.tasks_after(after, 5).await.expect("list");
-        assert!(page.len() <= 5);
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        listed.extend(page);
-    }
+    let listed = every_page(5, |after| s.tasks_after(after, 5), |last| last.id).await;
     assert_eq!(
         listed, all,
         "every task, terminal ones too, by id, each once"
