@@ -86,25 +86,15 @@ async fn load_background(pool: &PgPool, n: i64) {
         );
         sqlx::query(&sql).bind(worker).execute(pool).await.unwrap();
     }
-    sqlx::query(
+    for statement in [
         "INSERT INTO events (task_id, type, actor, created_at, data) \
          SELECT id, 'task.published', 'agent', published_at, '{}'::jsonb FROM tasks",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE tasks t SET last_event_id = e.id FROM events e WHERE e.task_id = t.id")
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("VACUUM ANALYZE tasks")
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("VACUUM ANALYZE events")
-        .execute(pool)
-        .await
-        .unwrap();
+        "UPDATE tasks t SET last_event_id = e.id FROM events e WHERE e.task_id = t.id",
+        "VACUUM ANALYZE tasks",
+        "VACUUM ANALYZE events",
+    ] {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
 }
 
 /// The plan of a query, with run-time figures; rolled back.
