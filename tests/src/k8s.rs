@@ -286,6 +286,22 @@ impl ControllerIdentity {
     }
 }
 
+/// Creates `object` in `namespace`; panics, naming it, when that fails.
+async fn create_in<K>(client: &Client, namespace: &str, object: K)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    Api::<K>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create {} {namespace}/{name}: {e}", K::kind(&())));
+}
+
 /// Creates ServiceAccount `name` in `namespace`, a Role and RoleBinding of
 /// the same name with `rules` (none when empty), and returns a token of it.
 pub async fn service_account_with_rules(
@@ -299,49 +315,44 @@ pub async fn service_account_with_rules(
         namespace: Some(namespace.to_owned()),
         ..ObjectMeta::default()
     };
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    sas.create(
-        &PostParams::default(),
-        &ServiceAccount {
+    create_in(
+        client,
+        namespace,
+        ServiceAccount {
             metadata: meta(),
             ..ServiceAccount::default()
         },
     )
-    .await
-    .unwrap_or_else(|e| panic!("create ServiceAccount {namespace}/{name}: {e}"));
+    .await;
     if !rules.is_empty() {
-        let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
-        roles
-            .create(
-                &PostParams::default(),
-                &Role {
-                    metadata: meta(),
-                    rules: Some(rules),
+        create_in(
+            client,
+            namespace,
+            Role {
+                metadata: meta(),
+                rules: Some(rules),
+            },
+        )
+        .await;
+        create_in(
+            client,
+            namespace,
+            RoleBinding {
+                metadata: meta(),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: name.to_owned(),
                 },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("create Role {namespace}/{name}: {e}"));
-        let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-        bindings
-            .create(
-                &PostParams::default(),
-                &RoleBinding {
-                    metadata: meta(),
-                    role_ref: RoleRef {
-                        api_group: Some("rbac.authorization.k8s.io".into()),
-                        kind: "Role".into(),
-                        name: name.to_owned(),
-                    },
-                    subjects: Some(vec![Subject {
-                        kind: "ServiceAccount".into(),
-                        name: name.to_owned(),
-                        namespace: Some(namespace.to_owned()),
-                        ..Subject::default()
-                    }]),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("create RoleBinding {namespace}/{name}: {e}"));
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.to_owned(),
+                    namespace: Some(namespace.to_owned()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await;
     }
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -350,7 +361,8 @@ pub async fn service_account_with_rules(
         }),
         ..TokenRequest::default()
     };
-    sas.create_token_request(name, &PostParams::default(), &request)
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
         .await
         .unwrap_or_else(|e| panic!("mint a token for {namespace}/{name}: {e}"))
         .status

@@ -29,9 +29,14 @@ async fn client() -> Client {
     admin_client().await
 }
 
-/// A namespace of this test alone.
-async fn namespace(client: &Client) -> String {
-    create_namespace(client, "mst").await
+/// A namespace of this test alone, with the CRD installed: the admin's
+/// client, the namespace and the API of its MeatspaceTasks.
+async fn task_namespace() -> (Client, String, Api<MeatspaceTask>) {
+    let client = client().await;
+    install_crd(&client).await;
+    let ns = create_namespace(&client, "mst").await;
+    let api = Api::namespaced(client.clone(), &ns);
+    (client, ns, api)
 }
 
 fn at(secs: i64, nanos: u32) -> DateTime<Utc> {
@@ -201,10 +206,7 @@ async fn crd_is_established_with_its_names_and_columns() {
 
 #[tokio::test]
 async fn resource_with_every_optional_field_set_reads_back_equal() {
-    let client = client().await;
-    install_crd(&client).await;
-    let ns = namespace(&client).await;
-    let api: Api<MeatspaceTask> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, api) = task_namespace().await;
 
     let mut mst = desired(&completed_task(), &ns);
     let generation = apply(&api, &mst).await;
@@ -272,10 +274,7 @@ fn status_has_every_optional_field(s: &MeatspaceTaskStatus) -> bool {
 
 #[tokio::test]
 async fn resource_with_every_optional_field_unset_reads_back_equal() {
-    let client = client().await;
-    install_crd(&client).await;
-    let ns = namespace(&client).await;
-    let api: Api<MeatspaceTask> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, api) = task_namespace().await;
 
     let mut mst = desired(&draft_task(), &ns);
     mst.metadata.labels = None;
@@ -333,10 +332,7 @@ fn table(output: &str) -> Vec<Vec<String>> {
 
 #[tokio::test]
 async fn kubectl_get_mst_shows_state_open_issues_expiry_and_age() {
-    let client = client().await;
-    install_crd(&client).await;
-    let ns = namespace(&client).await;
-    let api: Api<MeatspaceTask> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, api) = task_namespace().await;
 
     let worker = Uuid::new_v4();
     let open = Task {
@@ -469,10 +465,7 @@ async fn assert_rejected(
 
 #[tokio::test]
 async fn invalid_resources_are_rejected() {
-    let client = client().await;
-    install_crd(&client).await;
-    let ns = namespace(&client).await;
-    let api: Api<MeatspaceTask> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, api) = task_namespace().await;
     let mst = desired(&draft_task(), &ns);
     apply(&api, &mst).await;
     let name = mst.name_any();

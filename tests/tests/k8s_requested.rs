@@ -118,6 +118,16 @@ impl Setup {
     }
 
     /// Waits until the resource satisfies `check`, and returns it.
+    /// [`Setup::apply`], then waits until the resource's task is published
+    /// (Published=True) and returns the resource.
+    async fn apply_until_published(&self, name: &str, spec: Value) -> MeatspaceTask {
+        self.apply(name, spec).await;
+        self.until(name, "Published", |m| {
+            condition(m, "Published").is_some_and(|(status, _)| status == "True")
+        })
+        .await
+    }
+
     async fn until(
         &self,
         name: &str,
@@ -150,6 +160,19 @@ impl Setup {
                 .then_some(())
         })
         .await;
+    }
+
+    /// [`Setup::new`], with a controller running on it.
+    async fn with_controller(prefix: &str) -> (Setup, InProcess) {
+        let s = Setup::new(prefix).await;
+        let controller = s.controller();
+        (s, controller)
+    }
+
+    /// Stops `controller`, then [`Setup::finish`].
+    async fn finish_with(self, controller: InProcess) {
+        controller.stop().await;
+        self.finish().await;
     }
 
     async fn finish(self) {
@@ -222,8 +245,7 @@ async fn token(s: &Setup, m: &MeatspaceTask) -> String {
 /// with a Created=False condition that names what is unsupported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_reviews_a_typed_result_through_the_resource() {
-    let s = Setup::new("review").await;
-    let controller = s.controller();
+    let (s, controller) = Setup::with_controller("review").await;
     let schema = json!({ "type": "object", "required": ["open"],
         "properties": { "open": { "type": "boolean", "title": "Is the shop open?" } } });
     let spec = json!({
@@ -234,12 +256,7 @@ async fn an_agent_reviews_a_typed_result_through_the_resource() {
         "review": { "autoAcceptSeconds": 3600 },
         "requirements": [{ "qualification": "level", "atLeast": 2 }],
     });
-    s.apply("shop-open", spec.clone()).await;
-    let published = s
-        .until("shop-open", "Published", |m| {
-            condition(m, "Published").is_some_and(|(status, _)| status == "True")
-        })
-        .await;
+    let published = s.apply_until_published("shop-open", spec.clone()).await;
     let id = task_id(&published);
     let review_state = |m: &MeatspaceTask| {
         m.status
@@ -355,14 +372,12 @@ async fn an_agent_reviews_a_typed_result_through_the_resource() {
         "{}",
         created.message
     );
-    controller.stop().await;
-    s.finish().await;
+    s.finish_with(controller).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
-    let s = Setup::new("requested").await;
-    let controller = s.controller();
+    let (s, controller) = Setup::with_controller("requested").await;
     let spec = json!({
         "description": "Buy a litre of milk at the corner shop.",
         "publish": true,
@@ -372,12 +387,7 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
                       "address": "Corner shop, Strand" },
         "presence": "flag",
     });
-    s.apply("fetch-milk", spec.clone()).await;
-    let published = s
-        .until("fetch-milk", "Published", |m| {
-            condition(m, "Published").is_some_and(|(status, _)| status == "True")
-        })
-        .await;
+    let published = s.apply_until_published("fetch-milk", spec.clone()).await;
     let id = task_id(&published);
     assert_eq!(state(&published), Some(TaskState::Open));
     assert_eq!(
@@ -427,18 +437,15 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     }
 
     // A worker claims, starts and raises an issue.
-    let (_, worker_token) = s.server.register_worker("Ada").await;
+    let (_, worker_token) = s.server.claim_and_start(id).await;
     let worker = s.server.worker(&worker_token);
-    for action in ["claim", "start"] {
-        worker
-            .post(&format!("/api/v1/worker/tasks/{id}/{action}"))
-            .expect_json(StatusCode::OK)
-            .await;
-    }
-    worker
-        .post(&format!("/api/v1/worker/tasks/{id}/issues"))
-        .json(&json!({ "kind": "unclear_instructions", "text": "Whole or skimmed?" }))
-        .expect_json(StatusCode::OK)
+    s.server
+        .raise_issue(
+            id,
+            &worker_token,
+            "unclear_instructions",
+            "Whole or skimmed?",
+        )
         .await;
     let asked = s
         .until("fetch-milk", "the issue listed", |m| {
@@ -472,8 +479,7 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
         issue.event_id
     );
     let feed = worker
-        .get(&format!("/api/v1/worker/tasks/{id}/events?after=0"))
-        .expect_json(StatusCode::OK)
+        .get_json(&format!("/api/v1/worker/tasks/{id}/events?after=0"))
         .await;
     let answers: Vec<&Value> = feed["events"]
         .as_array()
@@ -485,9 +491,10 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     assert_eq!(answers[0]["data"]["text"], "Whole.");
 
     worker
-        .post(&format!("/api/v1/worker/tasks/{id}/complete"))
-        .json(&json!({ "text": "Done." }))
-        .expect_json(StatusCode::OK)
+        .post_json(
+            &format!("/api/v1/worker/tasks/{id}/complete"),
+            &json!({ "text": "Done." }),
+        )
         .await;
     let ns = s.ns.clone();
     let waited = tokio::task::spawn_blocking(move || {
@@ -531,14 +538,12 @@ async fn an_agent_drives_a_requested_task_to_completion_through_the_resource() {
     .await;
     assert!(!listed.contains(&agent_token));
 
-    controller.stop().await;
-    s.finish().await;
+    s.finish_with(controller).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_through_the_spec_and_delete_with_the_finalizer() {
-    let s = Setup::new("requested-end").await;
-    let controller = s.controller();
+    let (s, controller) = Setup::with_controller("requested-end").await;
 
     // spec.cancel on a draft.
     let spec = json!({ "description": "Water the plants on the balcony." });
@@ -596,8 +601,7 @@ async fn cancel_through_the_spec_and_delete_with_the_finalizer() {
     // A terminal task's resource goes at once too.
     s.delete("plants", "the cancelled resource to go").await;
 
-    controller.stop().await;
-    s.finish().await;
+    s.finish_with(controller).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -862,8 +866,7 @@ async fn the_apiserver_refuses_bad_edits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apply_to_open_lag() {
     const N: usize = 20;
-    let s = Setup::new("requested-lag").await;
-    let controller = s.controller();
+    let (s, controller) = Setup::with_controller("requested-lag").await;
     let mut lags = Vec::with_capacity(N);
     for i in 0..N {
         let name = format!("lag-{i}");
@@ -902,8 +905,7 @@ async fn apply_to_open_lag() {
         u128::try_from(worst).unwrap_or(0) < resync.as_millis() / 10,
         "a task opened {worst} ms after its apply: the resync ({resync:?}), not the watch, did it"
     );
-    controller.stop().await;
-    s.finish().await;
+    s.finish_with(controller).await;
 }
 
 /// An answer is applied once, with the store as the record: one given over
@@ -911,8 +913,7 @@ async fn apply_to_open_lag() {
 /// and a controller restart re-reads nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_answer_reaches_the_worker_once_across_restarts() {
-    let s = Setup::new("requested-answers").await;
-    let controller = s.controller();
+    let (s, controller) = Setup::with_controller("requested-answers").await;
     let spec = json!({ "description": "Check the mailbox.", "publish": true });
     s.apply("mailbox", spec.clone()).await;
     let open = s
@@ -920,19 +921,10 @@ async fn each_answer_reaches_the_worker_once_across_restarts() {
         .await;
     let id = task_id(&open);
     let agent_token = token(&s, &open).await;
-    let (_, worker_token) = s.server.register_worker("Ada").await;
-    let worker = s.server.worker(&worker_token);
-    for action in ["claim", "start"] {
-        worker
-            .post(&format!("/api/v1/worker/tasks/{id}/{action}"))
-            .expect_json(StatusCode::OK)
-            .await;
-    }
+    let (_, worker_token) = s.server.claim_and_start(id).await;
     for text in ["Which key?", "Which box?"] {
-        worker
-            .post(&format!("/api/v1/worker/tasks/{id}/issues"))
-            .json(&json!({ "kind": "unclear_instructions", "text": text }))
-            .expect_json(StatusCode::OK)
+        s.server
+            .raise_issue(id, &worker_token, "unclear_instructions", text)
             .await;
     }
     let asked = s
@@ -986,14 +978,10 @@ async fn each_answer_reaches_the_worker_once_across_restarts() {
     // that pass applies the spec's responses before it writes the status.
     controller.stop().await;
     let controller = s.controller();
-    let third = worker
-        .post(&format!("/api/v1/worker/tasks/{id}/issues"))
-        .json(&json!({ "kind": "unclear_instructions", "text": "Which floor?" }))
-        .expect_json(StatusCode::OK)
+    let third = s
+        .server
+        .raise_issue(id, &worker_token, "unclear_instructions", "Which floor?")
         .await;
-    let third = third["events"][0]["id"]
-        .as_i64()
-        .expect("the issue's event id");
     let after_restart = s
         .until(
             "mailbox",
@@ -1016,6 +1004,5 @@ async fn each_answer_reaches_the_worker_once_across_restarts() {
         .filter(|e| e["type"] == "agent.issue_response")
         .count();
     assert_eq!(answers, 2, "each issue answered once: {feed:?}");
-    controller.stop().await;
-    s.finish().await;
+    s.finish_with(controller).await;
 }
