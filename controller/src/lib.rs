@@ -132,14 +132,9 @@ pub async fn run(
         reconcilers.spawn(supervisor::supervise(
             "webhooks",
             move |s| {
-                webhooks::Webhooks::new(
-                    store.clone(),
-                    config.webhooks.clone(),
-                    config.max_sleep,
-                    config.clock.clone(),
-                )
-                .expect("a server key is set and the HTTP client builds")
-                .run(s)
+                webhooks::Webhooks::new(store.clone(), &config)
+                    .expect("a server key is set and the HTTP client builds")
+                    .run(s)
             },
             Shutdown(stopped.clone()),
         ));
@@ -152,14 +147,9 @@ pub async fn run(
         reconcilers.spawn(supervisor::supervise(
             "notifications",
             move |s| {
-                notify::Notifier::new(
-                    store.clone(),
-                    config.notify.clone(),
-                    config.max_sleep,
-                    config.clock.clone(),
-                )
-                .expect("a server key is set and the push client builds")
-                .run(s)
+                notify::Notifier::new(store.clone(), &config)
+                    .expect("a server key is set and the push client builds")
+                    .run(s)
             },
             Shutdown(stopped.clone()),
         ));

@@ -50,7 +50,7 @@ pub use meatspace_domain::webhook_url::AllowList;
 use meatspace_domain::webhook_url::{UrlRefused, parse_url};
 
 use crate::backoff::Backoff;
-use crate::{Error, Shutdown, metrics};
+use crate::{ControllerConfig, Error, Shutdown, metrics};
 
 const NAME: &str = "webhooks";
 /// Endpoints claimed per pass, and delivered concurrently.
@@ -152,12 +152,8 @@ pub(crate) fn refused_literal(url: &url::Url, allow: &AllowList) -> Option<UrlRe
 
 impl Webhooks {
     /// `None` without a server key: nothing can be signed.
-    pub(crate) fn new(
-        store: Arc<dyn Store>,
-        settings: WebhookSettings,
-        max_sleep: Duration,
-        clock: Clock,
-    ) -> Option<Self> {
+    pub(crate) fn new(store: Arc<dyn Store>, config: &ControllerConfig) -> Option<Self> {
+        let settings = config.webhooks.clone();
         let key = settings.server_key.clone()?;
         let client = checked_client(
             &settings.allow,
@@ -170,8 +166,8 @@ impl Webhooks {
             settings,
             key,
             client,
-            max_sleep,
-            clock,
+            max_sleep: config.max_sleep,
+            clock: config.clock.clone(),
         })
     }
 

@@ -46,7 +46,7 @@ use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::webhooks::AllowList;
-use crate::{Error, Shutdown, metrics};
+use crate::{ControllerConfig, Error, Shutdown, metrics};
 
 pub mod email;
 pub mod push;
@@ -171,12 +171,8 @@ pub(crate) struct Notifier {
 
 impl Notifier {
     /// `None` without a server key.
-    pub(crate) fn new(
-        store: Arc<dyn Store>,
-        settings: NotifySettings,
-        max_sleep: Duration,
-        clock: Clock,
-    ) -> Option<Self> {
+    pub(crate) fn new(store: Arc<dyn Store>, config: &ControllerConfig) -> Option<Self> {
+        let settings = config.notify.clone();
         let key = settings.server_key.clone()?;
         let links = Links::new(&settings.links_origin, key.clone());
         let email = settings.smtp.as_ref().and_then(|smtp| {
@@ -192,8 +188,8 @@ impl Notifier {
         Some(Notifier {
             store,
             settings,
-            clock,
-            max_sleep,
+            clock: config.clock.clone(),
+            max_sleep: config.max_sleep,
             links,
             email,
             push,
