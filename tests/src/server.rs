@@ -196,14 +196,22 @@ impl TestServer {
 
     /// A server with its own deadlines (e.g. short timeouts).
     pub async fn start_with_policy(db: Db, policy: Policy) -> TestServer {
-        TestServer::start_with(
-            db,
-            ServerOptions {
-                policy,
-                ..ServerOptions::default()
-            },
-        )
-        .await
+        TestServer::start_configured(db, |o| o.policy = policy).await
+    }
+
+    /// A server with the development key turned off, as in production.
+    pub async fn start_without_dev_key(db: Db) -> TestServer {
+        TestServer::start_configured(db, |o| o.dev_key_enabled = false).await
+    }
+
+    /// A server with the default options but what `configure` changes.
+    pub async fn start_configured(
+        db: Db,
+        configure: impl FnOnce(&mut ServerOptions),
+    ) -> TestServer {
+        let mut options = ServerOptions::default();
+        configure(&mut options);
+        TestServer::start_with(db, options).await
     }
 
     pub async fn start_with(backend: Db, options: ServerOptions) -> TestServer {
@@ -340,6 +348,14 @@ impl TestServer {
         }
     }
 
+    /// `GET path` with the development key; asserts 200 and returns the
+    /// JSON answer.
+    pub async fn dev_get_json(&self, path: &str) -> Value {
+        self.dev(Method::GET, path)
+            .expect_json(StatusCode::OK)
+            .await
+    }
+
     /// Requests as the holder of an agent token.
     pub fn agent<'a>(&'a self, token: &'a str) -> Bearer<'a> {
         self.bearer(token)
@@ -355,7 +371,7 @@ impl TestServer {
         let body = self
             .create_task_with(json!({ "description": description }))
             .await;
-        (uuid_at(&body, "/task/id"), str_at(&body, "/agent_token"))
+        task_and_token(&body)
     }
 
     /// Creates a draft task from the request body `body` with the dev key;
@@ -417,10 +433,7 @@ impl TestServer {
     /// and started by a new worker.
     pub async fn active_task_with(&self, body: Value) -> ActiveTask {
         let created = self.create_task_with(body).await;
-        let (task_id, agent_token) = (
-            uuid_at(&created, "/task/id"),
-            str_at(&created, "/agent_token"),
-        );
+        let (task_id, agent_token) = task_and_token(&created);
         self.publish(task_id, &agent_token).await;
         self.started(task_id, agent_token).await
     }
@@ -864,6 +877,14 @@ pub fn array_at<'a>(v: &'a Value, pointer: &str) -> &'a Vec<Value> {
     v.pointer(pointer)
         .and_then(Value::as_array)
         .unwrap_or_else(|| panic!("no array at {pointer} in {v}"))
+}
+
+/// The task's id and agent token in the answer to a task's creation.
+pub fn task_and_token(created: &Value) -> (Uuid, String) {
+    (
+        uuid_at(created, "/task/id"),
+        str_at(created, "/agent_token"),
+    )
 }
 
 /// The UUID at a JSON pointer; panics if absent or malformed.

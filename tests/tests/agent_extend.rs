@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::Policy;
-use meatspace_tests::server::{Expect, TestServer, str_at, types, uuid_at};
+use meatspace_tests::server::{Expect, TestServer, str_at, task_and_token, types};
 use meatspace_tests::{Db, eventually};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -35,11 +35,8 @@ async fn create(server: &TestServer, lifetime: i64) -> (uuid::Uuid, String, Date
             json!({ "description": "Check the mailbox", "expires_in_seconds": lifetime }),
         )
         .await;
-    (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-        time_at(&created, "/task/expires_at"),
-    )
+    let (id, token) = task_and_token(&created);
+    (id, token, time_at(&created, "/task/expires_at"))
 }
 
 async fn extending_moves_the_deadline_and_records_an_event(db: Db) {

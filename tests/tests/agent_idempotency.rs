@@ -18,7 +18,7 @@ use meatspace_store::{idempotency::IdempotencyBegin, idempotency::IdempotencyCla
 use meatspace_tests::Db;
 use meatspace_tests::process::{Binary, ServerProcess};
 use meatspace_tests::server::{
-    DEV_KEY_HEADER, Expect, TestServer, header_str, row_counts, str_at, uuid_at,
+    DEV_KEY_HEADER, Expect, TestServer, header_str, row_counts, str_at, task_and_token, uuid_at,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -291,7 +291,7 @@ async fn keys_are_scoped_to_the_credential(db: Db) {
     let a = create(&server, "shared", "Task A")
         .expect_json(StatusCode::CREATED)
         .await;
-    let (id_a, token_a) = (uuid_at(&a, "/task/id"), str_at(&a, "/agent_token"));
+    let (id_a, token_a) = task_and_token(&a);
     let (id_b, token_b) = server.create_task("Task B").await;
     for (id, token) in [(id_a, &token_a), (id_b, &token_b)] {
         let change = server

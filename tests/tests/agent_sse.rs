@@ -10,7 +10,7 @@ use meatspace_api::agent_integrations::Integrations;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    Expect, LapsingClaim, ServerOptions, TestServer, header_str, ids, types, web, worker_path,
+    Expect, LapsingClaim, TestServer, header_str, ids, types, web, worker_path,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -196,14 +196,7 @@ async fn reconnecting_with_last_event_id_misses_nothing_under_concurrent_writers
 async fn heartbeats_arrive_as_comments_on_an_idle_stream(db: Db) {
     let mut integrations = Integrations::new(ServerKey::generate().0);
     integrations.sse_heartbeat = Duration::from_millis(200);
-    let server = TestServer::start_with(
-        db,
-        ServerOptions {
-            integrations,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
+    let server = TestServer::start_configured(db, |o| o.integrations = integrations).await;
     let (id, token) = server.create_task("Water the plants").await;
     let mut reader = SseReader::open(
         server

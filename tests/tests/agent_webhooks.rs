@@ -24,7 +24,7 @@ use meatspace_controller::ControllerConfig;
 use meatspace_controller::webhooks::WebhookSettings;
 use meatspace_store::secret::ServerKey;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, ids, str_at, uuid_at};
+use meatspace_tests::server::{Expect, TestServer, ids, str_at, uuid_at};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -214,14 +214,8 @@ impl System {
         let (key, _) = ServerKey::generate();
         let mut integrations = Integrations::new(key.clone());
         integrations.webhook_allow = allow.parse().unwrap();
-        let server = TestServer::start_with(
-            db,
-            ServerOptions {
-                integrations: integrations.clone(),
-                ..ServerOptions::default()
-            },
-        )
-        .await;
+        let server =
+            TestServer::start_configured(db, |o| o.integrations = integrations.clone()).await;
         System {
             server,
             key,

@@ -180,9 +180,7 @@ async fn every_answer_to_waiting_submissions_raced_gives_one_end_each(db: Db) {
                 }))
                 .await;
             let submitted = srv
-                .worker(&t.worker_token)
-                .post(&worker_path(t.task_id, "/complete"))
-                .expect_json(StatusCode::OK)
+                .worker_post(t.task_id, &t.worker_token, "complete")
                 .await;
             assert_eq!(submitted["task"]["review"]["state"], "submitted");
             t

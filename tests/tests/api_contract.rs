@@ -13,7 +13,7 @@ use chrono::TimeDelta;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer};
+use meatspace_tests::server::{Expect, TestServer};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use uuid::Uuid;
@@ -152,17 +152,13 @@ async fn capabilities_keep_every_field_of_the_seed(db: Db) {
 /// The document is generated from configuration, so an agent learns the
 /// limits this server enforces, not defaults.
 async fn capabilities_report_the_configured_limits(db: Db) {
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            photo_limits: PhotoLimits {
-                max_pixels: 333_333,
-                max_task_bytes: 4_444_444,
-                ..PhotoLimits::new(123_456, 777)
-            },
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.photo_limits = PhotoLimits {
+            max_pixels: 333_333,
+            max_task_bytes: 4_444_444,
+            ..PhotoLimits::new(123_456, 777)
+        }
+    })
     .await;
     let doc = capabilities(&srv).await;
     assert_eq!(doc["limits"]["photo_bytes"], 123_456);

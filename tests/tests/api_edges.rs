@@ -203,19 +203,15 @@ async fn claiming_a_task_that_is_not_yours_is_not_found(db: Db) {
 /// and one request a second after it, with `failures` failed
 /// authentications per address (a burst, then one a minute).
 async fn limited_server(db: Db, burst: u32, failures: Option<u32>) -> TestServer {
-    TestServer::start_with(
-        db,
-        ServerOptions {
-            rate_limit: RateLimitSettings {
-                per_second: NonZeroU32::new(1),
-                burst: NonZeroU32::new(burst).unwrap(),
-                auth_failures_per_minute: failures.map(|_| NonZeroU32::MIN),
-                auth_failures_burst: NonZeroU32::new(failures.unwrap_or(1)).unwrap(),
-                ..RateLimitSettings::OFF
-            },
-            ..ServerOptions::default()
-        },
-    )
+    TestServer::start_configured(db, |o| {
+        o.rate_limit = RateLimitSettings {
+            per_second: NonZeroU32::new(1),
+            burst: NonZeroU32::new(burst).unwrap(),
+            auth_failures_per_minute: failures.map(|_| NonZeroU32::MIN),
+            auth_failures_burst: NonZeroU32::new(failures.unwrap_or(1)).unwrap(),
+            ..RateLimitSettings::OFF
+        }
+    })
     .await
 }
 
@@ -459,14 +455,7 @@ async fn streams_and_long_polls_are_capped_per_credential_and_address(db: Db) {
 /// A server with these connection limits, and its address for raw
 /// connections.
 async fn server_with(db: Db, serve: ServeOptions) -> (TestServer, String) {
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            serve,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
+    let srv = TestServer::start_configured(db, |o| o.serve = serve).await;
     let addr = srv.base_url.trim_start_matches("http://").to_owned();
     (srv, addr)
 }
@@ -629,14 +618,11 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
     // The review sent 100 messages a second without end; now a task's feed
     // is bounded. published, assigned, started: 3 events; 7 more fit.
     const LIMIT: u64 = 10;
-    let srv = TestServer::start_with(
+    let srv = TestServer::start_with_policy(
         db,
-        ServerOptions {
-            policy: Policy {
-                max_task_events: LIMIT,
-                ..Policy::default()
-            },
-            ..ServerOptions::default()
+        Policy {
+            max_task_events: LIMIT,
+            ..Policy::default()
         },
     )
     .await;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use meatspace_api::photo::PhotoLimits;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    DEV_KEY_HEADER, Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str, ids, images,
-    task_path, worker_path,
+    DEV_KEY_HEADER, Expect, PROBLEM_JSON, TestServer, header_str, ids, images, task_path,
+    worker_path,
 };
 use reqwest::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, StatusCode};
@@ -360,9 +360,9 @@ async fn bad_task_input_is_refused_and_writes_nothing(db: Db) {
         "a".repeat(4000),
     ] {
         let created = srv
-            .dev(Method::POST, "/api/v1/tasks")
-            .json(&json!({ "description": description, "expires_in_seconds": max_lifetime }))
-            .expect_json(StatusCode::CREATED)
+            .create_task_with(
+                json!({ "description": description, "expires_in_seconds": max_lifetime }),
+            )
             .await;
         assert_eq!(created["task"]["description"], description.as_str());
         let token = created["agent_token"].as_str().unwrap();
@@ -516,14 +516,7 @@ async fn bad_worker_input_is_refused_and_writes_nothing(db: Db) {
 
 async fn bad_photos_are_refused_and_write_nothing(db: Db) {
     let limits = PhotoLimits::new(256 * 1024, 1024);
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            photo_limits: limits.clone(),
-            ..ServerOptions::default()
-        },
-    )
-    .await;
+    let srv = TestServer::start_configured(db, |o| o.photo_limits = limits.clone()).await;
     let t = srv.active_task("Photograph the bridge").await;
     let worker = srv.worker(&t.worker_token);
     let photo = |content_type: Option<&str>, body: Vec<u8>| {

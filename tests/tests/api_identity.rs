@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_tests::server::{
     DEV_KEY_HEADER, Expect, PROBLEM_TYPE_BASE, ServerOptions, TestServer, array_at, str_at,
-    uuid_at, web,
+    task_and_token, uuid_at, web,
 };
 use meatspace_tests::{Db, TestDb, eventually};
 use reqwest::{Method, StatusCode};
@@ -65,7 +65,7 @@ async fn create_with(srv: &TestServer, key: &str, description: &str) -> (Uuid, S
         .json(&json!({ "description": description }))
         .expect_json(StatusCode::CREATED)
         .await;
-    (uuid_at(&made, "/task/id"), str_at(&made, "/agent_token"))
+    task_and_token(&made)
 }
 
 /// The `previous_valid_until` of a rotation's answer, as a time.
@@ -431,10 +431,7 @@ async fn a_suspended_worker_is_signed_out_and_its_task_reopens(db: Db) {
     let rotated = manage("rotate").expect_json(StatusCode::OK).await;
     assert_worker_token(&srv, &active.worker_token, false).await;
     assert_worker_token(&srv, &str_at(&rotated, "/worker_token"), true).await;
-    let listed = srv
-        .dev(Method::GET, "/api/v1/workers")
-        .expect_json(StatusCode::OK)
-        .await;
+    let listed = srv.dev_get_json("/api/v1/workers").await;
     assert_eq!(listed["workers"].as_array().map(Vec::len), Some(2));
     srv.dev(
         Method::POST,
@@ -548,14 +545,7 @@ async fn every_privileged_action_is_audited_with_its_principal(db: Db) {
 }
 
 async fn the_dev_key_turned_off_is_refused_with_a_way_forward(db: Db) {
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            dev_key_enabled: false,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
+    let srv = TestServer::start_without_dev_key(db).await;
     let problem = srv
         .dev(Method::POST, "/api/v1/tasks")
         .json(&json!({ "description": "x" }))
@@ -774,26 +764,20 @@ async fn the_binary_bootstraps_an_operator_and_logs_no_credential() {
             (status, body)
         }
     };
+    let post = |path: &str, key: &str, body: Value| call(Method::POST, path, key, Some(body));
     let mut secrets = vec![operator.clone(), configured.clone()];
     // Both operator keys work; the configured one makes an agent key.
     for key in [&operator, &configured] {
         let (status, _) = call(Method::GET, "/api/v1/keys", key, None).await;
         assert_eq!(status, StatusCode::OK);
     }
-    let (_, made) = call(
-        Method::POST,
-        "/api/v1/keys",
-        &configured,
-        Some(json!({ "name": "agent" })),
-    )
-    .await;
+    let (_, made) = post("/api/v1/keys", &configured, json!({ "name": "agent" })).await;
     let agent = str_at(&made, "/secret");
     secrets.push(agent.clone());
-    let (_, created) = call(
-        Method::POST,
+    let (_, created) = post(
         "/api/v1/tasks",
         &agent,
-        Some(json!({ "description": "trace me" })),
+        json!({ "description": "trace me" }),
     )
     .await;
     let task = str_at(&created, "/task/id");

@@ -6,7 +6,7 @@
 
 use meatspace_domain::place::distance_m;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, TestServer, images, str_at, uuid_at};
+use meatspace_tests::server::{Expect, TestServer, images, str_at, task_and_token, uuid_at};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -20,15 +20,8 @@ meatspace_tests::api_tests!(
 
 /// Creates and publishes a task with this body; returns its id and token.
 async fn open_task(srv: &TestServer, body: Value) -> (Uuid, String) {
-    let created = srv
-        .dev(Method::POST, "/api/v1/tasks")
-        .json(&body)
-        .expect_json(StatusCode::CREATED)
-        .await;
-    let (id, token) = (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-    );
+    let created = srv.create_task_with(body).await;
+    let (id, token) = task_and_token(&created);
     srv.publish(id, &token).await;
     (id, token)
 }
@@ -43,8 +36,7 @@ fn at(description: &str, latitude: f64, longitude: f64) -> Value {
 async fn a_task_has_a_place_and_bad_places_are_refused(db: Db) {
     let srv = TestServer::start(db).await;
     let created = srv
-        .dev(Method::POST, "/api/v1/tasks")
-        .json(&json!({
+        .create_task_with(json!({
             "description": "Check the notice board",
             "location": {
                 "latitude": 52.52, "longitude": 13.405, "radius_m": 50,
@@ -52,12 +44,8 @@ async fn a_task_has_a_place_and_bad_places_are_refused(db: Db) {
             },
             "presence": "flag",
         }))
-        .expect_json(StatusCode::CREATED)
         .await;
-    let (id, token) = (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-    );
+    let (id, token) = task_and_token(&created);
     let task = srv.task(id, &token).await;
     assert_eq!(
         task["location"],
@@ -171,11 +159,7 @@ async fn open_tasks_come_nearest_first_across_pages(db: Db) {
     let (anywhere_a, _) = srv.create_open_task("anywhere a").await;
     let (anywhere_b, _) = srv.create_open_task("anywhere b").await;
     // A draft with a place is no open task.
-    let draft = srv
-        .dev(Method::POST, "/api/v1/tasks")
-        .json(&at("draft", lat, lon))
-        .expect_json(StatusCode::CREATED)
-        .await;
+    let draft = srv.create_task_with(at("draft", lat, lon)).await;
     let draft = uuid_at(&draft, "/task/id");
     let (_, worker) = srv.register_worker("Ada").await;
 

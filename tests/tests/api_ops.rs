@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use meatspace_store::ConnectOptions;
-use meatspace_tests::server::{Expect, PROBLEM_JSON, ServerOptions, TestServer, header_str};
+use meatspace_tests::server::{Expect, PROBLEM_JSON, TestServer, header_str};
 use meatspace_tests::{Db, POSTGRES_ENV, TestDb};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
@@ -222,16 +222,12 @@ async fn wait_for(srv: &TestServer, path: &str, status: StatusCode, bound: Durat
 }
 
 async fn an_unavailable_database_gets_503_not_500(db: Db) {
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            connect: ConnectOptions {
-                max_connections: 4,
-                acquire_timeout: Duration::from_secs(1),
-            },
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.connect = ConnectOptions {
+            max_connections: 4,
+            acquire_timeout: Duration::from_secs(1),
+        }
+    })
     .await;
     let (id, token) = srv.create_task("Before the outage").await;
     wait_for(&srv, "/readyz", StatusCode::OK, Duration::from_secs(5)).await;

@@ -6,7 +6,7 @@
 
 use meatspace_api::photo::{DecodeMemory, PhotoLimits};
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, str_at};
+use meatspace_tests::server::{Expect, TestServer, images, str_at};
 use reqwest::StatusCode;
 use uuid::Uuid;
 
@@ -23,14 +23,7 @@ fn photos(id: Uuid) -> String {
 }
 
 async fn server_with(db: Db, limits: PhotoLimits) -> TestServer {
-    TestServer::start_with(
-        db,
-        ServerOptions {
-            photo_limits: limits,
-            ..ServerOptions::default()
-        },
-    )
-    .await
+    TestServer::start_configured(db, |o| o.photo_limits = limits).await
 }
 
 async fn photo_events(srv: &TestServer, id: Uuid, token: &str) -> usize {

@@ -8,7 +8,9 @@
 
 use chrono::TimeDelta;
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, TestServer, array_at, str_at, uuid_at, worker_path};
+use meatspace_tests::server::{
+    Expect, TestServer, array_at, str_at, task_and_token, uuid_at, worker_path,
+};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -84,11 +86,7 @@ async fn operators_grant_and_revoke_qualifications_and_the_trail_records_it(db: 
     assert_eq!(own["qualifications"][1]["value"], 4);
     assert_eq!(own["qualifications"][2]["value"], "car");
     let seen = srv
-        .dev(
-            Method::GET,
-            &format!("/api/v1/workers/{worker}/qualifications"),
-        )
-        .expect_json(StatusCode::OK)
+        .dev_get_json(&format!("/api/v1/workers/{worker}/qualifications"))
         .await;
     assert_eq!(seen, own, "the operator sees what the worker sees");
 
@@ -135,10 +133,7 @@ async fn operators_grant_and_revoke_qualifications_and_the_trail_records_it(db: 
         .expect_problem(StatusCode::UNAUTHORIZED)
         .await;
 
-    let trail = srv
-        .dev(Method::GET, "/api/v1/audit?limit=20")
-        .expect_json(StatusCode::OK)
-        .await;
+    let trail = srv.dev_get_json("/api/v1/audit?limit=20").await;
     let actions: Vec<(String, String)> = array_at(&trail, "/entries")
         .iter()
         .map(|e| (str_at(e, "/action"), str_at(e, "/target")))
@@ -170,10 +165,7 @@ async fn requirements_decide_who_sees_opens_and_claims_a_task(db: Db) {
 
     let open = |body: Value| async {
         let created = srv.create_task_with(body).await;
-        let (id, token) = (
-            uuid_at(&created, "/task/id"),
-            str_at(&created, "/agent_token"),
-        );
+        let (id, token) = task_and_token(&created);
         srv.publish(id, &token).await;
         (id, token)
     };
@@ -286,20 +278,14 @@ async fn a_principal_blocks_a_worker_from_its_own_tasks_only(db: Db) {
             .json(&json!({ "description": "Another principal's task" }))
             .expect_json(StatusCode::CREATED)
             .await;
-        let (id, task_token) = (
-            uuid_at(&created, "/task/id"),
-            str_at(&created, "/agent_token"),
-        );
+        let (id, task_token) = task_and_token(&created);
         srv.publish(id, &task_token).await;
         id
     };
 
     let block = |method: Method| srv.dev(method, &format!("/api/v1/blocks/{worker}"));
     let answered = block(Method::PUT).expect_json(StatusCode::OK).await;
-    let blocks = srv
-        .dev(Method::GET, "/api/v1/blocks")
-        .expect_json(StatusCode::OK)
-        .await;
+    let blocks = srv.dev_get_json("/api/v1/blocks").await;
     assert_eq!(blocks, answered);
     assert_eq!(blocks["blocks"][0]["worker_id"], json!(worker));
     let other_blocks = srv.agent(&other).get_json("/api/v1/blocks").await;
@@ -330,10 +316,7 @@ async fn a_principal_blocks_a_worker_from_its_own_tasks_only(db: Db) {
     assert_eq!(sees, both);
     srv.worker_post(mine, &token, "claim").await;
 
-    let trail = srv
-        .dev(Method::GET, "/api/v1/audit?limit=20")
-        .expect_json(StatusCode::OK)
-        .await;
+    let trail = srv.dev_get_json("/api/v1/audit?limit=20").await;
     let actions: Vec<String> = array_at(&trail, "/entries")
         .iter()
         .map(|e| str_at(e, "/action"))

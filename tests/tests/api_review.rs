@@ -12,7 +12,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::server::{
-    ActiveTask, Expect, TestServer, images, str_at, task_path, types, uuid_at, worker_path,
+    ActiveTask, Expect, TestServer, images, str_at, task_and_token, task_path, types, worker_path,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -119,10 +119,7 @@ async fn schemas_in_the_subset_are_kept_and_others_refused_with_pointers(db: Db)
     let mut kept = gate_schema();
     kept["additionalProperties"] = json!(false);
     assert_eq!(created["task"]["result_schema"], kept);
-    let (id, token) = (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-    );
+    let (id, token) = task_and_token(&created);
     assert_eq!(srv.task(id, &token).await["result_schema"], kept);
     // A task without one has no such field.
     let (id, token) = srv.create_task("Anything").await;

@@ -16,7 +16,7 @@ use std::process::Stdio;
 use meatspace_tests::cli::{
     call_tool as call, call_tool_result, cli_at, json_of, mcp_session, refused, run,
 };
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, array_at};
+use meatspace_tests::server::{Expect, TestServer, array_at};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
 use rmcp::service::{RoleClient, RunningService};
@@ -92,6 +92,14 @@ async fn operator_and_two_agents(server: &TestServer, state: &Path) -> (String, 
     let (_, a) = new_key(server, state, As::Key(&op), &["--name", "agent-a"]).await;
     let (_, b) = new_key(server, state, As::Key(&op), &["--name", "agent-b"]).await;
     (op, a, b)
+}
+
+/// The item of the list at `pointer` in `list` whose id is `id`.
+fn listed_with_id<'a>(list: &'a Value, pointer: &str, id: &str) -> &'a Value {
+    array_at(list, pointer)
+        .iter()
+        .find(|item| item["id"] == id)
+        .unwrap_or_else(|| panic!("{id} is not listed at {pointer}: {list}"))
 }
 
 fn listed_ids(list: &Value) -> Vec<String> {
@@ -320,11 +328,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
     .await;
     assert!(suspended["suspended_at"].is_string(), "{suspended}");
     let workers = json_of(cli(&server, &state, As::Key(&op)), &["worker", "list"]).await;
-    let listed = array_at(&workers, "/workers")
-        .iter()
-        .find(|w| w["id"] == worker.to_string())
-        .expect("the worker is listed")
-        .clone();
+    let listed = listed_with_id(&workers, "/workers", &worker.to_string());
     assert!(listed["suspended_at"].is_string(), "{listed}");
     let err = refused(
         cli(&server, &worker_state, As::DevKey),
@@ -358,11 +362,7 @@ async fn operators_manage_keys_and_workers(db: Db) {
         .await;
     let invite_id = invite["id"].as_str().expect("invite id").to_owned();
     let invites = json_of(cli(&server, &state, As::Key(&op)), &["invite", "list"]).await;
-    let listed = array_at(&invites, "/invites")
-        .iter()
-        .find(|i| i["id"] == invite_id.as_str())
-        .expect("the invite is listed")
-        .clone();
+    let listed = listed_with_id(&invites, "/invites", &invite_id);
     assert_eq!(
         listed["created_by"],
         meatspace_domain::identity::DEVELOPMENT_PRINCIPAL.to_string(),
@@ -490,14 +490,7 @@ async fn mcp_stdio_reaches_the_agents_tasks_with_its_key(db: Db) {
 }
 
 async fn a_disabled_dev_key_says_how_to_get_a_key(db: Db) {
-    let server = TestServer::start_with(
-        db,
-        ServerOptions {
-            dev_key_enabled: false,
-            ..ServerOptions::default()
-        },
-    )
-    .await;
+    let server = TestServer::start_without_dev_key(db).await;
     let dir = tempfile::tempdir().unwrap();
     let err = refused(
         cli(&server, dir.path(), As::DevKey),

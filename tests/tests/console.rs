@@ -216,8 +216,7 @@ async fn an_operator_signs_in_sees_the_overview_and_signs_out(db: Db) {
 
     // Both are in the trail, as the key's principal.
     let trail = srv
-        .dev(Method::GET, &format!("/api/v1/audit?principal={principal}"))
-        .expect_json(StatusCode::OK)
+        .dev_get_json(&format!("/api/v1/audit?principal={principal}"))
         .await;
     let actions: Vec<&str> = array_at(&trail, "/entries")
         .iter()
@@ -380,17 +379,13 @@ async fn every_console_page_refuses_without_a_good_session(db: Db) {
 /// authentications, as wrong credentials on the API do: past it, the
 /// address is answered 429 before anything is checked.
 async fn wrong_keys_spend_the_addresss_failed_sign_in_budget(db: Db) {
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            rate_limit: RateLimitSettings {
-                auth_failures_per_minute: NonZeroU32::new(1),
-                auth_failures_burst: NonZeroU32::new(3).unwrap(),
-                ..RateLimitSettings::OFF
-            },
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.rate_limit = RateLimitSettings {
+            auth_failures_per_minute: NonZeroU32::new(1),
+            auth_failures_burst: NonZeroU32::new(3).unwrap(),
+            ..RateLimitSettings::OFF
+        }
+    })
     .await;
     let http = client();
     for _ in 0..3 {
@@ -687,11 +682,9 @@ async fn tasks_are_listed_filtered_shown_escaped_and_cancelled_with_a_reason(db:
     assert_eq!(last["data"]["reason"], "duplicate");
     // Audited as the signed-in operator, with the reason.
     let trail = srv
-        .dev(
-            Method::GET,
-            &format!("/api/v1/audit?principal={principal}&action=task.cancelled_by_operator"),
-        )
-        .expect_json(StatusCode::OK)
+        .dev_get_json(&format!(
+            "/api/v1/audit?principal={principal}&action=task.cancelled_by_operator"
+        ))
         .await;
     let entry = &trail["entries"][0];
     assert_eq!(entry["target"], format!("task:{}", active.task_id));
@@ -898,10 +891,7 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
         .await
         .pipe(|v| (uuid_at(&v, "/task/id"), ()));
     let robot_id = {
-        let keys = srv
-            .dev(Method::GET, "/api/v1/keys")
-            .expect_json(StatusCode::OK)
-            .await;
+        let keys = srv.dev_get_json("/api/v1/keys").await;
         uuid_at(
             array_at(&keys, "/keys")
                 .iter()
@@ -951,10 +941,7 @@ async fn keys_and_invites_are_made_shown_once_rotated_and_revoked(db: Db) {
     );
     let list = c.html("/console/invites").await;
     assert!(!list.contains(&link), "a link is shown once");
-    let invites = srv
-        .dev(Method::GET, "/api/v1/workers/invites")
-        .expect_json(StatusCode::OK)
-        .await;
+    let invites = srv.dev_get_json("/api/v1/workers/invites").await;
     let invite = uuid_at(&invites["invites"][0], "/id");
     c.submit(
         "/console/invites",

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use meatspace_tests::Db;
-use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at};
-use reqwest::{Method, StatusCode};
+use meatspace_tests::server::{Expect, TestServer, str_at, task_and_token};
+use reqwest::StatusCode;
 use serde_json::json;
 
 use controller_support::*;
@@ -69,14 +69,8 @@ async fn an_agent_sees_its_task_expire_in_the_feed_at_its_deadline(db: Db) {
     let server = TestServer::start(db).await;
     let controller = Controller::start(&server).await;
     let created = server
-        .dev(Method::POST, "/api/v1/tasks")
-        .json(&json!({ "description": "Photograph the notice on the town hall door", "expires_in_seconds": 2 }))
-        .expect_json(StatusCode::CREATED)
-        .await;
-    let (id, token) = (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-    );
+        .create_task_with(json!({ "description": "Photograph the notice on the town hall door", "expires_in_seconds": 2 })).await;
+    let (id, token) = task_and_token(&created);
     let expires_at = time_at(&created, "/task/expires_at");
     server.publish(id, &token).await;
 

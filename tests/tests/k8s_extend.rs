@@ -17,8 +17,8 @@ use meatspace_tests::Db;
 use meatspace_tests::k8s::{
     ControllerIdentity, admin_client, create_namespace, drop_namespace, install_crd,
 };
-use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at};
-use reqwest::{Method, StatusCode};
+use meatspace_tests::server::{Expect, TestServer, str_at, task_and_token};
+use reqwest::StatusCode;
 use serde_json::json;
 
 use controller_support::InProcess;
@@ -47,14 +47,9 @@ async fn the_mirror_shows_the_extended_deadline(db: Db) {
         },
     );
     let created = server
-        .dev(Method::POST, "/api/v1/tasks")
-        .json(&json!({ "description": "Check the boiler", "expires_in_seconds": 3600 }))
-        .expect_json(StatusCode::CREATED)
+        .create_task_with(json!({ "description": "Check the boiler", "expires_in_seconds": 3600 }))
         .await;
-    let (id, token) = (
-        uuid_at(&created, "/task/id"),
-        str_at(&created, "/agent_token"),
-    );
+    let (id, token) = task_and_token(&created);
     let change = server
         .agent(&token)
         .post(&format!("/api/v1/tasks/{id}/extend"))

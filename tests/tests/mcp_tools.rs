@@ -11,7 +11,7 @@ use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::process::cli_bin;
 use meatspace_tests::schema::validate;
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, images, str_at, uuid_at};
+use meatspace_tests::server::{Expect, TestServer, images, str_at, uuid_at};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
@@ -867,13 +867,9 @@ async fn the_host_guard_is_configurable(db: Db) {
     srv.stop().await;
 
     // Behind an Ingress: its host is listed.
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            mcp_allowed_hosts: meatspace_mcp::AllowedHosts::parse("mcp.example.com"),
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.mcp_allowed_hosts = meatspace_mcp::AllowedHosts::parse("mcp.example.com")
+    })
     .await;
     assert_eq!(
         initialize_with_host(&srv, "mcp.example.com").await,
@@ -890,14 +886,11 @@ async fn the_host_guard_is_configurable(db: Db) {
 async fn a_full_feed_refuses_extensions_as_a_tool_error(db: Db) {
     // The event limit holds for MCP as for the API: each extension is an
     // event; past the limit, a tool error with the API's 409.
-    let srv = TestServer::start_with(
+    let srv = TestServer::start_with_policy(
         db,
-        ServerOptions {
-            policy: Policy {
-                max_task_events: 10,
-                ..Policy::default()
-            },
-            ..ServerOptions::default()
+        Policy {
+            max_task_events: 10,
+            ..Policy::default()
         },
     )
     .await;
@@ -930,17 +923,13 @@ async fn a_long_wait_takes_a_capped_place_as_the_apis_long_polls_do(db: Db) {
     // the task, a second one is refused with the API's 429, and a wait of
     // 0 (a plain read) is not counted. The place is given back with the
     // answer.
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            rate_limit: RateLimitSettings {
-                max_streams_per_credential: std::num::NonZeroU32::new(1),
-                max_streams_per_address: std::num::NonZeroU32::new(10),
-                ..RateLimitSettings::OFF
-            },
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.rate_limit = RateLimitSettings {
+            max_streams_per_credential: std::num::NonZeroU32::new(1),
+            max_streams_per_address: std::num::NonZeroU32::new(10),
+            ..RateLimitSettings::OFF
+        }
+    })
     .await;
     let agent = Agent::http(&srv).await;
     let (task, _) = agent.create("Feed the cat").await;

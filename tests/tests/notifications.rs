@@ -23,7 +23,7 @@ use meatspace_controller::ControllerConfig;
 use meatspace_controller::notify::{NotifySettings, SmtpSettings, SmtpTls};
 use meatspace_domain::notify::Channel;
 use meatspace_tests::push::{PushService, Subscription};
-use meatspace_tests::server::{Expect, TestServer, str_at, uuid_at};
+use meatspace_tests::server::{Expect, TestServer, task_and_token};
 use meatspace_tests::smtp::SmtpServer;
 use meatspace_tests::{Db, eventually};
 use reqwest::{Method, StatusCode};
@@ -154,10 +154,7 @@ impl System {
             body[k] = v.clone();
         }
         let created = self.srv.create_task_with(body).await;
-        let (id, token) = (
-            uuid_at(&created, "/task/id"),
-            str_at(&created, "/agent_token"),
-        );
+        let (id, token) = task_and_token(&created);
         self.srv.publish(id, &token).await;
         (id, token)
     }

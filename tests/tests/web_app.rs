@@ -263,11 +263,7 @@ async fn end_to_end(db: Db) {
 
 /// Creates and publishes a task with this body; returns its id and token.
 async fn open_task_with(server: &TestServer, body: Value) -> (Uuid, String) {
-    let created = server
-        .dev(reqwest::Method::POST, "/api/v1/tasks")
-        .json(&body)
-        .expect_json(StatusCode::CREATED)
-        .await;
+    let created = server.create_task_with(body).await;
     let id: Uuid = str_at(&created, "/task/id").parse().expect("task id");
     let token = str_at(&created, "/agent_token");
     server.publish(id, &token).await;

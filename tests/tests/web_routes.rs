@@ -9,7 +9,7 @@ use meatspace_tests::server::web::{
     client as no_redirects, cookie_pair, csrf_of, get_with, login_page, post_form, post_login,
     same_origin, sign_in, sign_in_with,
 };
-use meatspace_tests::server::{Expect, ServerOptions, TestServer, header_str, str_at};
+use meatspace_tests::server::{Expect, TestServer, header_str, str_at};
 use reqwest::header::{CONTENT_TYPE, LOCATION};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -45,13 +45,9 @@ async fn a_public_url_decides_links_and_cookies_not_the_client(db: Db) {
     // The review's attack: `Host: evil.example` minted invite links to the
     // attacker's site, and a proxy without X-Forwarded-Proto got cookies
     // without Secure. With MEATSPACE_PUBLIC_URL neither header counts.
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            public_origin: PublicOrigin::parse("https://meatspace.example.test").unwrap(),
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.public_origin = PublicOrigin::parse("https://meatspace.example.test").unwrap()
+    })
     .await;
     let http = no_redirects();
     for (host, proto) in [("evil.example", "http"), ("127.0.0.1", "https")] {
@@ -431,17 +427,13 @@ async fn the_pages_live_feed_takes_a_capped_place(db: Db) {
     // One waiting place per credential: while the task page's live feed
     // waits, a second wait of the same worker is refused with the API's
     // 429; the place is given back with the answer.
-    let srv = TestServer::start_with(
-        db,
-        ServerOptions {
-            rate_limit: meatspace_api::http::rate_limit::RateLimitSettings {
-                max_streams_per_credential: std::num::NonZeroU32::new(1),
-                max_streams_per_address: std::num::NonZeroU32::new(10),
-                ..meatspace_api::http::rate_limit::RateLimitSettings::OFF
-            },
-            ..ServerOptions::default()
-        },
-    )
+    let srv = TestServer::start_configured(db, |o| {
+        o.rate_limit = meatspace_api::http::rate_limit::RateLimitSettings {
+            max_streams_per_credential: std::num::NonZeroU32::new(1),
+            max_streams_per_address: std::num::NonZeroU32::new(10),
+            ..meatspace_api::http::rate_limit::RateLimitSettings::OFF
+        }
+    })
     .await;
     let http = no_redirects();
     let (task, agent_token) = srv.create_open_task("Water the plants.").await;
