@@ -184,22 +184,9 @@ pub fn load_or_create_dev_key(dir: &Path) -> Result<String, StartupError> {
     }
 }
 
-/// An error and its causes on one line, each cause once: libraries often
-/// repeat their source's text in their own message, and a start-up error
-/// that says the same thing three times hides what it says.
+/// An error and its causes on one line, each cause once.
 pub fn one_line(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    meatspace_domain::error_text::one_line(e.as_ref())
 }
 
 /// Creates the SQLite data directory and takes its lock (one process owns a

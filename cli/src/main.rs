@@ -286,21 +286,9 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
-/// The error and its causes on one line, each cause once (reqwest and the
-/// client both name the failed request; saying it twice hides the cause).
+/// An error and its causes on one line, each cause once.
 pub fn one_line(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    meatspace_domain::error_text::one_line(e.as_ref())
 }
 
 /// What to do next, for the common failures; empty when the message says it.

@@ -52,6 +52,7 @@ pub(crate) use names;
 
 pub mod clock;
 mod command;
+pub mod error_text;
 mod event;
 pub mod identity;
 mod issue;
