@@ -7,9 +7,10 @@
 use anyhow::Result;
 use chrono::{DateTime, Utc};
 use meatspace_client::types::{
-    AuditEntry, AuditFilter, CreateKey, Grant, Invite, Key, KeySecret, PrincipalKind, PrincipalRef,
+    AuditEntry, AuditFilter, CreateKey, Grant, Key, KeySecret, PrincipalKind, PrincipalRef,
     Qualification, QualificationValue, Worker,
 };
+use meatspace_domain::identity::InviteState;
 use uuid::Uuid;
 
 use crate::Ctx;
@@ -124,7 +125,7 @@ pub async fn invite(ctx: &Ctx, cmd: InviteCommand) -> Result<()> {
                         i.id,
                         time(i.created_at),
                         time(i.expires_at),
-                        invite_status(i, now),
+                        InviteState::of(i.used_at, i.revoked_at, i.expires_at, now).as_str(),
                         i.created_by
                     ));
                 }
@@ -334,18 +335,6 @@ fn key_status(k: &Key, now: DateTime<Utc>) -> String {
         format!("active (old secret until {})", time(until))
     } else {
         "active".into()
-    }
-}
-
-fn invite_status(i: &Invite, now: DateTime<Utc>) -> &'static str {
-    if i.revoked_at.is_some() {
-        "revoked"
-    } else if i.used_at.is_some() {
-        "used"
-    } else if i.expires_at <= now {
-        "expired"
-    } else {
-        "open"
     }
 }
 

@@ -278,3 +278,46 @@ mod tests {
         assert!(agent.allow(Scope::Tasks) && !agent.allow(Scope::Operator));
     }
 }
+
+/// Where a worker invite link stands, as operators see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InviteState {
+    /// It still signs a worker up.
+    Open,
+    /// A worker signed up with it.
+    Used,
+    /// An operator revoked it before it was used.
+    Revoked,
+    /// Its time ran out unused.
+    Expired,
+}
+
+crate::names! {
+    InviteState {
+        Open => "open",
+        Used => "used",
+        Revoked => "revoked",
+        Expired => "expired",
+    }
+}
+
+impl InviteState {
+    /// The state of an invite with these times at `now`; a use is what
+    /// counts most, then a revocation, then the expiry.
+    pub fn of(
+        used_at: Option<DateTime<Utc>>,
+        revoked_at: Option<DateTime<Utc>>,
+        expires_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        if used_at.is_some() {
+            InviteState::Used
+        } else if revoked_at.is_some() {
+            InviteState::Revoked
+        } else if expires_at <= now {
+            InviteState::Expired
+        } else {
+            InviteState::Open
+        }
+    }
+}
