@@ -8,13 +8,14 @@
 //! CSRF token, then the task the path names.
 
 use axum::extract::{Form, FromRequest, FromRequestParts, Path, Request};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use super::AppError;
 use super::session::{self, SameOrigin, WorkerSession};
+use super::{AppError, OnTask};
 use crate::AppState;
 use crate::http::error::ApiError;
 
@@ -37,6 +38,31 @@ macro_rules! csrf_field {
 }
 pub(crate) use csrf_field;
 
+/// Reads `P` from the request's head and the form `F` from its body, then
+/// refuses the form unless `check` accepts its CSRF token (given `P` and
+/// the request's headers).
+async fn checked_form<P, F>(
+    req: Request,
+    state: &AppState,
+    check: impl FnOnce(&P, &HeaderMap, Option<&str>) -> Result<(), AppError>,
+) -> Result<(P, F), Response>
+where
+    P: FromRequestParts<AppState>,
+    P::Rejection: IntoResponse,
+    F: DeserializeOwned + CsrfField + Send,
+{
+    let (mut parts, body) = req.into_parts();
+    let head = P::from_request_parts(&mut parts, state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let headers = parts.headers.clone();
+    let Form(form) = Form::<F>::from_request(Request::from_parts(parts, body), state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    check(&head, &headers, form.csrf()).map_err(IntoResponse::into_response)?;
+    Ok((head, form))
+}
+
 /// A form posted by a signed-in worker, its CSRF token checked against
 /// the session.
 #[derive(Debug)]
@@ -52,26 +78,19 @@ where
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let (mut parts, body) = req.into_parts();
-        let session = WorkerSession::from_request_parts(&mut parts, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        let Form(form) = Form::<F>::from_request(Request::from_parts(parts, body), state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        session
-            .check_csrf(form.csrf())
-            .map_err(IntoResponse::into_response)?;
+        let (session, form) = checked_form(req, state, |s: &WorkerSession, _, token| {
+            s.check_csrf(token)
+        })
+        .await?;
         Ok(SessionForm { session, form })
     }
 }
 
-/// A form about one task (`/app/tasks/{task_id}/...`): a [`SessionForm`]
-/// and the task's id.
+/// A form about one task (`/app/tasks/{task_id}/...`): the signed-in
+/// worker acting on the task, and the form, read as a [`SessionForm`] is.
 #[derive(Debug)]
 pub struct TaskForm<F> {
-    pub session: WorkerSession,
-    pub task: Uuid,
+    pub on: OnTask,
     pub form: F,
 }
 
@@ -82,18 +101,19 @@ where
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let (mut parts, body) = req.into_parts();
-        let Path(raw) = Path::<String>::from_request_parts(&mut parts, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        let SessionForm { session, form } =
-            SessionForm::from_request(Request::from_parts(parts, body), state).await?;
-        let task = task_id(&raw).map_err(IntoResponse::into_response)?;
-        Ok(TaskForm {
+        let ((Path(raw), session), form) = checked_form(
+            req,
+            state,
+            |(_, s): &(Path<String>, WorkerSession), _, token| s.check_csrf(token),
+        )
+        .await?;
+        let id = task_id(&raw).map_err(IntoResponse::into_response)?;
+        let on = OnTask {
+            state: state.clone(),
             session,
-            task,
-            form,
-        })
+            id,
+        };
+        Ok(TaskForm { on, form })
     }
 }
 
@@ -110,16 +130,10 @@ where
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let (mut parts, body) = req.into_parts();
-        SameOrigin::from_request_parts(&mut parts, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        let headers = parts.headers.clone();
-        let Form(form) = Form::<F>::from_request(Request::from_parts(parts, body), state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        session::check_csrf(session::pre_session_value(state, &headers), form.csrf())
-            .map_err(IntoResponse::into_response)?;
+        let (SameOrigin, form) = checked_form(req, state, |_: &SameOrigin, headers, token| {
+            session::check_csrf(session::pre_session_value(state, headers), token)
+        })
+        .await?;
         Ok(SignInForm(form))
     }
 }

@@ -1079,49 +1079,61 @@ async fn feed(
     .into_response())
 }
 
-/// After a successful action: back to the task page (POST-redirect-GET).
-fn back_to(id: Uuid) -> Response {
-    Redirect::to(&format!("/app/tasks/{id}")).into_response()
+/// A signed-in worker acting on one task from a form of its page (the
+/// [`TaskForm`] extractor reads it): runs the action and answers.
+#[derive(Debug)]
+pub struct OnTask {
+    state: AppState,
+    session: WorkerSession,
+    id: Uuid,
 }
 
-/// Runs an action; on a refusal, shows the task page again with the
-/// error next to the form and the text as typed.
-async fn act_or_show(
-    state: &AppState,
-    s: &WorkerSession,
-    id: Uuid,
-    mut typed: TypedInput,
-    result: Result<(), ApiError>,
-) -> Result<Response, AppError> {
-    match result {
-        Ok(()) => Ok(back_to(id)),
-        Err(ApiError::Unavailable) => Err(AppError::Api(ApiError::Unavailable)),
-        Err(e) => {
-            let (status, message) = human(&e);
-            typed.error = Some(message);
-            match render_task(state, s, id, typed, status).await {
-                Ok(page) => Ok(page),
-                // The task is no longer visible at all: say so plainly.
-                Err(_) => Err(AppError::Api(e)),
+impl OnTask {
+    fn worker(&self) -> Uuid {
+        self.session.worker.id
+    }
+
+    /// Runs `command` on the task when the form gave one, and answers as
+    /// [`OnTask::answer`] does.
+    async fn act(
+        self,
+        typed: TypedInput,
+        command: Result<Command, ApiError>,
+    ) -> Result<Response, AppError> {
+        let result = match command {
+            Ok(command) => self.state.act(self.id, command).await.map(drop),
+            Err(e) => Err(e),
+        };
+        self.answer(typed, result).await
+    }
+
+    /// After a successful action: back to the task page
+    /// (POST-redirect-GET). On a refusal: the task page again with the
+    /// error next to the form and the text as typed.
+    async fn answer(
+        self,
+        mut typed: TypedInput,
+        result: Result<(), ApiError>,
+    ) -> Result<Response, AppError> {
+        let id = self.id;
+        match result {
+            Ok(()) => Ok(Redirect::to(&format!("/app/tasks/{id}")).into_response()),
+            Err(ApiError::Unavailable) => Err(AppError::Api(ApiError::Unavailable)),
+            Err(e) => {
+                let (status, message) = human(&e);
+                typed.error = Some(message);
+                match render_task(&self.state, &self.session, id, typed, status).await {
+                    Ok(page) => Ok(page),
+                    // The task is no longer visible at all: say so plainly.
+                    Err(_) => Err(AppError::Api(e)),
+                }
             }
         }
     }
 }
 
-async fn run(state: &AppState, id: Uuid, command: Command) -> Result<(), ApiError> {
-    state.act(id, command).await.map(|_| ())
-}
-
-async fn claim(
-    State(state): State<AppState>,
-    TaskForm {
-        session: s,
-        task: id,
-        ..
-    }: TaskForm<CsrfForm>,
-) -> Result<Response, AppError> {
-    match worker_tasks::claim_task(&state, s.worker.id, id).await {
-        Ok(_) => Ok(back_to(id)),
+async fn claim(TaskForm { on, .. }: TaskForm<CsrfForm>) -> Result<Response, AppError> {
+    match worker_tasks::claim_task(&on.state, on.worker(), on.id).await {
         Err(ApiError::NotFound(_)) => Err(AppError::Page(
             StatusCode::CONFLICT,
             "Task taken",
@@ -1129,7 +1141,7 @@ async fn claim(
              Pick another one from the open tasks."
                 .into(),
         )),
-        Err(e) => act_or_show(&state, &s, id, TypedInput::of("claim"), Err(e)).await,
+        result => on.answer(TypedInput::of("claim"), result.map(drop)).await,
     }
 }
 
@@ -1161,20 +1173,11 @@ fn form_position(lat: &str, lon: &str, accuracy: &str) -> Result<Option<Position
     }
 }
 
-async fn start(
-    State(state): State<AppState>,
-    TaskForm {
-        session: s,
-        task: id,
-        form,
-    }: TaskForm<PositionForm>,
-) -> Result<Response, AppError> {
-    let worker = s.worker.id;
-    let result = match form_position(&form.latitude, &form.longitude, &form.accuracy_m) {
-        Ok(position) => run(&state, id, Command::Start { worker, position }).await,
-        Err(e) => Err(e),
-    };
-    act_or_show(&state, &s, id, TypedInput::of("start"), result).await
+async fn start(TaskForm { on, form }: TaskForm<PositionForm>) -> Result<Response, AppError> {
+    let worker = on.worker();
+    let command = form_position(&form.latitude, &form.longitude, &form.accuracy_m)
+        .map(|position| Command::Start { worker, position });
+    on.act(TypedInput::of("start"), command).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1186,43 +1189,27 @@ struct TextForm {
     confirm: Option<String>,
 }
 
-async fn send_message(
-    State(state): State<AppState>,
-    TaskForm {
-        session: s,
-        task: id,
-        form,
-    }: TaskForm<TextForm>,
-) -> Result<Response, AppError> {
-    let worker = s.worker.id;
-    let result = match checked_text("message", &form.text, MAX_TEXT_CHARS) {
-        Ok(text) => run(&state, id, Command::Message { worker, text }).await,
-        Err(e) => Err(e),
-    };
+async fn send_message(TaskForm { on, form }: TaskForm<TextForm>) -> Result<Response, AppError> {
+    let worker = on.worker();
+    let command = checked_text("message", &form.text, MAX_TEXT_CHARS)
+        .map(|text| Command::Message { worker, text });
     let typed = TypedInput {
         form: "message",
         message: form.text,
         ..TypedInput::default()
     };
-    act_or_show(&state, &s, id, typed, result).await
+    on.act(typed, command).await
 }
 
-async fn raise_issue(
-    State(state): State<AppState>,
-    TaskForm {
-        session: s,
-        task: id,
-        form,
-    }: TaskForm<TextForm>,
-) -> Result<Response, AppError> {
-    let worker = s.worker.id;
-    let result = match (
+async fn raise_issue(TaskForm { on, form }: TaskForm<TextForm>) -> Result<Response, AppError> {
+    let worker = on.worker();
+    let command = match (
         IssueKind::parse(&form.kind),
         checked_text("the description of the issue", &form.text, MAX_TEXT_CHARS),
     ) {
         (None, _) => Err(ApiError::invalid("choose what kind of issue this is")),
         (_, Err(e)) => Err(e),
-        (Some(kind), Ok(text)) => run(&state, id, Command::RaiseIssue { worker, kind, text }).await,
+        (Some(kind), Ok(text)) => Ok(Command::RaiseIssue { worker, kind, text }),
     };
     let typed = TypedInput {
         form: "issue",
@@ -1230,7 +1217,7 @@ async fn raise_issue(
         issue_text: form.text,
         ..TypedInput::default()
     };
-    act_or_show(&state, &s, id, typed, result).await
+    on.act(typed, command).await
 }
 
 /// The complete form: a note and, for a task with a result schema, the
@@ -1250,20 +1237,17 @@ impl form::CsrfField for CompleteForm {
 }
 
 async fn complete(
-    State(state): State<AppState>,
     TaskForm {
-        session: s,
-        task: id,
+        on,
         form: CompleteForm(pairs),
     }: TaskForm<CompleteForm>,
 ) -> Result<Response, AppError> {
-    let worker = s.worker.id;
     let text = pairs
         .iter()
         .find(|(k, _)| k == "text")
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
-    let result = submit(&state, worker, id, &text, &pairs).await;
+    let result = submit(&on.state, on.worker(), on.id, &text, &pairs).await;
     let mut typed = TypedInput {
         form: "complete",
         note: text,
@@ -1276,7 +1260,7 @@ async fn complete(
     if let Err(ApiError::InvalidFields { errors, .. }) = &result {
         typed.result_errors = errors.clone();
     }
-    act_or_show(&state, &s, id, typed, result).await
+    on.answer(typed, result).await
 }
 
 /// The worker's complete from the form: the note, and the typed result
@@ -1315,32 +1299,23 @@ async fn submit(
     state.complete(id, worker, note, result).await.map(|_| ())
 }
 
-async fn stop(
-    State(state): State<AppState>,
-    TaskForm {
-        session: s,
-        task: id,
-        form,
-    }: TaskForm<TextForm>,
-) -> Result<Response, AppError> {
-    let worker = s.worker.id;
+async fn stop(TaskForm { on, form }: TaskForm<TextForm>) -> Result<Response, AppError> {
+    let worker = on.worker();
     let reason = Some(form.text.as_str()).filter(|t| !t.trim().is_empty());
-    let result = if form.confirm.as_deref() != Some("yes") {
+    let command = if form.confirm.as_deref() != Some("yes") {
         Err(ApiError::invalid(
             "tick the box to confirm: stopping ends the task for the agent",
         ))
     } else {
-        match checked_optional_text("the reason", reason, MAX_TEXT_CHARS) {
-            Ok(reason) => run(&state, id, Command::Stop { worker, reason }).await,
-            Err(e) => Err(e),
-        }
+        checked_optional_text("the reason", reason, MAX_TEXT_CHARS)
+            .map(|reason| Command::Stop { worker, reason })
     };
     let typed = TypedInput {
         form: "stop",
         reason: form.text,
         ..TypedInput::default()
     };
-    act_or_show(&state, &s, id, typed, result).await
+    on.act(typed, command).await
 }
 
 /// A photo the signed-in worker sent for the task it holds (the result
@@ -1434,7 +1409,12 @@ async fn send_photo(
         },
         (None, _) => Err(ApiError::invalid("choose a photo first")),
     };
-    act_or_show(&state, &s, id, TypedInput::of("photo"), result).await
+    let on = OnTask {
+        state,
+        session: s,
+        id,
+    };
+    on.answer(TypedInput::of("photo"), result).await
 }
 
 #[cfg(test)]
