@@ -11,7 +11,7 @@ use meatspace_store::{AuditEntry, AuditFilter};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{Console, Nav};
+use super::{Console, Nav, optional};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::web::{AppError, html};
@@ -40,14 +40,12 @@ struct AuditQuery {
 impl AuditQuery {
     /// The store's filter, or what is wrong with the form.
     fn filter(&self, limit: u32) -> Result<AuditFilter, String> {
-        let principal = match self.principal.trim() {
-            "" => None,
-            p => Some(Uuid::try_parse(p).map_err(|_| "The principal must be an id.".to_owned())?),
-        };
-        let action = match self.action.trim() {
-            "" => None,
-            a => Some(AuditAction::parse(a).ok_or_else(|| format!("No action is called {a:?}."))?),
-        };
+        let principal = optional(&self.principal, |p| {
+            Uuid::try_parse(p).map_err(|_| "The principal must be an id.".to_owned())
+        })?;
+        let action = optional(&self.action, |a| {
+            AuditAction::parse(a).ok_or_else(|| format!("No action is called {a:?}."))
+        })?;
         Ok(AuditFilter {
             principal,
             action,

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, ConsoleForm, CsrfForm, Nav};
+use super::{Console, ConsoleForm, CsrfForm, Missing, Nav, optional};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::routes::{invites, keys};
@@ -36,16 +36,15 @@ pub(super) fn router() -> Router<AppState> {
         .route("/console/invites/{invite_id}/revoke", post(revoke_invite))
 }
 
-fn not_found() -> AppError {
-    AppError::Page(
-        StatusCode::NOT_FOUND,
-        "Not found",
-        "There is no such record.".into(),
-    )
-}
+const MISSING: Missing = Missing::new("Not found", "There is no such record.");
 
-fn id_of(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::try_parse(raw).map_err(|_| not_found())
+/// A number of hours from a form, in seconds; `None` when left empty.
+fn hours(text: &str, refusal: &str) -> Result<Option<u64>, String> {
+    optional(text, |h| {
+        h.parse::<u64>()
+            .map(|h| h.saturating_mul(3600))
+            .map_err(|_| refusal.to_owned())
+    })
 }
 
 // ------------------------------------------------------------------- keys
@@ -210,23 +209,20 @@ async fn rotate_key(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<RotateForm>,
 ) -> Result<Response, AppError> {
-    let id = id_of(&raw)?;
-    let grace = match form.grace_hours.trim() {
-        "" => None,
-        h => match h.parse::<u64>() {
-            Ok(h) => Some(h.saturating_mul(3600)),
-            Err(_) => {
-                let e = "The grace period is a whole number of hours.".to_owned();
-                return keys_page(&state, &c, None, None, Some(e)).await;
-            }
-        },
+    let id = MISSING.id(&raw)?;
+    let grace = match hours(
+        &form.grace_hours,
+        "The grace period is a whole number of hours.",
+    ) {
+        Ok(grace) => grace,
+        Err(e) => return keys_page(&state, &c, None, None, Some(e)).await,
     };
     match keys::rotate(&state, &c.caller, &address, id, grace).await {
         Ok(made) => {
             let label = format!("New secret of the key {}", made.key.name);
             keys_page(&state, &c, Some((label, made.secret)), None, None).await
         }
-        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(e) => keys_page(&state, &c, None, None, Some(refused(e)?)).await,
     }
 }
@@ -243,7 +239,7 @@ async fn revoke_key(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<RevokeForm>,
 ) -> Result<Response, AppError> {
-    let id = id_of(&raw)?;
+    let id = MISSING.id(&raw)?;
     match keys::revoke(&state, &c.caller, &address, id, form.cancel_tasks.is_some()).await {
         Ok(revoked) => {
             let notice = format!(
@@ -252,7 +248,7 @@ async fn revoke_key(
             );
             keys_page(&state, &c, None, Some(notice), None).await
         }
-        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(e) => Err(e.into()),
     }
 }
@@ -348,15 +344,9 @@ async fn create_invite(
     headers: HeaderMap,
     ConsoleForm { c, address, form }: ConsoleForm<InviteForm>,
 ) -> Result<Response, AppError> {
-    let seconds = match form.hours.trim() {
-        "" => None,
-        h => match h.parse::<u64>() {
-            Ok(h) => Some(h.saturating_mul(3600)),
-            Err(_) => {
-                let e = "The lifetime is a whole number of hours.".to_owned();
-                return invites_page(&state, &c, None, Some(e)).await;
-            }
-        },
+    let seconds = match hours(&form.hours, "The lifetime is a whole number of hours.") {
+        Ok(seconds) => seconds,
+        Err(e) => return invites_page(&state, &c, None, Some(e)).await,
     };
     match invites::create(&state, &c.caller, &address, &headers, seconds).await {
         Ok(made) => {
@@ -372,10 +362,10 @@ async fn revoke_invite(
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = id_of(&raw)?;
+    let id = MISSING.id(&raw)?;
     match invites::revoke(&state, &c.caller, &address, id).await {
         Ok(_) => Ok(Redirect::to("/console/invites").into_response()),
-        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(e) => Err(e.into()),
     }
 }

@@ -133,6 +133,40 @@ where
     }
 }
 
+/// What the console answers when the record a path names is not there.
+pub(super) struct Missing {
+    title: &'static str,
+    text: &'static str,
+}
+
+impl Missing {
+    pub(super) const fn new(title: &'static str, text: &'static str) -> Self {
+        Missing { title, text }
+    }
+
+    /// The not-found page.
+    pub(super) fn error(&self) -> AppError {
+        AppError::Page(StatusCode::NOT_FOUND, self.title, self.text.into())
+    }
+
+    /// The id a path names; anything that is not an id names no record.
+    pub(super) fn id(&self, raw: &str) -> Result<Uuid, AppError> {
+        Uuid::try_parse(raw).map_err(|_| self.error())
+    }
+}
+
+/// A form or filter field that may be left empty: `None` when it is,
+/// else what `parse` makes of its trimmed text (or what is wrong with it).
+pub(super) fn optional<T>(
+    text: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    match text.trim() {
+        "" => Ok(None),
+        t => parse(t).map(Some),
+    }
+}
+
 /// A page, answered with `refused` when it shows a refusal (`error`) and
 /// 200 otherwise.
 pub(super) fn shown(page: &impl Template, error: bool, refused: StatusCode) -> Response {

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, ConsoleForm, Nav, session_value};
+use super::{Console, ConsoleForm, Missing, Nav, optional, session_value};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
@@ -42,18 +42,10 @@ pub(super) fn router() -> Router<AppState> {
         .route("/console/tasks/{task_id}/photos/{photo_id}", get(photo))
 }
 
-fn task_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::try_parse(raw).map_err(|_| not_found())
-}
-
-fn not_found() -> AppError {
-    AppError::Page(
-        StatusCode::NOT_FOUND,
-        "No such task",
-        "There is no task with this id (it may have been deleted after its retention period)."
-            .into(),
-    )
-}
+const MISSING: Missing = Missing::new(
+    "No such task",
+    "There is no task with this id (it may have been deleted after its retention period).",
+);
 
 // ------------------------------------------------------------------- list
 
@@ -71,14 +63,12 @@ struct ListQuery {
 
 impl ListQuery {
     fn filter(&self) -> Result<TaskFilter, String> {
-        let state = match self.state.trim() {
-            "" => None,
-            s => Some(TaskState::parse(s).ok_or_else(|| format!("No state is called {s:?}."))?),
-        };
-        let owner = match self.owner.trim() {
-            "" => None,
-            o => Some(Uuid::try_parse(o).map_err(|_| "The owner must be an id.".to_owned())?),
-        };
+        let state = optional(&self.state, |s| {
+            TaskState::parse(s).ok_or_else(|| format!("No state is called {s:?}."))
+        })?;
+        let owner = optional(&self.owner, |o| {
+            Uuid::try_parse(o).map_err(|_| "The owner must be an id.".to_owned())
+        })?;
         let search = self.q.trim();
         if search.chars().count() > 200 {
             return Err("Search for at most 200 characters.".into());
@@ -255,7 +245,7 @@ async fn task_page(
     id: Uuid,
     error: Option<String>,
 ) -> Result<Response, AppError> {
-    let task = state.store.task(id).await?.ok_or_else(not_found)?;
+    let task = state.store.task(id).await?.ok_or_else(|| MISSING.error())?;
     let owner = state
         .store
         .task_owner(id)
@@ -308,7 +298,7 @@ async fn page(
     c: Console,
     Path(raw): Path<String>,
 ) -> Result<Response, AppError> {
-    task_page(&state, &c, task_id(&raw)?, None).await
+    task_page(&state, &c, MISSING.id(&raw)?, None).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -326,7 +316,7 @@ async fn cancel(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<CancelForm>,
 ) -> Result<Response, AppError> {
-    let id = task_id(&raw)?;
+    let id = MISSING.id(&raw)?;
     let reason = form.reason.trim();
     if reason.is_empty() || reason.chars().count() > MAX_REASON_CHARS {
         let error = format!("Give a reason of 1 to {MAX_REASON_CHARS} characters.");
@@ -347,7 +337,7 @@ async fn cancel(
         .await
     {
         Ok(_) => Ok(Redirect::to(&format!("/console/tasks/{id}")).into_response()),
-        Err(meatspace_store::StoreError::NotFound) => Err(not_found()),
+        Err(meatspace_store::StoreError::NotFound) => Err(MISSING.error()),
         Err(meatspace_store::StoreError::Refused(r)) => {
             task_page(&state, &c, id, Some(ApiError::from(r).to_string())).await
         }
@@ -416,8 +406,8 @@ async fn photo(
     _c: Console,
     Path((raw, photo_id)): Path<(String, String)>,
 ) -> Result<Response, AppError> {
-    let id = task_id(&raw)?;
-    let photo_id = Uuid::try_parse(&photo_id).map_err(|_| not_found())?;
+    let id = MISSING.id(&raw)?;
+    let photo_id = Uuid::try_parse(&photo_id).map_err(|_| MISSING.error())?;
     let photo = crate::routes::tasks::photo_answer(&state, id, photo_id).await?;
-    photo.ok_or_else(not_found)
+    photo.ok_or_else(|| MISSING.error())
 }

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::audit::time;
-use super::{Console, ConsoleForm, CsrfForm, Nav};
+use super::{Console, ConsoleForm, CsrfForm, Missing, Nav};
 use crate::AppState;
 use crate::http::error::ApiError;
 use crate::routes::{qualifications, workers};
@@ -43,17 +43,7 @@ pub(super) fn router() -> Router<AppState> {
         )
 }
 
-fn not_found() -> AppError {
-    AppError::Page(
-        StatusCode::NOT_FOUND,
-        "No such worker",
-        "There is no worker with this id.".into(),
-    )
-}
-
-fn worker_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::try_parse(raw).map_err(|_| not_found())
-}
+const MISSING: Missing = Missing::new("No such worker", "There is no worker with this id.");
 
 // ------------------------------------------------------------------- list
 
@@ -146,7 +136,11 @@ async fn worker_page(
     new_token: Option<String>,
     error: Option<String>,
 ) -> Result<Response, AppError> {
-    let worker = state.store.worker(id).await?.ok_or_else(not_found)?;
+    let worker = state
+        .store
+        .worker(id)
+        .await?
+        .ok_or_else(|| MISSING.error())?;
     let now = state.clock.now();
     let tasks = state.store.worker_tasks(id, SHOWN).await?;
     let qualifications = state.store.qualifications(id).await?;
@@ -208,7 +202,7 @@ async fn page(
     c: Console,
     Path(raw): Path<String>,
 ) -> Result<Response, AppError> {
-    worker_page(&state, &c, worker_id(&raw)?, None, None).await
+    worker_page(&state, &c, MISSING.id(&raw)?, None, None).await
 }
 
 /// After an action: the worker's page again, or the page with the
@@ -221,7 +215,7 @@ async fn done(
 ) -> Result<Response, AppError> {
     match result {
         Ok(()) => Ok(Redirect::to(&format!("/console/workers/{id}")).into_response()),
-        Err(ApiError::NotFound(_)) => Err(not_found()),
+        Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(ApiError::Invalid(e)) => worker_page(state, c, id, None, Some(e)).await,
         Err(e) => Err(e.into()),
     }
@@ -240,7 +234,7 @@ async fn suspend(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<ReasonForm>,
 ) -> Result<Response, AppError> {
-    let id = worker_id(&raw)?;
+    let id = MISSING.id(&raw)?;
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
     let result = workers::suspend(&state, &c.caller, &address, id, reason)
         .await
@@ -253,7 +247,7 @@ async fn reinstate(
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = worker_id(&raw)?;
+    let id = MISSING.id(&raw)?;
     let result = workers::reinstate(&state, &c.caller, &address, id)
         .await
         .map(drop);
@@ -267,7 +261,7 @@ async fn rotate(
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = worker_id(&raw)?;
+    let id = MISSING.id(&raw)?;
     match workers::rotate_token(&state, &c.caller, &address, id).await {
         Ok(rotated) => worker_page(&state, &c, id, Some(rotated.worker_token), None).await,
         Err(e) => done(&state, &c, id, Err(e)).await,
@@ -288,14 +282,13 @@ async fn grant(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<GrantForm>,
 ) -> Result<Response, AppError> {
-    let id = worker_id(&raw)?;
-    let value = match form.value.trim() {
-        "" => None,
-        v => Some(match v.parse::<i64>() {
+    let id = MISSING.id(&raw)?;
+    let value = Some(form.value.trim())
+        .filter(|v| !v.is_empty())
+        .map(|v| match v.parse::<i64>() {
             Ok(n) => QualificationValue::Integer(n),
             Err(_) => QualificationValue::Text(v.to_owned()),
-        }),
-    };
+        });
     let expires_at = match time(&form.expires_at) {
         Ok(t) => t,
         Err(e) => return worker_page(&state, &c, id, None, Some(e)).await,
@@ -318,7 +311,7 @@ async fn revoke(
     Path((raw, name)): Path<(String, String)>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = worker_id(&raw)?;
+    let id = MISSING.id(&raw)?;
     let result = qualifications::revoke_from(&state, &c.caller, &address, id, &name).await;
     done(&state, &c, id, result).await
 }
