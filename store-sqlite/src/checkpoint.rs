@@ -24,7 +24,10 @@
 //! Durability is SQLite's: a checkpoint, from whichever connection, syncs
 //! the WAL before it copies and the database file before the WAL restarts.
 //! If the thread is gone, the writer's own auto-checkpoint (at
-//! [`BACKSTOP_PAGES`]) still bounds the WAL.
+//! [`BACKSTOP_PAGES`]) still bounds the WAL. A pass slowed down (a busy
+//! machine) keeps the writer's checkpoints out while it runs, so the WAL
+//! can outgrow the backstop for a while; the writer's connection cuts the
+//! file back to the backstop's size when the WAL starts over.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -413,6 +413,18 @@ impl Opener {
             .map_err(failure)?;
         conn.pragma_update(None, "wal_autocheckpoint", checkpoint::BACKSTOP_PAGES)
             .map_err(failure)?;
+        // A WAL that grew past the backstop (a checkpoint pass slowed down
+        // while the writes went on) is cut back to it when it starts over,
+        // so a past burst does not keep its disk space.
+        let page_size: i64 = conn
+            .query_row("PRAGMA page_size", [], |row| row.get(0))
+            .map_err(failure)?;
+        conn.pragma_update(
+            None,
+            "journal_size_limit",
+            checkpoint::BACKSTOP_PAGES * page_size,
+        )
+        .map_err(failure)?;
         Ok(conn)
     }
 }

@@ -414,10 +414,12 @@ async fn count(store: &SqliteStore, table: &str) -> i64 {
 
 /// A stream of creates, 32 at a time, until the writer has caught up with
 /// the checkpoint thread five times: every catch-up lets the WAL start
-/// over, so the WAL file stays within the writer's own auto-checkpoint
-/// (4,000 pages), although the creates wrote more than that. Without the
-/// writer's catch-up a checkpoint on another connection never finishes
-/// and the WAL grows by every write; without the thread nothing counts.
+/// over, and the write after it cuts the WAL file back to the writer's own
+/// auto-checkpoint (4,000 pages), although the creates wrote more than
+/// that (on a busy machine a slow pass can let the WAL outgrow it between
+/// two catch-ups). Without the writer's catch-up a checkpoint on another
+/// connection never finishes and the WAL grows by every write; without the
+/// thread nothing counts.
 #[tokio::test]
 async fn checkpoints_run_off_the_writer_and_the_wal_starts_over() {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -436,6 +438,11 @@ async fn checkpoints_run_off_the_writer_and_the_wal_starts_over() {
         }
         creates += 32;
     }
+    // The write after the last catch-up starts the WAL over.
+    store
+        .create_task(new_task(Uuid::new_v4(), now))
+        .await
+        .expect("a create");
     let counts = store.checkpoint_counts();
     assert!(counts.passes >= counts.catch_ups, "{counts:?}");
     let wal = std::fs::metadata(dir.path().join("group.db-wal"))
