@@ -2,7 +2,7 @@
 //! paged, and downloaded as CSV.
 
 use askama::Template;
-use axum::extract::{Query, State};
+use axum::extract::Query;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -131,11 +131,7 @@ impl From<&AuditEntry> for AuditRow {
     }
 }
 
-async fn audit(
-    State(state): State<AppState>,
-    c: Console,
-    Query(q): Query<AuditQuery>,
-) -> Result<Response, AppError> {
+async fn audit(c: Console, Query(q): Query<AuditQuery>) -> Result<Response, AppError> {
     let view = AuditQueryView {
         principal: q.principal.clone(),
         action: q.action.clone(),
@@ -158,7 +154,7 @@ async fn audit(
             return Ok((StatusCode::BAD_REQUEST, html(&page)).into_response());
         }
     };
-    let mut entries = state.store.audit(&filter).await?;
+    let mut entries = c.state.store.audit(&filter).await?;
     let next = (entries.len() > AUDIT_PAGE as usize).then(|| {
         entries.truncate(AUDIT_PAGE as usize);
         q.query(entries.last().map(|e| e.id))
@@ -176,15 +172,11 @@ async fn audit(
 }
 
 /// The filtered trail as CSV (newest first, at most 10,000 entries).
-async fn audit_csv(
-    State(state): State<AppState>,
-    _c: Console,
-    Query(q): Query<AuditQuery>,
-) -> Result<Response, AppError> {
+async fn audit_csv(c: Console, Query(q): Query<AuditQuery>) -> Result<Response, AppError> {
     let filter = q
         .filter(AUDIT_CSV_MAX)
         .map_err(|e| AppError::Page(StatusCode::BAD_REQUEST, "Not a filter", e))?;
-    let entries = state.store.audit(&filter).await?;
+    let entries = c.state.store.audit(&filter).await?;
     let mut out = csv::Writer::from_writer(Vec::new());
     let csv_error = |e: csv::Error| AppError::Api(ApiError::Internal(e.into()));
     out.write_record([

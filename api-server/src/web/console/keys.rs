@@ -8,7 +8,7 @@
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -104,14 +104,13 @@ struct KeysPage {
 }
 
 async fn keys_page(
-    state: &AppState,
     c: &Console,
     secret: Option<(String, String)>,
     notice: Option<String>,
     error: Option<String>,
 ) -> Result<Response, AppError> {
-    let now = state.clock.now();
-    let keys = state.store.api_keys(None, PAGE).await?;
+    let now = c.state.clock.now();
+    let keys = c.state.store.api_keys(None, PAGE).await?;
     let mut rows: Vec<KeyRow> = keys
         .into_iter()
         .map(|k| key_row(&crate::routes::keys::key_view(k), now))
@@ -133,8 +132,8 @@ async fn keys_page(
     ))
 }
 
-async fn list_keys(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
-    keys_page(&state, &c, None, None, None).await
+async fn list_keys(c: Console) -> Result<Response, AppError> {
+    keys_page(&c, None, None, None).await
 }
 
 /// A refusal of the API's in words on the page; other errors as errors.
@@ -162,7 +161,6 @@ struct KeyForm {
 crate::web::form::csrf_field!(KeyForm, RotateForm, RevokeForm, InviteForm);
 
 async fn create_key(
-    State(state): State<AppState>,
     ConsoleForm { c, address, form }: ConsoleForm<KeyForm>,
 ) -> Result<Response, AppError> {
     let kind = match form.kind.as_str() {
@@ -175,11 +173,11 @@ async fn create_key(
         .map(|s| Scope::parse(s))
         .collect::<Option<Vec<_>>>();
     let Some(scopes) = scopes else {
-        return keys_page(&state, &c, None, None, Some("Unknown scope.".into())).await;
+        return keys_page(&c, None, None, Some("Unknown scope.".into())).await;
     };
     let expires_at = match time(&form.expires_at) {
         Ok(t) => t,
-        Err(e) => return keys_page(&state, &c, None, None, Some(e)).await,
+        Err(e) => return keys_page(&c, None, None, Some(e)).await,
     };
     let req = api::CreateKey {
         name: form.name,
@@ -188,12 +186,12 @@ async fn create_key(
         scopes: (!scopes.is_empty()).then_some(scopes),
         expires_at,
     };
-    match keys::create(&state, &c.caller, &address, req).await {
+    match keys::create(&c.state, &c.caller, &address, req).await {
         Ok(made) => {
             let label = format!("Secret of the new key {}", made.key.name);
-            keys_page(&state, &c, Some((label, made.secret)), None, None).await
+            keys_page(&c, Some((label, made.secret)), None, None).await
         }
-        Err(e) => keys_page(&state, &c, None, None, Some(refused(e)?)).await,
+        Err(e) => keys_page(&c, None, None, Some(refused(e)?)).await,
     }
 }
 
@@ -205,7 +203,6 @@ struct RotateForm {
 }
 
 async fn rotate_key(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<RotateForm>,
 ) -> Result<Response, AppError> {
@@ -215,15 +212,15 @@ async fn rotate_key(
         "The grace period is a whole number of hours.",
     ) {
         Ok(grace) => grace,
-        Err(e) => return keys_page(&state, &c, None, None, Some(e)).await,
+        Err(e) => return keys_page(&c, None, None, Some(e)).await,
     };
-    match keys::rotate(&state, &c.caller, &address, id, grace).await {
+    match keys::rotate(&c.state, &c.caller, &address, id, grace).await {
         Ok(made) => {
             let label = format!("New secret of the key {}", made.key.name);
-            keys_page(&state, &c, Some((label, made.secret)), None, None).await
+            keys_page(&c, Some((label, made.secret)), None, None).await
         }
         Err(ApiError::NotFound(_)) => Err(MISSING.error()),
-        Err(e) => keys_page(&state, &c, None, None, Some(refused(e)?)).await,
+        Err(e) => keys_page(&c, None, None, Some(refused(e)?)).await,
     }
 }
 
@@ -235,18 +232,25 @@ struct RevokeForm {
 }
 
 async fn revoke_key(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<RevokeForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    match keys::revoke(&state, &c.caller, &address, id, form.cancel_tasks.is_some()).await {
+    match keys::revoke(
+        &c.state,
+        &c.caller,
+        &address,
+        id,
+        form.cancel_tasks.is_some(),
+    )
+    .await
+    {
         Ok(revoked) => {
             let notice = format!(
                 "Revoked the key {}; {} of its principal's tasks cancelled.",
                 revoked.key.name, revoked.cancelled_tasks
             );
-            keys_page(&state, &c, None, Some(notice), None).await
+            keys_page(&c, None, Some(notice), None).await
         }
         Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(e) => Err(e.into()),
@@ -275,13 +279,12 @@ struct InvitesPage {
 }
 
 async fn invites_page(
-    state: &AppState,
     c: &Console,
     made: Option<(String, String)>,
     error: Option<String>,
 ) -> Result<Response, AppError> {
-    let now = state.clock.now();
-    let invites = state.store.invites(None, PAGE).await?;
+    let now = c.state.clock.now();
+    let invites = c.state.store.invites(None, PAGE).await?;
     let rows = invites
         .into_iter()
         .map(|i| {
@@ -317,8 +320,8 @@ async fn invites_page(
     ))
 }
 
-async fn list_invites(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
-    invites_page(&state, &c, None, None).await
+async fn list_invites(c: Console) -> Result<Response, AppError> {
+    invites_page(&c, None, None).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -340,30 +343,28 @@ fn qr_svg(text: &str) -> Result<String, AppError> {
 }
 
 async fn create_invite(
-    State(state): State<AppState>,
     headers: HeaderMap,
     ConsoleForm { c, address, form }: ConsoleForm<InviteForm>,
 ) -> Result<Response, AppError> {
     let seconds = match hours(&form.hours, "The lifetime is a whole number of hours.") {
         Ok(seconds) => seconds,
-        Err(e) => return invites_page(&state, &c, None, Some(e)).await,
+        Err(e) => return invites_page(&c, None, Some(e)).await,
     };
-    match invites::create(&state, &c.caller, &address, &headers, seconds).await {
+    match invites::create(&c.state, &c.caller, &address, &headers, seconds).await {
         Ok(made) => {
             let svg = qr_svg(&made.invite_url)?;
-            invites_page(&state, &c, Some((made.invite_url, svg)), None).await
+            invites_page(&c, Some((made.invite_url, svg)), None).await
         }
-        Err(e) => invites_page(&state, &c, None, Some(refused(e)?)).await,
+        Err(e) => invites_page(&c, None, Some(refused(e)?)).await,
     }
 }
 
 async fn revoke_invite(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    match invites::revoke(&state, &c.caller, &address, id).await {
+    match invites::revoke(&c.state, &c.caller, &address, id).await {
         Ok(_) => Ok(Redirect::to("/console/invites").into_response()),
         Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(e) => Err(e.into()),

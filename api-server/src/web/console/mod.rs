@@ -196,6 +196,8 @@ const MAX_FORM_BYTES: usize = 64 * 1024;
 /// browser to the sign-in page.
 #[derive(Debug, Clone)]
 pub struct Console {
+    /// The server's state, for the page's handler.
+    pub state: AppState,
     pub session: ConsoleSession,
     pub caller: Caller,
     /// The CSRF token every form of this session carries.
@@ -257,6 +259,7 @@ impl Console {
             state.store.touch_console_session(id, now).await?;
         }
         Ok(Console {
+            state: state.clone(),
             csrf: csrf_token(value),
             session,
             caller,

@@ -3,7 +3,6 @@
 //! task.
 
 use askama::Template;
-use axum::extract::State;
 use axum::response::Response;
 use chrono::{DateTime, Duration, TimeDelta, Utc};
 use meatspace_domain::TaskState;
@@ -114,21 +113,25 @@ fn days(hours: &[HourCount], now: DateTime<Utc>) -> (Vec<Bar>, u64) {
     per_slot(hours, now, Duration::days(1), 7, "%a %d %b")
 }
 
-async fn overview(State(state): State<AppState>, c: Console) -> Result<Response, AppError> {
-    let now = state.clock.now();
-    let counts = state.store.task_counts().await?;
-    let hours = state.store.tasks_per_hour(now - Duration::days(7)).await?;
+async fn overview(c: Console) -> Result<Response, AppError> {
+    let now = c.state.clock.now();
+    let counts = c.state.store.task_counts().await?;
+    let hours = c
+        .state
+        .store
+        .tasks_per_hour(now - Duration::days(7))
+        .await?;
     let day_start = now - Duration::hours(24);
     let sum = |since: DateTime<Utc>, f: fn(&HourCount) -> u64| -> u64 {
         hours.iter().filter(|h| h.hour >= since).map(f).sum()
     };
-    let oldest = state.store.oldest_open_task().await?.map(|t| {
+    let oldest = c.state.store.oldest_open_task().await?.map(|t| {
         let since = t.published_at.unwrap_or(t.created_at);
         (t.id, since.to_rfc3339(), age(now - since))
     });
     let (bars, peak) = bars(&hours, now);
     let (week_bars, week_peak) = days(&hours, now);
-    let health = state.store.health().await?;
+    let health = c.state.store.health().await?;
     let page = OverviewPage {
         nav: Some(Nav::of(&c)),
         total: counts.iter().map(|(_, n)| n).sum(),

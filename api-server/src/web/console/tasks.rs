@@ -6,7 +6,7 @@
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -144,11 +144,7 @@ fn short(text: &str) -> String {
     out
 }
 
-async fn list(
-    State(state): State<AppState>,
-    c: Console,
-    Query(q): Query<ListQuery>,
-) -> Result<Response, AppError> {
+async fn list(c: Console, Query(q): Query<ListQuery>) -> Result<Response, AppError> {
     let mut page = ListPage {
         nav: Some(Nav::of(&c)),
         states: TaskState::ALL.iter().map(|s| s.as_str()).collect(),
@@ -168,7 +164,7 @@ async fn list(
             return Ok((StatusCode::BAD_REQUEST, html(&page)).into_response());
         }
     };
-    let mut tasks = state.store.console_tasks(&filter).await?;
+    let mut tasks = c.state.store.console_tasks(&filter).await?;
     if tasks.len() > PAGE as usize {
         tasks.truncate(PAGE as usize);
         page.next = tasks
@@ -239,20 +235,21 @@ struct TaskPage {
     error: Option<String>,
 }
 
-async fn task_page(
-    state: &AppState,
-    c: &Console,
-    id: Uuid,
-    error: Option<String>,
-) -> Result<Response, AppError> {
-    let task = state.store.task(id).await?.ok_or_else(|| MISSING.error())?;
-    let owner = state
+async fn task_page(c: &Console, id: Uuid, error: Option<String>) -> Result<Response, AppError> {
+    let task = c
+        .state
+        .store
+        .task(id)
+        .await?
+        .ok_or_else(|| MISSING.error())?;
+    let owner = c
+        .state
         .store
         .task_owner(id)
         .await?
         .map(|o| o.to_string())
         .unwrap_or_default();
-    let events = state.store.events(id, 0, FEED_SHOWN).await?;
+    let events = c.state.store.events(id, 0, FEED_SHOWN).await?;
     let place = task.location.as_ref().map(|l| {
         (
             format!(
@@ -293,12 +290,8 @@ async fn task_page(
     ))
 }
 
-async fn page(
-    State(state): State<AppState>,
-    c: Console,
-    Path(raw): Path<String>,
-) -> Result<Response, AppError> {
-    task_page(&state, &c, MISSING.id(&raw)?, None).await
+async fn page(c: Console, Path(raw): Path<String>) -> Result<Response, AppError> {
+    task_page(&c, MISSING.id(&raw)?, None).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -312,7 +305,6 @@ crate::web::form::csrf_field!(CancelForm);
 /// Cancels the task, as the signed-in operator, with the audit entry in
 /// the cancel's own transaction.
 async fn cancel(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<CancelForm>,
 ) -> Result<Response, AppError> {
@@ -320,7 +312,7 @@ async fn cancel(
     let reason = form.reason.trim();
     if reason.is_empty() || reason.chars().count() > MAX_REASON_CHARS {
         let error = format!("Give a reason of 1 to {MAX_REASON_CHARS} characters.");
-        return task_page(&state, &c, id, Some(error)).await;
+        return task_page(&c, id, Some(error)).await;
     }
     let audit = c.caller.audit(
         AuditAction::TaskCancelledByOperator,
@@ -331,7 +323,8 @@ async fn cancel(
     let command = Command::Cancel {
         reason: Some(reason.to_owned()),
     };
-    match state
+    match c
+        .state
         .store
         .apply_audited(id, command, c.caller.acted_by(), audit)
         .await
@@ -339,7 +332,7 @@ async fn cancel(
         Ok(_) => Ok(Redirect::to(&format!("/console/tasks/{id}")).into_response()),
         Err(meatspace_store::StoreError::NotFound) => Err(MISSING.error()),
         Err(meatspace_store::StoreError::Refused(r)) => {
-            task_page(&state, &c, id, Some(ApiError::from(r).to_string())).await
+            task_page(&c, id, Some(ApiError::from(r).to_string())).await
         }
         Err(e) => Err(ApiError::from(e).into()),
     }
@@ -350,7 +343,6 @@ async fn cancel(
 /// task's owner reads it, each event in words as the page shows it. It ends
 /// when the session does.
 async fn stream(
-    State(state): State<AppState>,
     c: Console,
     Path(raw): Path<String>,
     headers: HeaderMap,
@@ -359,18 +351,19 @@ async fn stream(
 ) -> Result<Response, ApiError> {
     let id = Uuid::try_parse(&raw).map_err(|_| ApiError::task_not_found())?;
     let after = start_cursor(&headers, &q)?;
-    let slot = state
+    let slot = c
+        .state
         .rate_limit
         .streams()
         .open(c.caller.as_principal(), address)?;
     let reader = ConsoleReader {
-        state: state.clone(),
-        session: session_value(&state, &headers)
+        state: c.state.clone(),
+        session: session_value(&c.state, &headers)
             .unwrap_or_default()
             .to_owned(),
         task: id,
     };
-    routes::stream::stream(state, id, after, FeedView::Agent, slot, reader).await
+    routes::stream::stream(c.state, id, after, FeedView::Agent, slot, reader).await
 }
 
 /// The console page reading a task's stream: for as long as its session is
@@ -402,12 +395,11 @@ impl StreamReader for ConsoleReader {
 }
 
 async fn photo(
-    State(state): State<AppState>,
-    _c: Console,
+    c: Console,
     Path((raw, photo_id)): Path<(String, String)>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
     let photo_id = Uuid::try_parse(&photo_id).map_err(|_| MISSING.error())?;
-    let photo = crate::routes::tasks::photo_answer(&state, id, photo_id).await?;
+    let photo = crate::routes::tasks::photo_answer(&c.state, id, photo_id).await?;
     photo.ok_or_else(|| MISSING.error())
 }

@@ -6,7 +6,7 @@
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -63,13 +63,10 @@ struct ListPage {
     next: Option<String>,
 }
 
-async fn list(
-    State(state): State<AppState>,
-    c: Console,
-    Query(q): Query<ListQuery>,
-) -> Result<Response, AppError> {
+async fn list(c: Console, Query(q): Query<ListQuery>) -> Result<Response, AppError> {
     let search: String = q.q.trim().chars().take(200).collect();
-    let mut workers = state
+    let mut workers = c
+        .state
         .store
         .console_workers((!search.is_empty()).then_some(&*search), q.after, PAGE + 1)
         .await?;
@@ -130,21 +127,22 @@ struct WorkerPage {
 }
 
 async fn worker_page(
-    state: &AppState,
     c: &Console,
     id: Uuid,
     new_token: Option<String>,
     error: Option<String>,
 ) -> Result<Response, AppError> {
-    let worker = state
+    let worker = c
+        .state
         .store
         .worker(id)
         .await?
         .ok_or_else(|| MISSING.error())?;
-    let now = state.clock.now();
-    let tasks = state.store.worker_tasks(id, SHOWN).await?;
-    let qualifications = state.store.qualifications(id).await?;
-    let history = state
+    let now = c.state.clock.now();
+    let tasks = c.state.store.worker_tasks(id, SHOWN).await?;
+    let qualifications = c.state.store.qualifications(id).await?;
+    let history = c
+        .state
         .store
         .audit(&AuditFilter {
             target: Some(format!("worker:{id}")),
@@ -197,26 +195,17 @@ async fn worker_page(
     ))
 }
 
-async fn page(
-    State(state): State<AppState>,
-    c: Console,
-    Path(raw): Path<String>,
-) -> Result<Response, AppError> {
-    worker_page(&state, &c, MISSING.id(&raw)?, None, None).await
+async fn page(c: Console, Path(raw): Path<String>) -> Result<Response, AppError> {
+    worker_page(&c, MISSING.id(&raw)?, None, None).await
 }
 
 /// After an action: the worker's page again, or the page with the
 /// refusal in words.
-async fn done(
-    state: &AppState,
-    c: &Console,
-    id: Uuid,
-    result: Result<(), ApiError>,
-) -> Result<Response, AppError> {
+async fn done(c: &Console, id: Uuid, result: Result<(), ApiError>) -> Result<Response, AppError> {
     match result {
         Ok(()) => Ok(Redirect::to(&format!("/console/workers/{id}")).into_response()),
         Err(ApiError::NotFound(_)) => Err(MISSING.error()),
-        Err(ApiError::Invalid(e)) => worker_page(state, c, id, None, Some(e)).await,
+        Err(ApiError::Invalid(e)) => worker_page(c, id, None, Some(e)).await,
         Err(e) => Err(e.into()),
     }
 }
@@ -230,41 +219,38 @@ struct ReasonForm {
 crate::web::form::csrf_field!(ReasonForm, GrantForm);
 
 async fn suspend(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<ReasonForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
-    let result = workers::suspend(&state, &c.caller, &address, id, reason)
+    let result = workers::suspend(&c.state, &c.caller, &address, id, reason)
         .await
         .map(drop);
-    done(&state, &c, id, result).await
+    done(&c, id, result).await
 }
 
 async fn reinstate(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    let result = workers::reinstate(&state, &c.caller, &address, id)
+    let result = workers::reinstate(&c.state, &c.caller, &address, id)
         .await
         .map(drop);
-    done(&state, &c, id, result).await
+    done(&c, id, result).await
 }
 
 /// A new token, shown on the page this once (never again: only its
 /// digest is kept).
 async fn rotate(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    match workers::rotate_token(&state, &c.caller, &address, id).await {
-        Ok(rotated) => worker_page(&state, &c, id, Some(rotated.worker_token), None).await,
-        Err(e) => done(&state, &c, id, Err(e)).await,
+    match workers::rotate_token(&c.state, &c.caller, &address, id).await {
+        Ok(rotated) => worker_page(&c, id, Some(rotated.worker_token), None).await,
+        Err(e) => done(&c, id, Err(e)).await,
     }
 }
 
@@ -278,7 +264,6 @@ struct GrantForm {
 }
 
 async fn grant(
-    State(state): State<AppState>,
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<GrantForm>,
 ) -> Result<Response, AppError> {
@@ -291,10 +276,10 @@ async fn grant(
         });
     let expires_at = match time(&form.expires_at) {
         Ok(t) => t,
-        Err(e) => return worker_page(&state, &c, id, None, Some(e)).await,
+        Err(e) => return worker_page(&c, id, None, Some(e)).await,
     };
     let result = qualifications::grant_to(
-        &state,
+        &c.state,
         &c.caller,
         &address,
         id,
@@ -303,15 +288,14 @@ async fn grant(
     )
     .await
     .map(drop);
-    done(&state, &c, id, result).await
+    done(&c, id, result).await
 }
 
 async fn revoke(
-    State(state): State<AppState>,
     Path((raw, name)): Path<(String, String)>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    let result = qualifications::revoke_from(&state, &c.caller, &address, id, &name).await;
-    done(&state, &c, id, result).await
+    let result = qualifications::revoke_from(&c.state, &c.caller, &address, id, &name).await;
+    done(&c, id, result).await
 }
