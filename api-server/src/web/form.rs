@@ -18,6 +18,7 @@ use super::session::{self, SameOrigin, WorkerSession};
 use super::{AppError, OnTask};
 use crate::AppState;
 use crate::http::error::ApiError;
+use crate::http::extract::Json;
 
 /// A form that carries a CSRF token.
 pub trait CsrfField {
@@ -38,9 +39,33 @@ macro_rules! csrf_field {
 }
 pub(crate) use csrf_field;
 
-/// Reads `P` from the request's head and the form `F` from its body, then
-/// refuses the form unless `check` accepts its CSRF token (given `P` and
-/// the request's headers).
+/// Reads `P` from the request's head and `B` from its body, then refuses
+/// the request unless `check` accepts its CSRF token (given `P`, the
+/// request's headers and `B`).
+async fn checked<P, B>(
+    req: Request,
+    state: &AppState,
+    check: impl FnOnce(&P, &HeaderMap, &B) -> Result<(), AppError>,
+) -> Result<(P, B), Response>
+where
+    P: FromRequestParts<AppState>,
+    P::Rejection: IntoResponse,
+    B: FromRequest<AppState>,
+    B::Rejection: IntoResponse,
+{
+    let (mut parts, body) = req.into_parts();
+    let head = P::from_request_parts(&mut parts, state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let headers = parts.headers.clone();
+    let body = B::from_request(Request::from_parts(parts, body), state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    check(&head, &headers, &body).map_err(IntoResponse::into_response)?;
+    Ok((head, body))
+}
+
+/// [`checked`] for a form that carries its CSRF token.
 async fn checked_form<P, F>(
     req: Request,
     state: &AppState,
@@ -51,15 +76,10 @@ where
     P::Rejection: IntoResponse,
     F: DeserializeOwned + CsrfField + Send,
 {
-    let (mut parts, body) = req.into_parts();
-    let head = P::from_request_parts(&mut parts, state)
-        .await
-        .map_err(IntoResponse::into_response)?;
-    let headers = parts.headers.clone();
-    let Form(form) = Form::<F>::from_request(Request::from_parts(parts, body), state)
-        .await
-        .map_err(IntoResponse::into_response)?;
-    check(&head, &headers, form.csrf()).map_err(IntoResponse::into_response)?;
+    let (head, Form(form)) = checked(req, state, |head, headers, Form(form): &Form<F>| {
+        check(head, headers, form.csrf())
+    })
+    .await?;
     Ok((head, form))
 }
 
@@ -159,4 +179,31 @@ impl FromRequestParts<AppState> for TaskId {
 
 fn task_id(raw: &str) -> Result<Uuid, AppError> {
     Uuid::try_parse(raw).map_err(|_| AppError::Api(ApiError::task_not_found()))
+}
+
+/// The header in which the app's script sends the CSRF token with its JSON.
+const CSRF_HEADER: &str = "x-csrf-token";
+
+/// JSON the app's script posts for the signed-in worker, the session's
+/// CSRF token in the `x-csrf-token` header.
+#[derive(Debug)]
+pub struct ScriptJson<T> {
+    pub session: WorkerSession,
+    pub body: T,
+}
+
+impl<T> FromRequest<AppState> for ScriptJson<T>
+where
+    T: DeserializeOwned + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (session, Json(body)) =
+            checked(req, state, |s: &WorkerSession, headers, _: &Json<T>| {
+                s.check_csrf(headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()))
+            })
+            .await?;
+        Ok(ScriptJson { session, body })
+    }
 }

@@ -7,7 +7,7 @@
 use askama::Template;
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use meatspace_api_types::NewPushSubscription;
@@ -15,7 +15,7 @@ use meatspace_domain::notify::{Area, Channel, Preferences};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::form::{SessionForm, csrf_field};
+use super::form::{ScriptJson, SessionForm, csrf_field};
 use super::session::WorkerSession;
 use super::{AppError, Nav, html};
 use crate::AppState;
@@ -186,21 +186,11 @@ fn capitalized(s: &str) -> String {
     }
 }
 
-/// The app's script sends the CSRF token in this header with its JSON.
-const CSRF_HEADER: &str = "x-csrf-token";
-
-fn csrf_of(headers: &HeaderMap) -> Option<&str> {
-    headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok())
-}
-
 /// This browser's push subscription, from the app's script.
 async fn subscribe(
     State(state): State<AppState>,
-    s: WorkerSession,
-    headers: HeaderMap,
-    crate::http::extract::Json(body): crate::http::extract::Json<NewPushSubscription>,
+    ScriptJson { session: s, body }: ScriptJson<NewPushSubscription>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(csrf_of(&headers))?;
     let answer = add_subscription(&state, s.worker.id, body).await?;
     Ok(axum::Json(answer).into_response())
 }
@@ -213,11 +203,8 @@ struct Endpoint {
 /// The browser stopped its push subscription.
 async fn unsubscribe_browser(
     State(state): State<AppState>,
-    s: WorkerSession,
-    headers: HeaderMap,
-    crate::http::extract::Json(body): crate::http::extract::Json<Endpoint>,
+    ScriptJson { session: s, body }: ScriptJson<Endpoint>,
 ) -> Result<Response, AppError> {
-    s.check_csrf(csrf_of(&headers))?;
     state
         .store
         .remove_push_subscription(Some(s.worker.id), &body.endpoint)

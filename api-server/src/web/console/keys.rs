@@ -127,7 +127,7 @@ async fn keys_page(
     };
     Ok(super::shown(
         &page,
-        page.error.is_some(),
+        &page.error,
         StatusCode::UNPROCESSABLE_ENTITY,
     ))
 }
@@ -315,7 +315,7 @@ async fn invites_page(
     };
     Ok(super::shown(
         &page,
-        page.error.is_some(),
+        &page.error,
         StatusCode::UNPROCESSABLE_ENTITY,
     ))
 }

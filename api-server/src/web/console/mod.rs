@@ -149,6 +149,11 @@ impl Missing {
         AppError::Page(StatusCode::NOT_FOUND, self.title, self.text.into())
     }
 
+    /// The record a lookup found, or the not-found page.
+    pub(super) fn found<T>(&self, record: Option<T>) -> Result<T, AppError> {
+        record.ok_or_else(|| self.error())
+    }
+
     /// The id a path names; anything that is not an id names no record.
     pub(super) fn id(&self, raw: &str) -> Result<Uuid, AppError> {
         Uuid::try_parse(raw).map_err(|_| self.error())
@@ -169,8 +174,12 @@ pub(super) fn optional<T>(
 
 /// A page, answered with `refused` when it shows a refusal (`error`) and
 /// 200 otherwise.
-pub(super) fn shown(page: &impl Template, error: bool, refused: StatusCode) -> Response {
-    let status = if error { refused } else { StatusCode::OK };
+pub(super) fn shown(page: &impl Template, error: &Option<String>, refused: StatusCode) -> Response {
+    let status = if error.is_some() {
+        refused
+    } else {
+        StatusCode::OK
+    };
     (status, html(page)).into_response()
 }
 

@@ -236,12 +236,7 @@ struct TaskPage {
 }
 
 async fn task_page(c: &Console, id: Uuid, error: Option<String>) -> Result<Response, AppError> {
-    let task = c
-        .state
-        .store
-        .task(id)
-        .await?
-        .ok_or_else(|| MISSING.error())?;
+    let task = MISSING.found(c.state.store.task(id).await?)?;
     let owner = c
         .state
         .store
@@ -283,11 +278,7 @@ async fn task_page(c: &Console, id: Uuid, error: Option<String>) -> Result<Respo
         task,
         error,
     };
-    Ok(super::shown(
-        &page,
-        page.error.is_some(),
-        StatusCode::CONFLICT,
-    ))
+    Ok(super::shown(&page, &page.error, StatusCode::CONFLICT))
 }
 
 async fn page(c: Console, Path(raw): Path<String>) -> Result<Response, AppError> {
@@ -399,7 +390,7 @@ async fn photo(
     Path((raw, photo_id)): Path<(String, String)>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    let photo_id = Uuid::try_parse(&photo_id).map_err(|_| MISSING.error())?;
+    let photo_id = MISSING.id(&photo_id)?;
     let photo = crate::routes::tasks::photo_answer(&c.state, id, photo_id).await?;
-    photo.ok_or_else(|| MISSING.error())
+    MISSING.found(photo)
 }

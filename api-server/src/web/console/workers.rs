@@ -132,12 +132,7 @@ async fn worker_page(
     new_token: Option<String>,
     error: Option<String>,
 ) -> Result<Response, AppError> {
-    let worker = c
-        .state
-        .store
-        .worker(id)
-        .await?
-        .ok_or_else(|| MISSING.error())?;
+    let worker = MISSING.found(c.state.store.worker(id).await?)?;
     let now = c.state.clock.now();
     let tasks = c.state.store.worker_tasks(id, SHOWN).await?;
     let qualifications = c.state.store.qualifications(id).await?;
@@ -190,7 +185,7 @@ async fn worker_page(
     };
     Ok(super::shown(
         &page,
-        page.error.is_some(),
+        &page.error,
         StatusCode::UNPROCESSABLE_ENTITY,
     ))
 }
