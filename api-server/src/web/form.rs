@@ -139,9 +139,14 @@ where
 
 /// A form posted before signing in (the invite and sign-in forms): the
 /// browser must not say it comes from elsewhere, and its CSRF token must
-/// derive from the pre-session cookie.
+/// derive from the pre-session cookie. The handler gets the state and the
+/// headers with it, to start the session or show the page again.
 #[derive(Debug)]
-pub struct SignInForm<F>(pub F);
+pub struct SignInForm<F> {
+    pub state: AppState,
+    pub headers: HeaderMap,
+    pub form: F,
+}
 
 impl<F> FromRequest<AppState> for SignInForm<F>
 where
@@ -150,11 +155,16 @@ where
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let (SameOrigin, form) = checked_form(req, state, |_: &SameOrigin, headers, token| {
-            session::check_csrf(session::pre_session_value(state, headers), token)
+        let ((SameOrigin, headers), form) =
+            checked_form(req, state, |_: &(SameOrigin, HeaderMap), headers, token| {
+                session::check_csrf(session::pre_session_value(state, headers), token)
+            })
+            .await?;
+        Ok(SignInForm {
+            state: state.clone(),
+            headers,
+            form,
         })
-        .await?;
-        Ok(SignInForm(form))
     }
 }
 

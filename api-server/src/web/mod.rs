@@ -659,10 +659,12 @@ async fn invite_form(
 }
 
 async fn accept_invite(
-    State(state): State<AppState>,
     Path(code): Path<String>,
-    headers: HeaderMap,
-    SignInForm(form): SignInForm<NameForm>,
+    SignInForm {
+        state,
+        headers,
+        form,
+    }: SignInForm<NameForm>,
 ) -> Result<Response, AppError> {
     let invite_id = live_invite(&state, &code).await?;
     let name = match checked_text("name", &form.name, MAX_NAME_CHARS) {
@@ -695,7 +697,16 @@ async fn accept_invite(
         // Someone else redeemed it (or it expired) since the check above.
         return Err(invite_gone());
     }
-    let cookie = session::start(&state, &headers, worker_id).await?;
+    signed_in(&state, &headers, worker_id).await
+}
+
+/// Starts the worker's session and goes to the open tasks.
+async fn signed_in(
+    state: &AppState,
+    headers: &HeaderMap,
+    worker_id: Uuid,
+) -> Result<Response, AppError> {
+    let cookie = session::start(state, headers, worker_id).await?;
     Ok(with_cookie(
         Redirect::to("/app/tasks").into_response(),
         Some(cookie),
@@ -749,18 +760,14 @@ struct TokenForm {
 }
 
 async fn login(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    SignInForm(form): SignInForm<TokenForm>,
+    SignInForm {
+        state,
+        headers,
+        form,
+    }: SignInForm<TokenForm>,
 ) -> Result<Response, AppError> {
     match verify_worker_token(&state, form.token.trim()).await {
-        Ok(worker_id) => {
-            let cookie = session::start(&state, &headers, worker_id).await?;
-            Ok(with_cookie(
-                Redirect::to("/app/tasks").into_response(),
-                Some(cookie),
-            ))
-        }
+        Ok(worker_id) => signed_in(&state, &headers, worker_id).await,
         Err(ApiError::Unauthorized(_)) => {
             let page = signed_out_page(&state, &headers, |csrf| LoginPage {
                 nav: None,
