@@ -194,11 +194,18 @@ async fn page(c: Console, Path(raw): Path<String>) -> Result<Response, AppError>
     worker_page(&c, MISSING.id(&raw)?, None, None).await
 }
 
-/// After an action: the worker's page again, or the page with the
-/// refusal in words.
-async fn done(c: &Console, id: Uuid, result: Result<(), ApiError>) -> Result<Response, AppError> {
-    match result {
-        Ok(()) => Ok(Redirect::to(&format!("/console/workers/{id}")).into_response()),
+/// Runs an operator's action on the worker the path names, then shows the
+/// worker's page: again (after a redirect), with the token the action made
+/// shown this once, or with the action's refusal in words.
+async fn act(
+    c: &Console,
+    raw: &str,
+    action: impl AsyncFnOnce(Uuid) -> Result<Option<String>, ApiError>,
+) -> Result<Response, AppError> {
+    let id = MISSING.id(raw)?;
+    match action(id).await {
+        Ok(None) => Ok(Redirect::to(&format!("/console/workers/{id}")).into_response()),
+        Ok(Some(token)) => worker_page(c, id, Some(token), None).await,
         Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(ApiError::Invalid(e)) => worker_page(c, id, None, Some(e)).await,
         Err(e) => Err(e.into()),
@@ -217,23 +224,23 @@ async fn suspend(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<ReasonForm>,
 ) -> Result<Response, AppError> {
-    let id = MISSING.id(&raw)?;
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
-    let result = workers::suspend(&c.state, &c.caller, &address, id, reason)
-        .await
-        .map(drop);
-    done(&c, id, result).await
+    act(&c, &raw, async |id| {
+        workers::suspend(&c.state, &c.caller, &address, id, reason).await?;
+        Ok(None)
+    })
+    .await
 }
 
 async fn reinstate(
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = MISSING.id(&raw)?;
-    let result = workers::reinstate(&c.state, &c.caller, &address, id)
-        .await
-        .map(drop);
-    done(&c, id, result).await
+    act(&c, &raw, async |id| {
+        workers::reinstate(&c.state, &c.caller, &address, id).await?;
+        Ok(None)
+    })
+    .await
 }
 
 /// A new token, shown on the page this once (never again: only its
@@ -242,11 +249,11 @@ async fn rotate(
     Path(raw): Path<String>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = MISSING.id(&raw)?;
-    match workers::rotate_token(&c.state, &c.caller, &address, id).await {
-        Ok(rotated) => worker_page(&c, id, Some(rotated.worker_token), None).await,
-        Err(e) => done(&c, id, Err(e)).await,
-    }
+    act(&c, &raw, async |id| {
+        let rotated = workers::rotate_token(&c.state, &c.caller, &address, id).await?;
+        Ok(Some(rotated.worker_token))
+    })
+    .await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -262,7 +269,6 @@ async fn grant(
     Path(raw): Path<String>,
     ConsoleForm { c, address, form }: ConsoleForm<GrantForm>,
 ) -> Result<Response, AppError> {
-    let id = MISSING.id(&raw)?;
     let value = Some(form.value.trim())
         .filter(|v| !v.is_empty())
         .map(|v| match v.parse::<i64>() {
@@ -271,26 +277,31 @@ async fn grant(
         });
     let expires_at = match time(&form.expires_at) {
         Ok(t) => t,
-        Err(e) => return worker_page(&c, id, None, Some(e)).await,
+        Err(e) => return worker_page(&c, MISSING.id(&raw)?, None, Some(e)).await,
     };
-    let result = qualifications::grant_to(
-        &c.state,
-        &c.caller,
-        &address,
-        id,
-        form.name.trim().to_owned(),
-        Grant { value, expires_at },
-    )
+    act(&c, &raw, async |id| {
+        let name = form.name.trim().to_owned();
+        qualifications::grant_to(
+            &c.state,
+            &c.caller,
+            &address,
+            id,
+            name,
+            Grant { value, expires_at },
+        )
+        .await?;
+        Ok(None)
+    })
     .await
-    .map(drop);
-    done(&c, id, result).await
 }
 
 async fn revoke(
     Path((raw, name)): Path<(String, String)>,
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
-    let id = MISSING.id(&raw)?;
-    let result = qualifications::revoke_from(&c.state, &c.caller, &address, id, &name).await;
-    done(&c, id, result).await
+    act(&c, &raw, async |id| {
+        qualifications::revoke_from(&c.state, &c.caller, &address, id, &name).await?;
+        Ok(None)
+    })
+    .await
 }
