@@ -693,6 +693,14 @@ impl Bearer<'_> {
     pub async fn post_json(&self, path: &str, body: &Value) -> Value {
         self.post(path).json(body).expect_json(StatusCode::OK).await
     }
+
+    /// The worker's upload of `png` (see [`images`]) as a photo of the task
+    /// `task_id`, to send and check.
+    pub fn send_png(&self, task_id: Uuid, png: Vec<u8>) -> RequestBuilder {
+        self.post(&worker_path(task_id, "/photos"))
+            .header(CONTENT_TYPE, "image/png")
+            .body(png)
+    }
 }
 
 /// A worker's claim on its way to lapse: on a server whose claims must be

@@ -650,9 +650,7 @@ async fn a_full_feed_refuses_additions_but_not_endings(db: Db) {
     // A photo is refused the same way (it once went around the check).
     let photo = srv
         .worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/photos"))
-        .header("content-type", "image/png")
-        .body(images::png(8, 8))
+        .send_png(t.task_id, images::png(8, 8))
         .expect_problem(StatusCode::CONFLICT)
         .await;
     assert_eq!(

@@ -147,9 +147,7 @@ async fn tokens_open_only_their_own_task(db: Db) {
     let t = srv.active_task("With a photo").await;
     let path = srv
         .worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/photos"))
-        .header(CONTENT_TYPE, "image/png")
-        .body(images::png(4, 4))
+        .send_png(t.task_id, images::png(4, 4))
         .expect_json(StatusCode::OK)
         .await["events"][0]["data"]["path"]
         .as_str()
@@ -187,10 +185,7 @@ async fn workers_reach_only_open_tasks_and_their_own(db: Db) {
         other
             .post(&worker_path(t.task_id, "/messages"))
             .json(&json!({ "text": "hi" })),
-        other
-            .post(&worker_path(t.task_id, "/photos"))
-            .header(CONTENT_TYPE, "image/png")
-            .body(images::png(4, 4)),
+        other.send_png(t.task_id, images::png(4, 4)),
         other
             .post(&worker_path(t.task_id, "/issues"))
             .json(&json!({ "kind": "other", "text": "hi" })),

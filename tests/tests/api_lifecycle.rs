@@ -471,9 +471,7 @@ async fn ended_tasks(srv: &TestServer) -> Vec<(ActiveTask, &'static str, Value)>
         let t = srv.active_task(&format!("A task that ends {state}")).await;
         let worker = srv.worker(&t.worker_token);
         let photo = worker
-            .post(&worker_path(t.task_id, "/photos"))
-            .header(CONTENT_TYPE, "image/png")
-            .body(images::png(8, 8))
+            .send_png(t.task_id, images::png(8, 8))
             .expect_json(OK)
             .await["events"][0]
             .clone();
@@ -522,10 +520,7 @@ async fn a_terminal_task_refuses_changes_and_stays_readable(db: Db) {
             worker
                 .post(&worker_path(id, "/messages"))
                 .json(&json!({ "text": "hello?" })),
-            worker
-                .post(&worker_path(id, "/photos"))
-                .header(CONTENT_TYPE, "image/png")
-                .body(images::png(4, 4)),
+            worker.send_png(id, images::png(4, 4)),
             worker
                 .post(&worker_path(id, "/issues"))
                 .json(&json!({ "kind": "other", "text": "hello?" })),

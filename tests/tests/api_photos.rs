@@ -18,10 +18,6 @@ meatspace_tests::api_tests!(
 
 const MIB: u64 = 1024 * 1024;
 
-fn photos(id: Uuid) -> String {
-    format!("/api/v1/worker/tasks/{id}/photos")
-}
-
 async fn server_with(db: Db, limits: PhotoLimits) -> TestServer {
     TestServer::start_configured(db, |o| o.photo_limits = limits).await
 }
@@ -43,9 +39,7 @@ async fn a_photo_with_too_many_pixels_is_refused_from_its_header(db: Db) {
     let t = srv.active_task("Photograph the mural").await;
     let body = srv
         .worker(&t.worker_token)
-        .post(&photos(t.task_id))
-        .header("content-type", "image/png")
-        .body(images::png_header_only(8192, 8192))
+        .send_png(t.task_id, images::png_header_only(8192, 8192))
         .expect_problem(StatusCode::UNPROCESSABLE_ENTITY)
         .await;
     assert!(
@@ -76,17 +70,13 @@ async fn a_photo_needing_more_than_the_decode_memory_is_refused(db: Db) {
     let heavy = images::zero_png(2000, 2000, true);
     assert!(heavy.len() < 100_000, "{} bytes", heavy.len());
     let body = worker
-        .post(&photos(t.task_id))
-        .header("content-type", "image/png")
-        .body(heavy)
+        .send_png(t.task_id, heavy)
         .expect_problem(StatusCode::PAYLOAD_TOO_LARGE)
         .await;
     assert!(str_at(&body, "/detail").contains("16 MiB"), "{body}");
     assert_eq!(photo_events(&srv, t.task_id, &t.agent_token).await, 0);
     let light = worker
-        .post(&photos(t.task_id))
-        .header("content-type", "image/png")
-        .body(images::zero_png(300, 200, true))
+        .send_png(t.task_id, images::zero_png(300, 200, true))
         .expect_json(StatusCode::OK)
         .await;
     let event = light["events"][0].clone();
@@ -112,12 +102,7 @@ async fn a_task_holds_at_most_its_photo_bytes(db: Db) {
     let t = srv.active_task("Photograph every room").await;
     let worker = srv.worker(&t.worker_token);
     // Noise does not compress: about 12 KB stored each.
-    let upload = || {
-        worker
-            .post(&photos(t.task_id))
-            .header("content-type", "image/png")
-            .body(images::noisy_png(64, 64))
-    };
+    let upload = || worker.send_png(t.task_id, images::noisy_png(64, 64));
     let mut accepted = 0;
     let refused = loop {
         let res = upload().send().await.unwrap();

@@ -66,9 +66,7 @@ async fn reviewed(srv: &TestServer, auto_accept_seconds: u32) -> ActiveTask {
 async fn photo(srv: &TestServer, t: &ActiveTask) -> String {
     let change = srv
         .worker(&t.worker_token)
-        .post(&worker_path(t.task_id, "/photos"))
-        .header("content-type", "image/png")
-        .body(images::png(4, 3))
+        .send_png(t.task_id, images::png(4, 3))
         .expect_json(StatusCode::OK)
         .await;
     str_at(&change, "/events/0/data/photo_id")
