@@ -16,22 +16,18 @@ pub struct CreateInvite {
 }
 
 /// Answer of `POST /api/v1/workers/invites`.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct CreatedInvite {
     /// The invite's id (to list or revoke it).
     pub id: Uuid,
     /// The one-time link to give the person. Shown only now.
+    #[debug(skip)]
     pub invite_url: String,
     pub expires_at: DateTime<Utc>,
     /// The principal whose key created it.
     pub created_by: Uuid,
 }
-crate::debug_without_secrets!(CreatedInvite {
-    id,
-    expires_at,
-    created_by
-});
 
 /// An invite as operators see it (never its link).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

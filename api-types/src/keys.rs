@@ -67,15 +67,15 @@ impl CreateKey {
 
 /// A key and its secret, shown once: the answer of a create, or of a
 /// rotation (the same id, a new secret).
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = KeyWithSecret))]
 pub struct KeySecret {
     pub key: Key,
     /// `msk_<key id>_<secret>`. Shown only now; store it securely.
+    #[debug(skip)]
     pub secret: String,
 }
-crate::debug_without_secrets!(KeySecret { key });
 
 /// Optional body of `POST /api/v1/keys/{id}/rotate`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -53,17 +53,3 @@ macro_rules! page {
     };
 }
 pub(crate) use page;
-
-/// `Debug` of a body that carries a secret: every field but the secrets.
-macro_rules! debug_without_secrets {
-    ($ty:ident { $($field:ident),* }) => {
-        impl std::fmt::Debug for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($ty))
-                    $(.field(stringify!($field), &self.$field))*
-                    .finish_non_exhaustive()
-            }
-        }
-    };
-}
-pub(crate) use debug_without_secrets;

@@ -139,18 +139,19 @@ pub struct Place {
 }
 
 /// Answer of `POST /api/v1/tasks`.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct CreatedTask {
     pub task: Task,
     /// Task-scoped bearer credential. Shown only now; store it securely.
+    #[debug(skip)]
     pub agent_token: String,
     /// With `webhook_url`: the `whsec_…` secret that signs the deliveries.
     /// Shown only now; store it securely.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[debug(skip)]
     pub webhook_secret: Option<String>,
 }
-crate::debug_without_secrets!(CreatedTask { task });
 
 /// The task resource (`GET /api/v1/tasks/{id}`): the task, plus its
 /// webhook's delivery state when it has one (never the secret).

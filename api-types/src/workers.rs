@@ -21,14 +21,14 @@ pub struct RegisterWorker {
 }
 
 /// Answer of `POST /api/v1/workers`.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct RegisteredWorker {
     pub worker: Worker,
     /// Bearer credential for the worker API. Shown only now.
+    #[debug(skip)]
     pub worker_token: String,
 }
-crate::debug_without_secrets!(RegisteredWorker { worker });
 
 /// A page of open tasks (`GET /api/v1/worker/tasks`): oldest first, or
 /// with `near`, those with a place nearest first and then those without.
@@ -131,15 +131,15 @@ pub struct Suspend {
 }
 
 /// Answer of `POST /api/v1/workers/{id}/rotate`.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = RotatedWorkerToken))]
 pub struct RotatedWorker {
     pub worker: Worker,
     /// The new token; the old one stopped working. Shown only now.
+    #[debug(skip)]
     pub worker_token: String,
 }
-crate::debug_without_secrets!(RotatedWorker { worker });
 
 /// Body of `PUT /api/v1/workers/{id}/qualifications/{name}`: the value and
 /// expiry of the grant (both optional).
