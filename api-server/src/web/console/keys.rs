@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use meatspace_api_types as api;
-use meatspace_domain::identity::{PrincipalKind, Scope};
+use meatspace_domain::identity::{InviteState, PrincipalKind, Scope};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -288,21 +288,13 @@ async fn invites_page(
     let rows = invites
         .into_iter()
         .map(|i| {
-            let state = if i.used_at.is_some() {
-                "used"
-            } else if i.revoked_at.is_some() {
-                "revoked"
-            } else if i.expires_at <= now {
-                "expired"
-            } else {
-                "open"
-            };
+            let state = InviteState::of(i.used_at, i.revoked_at, i.expires_at, now);
             InviteRow {
                 id: i.id,
                 created: i.created_at.to_rfc3339(),
                 expires: i.expires_at.to_rfc3339(),
-                open: state == "open",
-                state,
+                open: state == InviteState::Open,
+                state: state.as_str(),
             }
         })
         .collect();
