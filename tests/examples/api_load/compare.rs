@@ -1078,6 +1078,7 @@ fn watch_ticks(pid: u32) -> tokio::task::JoinHandle<u64> {
                 break;
             }
             last = last.max(t);
+            // The interval of the CPU reading, a poll that ends with the process.
             tokio::time::sleep(Duration::from_millis(100)).await;
             if !Path::new(&format!("/proc/{pid}")).exists() {
                 break;
