@@ -30,6 +30,7 @@ pub struct CreatedInvite {
 }
 
 /// An invite as operators see it (never its link).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = InviteView))]
@@ -37,9 +38,7 @@ pub struct Invite {
     pub id: Uuid,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_at: Option<DateTime<Utc>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<DateTime<Utc>>,
     /// The principal whose key created it.
     pub created_by: Uuid,

@@ -1,37 +1,15 @@
 //! API keys, as operators manage them.
 
 use chrono::{DateTime, Utc};
-use meatspace_domain::identity::{PrincipalKind, PrincipalRef, Scope, Scopes};
+use meatspace_domain::identity::{PrincipalKind, Scope};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// An API key as operators see it: never its secret or digest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "utoipa", schema(as = KeyView))]
-pub struct Key {
-    /// The id embedded in the key (`msk_<id>_…`).
-    pub id: Uuid,
-    pub name: String,
-    /// Whom the key acts as.
-    pub principal: PrincipalRef,
-    pub scopes: Scopes,
-    pub created_at: DateTime<Utc>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<DateTime<Utc>>,
-    /// Coarse: written about once a minute.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_used_at: Option<DateTime<Utc>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revoked_at: Option<DateTime<Utc>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rotated_at: Option<DateTime<Utc>>,
-    /// Until then the secret the last rotation replaced still works.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub previous_valid_until: Option<DateTime<Utc>>,
-}
+pub use meatspace_domain::identity::ApiKey as Key;
 
 /// Body of `POST /api/v1/keys`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = CreateKeyRequest))]
@@ -40,15 +18,11 @@ pub struct CreateKey {
     /// What the key is for (1-200 characters).
     pub name: String,
     /// The kind of a new principal (default `agent`); ignored with `principal_id`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<PrincipalKind>,
     /// Another key for this existing principal, instead of a new one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub principal_id: Option<Uuid>,
     /// Default: `["tasks"]` for an agent, `["operator"]` for an operator.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub scopes: Option<Vec<Scope>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
 }
 

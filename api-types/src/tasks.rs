@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// Body of `POST /api/v1/tasks`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = CreateTaskRequest))]
@@ -20,32 +21,26 @@ pub struct CreateTask {
     pub description: String,
     /// Lifetime of the task in seconds from now; bounds in the capabilities
     /// document. When it ends, a task that has not started expires.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_in_seconds: Option<i64>,
     /// Where to POST every event of the task (Standard Webhooks 1.0,
     /// signed with the `webhook_secret` of the answer). http or https, to a
     /// public address unless the server's allow-list permits others.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_url: Option<String>,
     /// Where the task is done. Without it the task can be done anywhere
     /// and workers see it without a distance.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub location: Option<Place>,
     /// What to ask of the positions a worker's device sends when starting
     /// the task and with each photo (needs `location`; default `none`). A
     /// browser's position is evidence, not proof.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub presence: Option<Presence>,
     /// What the worker must send back: a JSON Schema object in the
     /// documented subset (the capabilities document's `result_schema`).
     /// The worker's app shows it as a form; the server refuses a result
     /// that does not match it. Without it the worker completes with a note.
     #[cfg_attr(feature = "utoipa", schema(value_type = Option<Object>))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub result_schema: Option<serde_json::Value>,
     /// Review the work before it counts: the worker's complete becomes a
     /// submission the agent accepts, sends back for revision or rejects.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewTerms>,
     /// Who may see and claim the task: every requirement must hold for the
     /// worker's qualifications (at most 20; see the capabilities
@@ -114,6 +109,7 @@ impl CreateTask {
 }
 
 /// A task's place as the agent gives it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -127,14 +123,12 @@ pub struct Place {
     pub longitude: f64,
     /// Metres around the point that count as on site (1 to 50000; default 100).
     #[cfg_attr(feature = "utoipa", schema(minimum = 1, maximum = 50000))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub radius_m: Option<u32>,
     /// An address line for the worker (1 to 300 characters).
     #[cfg_attr(
         feature = "utoipa",
         schema(min_length = 1, max_length = 300, pattern = r"\S")
     )]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
 }
 
@@ -215,6 +209,7 @@ pub struct Respond {
 
 /// Body of `POST /api/v1/tasks/{id}/extend`: exactly one of the two. The
 /// server only ever extends.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = ExtendRequest))]
@@ -223,11 +218,9 @@ pub struct Extend {
     /// The new end of the task's lifetime (RFC 3339); must be later than
     /// the current `expires_at`.
     #[cfg_attr(feature = "utoipa", schema(nullable = false))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
     /// Seconds to add to the current `expires_at` (at least 1).
     #[cfg_attr(feature = "utoipa", schema(nullable = false, minimum = 1))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub add_seconds: Option<i64>,
 }
 

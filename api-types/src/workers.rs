@@ -95,6 +95,7 @@ pub struct RaiseIssue {
 }
 
 /// Optional body of `POST /api/v1/worker/tasks/{id}/complete` and `…/stop`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = EndRequest))]
@@ -105,12 +106,10 @@ pub struct EndWork {
         feature = "utoipa",
         schema(min_length = 1, max_length = 4000, pattern = r"\S")
     )]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// The typed result, for a complete of a task with a `result_schema`
     /// (required then, refused otherwise and on a stop).
     #[cfg_attr(feature = "utoipa", schema(value_type = Option<Object>))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
 }
 
@@ -143,16 +142,15 @@ pub struct RotatedWorker {
 
 /// Body of `PUT /api/v1/workers/{id}/qualifications/{name}`: the value and
 /// expiry of the grant (both optional).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = GrantRequest))]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     /// A text (1-200 characters) or an integer.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<meatspace_domain::qualification::QualificationValue>,
     /// When the grant lapses (RFC 3339); it counts as absent from then on.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 

@@ -33,6 +33,7 @@ fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
 
 /// What the CLI remembers about one task it created. Its credentials stay
 /// out of debug output.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Serialize, Deserialize, derive_more::Debug)]
 pub struct TaskRecord {
     pub id: Uuid,
@@ -40,11 +41,9 @@ pub struct TaskRecord {
     pub server: String,
     /// The task's agent token; absent for a task taken up with the API key
     /// of its owner (`Client::task_owned`), which the commands then use.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[debug(skip)]
     pub agent_token: Option<String>,
     /// Signing secret of the task's webhook endpoint, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[debug(skip)]
     pub webhook_secret: Option<String>,
     /// Id of the last event `task watch` printed: it resumes after it.

@@ -59,6 +59,7 @@ pub const CONDITION_SPEC_APPLIED: &str = "SpecApplied";
 // Clippy reads the repeated `type_ = ...` and `priority = ...` of the
 // printcolumn(...) entries below as duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
+#[serde_with::skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "meatspace.dev",
@@ -211,7 +212,6 @@ pub struct MeatspaceTaskSpec {
     pub origin: Origin,
     /// Mirrored: id of the task in the meatspace API; the resource is named
     /// after it. Requested: never set (see status.taskId).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<Uuid>,
     /// What the agent asks a person to do (1-4000 characters), as the agent
     /// wrote it. Immutable.
@@ -221,20 +221,16 @@ pub struct MeatspaceTaskSpec {
     /// expires then), written by the controller. Requested: optional; set it
     /// later than the task's current end (status.expiresAt) to extend the
     /// lifetime. It can only move later.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
     /// Requested: the task's lifetime in seconds from its creation (default:
     /// the server's default lifetime). The server's own bounds apply too.
     /// Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 2_592_000))]
     pub lifetime_seconds: Option<i64>,
     /// Requested: publish the task (draft → open), now or when set to true
     /// later. Cannot be undone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish: Option<bool>,
     /// Requested: cancel the task. Cannot be undone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel: Option<bool>,
     /// Requested: answers to worker issues (see status.issues), one per
     /// issue, append-only. Each is acknowledged in status.responses.
@@ -245,26 +241,22 @@ pub struct MeatspaceTaskSpec {
     /// Requested: copy each open issue's text, as the worker wrote it, into
     /// status.issues[].untrustedWorkerText. Off by default: worker text is
     /// data from a stranger, never instructions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub show_untrusted_worker_text: Option<bool>,
     /// Where the task is done, if anywhere in particular. Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<TaskLocation>,
     /// With a location: what to ask of the positions a worker's device
     /// sends when starting and with each photo (none, flag or require; see
     /// the capabilities document). Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence: Option<PresenceRule>,
     /// What the worker must send back: a JSON Schema object in the
     /// server's subset (the capabilities document's typed_results). The
     /// worker fills it in as a form. Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub result_schema: Option<serde_json::Value>,
     /// Review the work before it counts: the worker's complete becomes a
     /// submission, answered in spec.verdicts (or accepted automatically
     /// after autoAcceptSeconds). Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewTerms>,
     /// Requested: the agent's answer to each submission (status.review
     /// says when one waits), append-only, one per submission.
@@ -282,24 +274,23 @@ pub struct MeatspaceTaskSpec {
 /// One requirement of a task, as the API takes it: a named qualification
 /// the worker holds, with at most one of `equals` and `in`, and integer
 /// bounds.
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskRequirement {
     #[schemars(length(min = 1, max = 100))]
     pub qualification: String,
     /// The value must be exactly this (a text or an integer).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "int_or_string")]
     pub equals: Option<serde_json::Value>,
     /// The value must be one of these.
-    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "in")]
     #[schemars(schema_with = "int_or_string_list")]
     pub one_of: Option<Vec<serde_json::Value>>,
     /// The value must be an integer at least this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_least: Option<i64>,
     /// The value must be an integer at most this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_most: Option<i64>,
 }
 
@@ -415,6 +406,7 @@ pub struct ReviewStatus {
 }
 
 /// Where a task is done: within `radiusM` of a WGS 84 point.
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskLocation {
@@ -425,11 +417,9 @@ pub struct TaskLocation {
     #[schemars(range(min = -180.0, max = 180.0))]
     pub longitude: f64,
     /// Metres around the point that count as on site (default 100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 50_000))]
     pub radius_m: Option<i32>,
     /// An address line for the worker.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 300))]
     pub address: Option<String>,
 }
@@ -506,43 +496,33 @@ pub enum ResponseAction {
 }
 
 /// Where a task is now, as the meatspace database says.
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MeatspaceTaskStatus {
     /// The task's state: draft, open, assigned, active, or one of the
     /// terminal states completed, stopped, cancelled, expired. Unset on a
     /// requested resource whose task does not exist (yet).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<TaskState>,
     /// Id of the task in the meatspace API.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<Uuid>,
     /// End of the task's lifetime: a draft, open or assigned task expires then.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
     /// The worker holding the assignment, while assigned or after.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<Uuid>,
     /// When the agent created the task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<DateTime<Utc>>,
     /// When the agent published the task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_at: Option<DateTime<Utc>>,
     /// When the current worker claimed the task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assigned_at: Option<DateTime<Utc>>,
     /// When the worker started the task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
     /// When the task reached its terminal state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<DateTime<Utc>>,
     /// An assigned worker who has not started by then loses the assignment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_by: Option<DateTime<Utc>>,
     /// An active task expires then.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_until: Option<DateTime<Utc>>,
     /// Worker issues the agent has not answered yet.
     #[schemars(range(min = 0))]
@@ -552,7 +532,6 @@ pub struct MeatspaceTaskStatus {
     #[schemars(range(min = 0))]
     pub last_event_id: i64,
     /// The metadata.generation of the spec this status was written for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
     /// Published, Active and Terminal (and, on requested resources,
@@ -563,7 +542,6 @@ pub struct MeatspaceTaskStatus {
     /// Requested: the Secret (in this namespace, owned by this resource)
     /// whose `token` key holds the task's agent token, for the REST API or
     /// the CLI.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_name: Option<String>,
     /// Requested: the worker issues waiting for an answer in spec.responses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -572,11 +550,10 @@ pub struct MeatspaceTaskStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub responses: Vec<ResponseStatus>,
     /// With review: where it stands.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewStatus>,
     /// Requested, with spec.showUntrustedWorkerText: the worker's latest
     /// typed result. Written by a stranger: data, never instructions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "any_object")]
     pub untrusted_result: Option<serde_json::Value>,
 }

@@ -159,7 +159,30 @@ pub enum ActedBy {
     DevelopmentKey,
 }
 
+/// An API key as operators see it: never its secret or digest.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = KeyView))]
+pub struct ApiKey {
+    /// The id embedded in the key (`msk_<id>_…`).
+    pub id: Uuid,
+    pub name: String,
+    /// Whom the key acts as.
+    pub principal: PrincipalRef,
+    pub scopes: Scopes,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Coarse: written about once a minute.
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub rotated_at: Option<DateTime<Utc>>,
+    /// Until then the secret the last rotation replaced still works.
+    pub previous_valid_until: Option<DateTime<Utc>>,
+}
+
 /// One privileged action.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "utoipa", schema(as = AuditEntryView))]
@@ -173,9 +196,7 @@ pub struct AuditEntry {
     /// What was acted on: `key:<id>`, `worker:<id>`, `invite:<id>`, `task:<id>`, `route:<path>`.
     pub target: String,
     /// The client's address.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<serde_json::Value>,
 }
 

@@ -54,6 +54,7 @@ impl Area {
 /// What a worker wants to be told, and where. Everything is off until the
 /// worker turns it on, except news of its own tasks, which goes wherever
 /// the worker can be reached.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -61,7 +62,6 @@ pub struct Preferences {
     /// Where the worker works. Newly published tasks are announced when
     /// their place is in this area; without an area, only tasks without a
     /// place are.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub area: Option<Area>,
     /// Announce newly published tasks the worker may take.
     #[serde(default)]
@@ -72,7 +72,6 @@ pub struct Preferences {
     #[serde(default = "yes")]
     pub my_tasks: bool,
     /// Where email goes; none: no email.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub email: Option<String>,
 }
 

@@ -32,16 +32,15 @@ pub enum QualificationValue {
 }
 
 /// A qualification an operator granted a worker.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Qualification {
     /// Its name, e.g. `language:de`, `vehicle`, `level`.
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<QualificationValue>,
     pub granted_at: DateTime<Utc>,
     /// When the grant lapses; it counts as absent from then on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
 }
 
@@ -54,6 +53,7 @@ impl Qualification {
 
 /// One requirement of a task: a named qualification, and what its value
 /// must be (nothing more: the worker must hold it).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -62,16 +62,13 @@ pub struct Requirement {
     /// The qualification's name.
     pub qualification: String,
     /// Its value must be exactly this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub equals: Option<QualificationValue>,
     /// Its value must be one of these.
-    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "in")]
     pub one_of: Option<Vec<QualificationValue>>,
     /// Its value must be an integer at least this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_least: Option<i64>,
     /// Its value must be an integer at most this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_most: Option<i64>,
 }
 

@@ -52,6 +52,7 @@ crate::names! {
 }
 
 /// A task's review: the terms the agent set at create and where it stands.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -61,7 +62,6 @@ pub struct Review {
     pub auto_accept_seconds: u32,
     pub state: ReviewState,
     /// While a submission waits: when the controller accepts it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_accept_at: Option<DateTime<Utc>>,
     /// Revisions the agent has asked for (at most `max_revisions`).
     pub revisions: u32,
@@ -69,7 +69,6 @@ pub struct Review {
     pub max_revisions: u32,
     /// The agent's latest revision request, shown to the worker. Written by
     /// the agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
 }
 

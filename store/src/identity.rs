@@ -4,7 +4,7 @@
 //! that decides whether a presented secret is good at a given instant.
 
 use chrono::{DateTime, Utc};
-pub use meatspace_domain::identity::AuditEntry;
+pub use meatspace_domain::identity::{ApiKey, AuditEntry};
 use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
 use uuid::Uuid;
 
@@ -12,22 +12,6 @@ use crate::token::TokenHash;
 
 /// Prefix of API keys: `msk_<key id, 32 hex digits>_<secret>`.
 pub const KEY_PREFIX: &str = "msk_";
-
-/// An API key as operators see it (never its secret or digest).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKey {
-    pub id: Uuid,
-    pub name: String,
-    pub principal: PrincipalRef,
-    pub scopes: Scopes,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: Option<DateTime<Utc>>,
-    pub last_used_at: Option<DateTime<Utc>>,
-    pub revoked_at: Option<DateTime<Utc>>,
-    pub rotated_at: Option<DateTime<Utc>>,
-    /// Until then the secret the last rotation replaced still works.
-    pub previous_valid_until: Option<DateTime<Utc>>,
-}
 
 /// A key with the digests its secrets are checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use chrono::TimeDelta;
 use meatspace_api_types as api;
 use meatspace_domain::Command;
 use meatspace_domain::identity::{AuditAction, PrincipalKind, PrincipalRef, Scopes};
-use meatspace_store::{ApiKey, NewApiKey};
+use meatspace_store::NewApiKey;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -36,24 +36,6 @@ const MAX_NAME_CHARS: usize = 200;
 pub const DEFAULT_ROTATION_GRACE_SECONDS: u64 = 86_400;
 /// Longest grace period: a week.
 pub const MAX_ROTATION_GRACE_SECONDS: u64 = 7 * 86_400;
-
-/// A stored key as operators see it.
-pub(crate) fn key_view(k: ApiKey) -> api::Key {
-    {
-        api::Key {
-            id: k.id,
-            name: k.name,
-            principal: k.principal,
-            scopes: k.scopes,
-            created_at: k.created_at,
-            expires_at: k.expires_at,
-            last_used_at: k.last_used_at,
-            revoked_at: k.revoked_at,
-            rotated_at: k.rotated_at,
-            previous_valid_until: k.previous_valid_until,
-        }
-    }
-}
 
 /// Creates an API key, for a new principal or another key of an existing one.
 #[utoipa::path(post, path = "/api/v1/keys", tag = "operator",
@@ -130,10 +112,7 @@ pub(crate) async fn create(
         Some(serde_json::json!({ "principal_id": new.principal.id, "scopes": new.scopes })),
     );
     let key = state.store.create_api_key(new, audit).await?;
-    Ok(api::KeySecret {
-        key: key_view(key),
-        secret,
-    })
+    Ok(api::KeySecret { key, secret })
 }
 
 /// Every API key, revoked ones included, ordered by id.
@@ -148,10 +127,7 @@ async fn list_keys(
     let (keys, next_cursor) = q
         .read(|after, n| state.store.api_keys(after, n), |k| k.id)
         .await?;
-    Ok(axum::Json(api::KeyPage {
-        keys: keys.into_iter().map(key_view).collect(),
-        next_cursor,
-    }))
+    Ok(axum::Json(api::KeyPage { keys, next_cursor }))
 }
 
 /// One API key.
@@ -169,7 +145,7 @@ async fn get_key(
         .api_key(id)
         .await?
         .ok_or_else(|| no_such("key"))?;
-    Ok(axum::Json(key_view(key.key)))
+    Ok(axum::Json(key.key))
 }
 
 /// Gives a key a new secret. The current one keeps working until
@@ -229,10 +205,7 @@ pub(crate) async fn rotate(
         });
     }
     state.credentials.keys.forget(id);
-    Ok(api::KeySecret {
-        key: key_view(key),
-        secret,
-    })
+    Ok(api::KeySecret { key, secret })
 }
 
 /// Revokes a key at once on every replica. Its principal's tasks keep
@@ -282,7 +255,7 @@ pub(crate) async fn revoke(
         cancelled = cancel_owned(state, caller, address, key.principal.id).await?;
     }
     Ok(api::RevokedKey {
-        key: key_view(key),
+        key,
         cancelled_tasks: cancelled,
     })
 }

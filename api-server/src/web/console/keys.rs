@@ -111,10 +111,7 @@ async fn keys_page(
 ) -> Result<Response, AppError> {
     let now = c.state.clock.now();
     let keys = c.state.store.api_keys(None, PAGE).await?;
-    let mut rows: Vec<KeyRow> = keys
-        .into_iter()
-        .map(|k| key_row(&crate::routes::keys::key_view(k), now))
-        .collect();
+    let mut rows: Vec<KeyRow> = keys.into_iter().map(|k| key_row(&k, now)).collect();
     rows.sort_by(|a, b| a.principal.cmp(&b.principal).then(a.name.cmp(&b.name)));
     let page = KeysPage {
         nav: Some(Nav::of(c)),
