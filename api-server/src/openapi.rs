@@ -89,6 +89,7 @@ pub fn finish(mut openapi: utoipa::openapi::OpenApi, policy: &Policy) -> serde_j
     document_lifetime_bounds(&mut openapi, policy);
     document_rate_limit(&mut openapi);
     document_path_ids(&mut openapi);
+    document_operator_security(&mut openapi);
     let mut openapi = serde_json::to_value(&openapi).expect("the OpenAPI document is JSON");
     crate::event_schema::document(&mut openapi);
     openapi
@@ -124,23 +125,14 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
 /// 400 would tell a prober which ids are well-formed, and nothing more).
 fn document_path_ids(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::path::ParameterIn;
-    for item in openapi.paths.paths.values_mut() {
-        let operations = [
-            &mut item.get,
-            &mut item.post,
-            &mut item.put,
-            &mut item.delete,
-            &mut item.patch,
-        ];
-        for operation in operations.into_iter().flatten() {
-            for p in operation.parameters.iter_mut().flatten() {
-                if p.parameter_in == ParameterIn::Path && p.description.is_none() {
-                    p.description = Some(format!(
-                        "The {} (a UUID, or an event id for event_id); a value that is not one \
-                         names nothing and is answered 404, like an unknown id",
-                        p.name.replace('_', " ")
-                    ));
-                }
+    for (_, operation) in operations(openapi) {
+        for p in operation.parameters.iter_mut().flatten() {
+            if p.parameter_in == ParameterIn::Path && p.description.is_none() {
+                p.description = Some(format!(
+                    "The {} (a UUID, or an event id for event_id); a value that is not one \
+                     names nothing and is answered 404, like an unknown id",
+                    p.name.replace('_', " ")
+                ));
             }
         }
     }
@@ -174,22 +166,48 @@ fn document_rate_limit(openapi: &mut utoipa::openapi::OpenApi) {
                 .build(),
         )
         .build();
-    for (path, item) in openapi.paths.paths.iter_mut() {
-        if path == "/api/v1/openapi.json" {
-            continue;
-        }
-        let operations = [
-            &mut item.get,
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ];
-        for operation in operations.into_iter().flatten() {
+    for (path, operation) in operations(openapi) {
+        if path != "/api/v1/openapi.json" {
             operation
                 .responses
                 .responses
                 .insert("429".to_owned(), RefOr::T(response.clone()));
         }
     }
+}
+
+/// Says on every operation of the operator API what it takes: an API key
+/// with the `operator` scope, or the development key. Their handlers take
+/// [`auth::Operator`]; the tag is how the document knows them.
+fn document_operator_security(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::SecurityRequirement;
+    for (_, operation) in operations(openapi) {
+        let operator = operation.tags.iter().flatten().any(|t| t == "operator");
+        if operator && operation.security.is_none() {
+            operation.security = Some(vec![
+                SecurityRequirement::new("api_key", ["operator"]),
+                SecurityRequirement::new::<_, _, &str>("dev_key", []),
+            ]);
+        }
+    }
+}
+
+/// Every operation of the document, with its path.
+fn operations(
+    openapi: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = (&String, &mut utoipa::openapi::path::Operation)> {
+    openapi.paths.paths.iter_mut().flat_map(|(path, item)| {
+        let utoipa::openapi::PathItem {
+            get,
+            post,
+            put,
+            patch,
+            delete,
+            ..
+        } = item;
+        [get, post, put, patch, delete]
+            .into_iter()
+            .flatten()
+            .map(move |operation| (path, operation))
+    })
 }

@@ -845,7 +845,8 @@ mod tests {
         }
     }
 
-    fn condition_of<'a>(mst: &'a MeatspaceTask, type_: &str) -> &'a Condition {
+    /// The one condition of `type_`: its status, reason and transition time.
+    fn condition<'a>(mst: &'a MeatspaceTask, type_: &str) -> (&'a str, &'a str, Time) {
         let status = mst.status.as_ref().expect("desired sets a status");
         let found: Vec<_> = status
             .conditions
@@ -858,7 +859,12 @@ mod tests {
             "exactly one {type_} condition in {:?}",
             status.conditions
         );
-        found[0]
+        let c = found[0];
+        (
+            c.status.as_str(),
+            c.reason.as_str(),
+            c.last_transition_time.clone(),
+        )
     }
 
     #[test]
@@ -939,42 +945,32 @@ mod tests {
     #[test]
     fn conditions_of_an_active_task() {
         let mst = desired(&active(), "ns");
-        let published = condition_of(&mst, CONDITION_PUBLISHED);
         assert_eq!(
-            (published.status.as_str(), published.reason.as_str()),
-            ("True", "Published")
+            condition(&mst, CONDITION_PUBLISHED),
+            ("True", "Published", whole_seconds(at(10)))
         );
-        assert_eq!(published.last_transition_time, whole_seconds(at(10)));
-        let running = condition_of(&mst, CONDITION_ACTIVE);
         assert_eq!(
-            (running.status.as_str(), running.reason.as_str()),
-            ("True", "Started")
+            condition(&mst, CONDITION_ACTIVE),
+            ("True", "Started", whole_seconds(at(300)))
         );
-        assert_eq!(running.last_transition_time, whole_seconds(at(300)));
-        let terminal = condition_of(&mst, CONDITION_TERMINAL);
         assert_eq!(
-            (terminal.status.as_str(), terminal.reason.as_str()),
-            ("False", "Active")
+            condition(&mst, CONDITION_TERMINAL),
+            ("False", "Active", whole_seconds(at(0)))
         );
-        assert_eq!(terminal.last_transition_time, whole_seconds(at(0)));
     }
 
     #[test]
     fn conditions_of_a_completed_task_change_when_it_ended() {
         let mst = desired(&completed(), "ns");
-        let running = condition_of(&mst, CONDITION_ACTIVE);
         assert_eq!(
-            (running.status.as_str(), running.reason.as_str()),
-            ("False", "Completed")
+            condition(&mst, CONDITION_ACTIVE),
+            ("False", "Completed", whole_seconds(at(2000)))
         );
-        assert_eq!(running.last_transition_time, whole_seconds(at(2000)));
-        let terminal = condition_of(&mst, CONDITION_TERMINAL);
         assert_eq!(
-            (terminal.status.as_str(), terminal.reason.as_str()),
-            ("True", "Completed")
+            condition(&mst, CONDITION_TERMINAL),
+            ("True", "Completed", whole_seconds(at(2000)))
         );
-        assert_eq!(terminal.last_transition_time, whole_seconds(at(2000)));
-        assert_eq!(condition_of(&mst, CONDITION_PUBLISHED).status, "True");
+        assert_eq!(condition(&mst, CONDITION_PUBLISHED).0, "True");
     }
 
     #[test]
@@ -985,13 +981,11 @@ mod tests {
             (CONDITION_ACTIVE, "NotStarted"),
             (CONDITION_TERMINAL, "Draft"),
         ] {
-            let c = condition_of(&mst, type_);
             assert_eq!(
-                (c.status.as_str(), c.reason.as_str()),
-                ("False", reason),
+                condition(&mst, type_),
+                ("False", reason, whole_seconds(at(0))),
                 "{type_}"
             );
-            assert_eq!(c.last_transition_time, whole_seconds(at(0)), "{type_}");
         }
 
         let expired = Task {
@@ -1001,17 +995,14 @@ mod tests {
             ..draft()
         };
         let mst = desired(&expired, "ns");
-        let published = condition_of(&mst, CONDITION_PUBLISHED);
         assert_eq!(
-            (published.status.as_str(), published.reason.as_str()),
-            ("False", "NeverPublished")
+            condition(&mst, CONDITION_PUBLISHED),
+            ("False", "NeverPublished", whole_seconds(at(0)))
         );
-        let terminal = condition_of(&mst, CONDITION_TERMINAL);
         assert_eq!(
-            (terminal.status.as_str(), terminal.reason.as_str()),
-            ("True", "Expired")
+            condition(&mst, CONDITION_TERMINAL),
+            ("True", "Expired", whole_seconds(at(86_400)))
         );
-        assert_eq!(terminal.last_transition_time, whole_seconds(at(86_400)));
     }
 
     #[test]

@@ -24,6 +24,7 @@ meatspace_tests::api_tests!(
     capability_endpoints_are_in_the_openapi_document,
     every_openapi_route_is_served,
     the_openapi_document_describes_what_is_sent,
+    operator_operations_take_an_operator_key,
 );
 
 fn manifest_dir() -> PathBuf {
@@ -302,6 +303,80 @@ fn operations(api: &Value) -> Vec<(String, &Value)> {
         }
     }
     out
+}
+
+/// Fills every path parameter with a well-formed value that names nothing.
+fn filled(template: &str) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let end = rest[start..].find('}').expect("a closed parameter") + start;
+        out.push_str(&rest[..start]);
+        out.push_str(match &rest[start + 1..end] {
+            "name" => "no-such-name",
+            _ => "00000000-0000-4000-8000-000000000000",
+        });
+        rest = &rest[end + 1..];
+    }
+    out + rest
+}
+
+/// The document says which operations are the operator API (their tag,
+/// and the `operator` scope in their security), and the handlers agree:
+/// an agent's API key is refused each of them with 403, and the
+/// development key is let through (whatever the call answers then, it is
+/// not 401 or 403).
+async fn operator_operations_take_an_operator_key(db: Db) {
+    let srv = TestServer::start(db).await;
+    let api = openapi(&srv).await;
+    let created = srv
+        .dev(Method::POST, "/api/v1/keys")
+        .json(&serde_json::json!({ "name": "an agent" }))
+        .expect_json(StatusCode::CREATED)
+        .await;
+    let agent_key = created["secret"].as_str().expect("the key's secret");
+    let operator_scope = serde_json::json!([
+        { "api_key": ["operator"] },
+        { "dev_key": [] },
+    ]);
+    let mut checked = 0;
+    for (path, item) in api["paths"].as_object().expect("paths object") {
+        for (method, op) in item.as_object().expect("path item") {
+            let label = format!("{} {path}", method.to_ascii_uppercase());
+            let tagged = op["tags"]
+                .as_array()
+                .expect("tags")
+                .contains(&"operator".into());
+            assert_eq!(
+                tagged,
+                op["security"] == operator_scope,
+                "{label}: the operator tag and the operator security go together: {}",
+                op["security"]
+            );
+            if !tagged {
+                continue;
+            }
+            let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap();
+            srv.bearer(agent_key)
+                .request(method.clone(), &filled(path))
+                .expect_problem(StatusCode::FORBIDDEN)
+                .await;
+            let res = srv
+                .dev(method, &filled(path))
+                .send()
+                .await
+                .expect("request");
+            assert!(
+                ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&res.status()),
+                "{label} with the development key: {}",
+                res.status()
+            );
+            checked += 1;
+        }
+    }
+    // Keys (5), workers (4), invites (2), qualifications (3), the audit trail.
+    assert!(checked >= 15, "only {checked} operator operations");
+    srv.stop().await;
 }
 
 /// What each operation of the document promises, checked against what the

@@ -184,10 +184,49 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
-/// A [`Caller`] whose key has the `operator` scope (403 otherwise): what
+/// A caller at work: the server's state, the [`Caller`] and the client's
+/// address, which the audit entry of each of its actions records. The
+/// actions that routes and the console share take one of these.
+#[derive(Debug, Clone)]
+pub struct Actor {
+    pub state: AppState,
+    pub caller: Caller,
+    pub address: ClientAddress,
+}
+
+impl Actor {
+    /// An audit entry of an action by this caller, from its address.
+    pub fn audit(
+        &self,
+        action: AuditAction,
+        target: String,
+        detail: Option<serde_json::Value>,
+    ) -> NewAudit {
+        self.caller.audit(action, target, &self.address, detail)
+    }
+}
+
+impl FromRequestParts<AppState> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let Ok(address) = ClientAddress::from_request_parts(parts, state).await;
+        Ok(Actor {
+            state: state.clone(),
+            caller,
+            address,
+        })
+    }
+}
+
+/// An [`Actor`] whose key has the `operator` scope (403 otherwise): what
 /// every route of the operator API takes.
 #[derive(Debug, Clone)]
-pub struct Operator(pub Caller);
+pub struct Operator(pub Actor);
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
@@ -196,9 +235,9 @@ impl FromRequestParts<AppState> for Operator {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        caller.require(Scope::Operator)?;
-        Ok(Operator(caller))
+        let actor = Actor::from_request_parts(parts, state).await?;
+        actor.caller.require(Scope::Operator)?;
+        Ok(Operator(actor))
     }
 }
 

@@ -21,7 +21,7 @@ mod tokens;
 
 pub use cache::{AGENT_DIGEST_MAX_AGE, Credentials, DigestCache, KeyUse};
 pub use keys::{
-    Caller, DevKey, KEY_PREFIX, Operator, address_of, authorize_owner, issue_key, verify_key,
+    Actor, Caller, DevKey, KEY_PREFIX, Operator, address_of, authorize_owner, issue_key, verify_key,
 };
 pub use tokens::{
     AgentAuth, AgentCredential, WorkerAuth, issue_agent_token, issue_worker_token, task_id_param,

@@ -1,7 +1,6 @@
 //! The audit trail, for operators: every privileged action, filtered by
 //! principal, action and time, newest first.
 
-use axum::extract::State;
 use chrono::{DateTime, Utc};
 use meatspace_api_types as api;
 use meatspace_store::AuditFilter;
@@ -43,11 +42,9 @@ pub struct AuditQuery {
 
 /// The audit trail, newest first.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "operator", params(AuditQuery),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::AuditPage), AdminListErrors))]
 async fn list_audit(
-    State(state): State<AppState>,
-    _: Operator,
+    Operator(op): Operator,
     Query(q): Query<AuditQuery>,
 ) -> Result<axum::Json<api::AuditPage>, ApiError> {
     let limit = page_limit(q.limit, 50, 200)?;
@@ -68,7 +65,7 @@ async fn list_audit(
         before,
         limit: limit + 1,
     };
-    let entries = state.store.audit(&filter).await?;
+    let entries = op.state.store.audit(&filter).await?;
     let (entries, next_cursor) = page(entries, limit, |e| e.id);
     Ok(axum::Json(api::AuditPage {
         entries,

@@ -5,7 +5,6 @@
 //!
 //! Operators list invites and revoke one that has not been used.
 
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use chrono::Duration;
@@ -19,11 +18,10 @@ use uuid::Uuid;
 
 use super::{PageQuery, no_such, secret_answer};
 use crate::AppState;
-use crate::auth::{Caller, Operator, issue_token};
+use crate::auth::{Actor, Operator, issue_token};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors, ScopedCreateErrors};
 use crate::http::extract::{OptionalJson, Path, Query};
-use crate::http::rate_limit::ClientAddress;
 
 /// Prefix of invite codes.
 pub const INVITE_PREFIX: &str = "msi_";
@@ -45,25 +43,23 @@ pub fn router() -> OpenApiRouter<AppState> {
     security(("api_key" = ["invites"]), ("dev_key" = [])),
     responses((status = 201, body = CreatedInvite), ScopedCreateErrors))]
 async fn create_invite(
-    State(state): State<AppState>,
-    caller: Caller,
-    address: crate::http::rate_limit::ClientAddress,
+    actor: Actor,
     headers: HeaderMap,
     OptionalJson(req): OptionalJson<CreateInvite>,
 ) -> Result<Response, ApiError> {
-    caller.require(meatspace_domain::identity::Scope::Invites)?;
+    actor
+        .caller
+        .require(meatspace_domain::identity::Scope::Invites)?;
     Ok(secret_answer(
         StatusCode::CREATED,
-        create(&state, &caller, &address, &headers, req.expires_in_seconds).await?,
+        create(&actor, &headers, req.expires_in_seconds).await?,
     ))
 }
 
 /// Makes an invite (the API and the console), audited; its link is in
 /// the answer, and only there.
 pub(crate) async fn create(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
+    actor: &Actor,
     headers: &HeaderMap,
     expires_in_seconds: Option<u64>,
 ) -> Result<CreatedInvite, ApiError> {
@@ -75,15 +71,15 @@ pub(crate) async fn create(
     }
     let id = Uuid::new_v4();
     let (code, hash) = issue_token(INVITE_PREFIX, id);
-    let now = state.clock.now();
+    let now = actor.state.clock.now();
     let expires_at = now + Duration::seconds(seconds as i64);
-    let audit = caller.audit(
+    let audit = actor.audit(
         meatspace_domain::identity::AuditAction::InviteCreated,
         format!("invite:{id}"),
-        address,
         Some(serde_json::json!({ "expires_at": expires_at })),
     );
-    state
+    actor
+        .state
         .store
         .create_invite(
             id,
@@ -92,12 +88,15 @@ pub(crate) async fn create(
             meatspace_store::NewAudit { at: now, ..audit },
         )
         .await?;
-    let invite_url = format!("{}/app/invite/{code}", state.public_origin.origin(headers));
+    let invite_url = format!(
+        "{}/app/invite/{code}",
+        actor.state.public_origin.origin(headers)
+    );
     Ok(CreatedInvite {
         id,
         invite_url,
         expires_at,
-        created_by: caller.principal,
+        created_by: actor.caller.principal,
     })
 }
 
@@ -117,15 +116,13 @@ pub(crate) fn invite_view(i: Invite) -> api::Invite {
 
 /// Invites not yet purged (used and expired ones go after a while).
 #[utoipa::path(get, path = "/api/v1/workers/invites", tag = "operator", params(PageQuery),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::InvitePage), AdminListErrors))]
 pub(crate) async fn list_invites(
-    State(state): State<AppState>,
-    _: Operator,
+    Operator(op): Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<api::InvitePage>, ApiError> {
     let (invites, next_cursor) = q
-        .read(|after, n| state.store.invites(after, n), |i| i.id)
+        .read(|after, n| op.state.store.invites(after, n), |i| i.id)
         .await?;
     Ok(axum::Json(api::InvitePage {
         invites: invites.into_iter().map(invite_view).collect(),
@@ -136,31 +133,19 @@ pub(crate) async fn list_invites(
 /// Revokes an unused invite: its link no longer signs anyone up.
 #[utoipa::path(post, path = "/api/v1/workers/invites/{invite_id}/revoke", tag = "operator",
     params(("invite_id" = Uuid, Path)),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::Invite), AdminActionErrors))]
 async fn revoke_invite(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<api::Invite>, ApiError> {
-    Ok(axum::Json(revoke(&state, &caller, &address, id).await?))
+    Ok(axum::Json(revoke(&op, id).await?))
 }
 
 /// Revokes an unused invite (the API and the console), audited.
-pub(crate) async fn revoke(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
-    id: Uuid,
-) -> Result<api::Invite, ApiError> {
-    let audit = caller.audit(
-        AuditAction::InviteRevoked,
-        format!("invite:{id}"),
-        address,
-        None,
-    );
-    let invite = state
+pub(crate) async fn revoke(op: &Actor, id: Uuid) -> Result<api::Invite, ApiError> {
+    let audit = op.audit(AuditAction::InviteRevoked, format!("invite:{id}"), None);
+    let invite = op
+        .state
         .store
         .revoke_invite(id, audit)
         .await?

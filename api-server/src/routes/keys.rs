@@ -2,7 +2,6 @@
 //! period, revoke (optionally cancelling the tasks the key's principal
 //! owns). Every change writes its audit entry in the same transaction.
 
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::TimeDelta;
@@ -16,11 +15,10 @@ use uuid::Uuid;
 
 use super::{PageQuery, checked_text, no_such, secret_answer};
 use crate::AppState;
-use crate::auth::{Caller, Operator, issue_key};
+use crate::auth::{Actor, Operator, issue_key};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors};
 use crate::http::extract::{Json, OptionalJson, Path, Query};
-use crate::http::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -40,36 +38,25 @@ pub const MAX_ROTATION_GRACE_SECONDS: u64 = 7 * 86_400;
 /// Creates an API key, for a new principal or another key of an existing one.
 #[utoipa::path(post, path = "/api/v1/keys", tag = "operator",
     request_body = api::CreateKey,
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 201, body = api::KeySecret), AdminActionErrors))]
 async fn create_key(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Json(req): Json<api::CreateKey>,
 ) -> Result<Response, ApiError> {
-    Ok(secret_answer(
-        StatusCode::CREATED,
-        create(&state, &caller, &address, req).await?,
-    ))
+    Ok(secret_answer(StatusCode::CREATED, create(&op, req).await?))
 }
 
 /// Creates a key (the API and the console), audited; its secret is in
 /// the answer, and only there.
-pub(crate) async fn create(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
-    req: api::CreateKey,
-) -> Result<api::KeySecret, ApiError> {
+pub(crate) async fn create(op: &Actor, req: api::CreateKey) -> Result<api::KeySecret, ApiError> {
     let name = checked_text("name", &req.name, MAX_NAME_CHARS)?;
-    let now = state.clock.now();
+    let now = op.state.clock.now();
     if req.expires_at.is_some_and(|at| at <= now) {
         return Err(ApiError::invalid("expires_at must be in the future"));
     }
     let (principal, new_principal) = match req.principal_id {
         Some(id) => (
-            state
+            op.state
                 .store
                 .principal(id)
                 .await?
@@ -105,27 +92,24 @@ pub(crate) async fn create(
         expires_at: req.expires_at,
         created_at: now,
     };
-    let audit = caller.audit(
+    let audit = op.audit(
         AuditAction::KeyCreated,
         format!("key:{id}"),
-        address,
         Some(serde_json::json!({ "principal_id": new.principal.id, "scopes": new.scopes })),
     );
-    let key = state.store.create_api_key(new, audit).await?;
+    let key = op.state.store.create_api_key(new, audit).await?;
     Ok(api::KeySecret { key, secret })
 }
 
 /// Every API key, revoked ones included, ordered by id.
 #[utoipa::path(get, path = "/api/v1/keys", tag = "operator", params(PageQuery),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::KeyPage), AdminListErrors))]
 async fn list_keys(
-    State(state): State<AppState>,
-    _: Operator,
+    Operator(op): Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<api::KeyPage>, ApiError> {
     let (keys, next_cursor) = q
-        .read(|after, n| state.store.api_keys(after, n), |k| k.id)
+        .read(|after, n| op.state.store.api_keys(after, n), |k| k.id)
         .await?;
     Ok(axum::Json(api::KeyPage { keys, next_cursor }))
 }
@@ -133,14 +117,13 @@ async fn list_keys(
 /// One API key.
 #[utoipa::path(get, path = "/api/v1/keys/{key_id}", tag = "operator",
     params(("key_id" = Uuid, Path)),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::Key), AdminActionErrors))]
 async fn get_key(
-    State(state): State<AppState>,
-    _: Operator,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<api::Key>, ApiError> {
-    let key = state
+    let key = op
+        .state
         .store
         .api_key(id)
         .await?
@@ -154,27 +137,22 @@ async fn get_key(
 #[utoipa::path(post, path = "/api/v1/keys/{key_id}/rotate", tag = "operator",
     params(("key_id" = Uuid, Path)),
     request_body(content = Option<api::RotateKey>, description = "optional grace period"),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::KeySecret), AdminActionErrors))]
 async fn rotate_key(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
     OptionalJson(req): OptionalJson<api::RotateKey>,
 ) -> Result<Response, ApiError> {
     Ok(secret_answer(
         StatusCode::OK,
-        rotate(&state, &caller, &address, id, req.grace_seconds).await?,
+        rotate(&op, id, req.grace_seconds).await?,
     ))
 }
 
 /// Gives key `id` a new secret (the API and the console), audited; the
 /// old one works for `grace_seconds` more (a day by default).
 pub(crate) async fn rotate(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
+    op: &Actor,
     id: Uuid,
     grace_seconds: Option<u64>,
 ) -> Result<api::KeySecret, ApiError> {
@@ -185,14 +163,14 @@ pub(crate) async fn rotate(
         )));
     }
     let (secret, digest) = issue_key(id);
-    let audit = caller.audit(
+    let audit = op.audit(
         AuditAction::KeyRotated,
         format!("key:{id}"),
-        address,
         Some(serde_json::json!({ "grace_seconds": grace })),
     );
     let until = audit.at + TimeDelta::seconds(i64::try_from(grace).unwrap_or(0));
-    let key = state
+    let key = op
+        .state
         .store
         .rotate_api_key(id, digest, until, audit)
         .await?
@@ -204,7 +182,7 @@ pub(crate) async fn rotate(
             task_state: None,
         });
     }
-    state.credentials.keys.forget(id);
+    op.state.credentials.keys.forget(id);
     Ok(api::KeySecret { key, secret })
 }
 
@@ -213,46 +191,39 @@ pub(crate) async fn rotate(
 #[utoipa::path(post, path = "/api/v1/keys/{key_id}/revoke", tag = "operator",
     params(("key_id" = Uuid, Path)),
     request_body(content = Option<api::RevokeKey>, description = "optional"),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::RevokedKey), AdminActionErrors))]
 async fn revoke_key(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
     OptionalJson(req): OptionalJson<api::RevokeKey>,
 ) -> Result<axum::Json<api::RevokedKey>, ApiError> {
-    Ok(axum::Json(
-        revoke(&state, &caller, &address, id, req.cancel_tasks).await?,
-    ))
+    Ok(axum::Json(revoke(&op, id, req.cancel_tasks).await?))
 }
 
 /// Revokes key `id` at once on every replica (the API and the console),
 /// audited; with `cancel_tasks`, its principal's tasks are cancelled too.
 pub(crate) async fn revoke(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
+    op: &Actor,
     id: Uuid,
     cancel_tasks: bool,
 ) -> Result<api::RevokedKey, ApiError> {
-    let audit = caller.audit(
+    let audit = op.audit(
         AuditAction::KeyRevoked,
         format!("key:{id}"),
-        address,
         Some(serde_json::json!({ "cancel_tasks": cancel_tasks })),
     );
-    let key = state
+    let key = op
+        .state
         .store
         .revoke_api_key(id, audit)
         .await?
         .ok_or_else(|| no_such("key"))?;
     // This replica refuses it before answering; the others on the change
     // stream's word.
-    state.credentials.keys.forget(id);
+    op.state.credentials.keys.forget(id);
     let mut cancelled = 0;
     if cancel_tasks {
-        cancelled = cancel_owned(state, caller, address, key.principal.id).await?;
+        cancelled = cancel_owned(op, key.principal.id).await?;
     }
     Ok(api::RevokedKey {
         key,
@@ -261,16 +232,11 @@ pub(crate) async fn revoke(
 }
 
 /// Cancels every non-terminal task of `owner`, each with its audit entry.
-async fn cancel_owned(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
-    owner: Uuid,
-) -> Result<u64, ApiError> {
+async fn cancel_owned(op: &Actor, owner: Uuid) -> Result<u64, ApiError> {
     let mut cancelled = 0;
     let mut cursor = None;
     loop {
-        let tasks = state.store.owned_tasks(owner, None, cursor, 200).await?;
+        let tasks = op.state.store.owned_tasks(owner, None, cursor, 200).await?;
         let Some(last) = tasks.last() else { break };
         cursor = Some(meatspace_store::OpenTasksCursor {
             created_at: last.created_at,
@@ -280,15 +246,15 @@ async fn cancel_owned(
             let command = Command::Cancel {
                 reason: Some("the owner's API key was revoked".into()),
             };
-            let entry = caller.audit(
+            let entry = op.audit(
                 AuditAction::TaskCancelledByOperator,
                 format!("task:{}", task.id),
-                address,
                 None,
             );
-            match state
+            match op
+                .state
                 .store
-                .apply_audited(task.id, command, caller.acted_by(), entry)
+                .apply_audited(task.id, command, op.caller.acted_by(), entry)
                 .await
             {
                 Ok(_) => cancelled += 1,

@@ -14,11 +14,10 @@ use uuid::Uuid;
 
 use super::no_such;
 use crate::AppState;
-use crate::auth::{Caller, Operator, WorkerAuth};
+use crate::auth::{Actor, Operator, WorkerAuth};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors, TaskReadErrors};
 use crate::http::extract::{OptionalJson, Path};
-use crate::http::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -38,19 +37,17 @@ struct QualificationPath {
 /// A worker's qualifications, lapsed ones included.
 #[utoipa::path(get, path = "/api/v1/workers/{worker_id}/qualifications", tag = "operator",
     params(("worker_id" = Uuid, Path)),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = QualificationList), AdminActionErrors))]
 async fn list_qualifications(
-    State(state): State<AppState>,
-    _operator: Operator,
+    Operator(op): Operator,
     Path(worker_id): Path<Uuid>,
 ) -> Result<axum::Json<QualificationList>, ApiError> {
-    state
+    op.state
         .store
         .worker(worker_id)
         .await?
         .ok_or_else(|| no_such("worker"))?;
-    let qualifications = state.store.qualifications(worker_id).await?;
+    let qualifications = op.state.store.qualifications(worker_id).await?;
     Ok(axum::Json(QualificationList {
         worker_id,
         qualifications,
@@ -62,26 +59,19 @@ async fn list_qualifications(
     params(("worker_id" = Uuid, Path), ("name" = String, Path,
         description = "lowercase letters, digits and : . _ - (1-100 characters)")),
     request_body(content = Option<Grant>, description = "optional value and expiry"),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, description = "The grant", body = Qualification), AdminActionErrors))]
 async fn grant(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(QualificationPath { worker_id, name }): Path<QualificationPath>,
     OptionalJson(req): OptionalJson<Grant>,
 ) -> Result<axum::Json<Qualification>, ApiError> {
-    Ok(axum::Json(
-        grant_to(&state, &caller, &address, worker_id, name, req).await?,
-    ))
+    Ok(axum::Json(grant_to(&op, worker_id, name, req).await?))
 }
 
 /// Grants `worker_id` the qualification `name` (the API and the console),
 /// checked and audited.
 pub(crate) async fn grant_to(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
+    op: &Actor,
     worker_id: Uuid,
     name: String,
     req: Grant,
@@ -90,7 +80,7 @@ pub(crate) async fn grant_to(
     if let Some(value) = &req.value {
         check_value(value).map_err(ApiError::invalid)?;
     }
-    let now = state.clock.now();
+    let now = op.state.clock.now();
     if req.expires_at.is_some_and(|e| e <= now) {
         return Err(ApiError::invalid("expires_at is in the past"));
     }
@@ -100,13 +90,13 @@ pub(crate) async fn grant_to(
         granted_at: now,
         expires_at: req.expires_at,
     };
-    let audit = caller.audit(
+    let audit = op.audit(
         AuditAction::WorkerQualified,
         format!("worker:{worker_id}"),
-        address,
         Some(serde_json::to_value(&qualification).map_err(|e| ApiError::Internal(e.into()))?),
     );
-    if !state
+    if !op
+        .state
         .store
         .grant_qualification(worker_id, &qualification, audit)
         .await?
@@ -119,17 +109,14 @@ pub(crate) async fn grant_to(
 /// Revokes a worker's qualification. A task it holds stays its own.
 #[utoipa::path(delete, path = "/api/v1/workers/{worker_id}/qualifications/{name}", tag = "operator",
     params(("worker_id" = Uuid, Path), ("name" = String, Path)),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, description = "The worker's qualifications now", body = QualificationList),
         AdminActionErrors))]
 async fn revoke(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(QualificationPath { worker_id, name }): Path<QualificationPath>,
 ) -> Result<axum::Json<QualificationList>, ApiError> {
-    revoke_from(&state, &caller, &address, worker_id, &name).await?;
-    let qualifications = state.store.qualifications(worker_id).await?;
+    revoke_from(&op, worker_id, &name).await?;
+    let qualifications = op.state.store.qualifications(worker_id).await?;
     Ok(axum::Json(QualificationList {
         worker_id,
         qualifications,
@@ -155,12 +142,9 @@ async fn own_qualifications(
 #[utoipa::path(get, path = "/api/v1/blocks", tag = "agent",
     security(("api_key" = ["tasks"]), ("dev_key" = [])),
     responses((status = 200, body = BlockList), AdminListErrors))]
-async fn list_blocks(
-    State(state): State<AppState>,
-    caller: Caller,
-) -> Result<axum::Json<BlockList>, ApiError> {
-    caller.require(Scope::Tasks)?;
-    block_list(&state, caller.principal).await
+async fn list_blocks(actor: Actor) -> Result<axum::Json<BlockList>, ApiError> {
+    actor.caller.require(Scope::Tasks)?;
+    block_list(&actor.state, actor.caller.principal).await
 }
 
 async fn block_list(state: &AppState, principal: Uuid) -> Result<axum::Json<BlockList>, ApiError> {
@@ -185,12 +169,10 @@ async fn block_list(state: &AppState, principal: Uuid) -> Result<axum::Json<Bloc
     responses((status = 200, description = "The principal's blocks now", body = BlockList),
         AdminActionErrors))]
 async fn block(
-    State(state): State<AppState>,
-    caller: Caller,
-    address: ClientAddress,
+    actor: Actor,
     Path(worker_id): Path<Uuid>,
 ) -> Result<axum::Json<BlockList>, ApiError> {
-    set_block(&state, caller, &address, worker_id, true).await
+    set_block(&actor, worker_id, true).await
 }
 
 /// Lifts a block.
@@ -200,64 +182,54 @@ async fn block(
     responses((status = 200, description = "The principal's blocks now", body = BlockList),
         AdminActionErrors))]
 async fn unblock(
-    State(state): State<AppState>,
-    caller: Caller,
-    address: ClientAddress,
+    actor: Actor,
     Path(worker_id): Path<Uuid>,
 ) -> Result<axum::Json<BlockList>, ApiError> {
-    set_block(&state, caller, &address, worker_id, false).await
+    set_block(&actor, worker_id, false).await
 }
 
 /// Blocks (`blocked`) or unblocks a worker for the caller's principal,
 /// audited, and answers the principal's blocks as they are then.
 async fn set_block(
-    state: &AppState,
-    caller: Caller,
-    address: &ClientAddress,
+    actor: &Actor,
     worker_id: Uuid,
     blocked: bool,
 ) -> Result<axum::Json<BlockList>, ApiError> {
-    caller.require(Scope::Tasks)?;
+    actor.caller.require(Scope::Tasks)?;
     let (action, missing) = match blocked {
         true => (AuditAction::WorkerBlocked, "worker"),
         false => (AuditAction::WorkerUnblocked, "block of this worker"),
     };
-    let audit = caller.audit(action, format!("worker:{worker_id}"), address, None);
-    let store = &state.store;
+    let audit = actor.audit(action, format!("worker:{worker_id}"), None);
+    let store = &actor.state.store;
     let done = match blocked {
         true => {
             store
-                .block_worker(caller.principal, worker_id, audit)
+                .block_worker(actor.caller.principal, worker_id, audit)
                 .await?
         }
         false => {
             store
-                .unblock_worker(caller.principal, worker_id, audit)
+                .unblock_worker(actor.caller.principal, worker_id, audit)
                 .await?
         }
     };
     if !done {
         return Err(no_such(missing));
     }
-    block_list(state, caller.principal).await
+    block_list(&actor.state, actor.caller.principal).await
 }
 
 /// Revokes `worker_id`'s qualification `name` (the API and the console),
 /// audited.
-pub(crate) async fn revoke_from(
-    state: &AppState,
-    caller: &Caller,
-    address: &ClientAddress,
-    worker_id: Uuid,
-    name: &str,
-) -> Result<(), ApiError> {
-    let audit = caller.audit(
+pub(crate) async fn revoke_from(op: &Actor, worker_id: Uuid, name: &str) -> Result<(), ApiError> {
+    let audit = op.audit(
         AuditAction::WorkerUnqualified,
         format!("worker:{worker_id}"),
-        address,
         Some(serde_json::json!({ "name": name })),
     );
-    if !state
+    if !op
+        .state
         .store
         .revoke_qualification(worker_id, name, audit)
         .await?

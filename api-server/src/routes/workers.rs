@@ -16,11 +16,10 @@ use uuid::Uuid;
 
 use super::{PageQuery, checked_text, no_such, secret_answer};
 use crate::AppState;
-use crate::auth::{Caller, Operator, issue_worker_token};
+use crate::auth::{Actor, Caller, Operator, issue_worker_token};
 use crate::http::error::ApiError;
 use crate::http::error::responses::{AdminActionErrors, AdminListErrors, ScopedCreateErrors};
 use crate::http::extract::{Json, OptionalJson, Path, Query};
-use crate::http::rate_limit::ClientAddress;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -67,15 +66,13 @@ async fn register_worker(
 
 /// Every worker, suspended ones included, ordered by id.
 #[utoipa::path(get, path = "/api/v1/workers", tag = "operator", params(PageQuery),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::WorkerPage), AdminListErrors))]
 pub(crate) async fn list_workers(
-    State(state): State<AppState>,
-    _: Operator,
+    Operator(op): Operator,
     Query(q): Query<PageQuery>,
 ) -> Result<axum::Json<api::WorkerPage>, ApiError> {
     let (workers, next_cursor) = q
-        .read(|after, n| state.store.workers(after, n), |w| w.id)
+        .read(|after, n| op.state.store.workers(after, n), |w| w.id)
         .await?;
     Ok(axum::Json(api::WorkerPage {
         workers,
@@ -89,72 +86,54 @@ pub(crate) async fn list_workers(
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/suspend", tag = "operator",
     params(("worker_id" = Uuid, Path)),
     request_body(content = Option<api::Suspend>, description = "optional reason"),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn suspend_worker(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
     OptionalJson(req): OptionalJson<api::Suspend>,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    let worker = suspend(&state, &caller, &address, id, req.reason.as_deref()).await?;
+    let worker = suspend(&op, id, req.reason.as_deref()).await?;
     Ok(axum::Json(worker))
 }
 
 /// Suspends a worker (the API and the console): its sessions end and the
 /// tasks it holds reopen, with the audit entry, in one transaction.
 pub(crate) async fn suspend(
-    state: &AppState,
-    caller: &crate::auth::Caller,
-    address: &ClientAddress,
+    op: &Actor,
     id: Uuid,
     reason: Option<&str>,
 ) -> Result<Worker, ApiError> {
     let reason = super::checked_optional_text("reason", reason, 1000)?;
-    let audit = caller.audit(
+    let audit = op.audit(
         AuditAction::WorkerSuspended,
         format!("worker:{id}"),
-        address,
         reason.map(|r| serde_json::json!({ "reason": r })),
     );
-    let worker = state
+    let worker = op
+        .state
         .store
         .suspend_worker(id, audit)
         .await?
         .ok_or_else(|| no_such("worker"))?;
-    state.credentials.workers.forget(id);
+    op.state.credentials.workers.forget(id);
     Ok(worker)
 }
 
 /// Lifts a worker's suspension.
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/reinstate", tag = "operator",
     params(("worker_id" = Uuid, Path)),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn reinstate_worker(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
 ) -> Result<axum::Json<Worker>, ApiError> {
-    Ok(axum::Json(reinstate(&state, &caller, &address, id).await?))
+    Ok(axum::Json(reinstate(&op, id).await?))
 }
 
 /// Lifts a worker's suspension (the API and the console), audited.
-pub(crate) async fn reinstate(
-    state: &AppState,
-    caller: &crate::auth::Caller,
-    address: &ClientAddress,
-    id: Uuid,
-) -> Result<Worker, ApiError> {
-    let audit = caller.audit(
-        AuditAction::WorkerReinstated,
-        format!("worker:{id}"),
-        address,
-        None,
-    );
-    state
+pub(crate) async fn reinstate(op: &Actor, id: Uuid) -> Result<Worker, ApiError> {
+    let audit = op.audit(AuditAction::WorkerReinstated, format!("worker:{id}"), None);
+    op.state
         .store
         .reinstate_worker(id, audit)
         .await?
@@ -164,41 +143,30 @@ pub(crate) async fn reinstate(
 /// Gives a worker a new token; the old one stops working at once.
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/rotate", tag = "operator",
     params(("worker_id" = Uuid, Path)),
-    security(("api_key" = ["operator"]), ("dev_key" = [])),
     responses((status = 200, body = api::RotatedWorker), AdminActionErrors))]
 async fn rotate_worker_token(
-    State(state): State<AppState>,
-    Operator(caller): Operator,
-    address: ClientAddress,
+    Operator(op): Operator,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
-    Ok(secret_answer(
-        StatusCode::OK,
-        rotate_token(&state, &caller, &address, id).await?,
-    ))
+    Ok(secret_answer(StatusCode::OK, rotate_token(&op, id).await?))
 }
 
 /// Gives a worker a new token (the API and the console), audited; the old
 /// one stops working at once.
-pub(crate) async fn rotate_token(
-    state: &AppState,
-    caller: &crate::auth::Caller,
-    address: &ClientAddress,
-    id: Uuid,
-) -> Result<api::RotatedWorker, ApiError> {
+pub(crate) async fn rotate_token(op: &Actor, id: Uuid) -> Result<api::RotatedWorker, ApiError> {
     let (worker_token, hash) = issue_worker_token(id);
-    let audit = caller.audit(
+    let audit = op.audit(
         AuditAction::WorkerTokenRotated,
         format!("worker:{id}"),
-        address,
         None,
     );
-    let worker = state
+    let worker = op
+        .state
         .store
         .rotate_worker_token(id, hash, audit)
         .await?
         .ok_or_else(|| no_such("worker"))?;
-    state.credentials.workers.forget(id);
+    op.state.credentials.workers.forget(id);
     Ok(api::RotatedWorker {
         worker,
         worker_token,

@@ -183,7 +183,7 @@ async fn create_key(
         scopes: (!scopes.is_empty()).then_some(scopes),
         expires_at,
     };
-    match keys::create(&c.state, &c.caller, &address, req).await {
+    match keys::create(&c.actor(address), req).await {
         Ok(made) => {
             let label = format!("Secret of the new key {}", made.key.name);
             keys_page(&c, Some((label, made.secret)), None, None).await
@@ -211,7 +211,7 @@ async fn rotate_key(
         Ok(grace) => grace,
         Err(e) => return keys_page(&c, None, None, Some(e)).await,
     };
-    match keys::rotate(&c.state, &c.caller, &address, id, grace).await {
+    match keys::rotate(&c.actor(address), id, grace).await {
         Ok(made) => {
             let label = format!("New secret of the key {}", made.key.name);
             keys_page(&c, Some((label, made.secret)), None, None).await
@@ -233,15 +233,7 @@ async fn revoke_key(
     ConsoleForm { c, address, form }: ConsoleForm<RevokeForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    match keys::revoke(
-        &c.state,
-        &c.caller,
-        &address,
-        id,
-        form.cancel_tasks.is_some(),
-    )
-    .await
-    {
+    match keys::revoke(&c.actor(address), id, form.cancel_tasks.is_some()).await {
         Ok(revoked) => {
             let notice = format!(
                 "Revoked the key {}; {} of its principal's tasks cancelled.",
@@ -339,7 +331,7 @@ async fn create_invite(
         Ok(seconds) => seconds,
         Err(e) => return invites_page(&c, None, Some(e)).await,
     };
-    match invites::create(&c.state, &c.caller, &address, &headers, seconds).await {
+    match invites::create(&c.actor(address), &headers, seconds).await {
         Ok(made) => {
             let svg = qr_svg(&made.invite_url)?;
             invites_page(&c, Some((made.invite_url, svg)), None).await
@@ -353,7 +345,7 @@ async fn revoke_invite(
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     let id = MISSING.id(&raw)?;
-    match invites::revoke(&c.state, &c.caller, &address, id).await {
+    match invites::revoke(&c.actor(address), id).await {
         Ok(_) => Ok(Redirect::to("/console/invites").into_response()),
         Err(ApiError::NotFound(_)) => Err(MISSING.error()),
         Err(e) => Err(e.into()),

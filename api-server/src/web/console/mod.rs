@@ -38,7 +38,7 @@ mod workers;
 use super::session::{self, Cookies, SameOrigin, check_csrf, cookie, csrf_token};
 use super::{AppError, html, with_cookie};
 use crate::AppState;
-use crate::auth::{Caller, credential_subject, issue_token, verify_key};
+use crate::auth::{Actor, Caller, credential_subject, issue_token, verify_key};
 use crate::http::error::ApiError;
 use crate::http::rate_limit::ClientAddress;
 
@@ -239,6 +239,16 @@ pub(super) fn session_value<'h>(state: &AppState, headers: &'h HeaderMap) -> Opt
 }
 
 impl Console {
+    /// The signed-in operator acting from `address`, as the operator API's
+    /// actions take it.
+    pub(super) fn actor(&self, address: ClientAddress) -> Actor {
+        Actor {
+            state: self.state.clone(),
+            caller: self.caller.clone(),
+            address,
+        }
+    }
+
     /// The signed-in operator of the session whose cookie is `value`, if
     /// it is still good: not ended, not idle too long, its key still
     /// valid. Touches the session (it was used).

@@ -226,7 +226,7 @@ async fn suspend(
 ) -> Result<Response, AppError> {
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
     act(&c, &raw, async |id| {
-        workers::suspend(&c.state, &c.caller, &address, id, reason).await?;
+        workers::suspend(&c.actor(address), id, reason).await?;
         Ok(None)
     })
     .await
@@ -237,7 +237,7 @@ async fn reinstate(
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     act(&c, &raw, async |id| {
-        workers::reinstate(&c.state, &c.caller, &address, id).await?;
+        workers::reinstate(&c.actor(address), id).await?;
         Ok(None)
     })
     .await
@@ -250,7 +250,7 @@ async fn rotate(
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     act(&c, &raw, async |id| {
-        let rotated = workers::rotate_token(&c.state, &c.caller, &address, id).await?;
+        let rotated = workers::rotate_token(&c.actor(address), id).await?;
         Ok(Some(rotated.worker_token))
     })
     .await
@@ -281,15 +281,7 @@ async fn grant(
     };
     act(&c, &raw, async |id| {
         let name = form.name.trim().to_owned();
-        qualifications::grant_to(
-            &c.state,
-            &c.caller,
-            &address,
-            id,
-            name,
-            Grant { value, expires_at },
-        )
-        .await?;
+        qualifications::grant_to(&c.actor(address), id, name, Grant { value, expires_at }).await?;
         Ok(None)
     })
     .await
@@ -300,7 +292,7 @@ async fn revoke(
     ConsoleForm { c, address, .. }: ConsoleForm<CsrfForm>,
 ) -> Result<Response, AppError> {
     act(&c, &raw, async |id| {
-        qualifications::revoke_from(&c.state, &c.caller, &address, id, &name).await?;
+        qualifications::revoke_from(&c.actor(address), id, &name).await?;
         Ok(None)
     })
     .await
