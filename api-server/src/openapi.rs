@@ -120,13 +120,37 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
     }
 }
 
-/// Says on every id in a path what the server does with one that is not a
-/// UUID: it names nothing, so the answer is 404, as for an unknown id (a
-/// 400 would tell a prober which ids are well-formed, and nothing more).
+/// Declares the ids of a path that the handler reads through its
+/// credential's extractor ([`auth::AgentAuth`], [`auth::WorkerAuth`]), which
+/// the derived document cannot see: each is a UUID. And says on every id in
+/// a path what the server does with one that is not a UUID: it names
+/// nothing, so the answer is 404, as for an unknown id (a 400 would tell a
+/// prober which ids are well-formed, and nothing more).
 fn document_path_ids(openapi: &mut utoipa::openapi::OpenApi) {
-    use utoipa::openapi::path::ParameterIn;
-    for (_, operation) in operations(openapi) {
-        for p in operation.parameters.iter_mut().flatten() {
+    use utoipa::openapi::Required;
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::schema::{KnownFormat, SchemaFormat};
+    let uuid = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+        .build();
+    for (path, operation) in operations(openapi) {
+        let parameters = operation.parameters.get_or_insert_with(Vec::new);
+        let names = path.split('{').skip(1).filter_map(|s| s.split_once('}'));
+        for (at, (name, _)) in names.enumerate() {
+            let declared = parameters
+                .iter()
+                .any(|p| p.parameter_in == ParameterIn::Path && p.name == name);
+            if !declared {
+                let id = ParameterBuilder::new()
+                    .name(name)
+                    .parameter_in(ParameterIn::Path)
+                    .required(Required::True)
+                    .schema(Some(uuid.clone()));
+                parameters.insert(at, id.build());
+            }
+        }
+        for p in parameters.iter_mut() {
             if p.parameter_in == ParameterIn::Path && p.description.is_none() {
                 p.description = Some(format!(
                     "The {} (a UUID, or an event id for event_id); a value that is not one \
@@ -134,6 +158,9 @@ fn document_path_ids(openapi: &mut utoipa::openapi::OpenApi) {
                     p.name.replace('_', " ")
                 ));
             }
+        }
+        if parameters.is_empty() {
+            operation.parameters = None;
         }
     }
 }

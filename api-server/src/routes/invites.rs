@@ -132,7 +132,6 @@ pub(crate) async fn list_invites(
 
 /// Revokes an unused invite: its link no longer signs anyone up.
 #[utoipa::path(post, path = "/api/v1/workers/invites/{invite_id}/revoke", tag = "operator",
-    params(("invite_id" = Uuid, Path)),
     responses((status = 200, body = api::Invite), AdminActionErrors))]
 async fn revoke_invite(
     Operator(op): Operator,

@@ -116,7 +116,6 @@ async fn list_keys(
 
 /// One API key.
 #[utoipa::path(get, path = "/api/v1/keys/{key_id}", tag = "operator",
-    params(("key_id" = Uuid, Path)),
     responses((status = 200, body = api::Key), AdminActionErrors))]
 async fn get_key(
     Operator(op): Operator,
@@ -135,7 +134,6 @@ async fn get_key(
 /// `previous_valid_until` (a grace period, one day by default), so its
 /// users can switch without an outage.
 #[utoipa::path(post, path = "/api/v1/keys/{key_id}/rotate", tag = "operator",
-    params(("key_id" = Uuid, Path)),
     request_body(content = Option<api::RotateKey>, description = "optional grace period"),
     responses((status = 200, body = api::KeySecret), AdminActionErrors))]
 async fn rotate_key(
@@ -189,7 +187,6 @@ pub(crate) async fn rotate(
 /// Revokes a key at once on every replica. Its principal's tasks keep
 /// running and stay readable with their task tokens, unless `cancel_tasks`.
 #[utoipa::path(post, path = "/api/v1/keys/{key_id}/revoke", tag = "operator",
-    params(("key_id" = Uuid, Path)),
     request_body(content = Option<api::RevokeKey>, description = "optional"),
     responses((status = 200, body = api::RevokedKey), AdminActionErrors))]
 async fn revoke_key(

@@ -36,7 +36,6 @@ struct QualificationPath {
 
 /// A worker's qualifications, lapsed ones included.
 #[utoipa::path(get, path = "/api/v1/workers/{worker_id}/qualifications", tag = "operator",
-    params(("worker_id" = Uuid, Path)),
     responses((status = 200, body = QualificationList), AdminActionErrors))]
 async fn list_qualifications(
     Operator(op): Operator,
@@ -56,7 +55,7 @@ async fn list_qualifications(
 
 /// Grants a worker a qualification (or replaces its value and expiry).
 #[utoipa::path(put, path = "/api/v1/workers/{worker_id}/qualifications/{name}", tag = "operator",
-    params(("worker_id" = Uuid, Path), ("name" = String, Path,
+    params(("name" = String, Path,
         description = "lowercase letters, digits and : . _ - (1-100 characters)")),
     request_body(content = Option<Grant>, description = "optional value and expiry"),
     responses((status = 200, description = "The grant", body = Qualification), AdminActionErrors))]
@@ -108,7 +107,7 @@ pub(crate) async fn grant_to(
 
 /// Revokes a worker's qualification. A task it holds stays its own.
 #[utoipa::path(delete, path = "/api/v1/workers/{worker_id}/qualifications/{name}", tag = "operator",
-    params(("worker_id" = Uuid, Path), ("name" = String, Path)),
+    params(("name" = String, Path)),
     responses((status = 200, description = "The worker's qualifications now", body = QualificationList),
         AdminActionErrors))]
 async fn revoke(
@@ -164,7 +163,6 @@ async fn block_list(state: &AppState, principal: Uuid) -> Result<axum::Json<Bloc
 /// Blocks a worker from every task of the caller's principal: it no longer
 /// sees them or can claim them. A task it holds stays its own.
 #[utoipa::path(put, path = "/api/v1/blocks/{worker_id}", tag = "agent",
-    params(("worker_id" = Uuid, Path)),
     security(("api_key" = ["tasks"]), ("dev_key" = [])),
     responses((status = 200, description = "The principal's blocks now", body = BlockList),
         AdminActionErrors))]
@@ -177,7 +175,6 @@ async fn block(
 
 /// Lifts a block.
 #[utoipa::path(delete, path = "/api/v1/blocks/{worker_id}", tag = "agent",
-    params(("worker_id" = Uuid, Path)),
     security(("api_key" = ["tasks"]), ("dev_key" = [])),
     responses((status = 200, description = "The principal's blocks now", body = BlockList),
         AdminActionErrors))]

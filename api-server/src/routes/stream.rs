@@ -110,7 +110,7 @@ pub struct SseMessage {
 // scripts/openapi-check.sh.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events/stream", tag = "agent",
     operation_id = "stream_task_events",
-    params(("task_id" = Uuid, Path), StreamQuery,
+    params(StreamQuery,
         ("Last-Event-ID" = Option<i64>, Header, description = "resume after this event id")),
     security(("agent_token" = [])),
     responses(
@@ -134,7 +134,7 @@ async fn agent_stream(
 /// The task's event feed as Server-Sent Events, for the assigned worker.
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events/stream", tag = "worker",
     operation_id = "worker_stream_task_events",
-    params(("task_id" = Uuid, Path), StreamQuery,
+    params(StreamQuery,
         ("Last-Event-ID" = Option<i64>, Header, description = "resume after this event id")),
     security(("worker_token" = [])),
     responses(

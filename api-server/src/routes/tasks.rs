@@ -208,7 +208,6 @@ async fn list_tasks(
 
 /// The task and its authoritative state.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}", tag = "agent",
-    params(("task_id" = Uuid, Path)),
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task", body = TaskResource), TaskReadErrors))]
@@ -227,7 +226,6 @@ async fn get_task(
 
 /// Publishes a draft: draft → open. Workers can now see and claim it.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/publish", tag = "agent",
-    params(("task_id" = Uuid, Path)),
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The open task and the event of the change", body = TaskChange), TaskCommandErrors))]
@@ -240,7 +238,6 @@ async fn publish_task(
 
 /// Cancels a task that is not yet terminal.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/cancel", tag = "agent",
-    params(("task_id" = Uuid, Path)),
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The cancelled task and the event of the change", body = TaskChange), TaskCommandErrors))]
@@ -275,7 +272,6 @@ async fn cancel_task(
 /// The active time limit of a started task is not changed.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/extend", tag = "agent",
     operation_id = "extend_task",
-    params(("task_id" = Uuid, Path)),
     request_body = Extend,
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses((status = 200, body = TaskChange), TaskBodyCommandErrors))]
@@ -305,7 +301,7 @@ async fn extend_task(
 /// The task's events with `id > after`, ascending. With `wait`, a page
 /// that would be empty waits for the next event (long poll).
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "agent",
-    params(("task_id" = Uuid, Path), EventsQuery),
+    params(EventsQuery),
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]
@@ -349,7 +345,7 @@ struct PhotoPath {
 /// Answers one worker issue (the `worker.issue` event `event_id`).
 /// `cancel` also cancels the task.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/issues/{event_id}/respond", tag = "agent",
-    params(("task_id" = Uuid, Path), ("event_id" = i64, Path, description = "id of the worker.issue event")),
+    params(("event_id" = i64, Path, description = "id of the worker.issue event")),
     request_body = Respond,
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
@@ -381,7 +377,6 @@ async fn respond_to_issue(
 /// the work back with `text` (at most `review.max_revisions` times),
 /// `reject` cancels the task with `text` as the reason.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/review", tag = "agent",
-    params(("task_id" = Uuid, Path)),
     request_body = ReviewAnswer,
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
@@ -397,7 +392,6 @@ async fn review_submission(
 
 /// A photo a worker sent, as re-encoded by the server.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/photos/{photo_id}", tag = "agent",
-    params(("task_id" = Uuid, Path), ("photo_id" = Uuid, Path)),
     security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The image, in the format it was sent in",

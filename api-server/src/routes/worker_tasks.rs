@@ -337,7 +337,6 @@ pub(crate) async fn visible_task(
 /// One task: open, or assigned to this worker.
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}", tag = "worker",
     operation_id = "worker_get_task",
-    params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task", body = Task), TaskReadErrors))]
@@ -354,7 +353,6 @@ async fn get_task(
 /// is neither open nor theirs does not exist for them (404), like every
 /// other task that is not theirs. Claiming a task already theirs is a 409.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/claim", tag = "worker",
-    params(("task_id" = Uuid, Path)),
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task, now assigned to the caller", body = TaskChange), TaskCommandErrors))]
@@ -423,7 +421,6 @@ fn no_open_task() -> ApiError {
 /// the device's position, which a task whose `presence` is `require`
 /// needs (refused with `position-required` or `off-site` otherwise).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/start", tag = "worker",
-    params(("task_id" = Uuid, Path)),
     request_body(content = Option<StartWork>, description = "optional position"),
     security(("worker_token" = [])),
     responses(
@@ -440,7 +437,6 @@ async fn start(
 
 /// Sends a text message to the agent (a `worker.message` event).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/messages", tag = "worker",
-    params(("task_id" = Uuid, Path)),
     request_body = Message,
     security(("worker_token" = [])),
     responses(
@@ -458,7 +454,7 @@ async fn send_message(
 /// Sends a photo: the body is a JPEG, PNG or WebP image with the matching
 /// `Content-Type`. It is decoded, checked and re-encoded without metadata.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/photos", tag = "worker",
-    params(("task_id" = Uuid, Path), PhotoQuery),
+    params(PhotoQuery),
     request_body(description = "The image",
         content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
     security(("worker_token" = [])),
@@ -580,7 +576,6 @@ pub(crate) async fn send_photo_bytes(
 /// Raises a typed issue for the agent (a `worker.issue` event; its id is
 /// the issue id the agent answers).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/issues", tag = "worker",
-    params(("task_id" = Uuid, Path)),
     request_body = RaiseIssue,
     security(("worker_token" = [])),
     responses(
@@ -616,7 +611,6 @@ fn end_work(req: EndWork) -> Result<(Option<String>, Option<serde_json::Value>),
 /// the task stays active). A task with a `result_schema` needs `result`,
 /// checked against it (422 with each error at its JSON pointer).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/complete", tag = "worker",
-    params(("task_id" = Uuid, Path)),
     request_body(content = Option<EndWork>, description = "optional note"),
     security(("worker_token" = [])),
     responses(
@@ -634,7 +628,6 @@ async fn complete(
 /// Stops the task: assigned or active → stopped. Always allowed to the
 /// assigned worker; it ends the agent's obligation.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/stop", tag = "worker",
-    params(("task_id" = Uuid, Path)),
     request_body(content = Option<EndWork>, description = "optional reason"),
     security(("worker_token" = [])),
     responses(
@@ -660,7 +653,7 @@ async fn stop(
 /// poll).
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events", tag = "worker",
     operation_id = "worker_task_events",
-    params(("task_id" = Uuid, Path), EventsQuery),
+    params(EventsQuery),
     security(("worker_token" = [])),
     responses(
         (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]

@@ -84,7 +84,6 @@ pub(crate) async fn list_workers(
 /// its sessions end, and the task it holds (assigned or active) reopens
 /// for another worker (`task.unassigned`, reason `worker_suspended`).
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/suspend", tag = "operator",
-    params(("worker_id" = Uuid, Path)),
     request_body(content = Option<api::Suspend>, description = "optional reason"),
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn suspend_worker(
@@ -121,7 +120,6 @@ pub(crate) async fn suspend(
 
 /// Lifts a worker's suspension.
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/reinstate", tag = "operator",
-    params(("worker_id" = Uuid, Path)),
     responses((status = 200, body = Worker), AdminActionErrors))]
 async fn reinstate_worker(
     Operator(op): Operator,
@@ -142,7 +140,6 @@ pub(crate) async fn reinstate(op: &Actor, id: Uuid) -> Result<Worker, ApiError> 
 
 /// Gives a worker a new token; the old one stops working at once.
 #[utoipa::path(post, path = "/api/v1/workers/{worker_id}/rotate", tag = "operator",
-    params(("worker_id" = Uuid, Path)),
     responses((status = 200, body = api::RotatedWorker), AdminActionErrors))]
 async fn rotate_worker_token(
     Operator(op): Operator,
