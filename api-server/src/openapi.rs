@@ -89,7 +89,7 @@ pub fn finish(mut openapi: utoipa::openapi::OpenApi, policy: &Policy) -> serde_j
     document_lifetime_bounds(&mut openapi, policy);
     document_rate_limit(&mut openapi);
     document_path_ids(&mut openapi);
-    document_operator_security(&mut openapi);
+    document_security(&mut openapi);
     let mut openapi = serde_json::to_value(&openapi).expect("the OpenAPI document is JSON");
     crate::event_schema::document(&mut openapi);
     openapi
@@ -203,18 +203,30 @@ fn document_rate_limit(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// Says on every operation of the operator API what it takes: an API key
-/// with the `operator` scope, or the development key. Their handlers take
-/// [`auth::Operator`]; the tag is how the document knows them.
-fn document_operator_security(openapi: &mut utoipa::openapi::OpenApi) {
+/// Says on every operation of the operator API and of the worker API what
+/// it takes, in one place each: the operator API's handlers (tagged
+/// `operator`) take [`auth::Operator`], an API key with the `operator`
+/// scope or the development key; the worker API's (under
+/// `/api/v1/worker/`) take [`auth::WorkerAuth`], a worker token. The other
+/// routes say on their own what they take.
+fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::security::SecurityRequirement;
-    for (_, operation) in operations(openapi) {
+    for (path, operation) in operations(openapi) {
         let operator = operation.tags.iter().flatten().any(|t| t == "operator");
-        if operator && operation.security.is_none() {
-            operation.security = Some(vec![
+        let security = &mut operation.security;
+        if security.is_some() {
+            continue;
+        }
+        if operator {
+            *security = Some(vec![
                 SecurityRequirement::new("api_key", ["operator"]),
                 SecurityRequirement::new::<_, _, &str>("dev_key", []),
             ]);
+        } else if path.starts_with("/api/v1/worker/") {
+            *security = Some(vec![SecurityRequirement::new::<_, _, &str>(
+                "worker_token",
+                [],
+            )]);
         }
     }
 }

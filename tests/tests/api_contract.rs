@@ -24,7 +24,7 @@ meatspace_tests::api_tests!(
     capability_endpoints_are_in_the_openapi_document,
     every_openapi_route_is_served,
     the_openapi_document_describes_what_is_sent,
-    operator_operations_take_an_operator_key,
+    operator_and_worker_operations_take_what_the_document_says,
 );
 
 fn manifest_dir() -> PathBuf {
@@ -321,12 +321,13 @@ fn filled(template: &str) -> String {
     out + rest
 }
 
-/// The document says which operations are the operator API (their tag,
-/// and the `operator` scope in their security), and the handlers agree:
-/// an agent's API key is refused each of them with 403, and the
-/// development key is let through (whatever the call answers then, it is
-/// not 401 or 403).
-async fn operator_operations_take_an_operator_key(db: Db) {
+/// The document says which operations are the operator API (their tag)
+/// and which the worker API (their path), and what each takes; the
+/// handlers agree. An agent's API key is refused the operator API with 403
+/// and the worker API with 401; the development key is let through the
+/// first and a worker token through the second (whatever the call answers
+/// then, it is not 401 or 403).
+async fn operator_and_worker_operations_take_what_the_document_says(db: Db) {
     let srv = TestServer::start(db).await;
     let api = openapi(&srv).await;
     let created = srv
@@ -335,47 +336,49 @@ async fn operator_operations_take_an_operator_key(db: Db) {
         .expect_json(StatusCode::CREATED)
         .await;
     let agent_key = created["secret"].as_str().expect("the key's secret");
-    let operator_scope = serde_json::json!([
-        { "api_key": ["operator"] },
-        { "dev_key": [] },
-    ]);
-    let mut checked = 0;
-    for (path, item) in api["paths"].as_object().expect("paths object") {
-        for (method, op) in item.as_object().expect("path item") {
-            let label = format!("{} {path}", method.to_ascii_uppercase());
-            let tagged = op["tags"]
-                .as_array()
-                .expect("tags")
-                .contains(&"operator".into());
-            assert_eq!(
-                tagged,
-                op["security"] == operator_scope,
-                "{label}: the operator tag and the operator security go together: {}",
-                op["security"]
-            );
-            if !tagged {
-                continue;
+    let (_, worker_token) = srv.register_worker("Ada").await;
+    let operator_security = serde_json::json!([{ "api_key": ["operator"] }, { "dev_key": [] }]);
+    let worker_security = serde_json::json!([{ "worker_token": [] }]);
+    let mut checked = (0, 0);
+    for (label, op) in operations(&api) {
+        let (method, path) = label.split_once(' ').expect("METHOD path");
+        let operator = op["tags"]
+            .as_array()
+            .expect("tags")
+            .contains(&"operator".into());
+        let worker = path.starts_with("/api/v1/worker/");
+        assert_eq!(operator, op["security"] == operator_security, "{label}");
+        assert_eq!(worker, op["security"] == worker_security, "{label}");
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let path = filled(path);
+        let (refusal, allowed) = match (operator, worker) {
+            (true, _) => {
+                checked.0 += 1;
+                (StatusCode::FORBIDDEN, srv.dev(method.clone(), &path))
             }
-            let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap();
-            srv.bearer(agent_key)
-                .request(method.clone(), &filled(path))
-                .expect_problem(StatusCode::FORBIDDEN)
-                .await;
-            let res = srv
-                .dev(method, &filled(path))
-                .send()
-                .await
-                .expect("request");
-            assert!(
-                ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&res.status()),
-                "{label} with the development key: {}",
-                res.status()
-            );
-            checked += 1;
-        }
+            (_, true) => {
+                checked.1 += 1;
+                let as_worker = srv.worker(&worker_token).request(method.clone(), &path);
+                (StatusCode::UNAUTHORIZED, as_worker)
+            }
+            _ => continue,
+        };
+        srv.bearer(agent_key)
+            .request(method, &path)
+            .expect_problem(refusal)
+            .await;
+        let status = allowed.send().await.expect("request").status();
+        assert!(
+            ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&status),
+            "{label}, let through: {status}"
+        );
     }
-    // Keys (5), workers (4), invites (2), qualifications (3), the audit trail.
-    assert!(checked >= 15, "only {checked} operator operations");
+    // Keys (5), workers (4), invites (2), qualifications (3), the audit
+    // trail; tasks (10), qualifications, preferences, push (3).
+    assert!(
+        checked.0 >= 15 && checked.1 >= 16,
+        "only {checked:?} operations"
+    );
     srv.stop().await;
 }
 

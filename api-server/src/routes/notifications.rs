@@ -31,7 +31,6 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// The calling worker's notification preferences.
 #[utoipa::path(get, path = "/api/v1/worker/preferences", tag = "worker",
-    security(("worker_token" = [])),
     responses((status = 200, body = Preferences), TaskReadErrors))]
 async fn preferences(
     State(state): State<AppState>,
@@ -50,7 +49,6 @@ async fn preferences(
 /// own tasks, and where email goes (none: no email; removing the address
 /// withdraws email not yet sent).
 #[utoipa::path(put, path = "/api/v1/worker/preferences", tag = "worker",
-    security(("worker_token" = [])),
     request_body = Preferences,
     responses((status = 200, body = Preferences), TaskBodyCommandErrors))]
 async fn set_preferences(
@@ -84,7 +82,6 @@ pub async fn save_preferences(
 /// The server's VAPID public key, which the worker app subscribes to push
 /// with.
 #[utoipa::path(get, path = "/api/v1/worker/push-key", tag = "worker",
-    security(("worker_token" = [])),
     responses((status = 200, body = PushKey), TaskReadErrors))]
 async fn push_key(
     State(state): State<AppState>,
@@ -99,7 +96,6 @@ async fn push_key(
 /// `PushSubscription.toJSON()`); a worker keeps at most ten, the oldest
 /// going first.
 #[utoipa::path(post, path = "/api/v1/worker/push-subscriptions", tag = "worker",
-    security(("worker_token" = [])),
     request_body = NewPushSubscription,
     responses((status = 200, body = PushSubscriptionState), TaskBodyCommandErrors))]
 async fn subscribe(
@@ -178,7 +174,6 @@ pub struct PushEndpoint {
 /// Removes one of the calling worker's push subscriptions (the browser
 /// unsubscribed).
 #[utoipa::path(delete, path = "/api/v1/worker/push-subscriptions", tag = "worker",
-    security(("worker_token" = [])),
     request_body = PushEndpoint,
     responses((status = 200, body = PushSubscriptionState), TaskBodyCommandErrors))]
 async fn unsubscribe(

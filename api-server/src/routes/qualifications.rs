@@ -124,7 +124,6 @@ async fn revoke(
 
 /// The calling worker's own qualifications.
 #[utoipa::path(get, path = "/api/v1/worker/qualifications", tag = "worker",
-    security(("worker_token" = [])),
     responses((status = 200, body = QualificationList), TaskReadErrors))]
 async fn own_qualifications(
     State(state): State<AppState>,

@@ -136,7 +136,6 @@ async fn agent_stream(
     operation_id = "worker_stream_task_events",
     params(StreamQuery,
         ("Last-Event-ID" = Option<i64>, Header, description = "resume after this event id")),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "`text/event-stream`, as the agent's stream",
             content_type = "text/event-stream", body = SseMessage), TaskFeedErrors))]

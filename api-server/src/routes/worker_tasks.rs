@@ -273,7 +273,6 @@ fn located_task((task, distance_m): (Task, f64)) -> ListedTask {
 /// (with their distance), then those without a place.
 #[utoipa::path(get, path = "/api/v1/worker/tasks", tag = "worker",
     params(ListQuery),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "A page of open tasks", body = OpenTaskPage),
         NearbyListErrors))]
@@ -337,7 +336,6 @@ pub(crate) async fn visible_task(
 /// One task: open, or assigned to this worker.
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}", tag = "worker",
     operation_id = "worker_get_task",
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task", body = Task), TaskReadErrors))]
 async fn get_task(
@@ -353,7 +351,6 @@ async fn get_task(
 /// is neither open nor theirs does not exist for them (404), like every
 /// other task that is not theirs. Claiming a task already theirs is a 409.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/claim", tag = "worker",
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task, now assigned to the caller", body = TaskChange), TaskCommandErrors))]
 async fn claim(
@@ -422,7 +419,6 @@ fn no_open_task() -> ApiError {
 /// needs (refused with `position-required` or `off-site` otherwise).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/start", tag = "worker",
     request_body(content = Option<StartWork>, description = "optional position"),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The active task", body = TaskChange), TaskBodyCommandErrors))]
 async fn start(
@@ -438,7 +434,6 @@ async fn start(
 /// Sends a text message to the agent (a `worker.message` event).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/messages", tag = "worker",
     request_body = Message,
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task and the message's event", body = TaskChange), TaskBodyCommandErrors))]
 async fn send_message(
@@ -457,7 +452,6 @@ async fn send_message(
     params(PhotoQuery),
     request_body(description = "The image",
         content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task and the photo's event", body = TaskChange), TaskBodyCommandErrors))]
 async fn send_photo(
@@ -577,7 +571,6 @@ pub(crate) async fn send_photo_bytes(
 /// the issue id the agent answers).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/issues", tag = "worker",
     request_body = RaiseIssue,
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The task and the issue's event", body = TaskChange), TaskBodyCommandErrors))]
 async fn raise_issue(
@@ -612,7 +605,6 @@ fn end_work(req: EndWork) -> Result<(Option<String>, Option<serde_json::Value>),
 /// checked against it (422 with each error at its JSON pointer).
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/complete", tag = "worker",
     request_body(content = Option<EndWork>, description = "optional note"),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The completed task and the event of the change", body = TaskChange), TaskBodyCommandErrors))]
 async fn complete(
@@ -629,7 +621,6 @@ async fn complete(
 /// assigned worker; it ends the agent's obligation.
 #[utoipa::path(post, path = "/api/v1/worker/tasks/{task_id}/stop", tag = "worker",
     request_body(content = Option<EndWork>, description = "optional reason"),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "The stopped task and the event of the change", body = TaskChange), TaskBodyCommandErrors))]
 async fn stop(
@@ -654,7 +645,6 @@ async fn stop(
 #[utoipa::path(get, path = "/api/v1/worker/tasks/{task_id}/events", tag = "worker",
     operation_id = "worker_task_events",
     params(EventsQuery),
-    security(("worker_token" = [])),
     responses(
         (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]
 async fn task_events(
