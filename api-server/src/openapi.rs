@@ -203,12 +203,16 @@ fn document_rate_limit(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// Says on every operation of the operator API and of the worker API what
-/// it takes, in one place each: the operator API's handlers (tagged
-/// `operator`) take [`auth::Operator`], an API key with the `operator`
-/// scope or the development key; the worker API's (under
-/// `/api/v1/worker/`) take [`auth::WorkerAuth`], a worker token. The other
-/// routes say on their own what they take.
+/// Says what each part of the API takes, in one place each:
+/// - the operator API (tagged `operator`) takes [`auth::Operator`]: an API
+///   key with the `operator` scope, or the development key;
+/// - the worker API (under `/api/v1/worker/`) takes [`auth::WorkerAuth`]:
+///   a worker token;
+/// - a task's routes (under `/api/v1/tasks/{task_id}`) take
+///   [`auth::AgentAuth`]: the task's agent token, or an API key with the
+///   `tasks` scope whose principal owns the task.
+///
+/// The other routes, and any route that differs, say on their own.
 fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::security::SecurityRequirement;
     for (path, operation) in operations(openapi) {
@@ -227,6 +231,11 @@ fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
                 "worker_token",
                 [],
             )]);
+        } else if path.starts_with("/api/v1/tasks/{task_id}") {
+            *security = Some(vec![
+                SecurityRequirement::new::<_, _, &str>("agent_token", []),
+                SecurityRequirement::new("api_key", ["tasks"]),
+            ]);
         }
     }
 }

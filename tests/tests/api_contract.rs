@@ -24,7 +24,7 @@ meatspace_tests::api_tests!(
     capability_endpoints_are_in_the_openapi_document,
     every_openapi_route_is_served,
     the_openapi_document_describes_what_is_sent,
-    operator_and_worker_operations_take_what_the_document_says,
+    each_part_of_the_api_takes_what_the_document_says,
 );
 
 fn manifest_dir() -> PathBuf {
@@ -305,29 +305,32 @@ fn operations(api: &Value) -> Vec<(String, &Value)> {
     out
 }
 
-/// Fills every path parameter with a well-formed value that names nothing.
-fn filled(template: &str) -> String {
+/// Fills every path parameter: `{task_id}` with `task`, the others with a
+/// well-formed value that names nothing.
+fn filled(template: &str, task: Uuid) -> String {
     let mut out = String::new();
     let mut rest = template;
     while let Some(start) = rest.find('{') {
         let end = rest[start..].find('}').expect("a closed parameter") + start;
         out.push_str(&rest[..start]);
-        out.push_str(match &rest[start + 1..end] {
-            "name" => "no-such-name",
-            _ => "00000000-0000-4000-8000-000000000000",
+        out.push_str(&match &rest[start + 1..end] {
+            "task_id" => task.to_string(),
+            "name" => "no-such-name".to_owned(),
+            _ => Uuid::nil().to_string(),
         });
         rest = &rest[end + 1..];
     }
     out + rest
 }
 
-/// The document says which operations are the operator API (their tag)
-/// and which the worker API (their path), and what each takes; the
-/// handlers agree. An agent's API key is refused the operator API with 403
-/// and the worker API with 401; the development key is let through the
-/// first and a worker token through the second (whatever the call answers
-/// then, it is not 401 or 403).
-async fn operator_and_worker_operations_take_what_the_document_says(db: Db) {
+/// The document says what the operator API (its tag), the worker API and
+/// a task's routes (their paths) take, and the handlers agree. A credential
+/// of the wrong kind is refused: an agent's API key gets 403 from the
+/// operator API and 401 from the worker API, a worker token 401 from a
+/// task's routes. The right one is let through (whatever the call answers
+/// then, it is not 401 or 403): the development key, a worker token, the
+/// task's agent token.
+async fn each_part_of_the_api_takes_what_the_document_says(db: Db) {
     let srv = TestServer::start(db).await;
     let api = openapi(&srv).await;
     let created = srv
@@ -337,46 +340,58 @@ async fn operator_and_worker_operations_take_what_the_document_says(db: Db) {
         .await;
     let agent_key = created["secret"].as_str().expect("the key's secret");
     let (_, worker_token) = srv.register_worker("Ada").await;
+    let (task, agent_token) = srv.create_task("Count the benches in the park").await;
     let operator_security = serde_json::json!([{ "api_key": ["operator"] }, { "dev_key": [] }]);
     let worker_security = serde_json::json!([{ "worker_token": [] }]);
-    let mut checked = (0, 0);
+    let task_security = serde_json::json!([{ "agent_token": [] }, { "api_key": ["tasks"] }]);
+    let mut checked = [0; 3];
     for (label, op) in operations(&api) {
-        let (method, path) = label.split_once(' ').expect("METHOD path");
+        let (method, template) = label.split_once(' ').expect("METHOD path");
         let operator = op["tags"]
             .as_array()
             .expect("tags")
             .contains(&"operator".into());
-        let worker = path.starts_with("/api/v1/worker/");
+        let worker = template.starts_with("/api/v1/worker/");
+        // The event stream says on its own that it takes the agent token.
+        let task_route = template.starts_with("/api/v1/tasks/{task_id}")
+            && !template.ends_with("/events/stream");
         assert_eq!(operator, op["security"] == operator_security, "{label}");
         assert_eq!(worker, op["security"] == worker_security, "{label}");
+        assert_eq!(task_route, op["security"] == task_security, "{label}");
         let method = Method::from_bytes(method.as_bytes()).unwrap();
-        let path = filled(path);
-        let (refusal, allowed) = match (operator, worker) {
-            (true, _) => {
-                checked.0 += 1;
-                (StatusCode::FORBIDDEN, srv.dev(method.clone(), &path))
+        let path = filled(template, task);
+        let (part, wrong, refusal, right) = match (operator, worker, task_route) {
+            (true, _, _) => (
+                0,
+                agent_key,
+                StatusCode::FORBIDDEN,
+                srv.dev(method.clone(), &path),
+            ),
+            (_, true, _) => {
+                let right = srv.worker(&worker_token).request(method.clone(), &path);
+                (1, agent_key, StatusCode::UNAUTHORIZED, right)
             }
-            (_, true) => {
-                checked.1 += 1;
-                let as_worker = srv.worker(&worker_token).request(method.clone(), &path);
-                (StatusCode::UNAUTHORIZED, as_worker)
+            (_, _, true) => {
+                let right = srv.agent(&agent_token).request(method.clone(), &path);
+                (2, worker_token.as_str(), StatusCode::UNAUTHORIZED, right)
             }
             _ => continue,
         };
-        srv.bearer(agent_key)
+        checked[part] += 1;
+        srv.bearer(wrong)
             .request(method, &path)
             .expect_problem(refusal)
             .await;
-        let status = allowed.send().await.expect("request").status();
+        let status = right.send().await.expect("request").status();
         assert!(
             ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&status),
             "{label}, let through: {status}"
         );
     }
     // Keys (5), workers (4), invites (2), qualifications (3), the audit
-    // trail; tasks (10), qualifications, preferences, push (3).
+    // trail; tasks (10), qualifications, preferences, push (3); a task (8).
     assert!(
-        checked.0 >= 15 && checked.1 >= 16,
+        checked[0] >= 15 && checked[1] >= 16 && checked[2] >= 8,
         "only {checked:?} operations"
     );
     srv.stop().await;

@@ -208,7 +208,6 @@ async fn list_tasks(
 
 /// The task and its authoritative state.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}", tag = "agent",
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task", body = TaskResource), TaskReadErrors))]
 async fn get_task(
@@ -226,7 +225,6 @@ async fn get_task(
 
 /// Publishes a draft: draft → open. Workers can now see and claim it.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/publish", tag = "agent",
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The open task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn publish_task(
@@ -238,7 +236,6 @@ async fn publish_task(
 
 /// Cancels a task that is not yet terminal.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/cancel", tag = "agent",
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The cancelled task and the event of the change", body = TaskChange), TaskCommandErrors))]
 async fn cancel_task(
@@ -273,7 +270,6 @@ async fn cancel_task(
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/extend", tag = "agent",
     operation_id = "extend_task",
     request_body = Extend,
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses((status = 200, body = TaskChange), TaskBodyCommandErrors))]
 async fn extend_task(
     State(state): State<AppState>,
@@ -302,7 +298,6 @@ async fn extend_task(
 /// that would be empty waits for the next event (long poll).
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/events", tag = "agent",
     params(EventsQuery),
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "A page of the task's events", body = EventPage), TaskFeedErrors))]
 async fn task_events(
@@ -347,7 +342,6 @@ struct PhotoPath {
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/issues/{event_id}/respond", tag = "agent",
     params(("event_id" = i64, Path, description = "id of the worker.issue event")),
     request_body = Respond,
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task and the events of the answer", body = TaskChange), TaskBodyCommandErrors))]
 async fn respond_to_issue(
@@ -378,7 +372,6 @@ async fn respond_to_issue(
 /// `reject` cancels the task with `text` as the reason.
 #[utoipa::path(post, path = "/api/v1/tasks/{task_id}/review", tag = "agent",
     request_body = ReviewAnswer,
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The task and the event of the answer", body = TaskChange), TaskBodyCommandErrors))]
 async fn review_submission(
@@ -392,7 +385,6 @@ async fn review_submission(
 
 /// A photo a worker sent, as re-encoded by the server.
 #[utoipa::path(get, path = "/api/v1/tasks/{task_id}/photos/{photo_id}", tag = "agent",
-    security(("agent_token" = []), ("api_key" = ["tasks"])),
     responses(
         (status = 200, description = "The image, in the format it was sent in",
             content((ImageBytes = "image/jpeg"), (ImageBytes = "image/png"), (ImageBytes = "image/webp"))), TaskReadErrors))]
