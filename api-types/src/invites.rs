@@ -29,20 +29,7 @@ pub struct CreatedInvite {
     pub created_by: Uuid,
 }
 
-/// An invite as operators see it (never its link).
-#[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "utoipa", schema(as = InviteView))]
-pub struct Invite {
-    pub id: Uuid,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    pub used_at: Option<DateTime<Utc>>,
-    pub revoked_at: Option<DateTime<Utc>>,
-    /// The principal whose key created it.
-    pub created_by: Uuid,
-}
+pub use meatspace_domain::identity::Invite;
 
 crate::page! {
     /// A page of invites, by id.

@@ -10,7 +10,6 @@ use meatspace_client::types::{
     AuditEntry, AuditFilter, CreateKey, Grant, Key, KeySecret, PrincipalKind, PrincipalRef,
     Qualification, QualificationValue, Worker,
 };
-use meatspace_domain::identity::InviteState;
 use uuid::Uuid;
 
 use crate::Ctx;
@@ -125,7 +124,7 @@ pub async fn invite(ctx: &Ctx, cmd: InviteCommand) -> Result<()> {
                         i.id,
                         time(i.created_at),
                         time(i.expires_at),
-                        InviteState::of(i.used_at, i.revoked_at, i.expires_at, now).as_str(),
+                        i.state(now).as_str(),
                         i.created_by
                     ));
                 }

@@ -266,6 +266,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_invites_use_counts_before_its_revocation_and_both_before_its_expiry() {
+        let t = |s| DateTime::from_timestamp(s, 0).unwrap();
+        let open = Invite {
+            id: Uuid::nil(),
+            created_at: t(0),
+            expires_at: t(100),
+            used_at: None,
+            revoked_at: None,
+            created_by: Uuid::nil(),
+        };
+        let used = Invite {
+            used_at: Some(t(10)),
+            ..open.clone()
+        };
+        let revoked = Invite {
+            revoked_at: Some(t(20)),
+            ..open.clone()
+        };
+        let both = Invite {
+            revoked_at: Some(t(20)),
+            ..used.clone()
+        };
+        assert_eq!(open.state(t(99)), InviteState::Open);
+        assert_eq!(open.state(t(100)), InviteState::Expired);
+        assert_eq!(used.state(t(200)), InviteState::Used);
+        assert_eq!(revoked.state(t(200)), InviteState::Revoked);
+        assert_eq!(both.state(t(50)), InviteState::Used);
+    }
+
+    #[test]
     fn names_round_trip() {
         for s in Scope::ALL {
             assert_eq!(Scope::parse(s.as_str()), Some(s));
@@ -322,20 +352,33 @@ crate::names! {
     }
 }
 
-impl InviteState {
-    /// The state of an invite with these times at `now`; a use is what
-    /// counts most, then a revocation, then the expiry.
-    pub fn of(
-        used_at: Option<DateTime<Utc>>,
-        revoked_at: Option<DateTime<Utc>>,
-        expires_at: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Self {
-        if used_at.is_some() {
+/// A one-time invite link to the worker web app, as operators see it:
+/// never its link, whose code only the person invited holds.
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "utoipa", schema(as = InviteView))]
+pub struct Invite {
+    pub id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// When a worker signed up with it; an invite works once.
+    pub used_at: Option<DateTime<Utc>>,
+    /// When an operator revoked it; a revoked invite signs no one up.
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// The principal whose key created it.
+    pub created_by: Uuid,
+}
+
+impl Invite {
+    /// Where the invite stands at `now`: a use is what counts most, then a
+    /// revocation, then the expiry.
+    pub fn state(&self, now: DateTime<Utc>) -> InviteState {
+        if self.used_at.is_some() {
             InviteState::Used
-        } else if revoked_at.is_some() {
+        } else if self.revoked_at.is_some() {
             InviteState::Revoked
-        } else if expires_at <= now {
+        } else if self.expires_at <= now {
             InviteState::Expired
         } else {
             InviteState::Open

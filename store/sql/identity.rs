@@ -20,8 +20,8 @@ use meatspace_domain::{Task, TaskState};
 use meatspace_store::identity::{INSERT_AUDIT_SQL, unknown_principal};
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    ApiKey, AuditEntry, AuditFilter, IdentityStore, Invite, KeyRecord, NewApiKey, NewAudit,
-    OpenTasksCursor, Session, StoreError, Worker,
+    ApiKey, AuditEntry, AuditFilter, IdentityStore, Invite, InviteRecord, KeyRecord, NewApiKey,
+    NewAudit, OpenTasksCursor, Session, StoreError, Worker,
 };
 use sqlx::Row as _;
 use uuid::Uuid;
@@ -71,7 +71,7 @@ const TASK_OWNERS: Table<Uuid> = Table {
     from_row: |row| d::read_id(row, "owner_id"),
 };
 
-const INVITES: Table<Invite> = Table {
+const INVITES: Table<InviteRecord> = Table {
     columns: "id, code_hash, created_at, expires_at, used_at, revoked_at, created_by",
     from: "worker_invites",
     id: "id",
@@ -214,17 +214,19 @@ pub(crate) fn worker_from_row(row: &Row) -> Result<Worker, StoreError> {
     })
 }
 
-pub(crate) fn invite_from_row(row: &Row) -> Result<Invite, StoreError> {
+pub(crate) fn invite_from_row(row: &Row) -> Result<InviteRecord, StoreError> {
     let hash: Vec<u8> = row.try_get("code_hash")?;
-    Ok(Invite {
-        id: d::read_id(row, "id")?,
+    Ok(InviteRecord {
+        invite: Invite {
+            id: d::read_id(row, "id")?,
+            created_at: d::read_time(row, "created_at")?,
+            expires_at: d::read_time(row, "expires_at")?,
+            used_at: d::read_opt_time(row, "used_at")?,
+            revoked_at: d::read_opt_time(row, "revoked_at")?,
+            created_by: d::read_id(row, "created_by")?,
+        },
         code_hash: TokenHash::from_slice(&hash)
             .ok_or_else(|| StoreError::Corrupt("invite code digest".into()))?,
-        created_at: d::read_time(row, "created_at")?,
-        expires_at: d::read_time(row, "expires_at")?,
-        used_at: d::read_opt_time(row, "used_at")?,
-        revoked_at: d::read_opt_time(row, "revoked_at")?,
-        created_by: d::read_id(row, "created_by")?,
     })
 }
 
@@ -381,7 +383,7 @@ impl IdentityStore for d::Store {
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]
-    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError> {
+    async fn invite(&self, id: Uuid) -> Result<Option<InviteRecord>, StoreError> {
         INVITES.read(self, id).await
     }
 
@@ -695,7 +697,8 @@ impl IdentityStore for d::Store {
 
     #[tracing::instrument(level = "debug", skip(self), err)]
     async fn invites(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<Invite>, StoreError> {
-        INVITES.page(self, after, limit).await
+        let records = INVITES.page(self, after, limit).await?;
+        Ok(records.into_iter().map(|r| r.invite).collect())
     }
 
     #[tracing::instrument(level = "debug", skip(self, audit), err)]
@@ -706,7 +709,8 @@ impl IdentityStore for d::Store {
         )
         .bind(d::time(audit.at))
         .bind(d::id(id));
-        INVITES.update_audited(self, id, revoke, &audit).await
+        let record = INVITES.update_audited(self, id, revoke, &audit).await?;
+        Ok(record.map(|r| r.invite))
     }
 
     #[tracing::instrument(level = "debug", skip(self), err)]

@@ -292,7 +292,7 @@ impl NewTask {
     }
 }
 
-pub use meatspace_domain::identity::Worker;
+pub use meatspace_domain::identity::{Invite, Worker};
 
 /// A photo as stored.
 #[derive(Clone, PartialEq, Eq, derive_more::Debug)]
@@ -361,19 +361,11 @@ pub struct OpenTasksCursor {
 }
 
 /// A one-time invitation for a person to become a worker through the web
-/// app. The code's digest is all the store keeps of the code.
+/// app, with the digest of its code: all the store keeps of the code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Invite {
-    pub id: Uuid,
+pub struct InviteRecord {
+    pub invite: Invite,
     pub code_hash: TokenHash,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    /// When it was redeemed; an invite works once.
-    pub used_at: Option<DateTime<Utc>>,
-    /// When an operator revoked it; a revoked invite is not redeemed.
-    pub revoked_at: Option<DateTime<Utc>>,
-    /// The principal whose key created it.
-    pub created_by: Uuid,
 }
 
 /// A signed-in browser session of a worker, read back unexpired.
@@ -836,7 +828,7 @@ pub trait IdentityStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// An invite, used or not, expired or not.
-    async fn invite(&self, id: Uuid) -> Result<Option<Invite>, StoreError>;
+    async fn invite(&self, id: Uuid) -> Result<Option<InviteRecord>, StoreError>;
 
     /// Stores a key (and its principal, when new) with its audit entry.
     async fn create_api_key(&self, new: NewApiKey, audit: NewAudit) -> Result<ApiKey, StoreError>;

@@ -2838,8 +2838,9 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
     let code = token::generate("msi_");
     let id = Uuid::new_v4();
     new_invite(s, id, &code, 0, 100).await;
-    let invite = s.invite(id).await.expect("read").expect("stored");
-    assert!(invite.code_hash.verify(&code) && !invite.code_hash.verify("msi_other"));
+    let stored = s.invite(id).await.expect("read").expect("stored");
+    assert!(stored.code_hash.verify(&code) && !stored.code_hash.verify("msi_other"));
+    let invite = stored.invite;
     assert_eq!(
         (invite.created_at, invite.expires_at, invite.used_at),
         (at(0), at(100), None)
@@ -2858,7 +2859,12 @@ async fn invites_work_once_and_expire(store: Arc<dyn Store>) {
     );
     assert!(s.worker_token_hash(grace).await.expect("read").is_some());
     assert_eq!(
-        s.invite(id).await.expect("read").expect("kept").used_at,
+        s.invite(id)
+            .await
+            .expect("read")
+            .expect("kept")
+            .invite
+            .used_at,
         Some(at(10))
     );
 

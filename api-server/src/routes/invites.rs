@@ -11,7 +11,6 @@ use chrono::Duration;
 use meatspace_api_types as api;
 use meatspace_api_types::{CreateInvite, CreatedInvite};
 use meatspace_domain::identity::AuditAction;
-use meatspace_store::Invite;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -100,20 +99,6 @@ pub(crate) async fn create(
     })
 }
 
-/// A stored invite as operators see it.
-pub(crate) fn invite_view(i: Invite) -> api::Invite {
-    {
-        api::Invite {
-            id: i.id,
-            created_at: i.created_at,
-            expires_at: i.expires_at,
-            used_at: i.used_at,
-            revoked_at: i.revoked_at,
-            created_by: i.created_by,
-        }
-    }
-}
-
 /// Invites not yet purged (used and expired ones go after a while).
 #[utoipa::path(get, path = "/api/v1/workers/invites", tag = "operator", params(PageQuery),
     responses((status = 200, body = api::InvitePage), AdminListErrors))]
@@ -125,7 +110,7 @@ pub(crate) async fn list_invites(
         .read(|after, n| op.state.store.invites(after, n), |i| i.id)
         .await?;
     Ok(axum::Json(api::InvitePage {
-        invites: invites.into_iter().map(invite_view).collect(),
+        invites,
         next_cursor,
     }))
 }
@@ -149,5 +134,5 @@ pub(crate) async fn revoke(op: &Actor, id: Uuid) -> Result<api::Invite, ApiError
         .revoke_invite(id, audit)
         .await?
         .ok_or_else(|| no_such("invite"))?;
-    Ok(invite_view(invite))
+    Ok(invite)
 }

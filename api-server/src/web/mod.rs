@@ -634,9 +634,7 @@ async fn live_invite(state: &AppState, code: &str) -> Result<Uuid, AppError> {
     let id = credential_subject(code, INVITE_PREFIX).ok_or_else(gone)?;
     let invite = state.store.invite(id).await?.ok_or_else(gone)?;
     if !invite.code_hash.verify(code)
-        || invite.used_at.is_some()
-        || invite.revoked_at.is_some()
-        || invite.expires_at <= state.clock.now()
+        || invite.invite.state(state.clock.now()) != meatspace_domain::identity::InviteState::Open
     {
         return Err(gone());
     }

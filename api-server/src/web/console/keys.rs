@@ -277,7 +277,7 @@ async fn invites_page(
     let rows = invites
         .into_iter()
         .map(|i| {
-            let state = InviteState::of(i.used_at, i.revoked_at, i.expires_at, now);
+            let state = i.state(now);
             InviteRow {
                 id: i.id,
                 created: i.created_at.to_rfc3339(),
