@@ -141,47 +141,21 @@ async fn bind_as(
 /// same directory keeps the key that scripts and shells have exported.
 pub fn load_or_create_dev_key(dir: &Path) -> Result<String, StartupError> {
     let path = dir.join(DEV_KEY_FILE);
-    let fail = |e: std::io::Error| {
-        StartupError(format!(
-            "cannot keep the development key in {}: {e}",
+    let key = meatspace_store::secret::private_file(&path, || format!("{}\n", DevKey::generate()))
+        .map_err(|e| {
+            StartupError(format!(
+                "cannot keep the development key in {}: {e}",
+                path.display()
+            ))
+        })?;
+    if key.chars().count() < MIN_DEV_KEY_CHARS {
+        return Err(StartupError(format!(
+            "{} holds a development key shorter than {MIN_DEV_KEY_CHARS} characters: delete \
+             the file to have a new one generated",
             path.display()
-        ))
-    };
-    loop {
-        match std::fs::read_to_string(&path) {
-            Ok(text) if !text.trim().is_empty() => {
-                let key = text.trim().to_owned();
-                if key.chars().count() < MIN_DEV_KEY_CHARS {
-                    return Err(StartupError(format!(
-                        "{} holds a development key shorter than {MIN_DEV_KEY_CHARS} \
-                         characters: delete the file to have a new one generated",
-                        path.display()
-                    )));
-                }
-                return Ok(key);
-            }
-            // Another process created it and is still writing.
-            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                let key = DevKey::generate();
-                let mut options = OpenOptions::new();
-                options.write(true).create_new(true);
-                #[cfg(unix)]
-                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-                match options.open(&path) {
-                    Ok(mut file) => {
-                        file.write_all(format!("{key}\n").as_bytes())
-                            .map_err(fail)?;
-                        file.sync_all().map_err(fail)?;
-                        return Ok(key);
-                    }
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(fail(e)),
-                }
-            }
-            Err(e) => return Err(fail(e)),
-        }
+        )));
     }
+    Ok(key)
 }
 
 /// An error and its causes on one line, each cause once.
@@ -323,20 +297,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_dev_key_survives_a_second_load_and_is_private() {
+    fn the_dev_key_survives_a_second_load() {
         let dir = tempdir();
         let first = load_or_create_dev_key(&dir).unwrap();
         assert!(first.starts_with("msd_"), "{first}");
         assert_eq!(load_or_create_dev_key(&dir).unwrap(), first);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.join(DEV_KEY_FILE))
-                .unwrap()
-                .permissions()
-                .mode();
-            assert_eq!(mode & 0o777, 0o600);
-        }
         std::fs::write(dir.join(DEV_KEY_FILE), "short\n").unwrap();
         let e = load_or_create_dev_key(&dir).unwrap_err();
         assert!(e.0.contains("shorter than 16"), "{e}");

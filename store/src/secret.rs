@@ -106,35 +106,12 @@ impl ServerKey {
     /// on one key) when it does not exist.
     pub fn load_or_create(dir: &Path) -> Result<Self, KeyError> {
         let path = dir.join(KEY_FILE);
-        let io = |source| KeyError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        loop {
-            match std::fs::read_to_string(&path) {
-                Ok(text) if !text.trim().is_empty() => return ServerKey::from_text(&text),
-                // Another process created it and is still writing.
-                Ok(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    let (key, text) = ServerKey::generate();
-                    let mut options = std::fs::OpenOptions::new();
-                    options.write(true).create_new(true);
-                    #[cfg(unix)]
-                    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-                    match options.open(&path) {
-                        Ok(mut file) => {
-                            use std::io::Write;
-                            file.write_all(text.as_bytes()).map_err(io)?;
-                            file.sync_all().map_err(io)?;
-                            return Ok(key);
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                        Err(e) => return Err(io(e)),
-                    }
-                }
-                Err(e) => return Err(io(e)),
-            }
-        }
+        let text =
+            private_file(&path, || ServerKey::generate().1).map_err(|source| KeyError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+        ServerKey::from_text(&text)
     }
 
     /// `HMAC-SHA256(key, purpose)`: a subkey for one purpose.
@@ -247,6 +224,39 @@ pub fn webhook_signature(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -
     format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
 }
 
+/// The text of the secret file at `path`, trimmed; if there is none, the
+/// file is first created with `make()`'s text, readable by its owner only
+/// (0600). Of several processes starting at once, one creates the file and
+/// the others read what it wrote.
+pub fn private_file(path: &Path, make: impl Fn() -> String) -> std::io::Result<String> {
+    use std::io::{ErrorKind, Write};
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_owned()),
+            // Another process created it and is still writing: the
+            // interval of a poll that ends when it has written.
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let text = make();
+                let mut options = std::fs::OpenOptions::new();
+                options.write(true).create_new(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+                match options.open(path) {
+                    Ok(mut file) => {
+                        file.write_all(text.as_bytes())?;
+                        file.sync_all()?;
+                        return Ok(text.trim().to_owned());
+                    }
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,18 +319,25 @@ mod tests {
     }
 
     #[test]
-    fn the_key_file_is_created_once_with_tight_permissions() {
+    fn the_key_file_is_created_once() {
         let dir = tempfile_dir();
         let a = ServerKey::load_or_create(&dir).unwrap();
         let b = ServerKey::load_or_create(&dir).unwrap();
         assert_eq!(a.0, b.0);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_private_file_is_made_once_for_its_owner_only() {
+        let dir = tempfile_dir();
+        let path = dir.join("secret");
+        let first = private_file(&path, || "first\n".into()).unwrap();
+        assert_eq!(first, "first");
+        assert_eq!(private_file(&path, || "second\n".into()).unwrap(), "first");
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.join(KEY_FILE))
-                .unwrap()
-                .permissions()
-                .mode();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
         std::fs::remove_dir_all(&dir).ok();
