@@ -20,9 +20,9 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
 use meatspace_domain::place::cell_of;
-use meatspace_domain::{Location, Presence, Task};
+use meatspace_domain::{Location, Presence};
 use meatspace_store::token::TokenHash;
-use meatspace_store::{StoreError, StoredWork};
+use meatspace_store::{Draft, StoreError, StoredWork};
 
 /// Groups written at once (each takes a pooled connection).
 const WRITERS: usize = 4;
@@ -45,16 +45,17 @@ pub(super) struct NewRow {
 }
 
 impl NewRow {
-    /// The row of `task`, a draft, created by `owner_id`.
-    pub fn draft(task: &Task, agent_token_hash: TokenHash, owner_id: Uuid) -> Self {
+    /// The row of a new task.
+    pub fn draft(draft: &Draft<'_>) -> Self {
+        let task = &draft.task;
         NewRow {
             id: task.id,
             description: task.description.clone(),
-            agent_token_hash,
+            agent_token_hash: draft.agent_token_hash.clone(),
             created_at: task.created_at,
             expires_at: task.expires_at,
             next_deadline: task.next_deadline(),
-            owner_id,
+            owner_id: draft.owner_id,
             location: task.location.clone(),
             presence: task.presence,
             work: StoredWork::of(task),

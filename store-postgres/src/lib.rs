@@ -36,7 +36,7 @@ use meatspace_store::engine::{
 };
 use meatspace_store::token::TokenHash;
 use meatspace_store::{
-    Applied, BackendKind, Change, ConnectOptions, NewTask, Store, StoreError, StoredWork,
+    Applied, BackendKind, Change, ConnectOptions, Draft, NewTask, Store, StoreError, StoredWork,
     TaskReads, TaskVersions, Worker, stored_event,
 };
 
@@ -622,17 +622,10 @@ impl engine::Backend for PgStore {
         Self::write(tx, before, decision).await
     }
 
-    async fn insert_draft(
-        &self,
-        tx: &mut Self::Tx,
-        task: &Task,
-        agent_token_hash: &TokenHash,
-        owner_id: Uuid,
-        webhook_url: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let row = NewRow::draft(task, agent_token_hash.clone(), owner_id);
-        creates::insert(&mut **tx, CHANNEL, std::iter::once(&row)).await?;
-        if let Some(url) = webhook_url {
+    async fn insert_draft(&self, tx: &mut Self::Tx, draft: &Draft<'_>) -> Result<(), StoreError> {
+        creates::insert(&mut **tx, CHANNEL, std::iter::once(&NewRow::draft(draft))).await?;
+        if let Some(url) = draft.webhook_url {
+            let task = &draft.task;
             crate::webhooks::insert(tx, task.id, url, task.created_at).await?;
         }
         Ok(())
@@ -1030,16 +1023,12 @@ impl Store for PgStore {
 
     #[tracing::instrument(level = "debug", skip_all, fields(task_id = %new.id), err)]
     async fn create_task(&self, new: NewTask) -> Result<Task, StoreError> {
-        let owner_id = new.owner_id;
-        let (task, agent_token_hash) = new.into_draft();
-        let created = self
-            .creates
-            .create(NewRow::draft(&task, agent_token_hash, owner_id))
-            .await;
-        self.versions.bump(task.id);
+        let draft = new.into_draft(None);
+        let created = self.creates.create(NewRow::draft(&draft)).await;
+        self.versions.bump(draft.task.id);
         created?;
-        self.known.wrote(&task);
-        Ok(task)
+        self.known.wrote(&draft.task);
+        Ok(draft.task)
     }
 
     fn versions(&self) -> Option<&TaskVersions> {

@@ -26,7 +26,7 @@ use meatspace_store::engine::{Backend, INSERT_PHOTO_SQL, OPEN_ISSUE_SQL, RESOLVE
 use meatspace_store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 use meatspace_store::requests::TaskRequest;
 use meatspace_store::token::TokenHash;
-use meatspace_store::{Applied, Change, NewAudit, StoreError, StoredWork, Worker};
+use meatspace_store::{Applied, Change, Draft, NewAudit, StoreError, StoredWork, Worker};
 use rusqlite::{Connection, Params, Row};
 use uuid::Uuid;
 
@@ -191,12 +191,13 @@ impl Inline {
         undone
     }
 
-    fn insert_task(
-        &self,
-        task: &Task,
-        agent_token_hash: &TokenHash,
-        owner_id: Uuid,
-    ) -> Result<(), StoreError> {
+    fn insert_task(&self, draft: &Draft<'_>) -> Result<(), StoreError> {
+        let Draft {
+            task,
+            agent_token_hash,
+            owner_id,
+            ..
+        } = draft;
         // Noted first: announced only if the batch commits.
         self.touch(task.id);
         let place = task.location.as_ref();
@@ -449,16 +450,10 @@ impl Backend for Inline {
         )
     }
 
-    async fn insert_draft(
-        &self,
-        _tx: &mut Self::Tx,
-        task: &Task,
-        agent_token_hash: &TokenHash,
-        owner_id: Uuid,
-        webhook_url: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.insert_task(task, agent_token_hash, owner_id)?;
-        if let Some(url) = webhook_url {
+    async fn insert_draft(&self, _tx: &mut Self::Tx, draft: &Draft<'_>) -> Result<(), StoreError> {
+        self.insert_task(draft)?;
+        let task = &draft.task;
+        if let Some(url) = draft.webhook_url {
             self.exec(
                 "INSERT INTO webhooks (task_id, url, state, next_attempt_at, updated_at) \
                  VALUES (?, ?, 'active', ?, ?)",

@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::idempotency::{self, IdempotencyBegin, IdempotencyClaim, IdempotencyRecord};
 use crate::requests::TaskRequest;
 use crate::token::TokenHash;
-use crate::{Applied, NewAudit, NewTask, StoreError, Worker};
+use crate::{Applied, Draft, NewAudit, NewTask, StoreError, Worker};
 
 /// What a [`Backend::write_if_unchanged`] did.
 // Returned by value once per write and matched at once: boxing the large
@@ -154,14 +154,7 @@ pub trait Backend: Send + Sync {
 
     /// Inserts a new draft task, with its agent token's digest, its owner
     /// and its webhook endpoint if it has one, in `tx`.
-    async fn insert_draft(
-        &self,
-        tx: &mut Self::Tx,
-        task: &Task,
-        agent_token_hash: &TokenHash,
-        owner_id: Uuid,
-        webhook_url: Option<&str>,
-    ) -> Result<(), StoreError>;
+    async fn insert_draft(&self, tx: &mut Self::Tx, draft: &Draft<'_>) -> Result<(), StoreError>;
 
     /// Records `request` in `tx` unless a request for its resource UID is
     /// already recorded, and returns the recorded one (whose task id tells
@@ -433,16 +426,13 @@ pub async fn create_task<B: Backend + ?Sized>(
     new: NewTask,
     webhook_url: Option<&str>,
 ) -> Result<Task, StoreError> {
-    let owner_id = new.owner_id;
-    let (task, agent_token_hash) = new.into_draft();
+    let draft = new.into_draft(webhook_url);
     let mut tx = backend.begin_write().await?;
-    backend
-        .insert_draft(&mut tx, &task, &agent_token_hash, owner_id, webhook_url)
-        .await?;
+    backend.insert_draft(&mut tx, &draft).await?;
     let committed = backend.commit(tx).await;
-    backend.after_create(task.id, committed.is_ok());
+    backend.after_create(draft.task.id, committed.is_ok());
     committed?;
-    Ok(task)
+    Ok(draft.task)
 }
 
 /// Claims `request` and, when the claim wins, creates its task, in one
@@ -452,19 +442,16 @@ pub async fn create_requested_task<B: Backend + ?Sized>(
     new: NewTask,
     request: &TaskRequest,
 ) -> Result<TaskRequest, StoreError> {
-    let owner_id = new.owner_id;
-    let (task, agent_token_hash) = new.into_draft();
+    let draft = new.into_draft(None);
     let mut tx = backend.begin_write().await?;
     let row = backend.claim_request(&mut tx, request).await?;
-    let created = row.task_id == task.id;
+    let created = row.task_id == draft.task.id;
     if created {
-        backend
-            .insert_draft(&mut tx, &task, &agent_token_hash, owner_id, None)
-            .await?;
+        backend.insert_draft(&mut tx, &draft).await?;
     }
     let committed = backend.commit(tx).await;
     if created {
-        backend.after_create(task.id, committed.is_ok());
+        backend.after_create(draft.task.id, committed.is_ok());
     }
     committed?;
     Ok(row)

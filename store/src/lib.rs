@@ -277,9 +277,8 @@ impl NewTask {
         }
     }
 
-    /// The task as it is created, a draft with no events yet, and the
-    /// agent token's digest that is stored beside it.
-    pub fn into_draft(self) -> (Task, TokenHash) {
+    /// The task as it is created, with what is stored beside it.
+    pub fn into_draft(self, webhook_url: Option<&str>) -> Draft<'_> {
         let task = Task {
             location: self.location,
             presence: self.presence,
@@ -288,8 +287,25 @@ impl NewTask {
             requirements: self.requirements,
             ..Task::draft(self.id, self.description, self.created_at, self.expires_at)
         };
-        (task, self.agent_token_hash)
+        Draft {
+            task,
+            agent_token_hash: self.agent_token_hash,
+            owner_id: self.owner_id,
+            webhook_url,
+        }
     }
+}
+
+/// What a backend inserts for a new task: the task, a draft with no events
+/// yet, and what is stored beside it.
+#[derive(Debug, Clone)]
+pub struct Draft<'a> {
+    pub task: Task,
+    pub agent_token_hash: TokenHash,
+    /// The principal whose key created the task.
+    pub owner_id: Uuid,
+    /// The task's webhook endpoint, if it has one.
+    pub webhook_url: Option<&'a str>,
 }
 
 pub use meatspace_domain::identity::{Invite, Worker};
