@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use meatspace_domain::{Command, EventType, clock};
-use meatspace_tests::schema::{resolve, validate};
+use meatspace_tests::schema::{mismatch, validator};
 use meatspace_tests::server::{Expect, TestServer, images};
 use meatspace_tests::{Db, api_tests};
 use reqwest::StatusCode;
@@ -164,17 +164,24 @@ async fn every_served_event_matches_its_schema(db: Db) {
     }
 
     let doc = srv.get_json("/api/v1/openapi.json").await;
-    let event_schema = json!({ "$ref": "#/components/schemas/Event" });
+    // The document is the root its references resolve in.
+    let mut event_schema = doc.clone();
+    event_schema["$ref"] = json!("#/components/schemas/Event");
+    let event_schema = validator(&event_schema);
     let mut seen = BTreeSet::new();
     for (id, token) in &feeds {
         for event in srv.feed(*id, token).await {
             let kind = event["type"].as_str().unwrap().to_owned();
-            if let Err(e) = validate(&event_schema, &event, &doc) {
+            if let Some(e) = mismatch(&event_schema, &event) {
                 panic!("{kind} does not match the document: {e}\n{event}");
             }
             // Every key of data is described (a new key must be documented).
             let branch = &doc["components"]["schemas"]["Event"]["discriminator"]["mapping"][&kind];
-            let branch = resolve(branch, &doc);
+            let reference = branch.as_str().expect("a mapping to a reference");
+            let branch = reference
+                .strip_prefix('#')
+                .and_then(|pointer| doc.pointer(pointer))
+                .unwrap_or_else(|| panic!("{reference} names nothing"));
             let declared = &branch["properties"]["data"]["properties"];
             for key in event["data"].as_object().unwrap().keys() {
                 assert!(
@@ -183,6 +190,15 @@ async fn every_served_event_matches_its_schema(db: Db) {
                 );
             }
             seen.insert(kind);
+            // And the check can fail: the event with a time that is none,
+            // or with data that is no object, is refused.
+            let mut bad_time = event.clone();
+            bad_time["created_at"] = json!("yesterday");
+            let mut bad_data = event.clone();
+            bad_data["data"] = json!("a text");
+            for bad in [bad_time, bad_data] {
+                assert!(mismatch(&event_schema, &bad).is_some(), "{bad}");
+            }
         }
     }
     let all: BTreeSet<String> = EventType::ALL

@@ -10,7 +10,7 @@ use meatspace_api::http::rate_limit::RateLimitSettings;
 use meatspace_domain::Policy;
 use meatspace_tests::Db;
 use meatspace_tests::process::cli_bin;
-use meatspace_tests::schema::validate;
+use meatspace_tests::schema::{mismatch, validator};
 use meatspace_tests::server::{Expect, TestServer, images, str_at, uuid_at};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
@@ -152,7 +152,7 @@ impl Agent {
             .get(tool)
             .unwrap_or_else(|| panic!("{tool} is not listed"));
         let schema = Value::Object(listed.input_schema.as_ref().clone());
-        if let Err(e) = validate(&schema, &args, &schema) {
+        if let Some(e) = mismatch(&validator(&schema), &args) {
             panic!("{tool}: the listed schema refuses {args}: {e}");
         }
         let Value::Object(args) = args else {
