@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use meatspace_domain::policy::PolicyArgs;
 use meatspace_store::redact_url;
+use secrecy::{ExposeSecret, SecretString};
 
 /// The shortest development key the server accepts.
 pub const MIN_DEV_KEY_CHARS: usize = 16;
@@ -37,26 +38,13 @@ pub enum Subcommand {
     },
 }
 
-/// A secret given by configuration (a key): it reads as the text it holds,
-/// and its Debug form never shows it.
-#[derive(Clone, derive_more::Debug)]
-#[debug("<redacted>")]
-pub struct Secret(String);
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_owned()))
-    }
-}
-
-impl std::ops::Deref for Secret {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
+/// The text of a key given by configuration, unless it is unset or empty
+/// (an empty environment variable counts as unset).
+pub fn given(secret: &Option<SecretString>) -> Option<&str> {
+    secret
+        .as_ref()
+        .map(ExposeSecret::expose_secret)
+        .filter(|s| !s.is_empty())
 }
 
 /// meatspace API server: the agent contract and the worker API. Its Debug
@@ -78,7 +66,7 @@ pub struct Config {
     /// x-meatspace-dev-key). Required with PostgreSQL; with SQLite a random
     /// one is generated and printed at start when unset.
     #[arg(long, env = "MEATSPACE_DEV_KEY", hide_env_values = true)]
-    pub dev_key: Option<Secret>,
+    pub dev_key: Option<SecretString>,
 
     /// Accept the development key. When false it is refused with a problem
     /// that says how to get an API key, and each refusal (at most one a
@@ -93,7 +81,7 @@ pub struct Config {
     /// key of the principal "bootstrap operator" unless a key with its id
     /// exists (revoked or not). The Helm chart generates one in a Secret.
     #[arg(long, env = "MEATSPACE_BOOTSTRAP_OPERATOR_KEY", hide_env_values = true)]
-    pub bootstrap_operator_key: Option<Secret>,
+    pub bootstrap_operator_key: Option<SecretString>,
 
     /// Days an audit entry is kept.
     #[arg(long, env = "MEATSPACE_AUDIT_RETENTION_DAYS", default_value_t = 365,
@@ -255,7 +243,7 @@ pub struct Config {
     /// Required with PostgreSQL; with SQLite one is generated once and kept
     /// in --data-dir/secret.key (mode 0600) when unset.
     #[arg(long, env = "MEATSPACE_SECRET_KEY", hide_env_values = true)]
-    pub secret_key: Option<Secret>,
+    pub secret_key: Option<SecretString>,
 
     /// Seconds between the `: keep-alive` comments of event streams.
     #[arg(long, env = "MEATSPACE_SSE_HEARTBEAT_SECONDS", default_value_t = 15,
@@ -413,7 +401,7 @@ impl Config {
             }
         };
         let postgres = database == Database::Postgres;
-        match self.dev_key.as_deref().filter(|k| !k.is_empty()) {
+        match given(&self.dev_key) {
             Some(key) if key.chars().count() < MIN_DEV_KEY_CHARS => {
                 return fail(format!(
                     "MEATSPACE_DEV_KEY is {} characters long; use at least {MIN_DEV_KEY_CHARS} \
@@ -432,15 +420,12 @@ impl Config {
             }
             _ => {}
         }
-        if let Some(key) = self
-            .bootstrap_operator_key
-            .as_deref()
-            .filter(|k| !k.is_empty())
+        if let Some(key) = given(&self.bootstrap_operator_key)
             && let Err(e) = crate::access::configured_key_id(key)
         {
             return fail(e.to_string());
         }
-        match self.secret_key.as_deref().filter(|k| !k.is_empty()) {
+        match given(&self.secret_key) {
             Some(text) => {
                 if let Err(e) = meatspace_store::secret::ServerKey::from_text(text) {
                     return fail(format!(
@@ -539,5 +524,25 @@ mod check_tests {
                 dir: Some("/tmp/x".into())
             }
         );
+    }
+    #[test]
+    fn debug_shows_no_key_and_no_password() {
+        let config = Config::try_parse_from([
+            "meatspace-api-server",
+            "--database-url",
+            "postgres://u:hunter2-password@h/db",
+            "--dev-key",
+            "dev-key-0123456789",
+            "--secret-key",
+            "server-key-0123456789abcdef0123456789",
+            "--bootstrap-operator-key",
+            "msk_00000000000000000000000000000000_opsecret",
+        ])
+        .expect("parses");
+        assert_eq!(given(&config.dev_key), Some("dev-key-0123456789"));
+        let shown = format!("{config:?}");
+        for secret in ["hunter2", "dev-key-", "server-key-", "opsecret"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
     }
 }

@@ -180,7 +180,7 @@ pub fn claim_data_dir(config: &Config, database: &Database) -> anyhow::Result<Op
 /// The development key the server accepts: configured, or for the embedded
 /// default kept next to the data (so a restart keeps it) and printed.
 pub fn dev_key(config: &Config) -> anyhow::Result<DevKey> {
-    let key = match config.dev_key.as_deref().filter(|k| !k.is_empty()) {
+    let key = match crate::config::given(&config.dev_key) {
         Some(key) => key.to_owned(),
         // Turned off: no key is accepted, so none is made or printed.
         None if !config.dev_key_enabled => DevKey::generate(),
@@ -204,7 +204,7 @@ pub fn dev_key(config: &Config) -> anyhow::Result<DevKey> {
 /// survive a restart. Never generated for PostgreSQL: several replicas and
 /// the controller must share one key (`check` refuses it without one).
 pub fn server_key(config: &Config) -> anyhow::Result<ServerKey> {
-    match config.secret_key.as_deref().filter(|k| !k.is_empty()) {
+    match crate::config::given(&config.secret_key) {
         Some(text) => ServerKey::from_text(text).context("MEATSPACE_SECRET_KEY"),
         None => ServerKey::load_or_create(&config.data_dir).context("the server secret key"),
     }
@@ -231,10 +231,7 @@ pub async fn open_store(config: &Config, database: &Database) -> anyhow::Result<
             anyhow::anyhow!("open the database {}: {cause}{hint}", redact_url(&url))
         })?;
     tracing::info!(database = %redact_url(&url), "store ready");
-    if let Some(key) = config
-        .bootstrap_operator_key
-        .as_deref()
-        .filter(|k| !k.is_empty())
+    if let Some(key) = crate::config::given(&config.bootstrap_operator_key)
         && crate::access::store_configured_key(store.as_ref(), key)
             .await
             .context("MEATSPACE_BOOTSTRAP_OPERATOR_KEY")?
