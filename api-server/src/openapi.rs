@@ -120,9 +120,9 @@ fn document_lifetime_bounds(openapi: &mut utoipa::openapi::OpenApi, policy: &Pol
     }
 }
 
-/// Declares the ids of a path that the handler reads through its
-/// credential's extractor ([`auth::AgentAuth`], [`auth::WorkerAuth`]), which
-/// the derived document cannot see: each is a UUID. And says on every id in
+/// Declares the ids of a path that a handler reads through an extractor of
+/// its own ([`auth::AgentAuth`], the worker routes' `TaskId`), which the
+/// derived document cannot see: each is a UUID. And says on every id in
 /// a path what the server does with one that is not a UUID: it names
 /// nothing, so the answer is 404, as for an unknown id (a 400 would tell a
 /// prober which ids are well-formed, and nothing more).
